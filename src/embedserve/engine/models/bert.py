@@ -1,0 +1,127 @@
+"""BERT-family encoder on a packed ragged batch: no padding, fused QKV, post-layer-norm.
+
+Shapes: T = tokens in the batch, S = sequences, H = hidden, N = heads, D = head dim.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from embedserve.engine.attention import AttentionFn, RaggedLayout
+from embedserve.engine.weights import read_state_dict, strip_prefix, take
+from embedserve.spec import BertConfig, ModelLoadError
+
+
+def _activation(name: str) -> nn.Module:
+    if name == "gelu":
+        return nn.GELU()  # exact erf GELU, as Hugging Face's "gelu"
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return nn.GELU(approximate="tanh")
+    if name == "relu":
+        return nn.ReLU()
+    raise ModelLoadError(f"unsupported hidden_act {name!r}")
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.head_dim
+        self.qkv = nn.Linear(h, 3 * h)  # query, key, value fused at load time
+        self.out = nn.Linear(h, h)
+        self.attn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+        self.up = nn.Linear(h, i)
+        self.act = _activation(cfg.hidden_act)
+        self.down = nn.Linear(i, h)
+        self.ffn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, layout: RaggedLayout, attend: AttentionFn) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)  # [T, N, D] each
+        a = attend(q, k, v, layout, False).reshape(t, -1)  # [T, H]
+        x = self.attn_norm(x + self.out(a))
+        return self.ffn_norm(x + self.down(self.act(self.up(x))))
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.embed_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T], restarting at 0 for each sequence
+        token_type_ids: torch.Tensor,  # [T]
+        layout: RaggedLayout,
+        attend: AttentionFn,
+    ) -> torch.Tensor:  # [T, H]
+        x = self.word(input_ids) + self.position(positions) + self.token_type(token_type_ids)
+        x = self.embed_norm(x)
+        for layer in self.layers:
+            x = layer(x, layout, attend)
+        return x
+
+    @classmethod
+    def from_folder(cls, folder: Path, cfg: BertConfig) -> BertEncoder:
+        """Build the encoder and copy the checkpoint in, fusing Q, K and V into one matrix."""
+        source = folder
+        sd = strip_prefix(read_state_dict(folder), ("bert.", "model."))
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        with torch.device("meta"):
+            model = cls(cfg)
+        new: dict[str, torch.Tensor] = {
+            "word.weight": take(
+                sd, "embeddings.word_embeddings.weight", (cfg.vocab_size, h), source
+            ),
+            "position.weight": take(
+                sd,
+                "embeddings.position_embeddings.weight",
+                (cfg.max_position_embeddings, h),
+                source,
+            ),
+            "token_type.weight": take(
+                sd, "embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, h), source
+            ),
+            "embed_norm.weight": take(sd, "embeddings.LayerNorm.weight", (h,), source),
+            "embed_norm.bias": take(sd, "embeddings.LayerNorm.bias", (h,), source),
+        }
+        for n in range(cfg.num_layers):
+            p = f"encoder.layer.{n}."
+            att = p + "attention."
+            new[f"layers.{n}.qkv.weight"] = torch.cat(
+                [
+                    take(sd, f"{att}self.{w}.weight", (h, h), source)
+                    for w in ("query", "key", "value")
+                ]
+            )
+            new[f"layers.{n}.qkv.bias"] = torch.cat(
+                [take(sd, f"{att}self.{w}.bias", (h,), source) for w in ("query", "key", "value")]
+            )
+            new[f"layers.{n}.out.weight"] = take(sd, f"{att}output.dense.weight", (h, h), source)
+            new[f"layers.{n}.out.bias"] = take(sd, f"{att}output.dense.bias", (h,), source)
+            new[f"layers.{n}.attn_norm.weight"] = take(
+                sd, f"{att}output.LayerNorm.weight", (h,), source
+            )
+            new[f"layers.{n}.attn_norm.bias"] = take(
+                sd, f"{att}output.LayerNorm.bias", (h,), source
+            )
+            new[f"layers.{n}.up.weight"] = take(sd, f"{p}intermediate.dense.weight", (i, h), source)
+            new[f"layers.{n}.up.bias"] = take(sd, f"{p}intermediate.dense.bias", (i,), source)
+            new[f"layers.{n}.down.weight"] = take(sd, f"{p}output.dense.weight", (h, i), source)
+            new[f"layers.{n}.down.bias"] = take(sd, f"{p}output.dense.bias", (h,), source)
+            new[f"layers.{n}.ffn_norm.weight"] = take(
+                sd, f"{p}output.LayerNorm.weight", (h,), source
+            )
+            new[f"layers.{n}.ffn_norm.bias"] = take(sd, f"{p}output.LayerNorm.bias", (h,), source)
+        model.load_state_dict({k: v.float() for k, v in new.items()}, strict=True, assign=True)
+        return model.eval()

@@ -1,0 +1,30 @@
+"""Pooling: one vector per sequence from the packed hidden states.
+
+Pooling is a *method* (mean, CLS, last token) applied here on the device; the *head* (truncate to
+requested dimensions, normalize, quantize) is applied per request in `outputs`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from embedserve.spec import PoolingMethod
+
+
+def pool(
+    hidden: torch.Tensor,  # [T, H]
+    cu_seqlens: torch.Tensor,  # [S + 1] int32
+    seq_ids: torch.Tensor,  # [T] int64: which sequence each token belongs to
+    method: PoolingMethod,
+) -> torch.Tensor:  # [S, H] float32
+    num_seqs = cu_seqlens.shape[0] - 1
+    if method == "cls":
+        return hidden[cu_seqlens[:-1].long()].float()
+    if method == "last":
+        return hidden[cu_seqlens[1:].long() - 1].float()
+    # NOTE: accumulate in fp32 whatever the model dtype: a bf16 sum over hundreds of tokens
+    # loses the low bits that separate near neighbours.
+    sums = torch.zeros(num_seqs, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    sums.index_add_(0, seq_ids, hidden.float())
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).clamp_min(1).to(torch.float32)
+    return sums / lengths[:, None]

@@ -1,0 +1,68 @@
+"""Reading checkpoint tensors from a model folder (single or sharded safetensors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from embedserve.spec import ModelLoadError
+
+WEIGHT_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint in `folder`, by their checkpoint names."""
+    single = folder / WEIGHT_FILE
+    index = folder / INDEX_FILE
+    if single.exists():
+        return load_file(str(single))
+    if index.exists():
+        try:
+            weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        except (KeyError, json.JSONDecodeError) as e:
+            raise ModelLoadError(f"{index}: expected JSON with a 'weight_map' ({e})") from None
+        tensors: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            shard_path = folder / shard
+            if not shard_path.exists():
+                raise ModelLoadError(f"{shard_path}: shard named in {INDEX_FILE} not found")
+            tensors.update(load_file(str(shard_path)))
+        return tensors
+    others = sorted(p.name for p in folder.glob("*.bin")) + sorted(
+        p.name for p in folder.glob("*.pt")
+    )
+    hint = f" (found {', '.join(others)}: convert them to safetensors)" if others else ""
+    raise ModelLoadError(f"{folder}: no weights; expected {WEIGHT_FILE} or {INDEX_FILE}{hint}")
+
+
+def strip_prefix(
+    tensors: dict[str, torch.Tensor], prefixes: tuple[str, ...]
+) -> dict[str, torch.Tensor]:
+    """Drop a wrapper prefix ('bert.', 'model.') so task heads and bare models load alike."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        for p in prefixes:
+            if name.startswith(p):
+                name = name[len(p) :]
+                break
+        out[name] = t
+    return out
+
+
+def take(
+    tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], source: Path
+) -> torch.Tensor:
+    """One tensor by name, checked against the shape the config implies."""
+    t = tensors.get(name)
+    if t is None:
+        raise ModelLoadError(f"{source}: missing tensor {name!r} (expected shape {list(shape)})")
+    if tuple(t.shape) != shape:
+        raise ModelLoadError(
+            f"{source}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)} "
+            "from config.json"
+        )
+    return t

@@ -1,0 +1,83 @@
+"""The output head, applied per request to pooled vectors: truncate, normalize, encode.
+
+Encodings (every one applied after Matryoshka truncation to `dimensions`, and after
+L2 normalization when it is asked for):
+
+| dtype     | element  | rule                                                                   |
+|-----------|----------|------------------------------------------------------------------------|
+| float32   | float32  | the vector as computed                                                 |
+| float16   | float16  | round to nearest half precision                                        |
+| int8      | int8     | clip(round(127 · x), -127, 127): exact for unit vectors, whose entries |
+|           |          | lie in [-1, 1]; the scale is fixed, so results never depend on the     |
+|           |          | rest of the batch                                                      |
+| uint8     | uint8    | the int8 value + 128                                                   |
+| binary    | int8     | sign bits (x > 0 → 1) packed 8 per byte, first dimension in the most   |
+|           |          | significant bit, byte value − 128 (sentence-transformers' convention)  |
+| ubinary   | uint8    | the same packed bits as unsigned bytes                                 |
+
+`binary` and `ubinary` need `dimensions` divisible by 8. Any of them can be sent as base64 of
+the little-endian bytes in row-major order (`to_base64`).
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
+
+
+def check_dimensions(dimensions: int | None, hidden_size: int) -> int:
+    """The output width for a request; raises ValueError for a width the model cannot give."""
+    if dimensions is None:
+        return hidden_size
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int):
+        raise ValueError(f"dimensions must be an integer, got {type(dimensions).__name__}")
+    if not 0 < dimensions <= hidden_size:
+        raise ValueError(f"dimensions must be between 1 and {hidden_size}, got {dimensions}")
+    return dimensions
+
+
+def check_output_dtype(output_dtype: str, dimensions: int) -> str:
+    if output_dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"output_dtype {output_dtype!r} is not one of {', '.join(OUTPUT_DTYPES)}")
+    if output_dtype in ("binary", "ubinary") and dimensions % 8:
+        raise ValueError(
+            f"output_dtype {output_dtype!r} packs 8 dimensions per byte; "
+            f"dimensions must be a multiple of 8, got {dimensions}"
+        )
+    return output_dtype
+
+
+def apply_head(pooled: np.ndarray, dimensions: int, normalize: bool) -> np.ndarray:
+    """[S, H] float32 -> [S, dimensions] float32: truncate first, then normalize (Matryoshka)."""
+    out = pooled[:, :dimensions]
+    if normalize:
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out = out / np.maximum(norms, 1e-12)
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def encode(vectors: np.ndarray, output_dtype: str) -> np.ndarray:
+    """Encode float32 vectors [S, d] by the rules in this module's docstring."""
+    if output_dtype == "float32":
+        return vectors
+    if output_dtype == "float16":
+        return vectors.astype(np.float16)
+    if output_dtype in ("int8", "uint8"):
+        q = np.clip(np.rint(vectors * 127.0), -127, 127).astype(np.int8)
+        return q if output_dtype == "int8" else (q.astype(np.int16) + 128).astype(np.uint8)
+    if output_dtype in ("binary", "ubinary"):
+        packed = np.packbits(vectors > 0, axis=1)  # uint8, first dimension in the high bit
+        return (
+            packed if output_dtype == "ubinary" else (packed.astype(np.int16) - 128).astype(np.int8)
+        )
+    raise ValueError(f"output_dtype {output_dtype!r} is not one of {', '.join(OUTPUT_DTYPES)}")
+
+
+def to_base64(row: np.ndarray) -> str:
+    """One encoded vector as base64 of its little-endian bytes."""
+    return base64.b64encode(
+        np.ascontiguousarray(row).astype(row.dtype.newbyteorder("<")).tobytes()
+    ).decode("ascii")

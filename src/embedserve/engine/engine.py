@@ -14,7 +14,7 @@ import torch
 from embedserve.engine.attention import AttentionFn, RaggedLayout, choose_backend
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.lazy import LazyTensor
-from embedserve.engine.models.bert import BertEncoder
+from embedserve.engine.models import build_model
 from embedserve.engine.pooling import pool
 from embedserve.spec import ModelSpec, read_model_spec
 
@@ -46,7 +46,7 @@ class Engine:
             raise ValueError(f"dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
         self.dtype = DTYPES[dtype_name]
         self.attend: AttentionFn = choose_backend(attention, self.device)
-        self.model = BertEncoder.from_folder(spec.path, spec.bert).to(self.device, self.dtype)
+        self.model = build_model(spec).to(self.device, self.dtype)
         self.vocab_size = spec.bert.vocab_size
         self.max_positions = spec.bert.max_position_embeddings
 

@@ -1,1 +1,20 @@
-"""Model definitions written for packed ragged batches."""
+"""Model definitions written for packed ragged batches, and the one place that picks among them.
+
+Every model maps (input_ids [T], positions [T], token_type_ids [T], layout, attend) to hidden
+states [T, H]; pooling happens outside the model.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from embedserve.spec import ModelSpec
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """Instantiate the model family named by the spec and load its checkpoint (on the CPU)."""
+    if spec.family == "bert":
+        from embedserve.engine.models.bert import BertEncoder
+
+        return BertEncoder.from_folder(spec.path, spec.bert)
+    raise ValueError(f"no model definition for family {spec.family!r}")

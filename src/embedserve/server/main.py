@@ -1,0 +1,117 @@
+"""Starting one server process: load the engine, warm it up, serve gRPC until SIGTERM / Ctrl-C.
+
+On a signal the health status turns NOT_SERVING (so gateways route elsewhere), new calls are
+refused, and calls already accepted finish (up to `drain_seconds`) before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from embedserve.server.rpc import SERVICE_NAME, embed_handler
+from embedserve.server.scheduler import SchedulerConfig
+from embedserve.server.service import EmbedService
+
+log = logging.getLogger("embedserve.server")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str
+    device: str = "auto"
+    dtype: str | None = None
+    pooling: str | None = None
+    attention: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 50051
+    max_batch_tokens: int = 16384
+    max_queued_tokens: int = 262144
+    drain_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.drain_seconds < 0:
+            raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
+        SchedulerConfig(self.max_batch_tokens, self.max_queued_tokens)  # validates the budgets
+
+
+def load_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
+    """The engine for `config.model`, warmed up with one small batch."""
+    from embedserve.bundled import resolve_model
+    from embedserve.engine.batch import PackedBatch
+    from embedserve.engine.engine import Engine
+
+    engine = Engine.from_folder(
+        resolve_model(config.model),
+        pooling=config.pooling,
+        device=config.device,
+        dtype=config.dtype,
+        attention=config.attention,
+    )
+    warm = PackedBatch.from_packed(np.arange(100, 132, dtype=np.int64), np.array([16, 16]))
+    engine.step(warm).wait()
+    return engine
+
+
+async def serve(config: ServerConfig) -> None:
+    engine = load_engine(config)
+    service = EmbedService(
+        engine, SchedulerConfig(config.max_batch_tokens, config.max_queued_tokens)
+    )
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 256 << 20),
+        ]
+    )
+    server.add_generic_rpc_handlers((embed_handler(service.embed),))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise OSError(f"cannot listen on {config.host}:{config.port}")
+    await service.start()
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(
+        f"embedserve server: ready on {config.host}:{port} "
+        f"({config.model}, {engine.device}, {engine.hidden_size} dims)",
+        flush=True,
+    )
+    await stop.wait()
+    print("embedserve server: draining", flush=True)
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace=config.drain_seconds)
+    await service.stop()
+    print("embedserve server: stopped", flush=True)
+
+
+def run(config: ServerConfig) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(ServerConfig(model=sys.argv[1] if len(sys.argv) > 1 else "minilm")))

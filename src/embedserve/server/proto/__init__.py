@@ -1,0 +1,1 @@
+"""Generated protobuf modules (scripts/gen_proto.sh) and their source .proto."""

@@ -1,0 +1,184 @@
+"""The gRPC Embed service in front of one engine: queue, batch loop, per-request results.
+
+The loop reads in three steps: form a batch (`Scheduler.next_batch`), launch it on the engine
+thread (`Engine.step` returns a `LazyTensor` without waiting for the device), and resolve each
+request of the batch when its handle is ready. Up to `max_in_flight` batches are launched and not
+yet resolved, so batch N+1 is formed and launched while batch N is still on the device. The event
+loop never runs the model: `step()` runs on one engine thread, waiting on a result on another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import grpc
+import numpy as np
+
+from embedserve.engine.batch import PackedBatch
+from embedserve.outputs import apply_head, check_dimensions, check_output_dtype, encode
+from embedserve.server.rpc import EmbedResponse
+from embedserve.server.scheduler import (
+    Overloaded,
+    Pending,
+    Scheduler,
+    SchedulerConfig,
+    pack,
+    split_rows,
+)
+
+log = logging.getLogger("embedserve.server")
+
+
+class ResultHandle(Protocol):
+    def ready(self) -> bool: ...
+    def wait(self) -> np.ndarray: ...
+
+
+class EngineLike(Protocol):
+    """What the service needs of `embedserve.engine.engine.Engine` (tests pass fakes)."""
+
+    @property
+    def hidden_size(self) -> int: ...
+    def check(self, batch: PackedBatch) -> None: ...
+    def step(self, batch: PackedBatch) -> ResultHandle: ...
+
+
+class BatchFailed(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_request(request: Any, hidden_size: int) -> Pending:
+    """Decode and validate one EmbedRequest; raises ValueError with a message for the client."""
+    raw = request.input_ids
+    if len(raw) % 4:
+        raise ValueError(f"input_ids has {len(raw)} bytes, not a whole number of int32s")
+    ids = np.frombuffer(raw, dtype="<i4")
+    seqlens = np.asarray(request.seqlens, dtype=np.int64)
+    if seqlens.size == 0:
+        raise ValueError("a request needs at least one sequence")
+    if (seqlens <= 0).any():
+        raise ValueError("every sequence needs at least one token")
+    if int(seqlens.sum()) != ids.size:
+        raise ValueError(f"seqlens sum to {int(seqlens.sum())} but there are {ids.size} token ids")
+    dims = check_dimensions(request.dimensions or None, hidden_size)
+    output_dtype = check_output_dtype(request.output_dtype or "float32", dims)
+    return Pending(
+        input_ids=ids.astype(np.int32, copy=False),
+        seqlens=seqlens.astype(np.int32),
+        dimensions=dims,
+        normalize=bool(request.normalize),
+        output_dtype=output_dtype,
+    )
+
+
+def build_response(pooled: np.ndarray, request: Pending) -> Any:
+    """Apply the request's head to its pooled rows [s, H]; raw little-endian bytes out."""
+    out = encode(apply_head(pooled, request.dimensions, request.normalize), request.output_dtype)
+    out = np.ascontiguousarray(out, dtype=out.dtype.newbyteorder("<"))
+    return EmbedResponse(embeddings=out.tobytes(), shape=list(out.shape), dtype=out.dtype.name)
+
+
+class EmbedService:
+    def __init__(
+        self, engine: EngineLike, config: SchedulerConfig, *, max_in_flight: int = 2
+    ) -> None:
+        self.engine = engine
+        self.scheduler = Scheduler(config)
+        self.max_in_flight = max_in_flight
+        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self._wait_thread = ThreadPoolExecutor(1, thread_name_prefix="results")
+        self._loop_task: asyncio.Task[None] | None = None
+        self._resolving: set[asyncio.Task[None]] = set()
+        self.num_batches = 0
+
+    async def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.max_in_flight)
+        self._loop_task = asyncio.create_task(self._run(), name="batch-loop")
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        await asyncio.gather(*self._resolving, return_exceptions=True)
+        self._engine_thread.shutdown(wait=True)
+        self._wait_thread.shutdown(wait=True)
+
+    async def embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            pending = parse_request(request, self.engine.hidden_size)
+            # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.
+            self.engine.check(PackedBatch.from_packed(pending.input_ids, pending.seqlens))
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        pending.result = future
+        pending.is_cancelled = future.done
+        try:
+            self.scheduler.submit(pending)
+        except Overloaded as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        self._wakeup.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            future.cancel()  # the client went away: the batch loop drops it
+            raise
+        except BatchFailed as e:
+            await context.abort(e.code, str(e))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._slots.acquire()
+            batch = self.scheduler.next_batch()
+            while not batch:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                batch = self.scheduler.next_batch()
+            try:
+                handle = await loop.run_in_executor(self._engine_thread, self._launch, batch)
+            except Exception as e:
+                self._slots.release()
+                self._fail(batch, e)
+                continue
+            self.num_batches += 1
+            task = asyncio.create_task(self._resolve(batch, handle))
+            self._resolving.add(task)
+            task.add_done_callback(self._resolving.discard)
+
+    def _launch(self, batch: list[Pending]) -> ResultHandle:
+        ids, seqlens = pack(batch)
+        return self.engine.step(PackedBatch.from_packed(ids, seqlens))
+
+    async def _resolve(self, batch: list[Pending], handle: ResultHandle) -> None:
+        try:
+            if handle.ready():
+                pooled = handle.wait()
+            else:
+                loop = asyncio.get_running_loop()
+                pooled = await loop.run_in_executor(self._wait_thread, handle.wait)
+            for request, rows in zip(batch, split_rows(pooled, batch), strict=True):
+                if not request.result.done():
+                    request.result.set_result(build_response(rows, request))
+        except Exception as e:
+            self._fail(batch, e)
+        finally:
+            self._slots.release()
+
+    def _fail(self, batch: list[Pending], error: Exception) -> None:
+        if isinstance(error, ValueError):
+            failure = BatchFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        else:
+            log.exception("engine failure on a batch of %d requests", len(batch), exc_info=error)
+            failure = BatchFailed(
+                grpc.StatusCode.INTERNAL, f"engine failure: {type(error).__name__}: {error}"
+            )
+        for request in batch:
+            if not request.result.done():
+                request.result.set_exception(failure)

@@ -1,0 +1,232 @@
+"""The gRPC service in process, in front of a fake engine whose behaviour each test controls."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from embedserve.engine.batch import PackedBatch
+from embedserve.server.rpc import EmbedRequest, embed_handler, embed_stub
+from embedserve.server.scheduler import SchedulerConfig
+from embedserve.server.service import EmbedService
+
+HIDDEN = 8
+VOCAB = 1000
+FAIL_ID = 666  # a batch containing this id makes the fake engine crash
+
+
+class Handle:
+    def __init__(self, rows: np.ndarray, done: threading.Event | None = None) -> None:
+        self.rows = rows
+        self.done = done
+
+    def ready(self) -> bool:
+        return self.done is None or self.done.is_set()
+
+    def wait(self) -> np.ndarray:
+        if self.done is not None:
+            assert self.done.wait(10)
+        return self.rows
+
+
+class FakeEngine:
+    """Row i of a batch = [first id of sequence i, its length, 1, 1, ...]: easy to check."""
+
+    hidden_size = HIDDEN
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []  # first ids of the sequences of each batch
+        self.gate: threading.Event | None = None  # step() blocks on it while set
+        self.lazy: list[threading.Event] = []  # results not ready until the test sets these
+
+    def check(self, batch: PackedBatch) -> None:
+        if batch.input_ids.min() < 0 or batch.input_ids.max() >= VOCAB:
+            raise ValueError(f"token ids must be in [0, {VOCAB})")
+
+    def step(self, batch: PackedBatch) -> Handle:
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        firsts = batch.input_ids[batch.cu_seqlens[:-1]]
+        self.batches.append(firsts.tolist())
+        if FAIL_ID in batch.input_ids:
+            raise RuntimeError("simulated device failure")
+        rows = np.ones((batch.num_seqs, HIDDEN), dtype=np.float32)
+        rows[:, 0] = firsts
+        rows[:, 1] = batch.seqlens
+        done = self.lazy.pop(0) if self.lazy else None
+        return Handle(rows, done)
+
+
+def req(*seqs: list[int], **options: Any) -> Any:
+    ids = np.array([t for s in seqs for t in s], dtype="<i4")
+    return EmbedRequest(input_ids=ids.tobytes(), seqlens=[len(s) for s in seqs], **options)
+
+
+def rows_of(response: Any) -> np.ndarray:
+    return np.frombuffer(response.embeddings, dtype=response.dtype).reshape(response.shape)
+
+
+def with_server(
+    engine: FakeEngine,
+    body: Callable[[Any, EmbedService], Awaitable[None]],
+    config: SchedulerConfig | None = None,
+) -> None:
+    async def main() -> None:
+        service = EmbedService(engine, config or SchedulerConfig(64, 1024))
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((embed_handler(service.embed),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await service.start()
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                await asyncio.wait_for(body(embed_stub(channel), service), 30)
+        finally:
+            await server.stop(0)
+            await service.stop()
+
+    asyncio.run(main())
+
+
+def test_requests_are_batched_together_and_answered_in_order() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        engine.gate = threading.Event()  # hold the first batch so the others queue up
+        calls = [stub(req([i, 5, 6], [i + 1]), timeout=10) for i in range(10, 50, 2)]
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        await asyncio.sleep(0.3)
+        engine.gate.set()
+        for i, response in zip(range(10, 50, 2), await asyncio.gather(*tasks), strict=True):
+            rows = rows_of(response)
+            assert rows.shape == (2, HIDDEN) and response.dtype == "float32"
+            assert rows[:, 0].tolist() == [i, i + 1]
+            assert rows[:, 1].tolist() == [3, 1]
+        # 20 requests of 4 tokens under a 64-token budget: whole requests, at most 16 per batch
+        assert len(engine.batches) < 20
+        assert all(len(b) <= 32 for b in engine.batches)
+
+    with_server(engine, body)
+
+
+def test_the_head_is_applied_per_request() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        plain, short, quantized = await asyncio.gather(
+            stub(req([3, 4]), timeout=10),
+            stub(req([3, 4], dimensions=2, normalize=True), timeout=10),
+            stub(req([3, 4], normalize=True, output_dtype="int8"), timeout=10),
+        )
+        np.testing.assert_array_equal(rows_of(plain)[0, :3], [3, 2, 1])
+        np.testing.assert_allclose(rows_of(short)[0], np.array([3, 2]) / np.sqrt(13), rtol=1e-6)
+        q = rows_of(quantized)
+        assert q.dtype == np.int8 and q.shape == (1, HIDDEN)
+        assert q[0, 0] == round(127 * 3 / np.sqrt(3**2 + 2**2 + 6))
+
+    with_server(engine, body)
+
+
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        (req([1, 2, 9999]), "token ids must be in"),
+        (EmbedRequest(input_ids=b"\x01\x00\x00", seqlens=[1]), "whole number"),
+        (EmbedRequest(input_ids=b"", seqlens=[]), "at least one sequence"),
+        (EmbedRequest(input_ids=b"\x01\0\0\0", seqlens=[2]), "sum"),
+        (req([1, 2], dimensions=HIDDEN + 1), "dimensions"),
+        (req([1, 2], output_dtype="int4"), "output_dtype"),
+        (req([1, 2], dimensions=3, output_dtype="binary"), "multiple of 8"),
+    ],
+)
+def test_bad_requests_are_invalid_argument_and_never_reach_the_engine(
+    request_: Any, message: str
+) -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(request_, timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in e.value.details()
+        assert engine.batches == []
+        assert rows_of(await stub(req([7]), timeout=10))[0, 0] == 7
+
+    with_server(engine, body)
+
+
+def test_an_engine_failure_fails_only_its_batch() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(req([FAIL_ID, 1]), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INTERNAL
+        assert "simulated device failure" in e.value.details()
+        responses = await asyncio.gather(*(stub(req([i]), timeout=10) for i in range(1, 6)))
+        assert [rows_of(r)[0, 0] for r in responses] == [1, 2, 3, 4, 5]
+
+    with_server(engine, body)
+
+
+def test_backpressure_is_resource_exhausted() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        engine.gate = threading.Event()
+        first = asyncio.ensure_future(stub(req([1] * 50), timeout=10))  # taken by the engine
+        await asyncio.sleep(0.2)
+        queued = [asyncio.ensure_future(stub(req([2] * 50), timeout=10)) for _ in range(2)]
+        await asyncio.sleep(0.2)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(req([3] * 50), timeout=10)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        engine.gate.set()
+        for response in await asyncio.gather(first, *queued):
+            assert rows_of(response).shape == (1, HIDDEN)
+
+    with_server(engine, body, SchedulerConfig(max_batch_tokens=64, max_queued_tokens=100))
+
+
+def test_requests_whose_client_went_away_are_dropped() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        engine.gate = threading.Event()
+        busy = asyncio.ensure_future(stub(req([1] * 60), timeout=10))
+        await asyncio.sleep(0.2)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(req([500]), timeout=0.3)  # gives up while the engine is busy
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.sleep(0.2)
+        engine.gate.set()
+        await busy
+        assert rows_of(await stub(req([7]), timeout=10))[0, 0] == 7
+        assert [500] not in engine.batches and all(500 not in b for b in engine.batches)
+        assert service.scheduler.num_dropped == 1
+
+    with_server(engine, body)
+
+
+def test_batch_n_plus_1_launches_while_batch_n_is_in_flight() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        first_done = threading.Event()
+        engine.lazy = [first_done]  # batch 1's result is not ready until we say so
+        first = asyncio.ensure_future(stub(req([1]), timeout=10))
+        await asyncio.sleep(0.2)
+        second = await stub(req([2]), timeout=10)  # launched and answered meanwhile
+        assert rows_of(second)[0, 0] == 2
+        assert not first.done()
+        first_done.set()
+        assert rows_of(await first)[0, 0] == 1
+        assert engine.batches == [[1], [2]]
+
+    with_server(engine, body)

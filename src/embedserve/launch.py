@@ -1,9 +1,264 @@
-"""`embedserve serve | server | gateway`: starting the serving processes (see issue: serving stack)."""
+"""`embedserve serve | server | gateway`: starting the serving processes.
+
+`server` runs one gRPC server (one engine), `gateway` the HTTP front for one or more servers, and
+`serve` both on one machine: it starts `--replicas` server processes, waits until each is ready,
+starts the gateway in front of them, and on Ctrl-C / SIGTERM stops the gateway first (it drains
+in-flight requests) and then the servers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+from embedserve.bundled import BUNDLED, DEFAULT_MODEL
+
+SERVER_READY = re.compile(r"embedserve server: ready on (\S+):(\d+)")
+GATEWAY_READY = re.compile(r"embedserve gateway: listening on (\S+) ")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    known = ", ".join(f"{k}: {v[1]}" for k, v in BUNDLED.items())
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model folder or bundled name ({known})")
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 (GPU default)")
+    p.add_argument("--pooling", default=None, choices=["mean", "cls", "last"])
+    p.add_argument("--attention", default=None, help="attention backend (default: measured)")
+    p.add_argument(
+        "--max-batch-tokens", type=int, default=16384, help="token budget of one engine batch"
+    )
+    p.add_argument(
+        "--max-queued-tokens",
+        type=int,
+        default=262144,
+        help="refuse new requests (RESOURCE_EXHAUSTED / HTTP 429) beyond this many queued tokens",
+    )
+
+
+def _add_gateway_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=1, help="gateway processes on the one port")
+    p.add_argument(
+        "--served-model-name",
+        action="append",
+        default=None,
+        help="name(s) clients use for the model (default: the bundled name or folder name)",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=16 << 20, help="HTTP 413 above this")
+    p.add_argument("--max-inputs", type=int, default=2048, help="inputs per request")
+    p.add_argument("--max-tokens-per-request", type=int, default=300_000)
+    p.add_argument(
+        "--chunk-tokens", type=int, default=8192, help="split requests into chunks of this size"
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=30.0, help="deadline of each server call (s)"
+    )
+    p.add_argument("--health-interval", type=float, default=0.5, help="replica health poll (s)")
+
+
+def _add_drain(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--drain-seconds", type=float, default=30.0, help="how long a stop waits for requests"
+    )
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register the serving subcommands."""
+    serve = sub.add_parser("serve", help="serve a model over HTTP: servers + gateway, one command")
+    _add_model_args(serve)
+    _add_engine_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--replicas", type=int, default=1, help="server processes (one per GPU)")
+    _add_gateway_args(serve)
+    _add_drain(serve)
+    serve.set_defaults(run=run_serve)
+
+    server = sub.add_parser("server", help="run one gRPC server (one engine)")
+    _add_model_args(server)
+    _add_engine_args(server)
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
+    _add_drain(server)
+    server.set_defaults(run=run_server)
+
+    gateway = sub.add_parser("gateway", help="run the HTTP gateway in front of gRPC servers")
+    gateway.add_argument(
+        "--replica", action="append", required=True, help="a server's HOST:PORT (repeatable)"
+    )
+    _add_model_args(gateway)
+    gateway.add_argument("--host", default="127.0.0.1")
+    gateway.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
+    _add_gateway_args(gateway)
+    _add_drain(gateway)
+    gateway.set_defaults(run=run_gateway)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    from embedserve.server.main import ServerConfig, run
+
+    return run(
+        ServerConfig(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            pooling=args.pooling,
+            attention=args.attention,
+            host=args.host,
+            port=args.port,
+            max_batch_tokens=args.max_batch_tokens,
+            max_queued_tokens=args.max_queued_tokens,
+            drain_seconds=args.drain_seconds,
+        )
+    )
+
+
+def _gateway_config(args: argparse.Namespace, replicas: Sequence[str]):  # type: ignore[no-untyped-def]
+    from embedserve.gateway.main import GatewayConfig
+
+    return GatewayConfig(
+        replicas=tuple(replicas),
+        model=args.model,
+        served_model_names=tuple(args.served_model_name or ()),
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        max_body_bytes=args.max_body_bytes,
+        max_inputs=args.max_inputs,
+        max_tokens_per_request=args.max_tokens_per_request,
+        chunk_tokens=args.chunk_tokens,
+        request_timeout=args.request_timeout,
+        health_interval=args.health_interval,
+        drain_seconds=args.drain_seconds,
+    )
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from embedserve.gateway.main import run
+
+    return run(_gateway_config(args, args.replica))
+
+
+class Child:
+    """A started process whose output is relayed to ours while we watch for its ready line."""
+
+    def __init__(self, name: str, argv: list[str], ready: re.Pattern[str]) -> None:
+        from embedserve.gateway.main import set_parent_death_signal
+
+        self.name = name
+        self.ready = ready
+        self.match: re.Match[str] | None = None
+        self._seen = threading.Event()
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
+            preexec_fn=set_parent_death_signal,
+        )
+        threading.Thread(target=self._relay, daemon=True, name=f"relay-{name}").start()
+
+    def _relay(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            sys.stderr.write(line)
+            if self.match is None and (m := self.ready.search(line)):
+                self.match = m
+                self._seen.set()
+        self._seen.set()
+
+    def wait_ready(self, timeout: float) -> re.Match[str]:
+        self._seen.wait(timeout)
+        if self.match is None:
+            raise RuntimeError(f"{self.name} did not start (exit code {self.proc.poll()})")
+        return self.match
+
+    def stop(self, timeout: float) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _server_devices(device: str, replicas: int) -> list[str]:
+    if replicas == 1 or device != "auto":
+        return [device] * replicas
+    import torch  # the launcher only; neither the gateway nor its workers import this
+
+    count = torch.cuda.device_count()
+    return [f"cuda:{i % count}" for i in range(replicas)] if count else ["cpu"] * replicas
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    if args.replicas <= 0:
+        raise ValueError(f"--replicas must be positive, got {args.replicas}")
+    _gateway_config(args, ["127.0.0.1:1"])  # validate gateway flags before starting anything
+    cli = [sys.executable, "-m", "embedserve.cli"]
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop_requested.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    servers: list[Child] = []
+    gateway: Child | None = None
+    try:
+        for i, device in enumerate(_server_devices(args.device, args.replicas)):
+            argv = [*cli, "server", "--model", args.model, "--device", device, "--port", "0"]
+            argv += ["--max-batch-tokens", str(args.max_batch_tokens)]
+            argv += ["--max-queued-tokens", str(args.max_queued_tokens)]
+            argv += ["--drain-seconds", str(args.drain_seconds)]
+            for flag in ("dtype", "pooling", "attention"):
+                if getattr(args, flag) is not None:
+                    argv += [f"--{flag}", getattr(args, flag)]
+            servers.append(Child(f"server-{i}", argv, SERVER_READY))
+        addresses = []
+        for s in servers:
+            m = s.wait_ready(600)
+            addresses.append(f"{m.group(1)}:{m.group(2)}")
+        argv = [*cli, "gateway", "--model", args.model, "--host", args.host]
+        argv += ["--port", str(args.port), "--workers", str(args.workers)]
+        for a in addresses:
+            argv += ["--replica", a]
+        for name in args.served_model_name or ():
+            argv += ["--served-model-name", name]
+        for flag in (
+            "max_body_bytes",
+            "max_inputs",
+            "max_tokens_per_request",
+            "chunk_tokens",
+            "request_timeout",
+            "health_interval",
+            "drain_seconds",
+        ):
+            argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        gateway = Child("gateway", argv, GATEWAY_READY)
+        url = gateway.wait_ready(120).group(1)
+        print(f"embedserve: serving {args.model} at {url}", flush=True)
+        while not stop_requested.wait(0.2):
+            dead = [c for c in [*servers, gateway] if c.proc.poll() is not None]
+            if dead:
+                names = ", ".join(f"{c.name} (exit {c.proc.returncode})" for c in dead)
+                print(f"embedserve: {names} stopped unexpectedly; shutting down", flush=True)
+                return 1
+        print("embedserve: stopping (draining in-flight requests)", flush=True)
+        return 0
+    finally:
+        # The gateway first: it finishes its requests while the servers still answer.
+        if gateway is not None:
+            gateway.stop(args.drain_seconds + 10)
+        for s in servers:
+            s.stop(args.drain_seconds + 10)

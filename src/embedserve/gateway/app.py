@@ -1,0 +1,254 @@
+"""The HTTP API as a raw ASGI app: routing, bodies, JSON, errors, metrics.
+
+No web framework: one dict of routes and a handful of helpers, which is both what the GPU
+machine can run (it has no FastAPI) and the least work per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import prometheus_client as prom
+
+from embedserve.gateway.errors import ApiError, bad_request
+from embedserve.gateway.jsonio import JSONDecodeError, dumps, loads
+from embedserve.gateway.openapi import openapi_document
+from embedserve.gateway.pipeline import Pipeline, embeddings_body
+from embedserve.gateway.requests import Limits, parse_embeddings, parse_tokenize
+
+log = logging.getLogger("embedserve.gateway")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Handler = Callable[[bytes], Awaitable[tuple[int, bytes, bytes]]]
+
+JSON = b"application/json"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = prom.CollectorRegistry()
+        self.requests = prom.Counter(
+            "embedserve_gateway_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.latency = prom.Histogram(
+            "embedserve_gateway_request_seconds",
+            "HTTP request latency by route",
+            ["route"],
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.prompt_tokens = prom.Counter(
+            "embedserve_gateway_prompt_tokens", "Prompt tokens embedded", registry=self.registry
+        )
+        self.inputs = prom.Counter(
+            "embedserve_gateway_inputs", "Inputs embedded", registry=self.registry
+        )
+        self.healthy = prom.Gauge(
+            "embedserve_gateway_replica_healthy",
+            "1 when the replica passes health checks",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.outstanding = prom.Gauge(
+            "embedserve_gateway_replica_outstanding_tokens",
+            "Tokens sent to the replica and not answered yet",
+            ["replica"],
+            registry=self.registry,
+        )
+
+
+class GatewayApp:
+    """`await app(scope, receive, send)`; `pipeline` is built at lifespan startup."""
+
+    def __init__(
+        self,
+        make_pipeline: Callable[[], Pipeline],
+        limits: Limits,
+        *,
+        max_body_bytes: int,
+    ) -> None:
+        self.make_pipeline = make_pipeline
+        self.limits = limits
+        self.max_body_bytes = max_body_bytes
+        self.model_name = limits.model_names[0]
+        self.metrics = Metrics()
+        self.pipeline: Pipeline | None = None
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/v1/embeddings"): self.embeddings,
+            ("POST", "/embeddings"): self.embeddings,
+            ("GET", "/v1/models"): self.models,
+            ("POST", "/tokenize"): self.tokenize,
+            ("GET", "/health"): self.health,
+            ("GET", "/ready"): self.ready,
+            ("GET", "/metrics"): self.prometheus,
+            ("GET", "/openapi.json"): self.openapi,
+        }
+        self.paths = {path for _, path in self.routes}
+        self._openapi = dumps(openapi_document(self.model_name, limits))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self.http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    self.pipeline = self.make_pipeline()
+                    await self.pipeline.replicas.start()
+                except Exception as e:
+                    log.exception("gateway startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.pipeline is not None:
+                    await self.pipeline.replicas.close()
+                    self.pipeline.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = time.perf_counter()
+        method, path = scope["method"], scope["path"]
+        handler = self.routes.get((method, path))
+        route = path if path in self.paths else "other"
+        try:
+            if handler is None:
+                raise self._no_route(method, path)
+            body = await self._read_body(scope, receive) if method == "POST" else b""
+            status, content_type, payload = await handler(body)
+        except ApiError as e:
+            status, content_type, payload = e.status, JSON, dumps(e.body())
+        except Exception:
+            log.exception("unhandled error on %s %s", method, path)
+            error = ApiError(500, "internal error in the gateway", code="server_error")
+            status, content_type, payload = 500, JSON, dumps(error.body())
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", content_type),
+                    (b"content-length", str(len(payload)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
+        self.metrics.requests.labels(route, str(status)).inc()
+        self.metrics.latency.labels(route).observe(time.perf_counter() - start)
+
+    def _no_route(self, method: str, path: str) -> ApiError:
+        if path in self.paths:
+            allowed = ", ".join(m for m, p in self.routes if p == path)
+            return ApiError(
+                405, f"{method} is not allowed on {path}; use {allowed}", code="method_not_allowed"
+            )
+        return ApiError(404, f"no route {method} {path}", code="not_found")
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                raise self._too_large()
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise asyncio.CancelledError
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _too_large(self) -> ApiError:
+        return ApiError(
+            413,
+            f"request body is over the limit of {self.max_body_bytes} bytes",
+            code="body_too_large",
+        )
+
+    def _json(self, body: bytes) -> Any:
+        if not body:
+            raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
+        try:
+            return loads(body)
+        except JSONDecodeError as e:
+            raise bad_request(f"the body is not valid JSON: {e}", code="invalid_json") from None
+
+    def _ready_pipeline(self) -> Pipeline:
+        if self.pipeline is None:
+            raise ApiError(503, "the gateway is starting", code="starting")
+        return self.pipeline
+
+    async def embeddings(self, body: bytes) -> tuple[int, bytes, bytes]:
+        job = parse_embeddings(self._json(body), self.limits)
+        vectors, num_tokens = await self._ready_pipeline().embed(job)
+        self.metrics.prompt_tokens.inc(num_tokens)
+        self.metrics.inputs.inc(job.num_inputs)
+        return (
+            200,
+            JSON,
+            dumps(embeddings_body(vectors, job.encoding_format, self.model_name, num_tokens)),
+        )
+
+    async def tokenize(self, body: bytes) -> tuple[int, bytes, bytes]:
+        texts, truncate, input_type = parse_tokenize(self._json(body), self.limits)
+        tokens = await self._ready_pipeline().tokenize(texts, truncate, input_type)
+        count = sum(map(len, tokens))
+        return (
+            200,
+            JSON,
+            dumps(
+                {
+                    "model": self.model_name,
+                    "tokens": tokens,
+                    "num_tokens": [len(t) for t in tokens],
+                    "usage": {"prompt_tokens": count, "total_tokens": count},
+                }
+            ),
+        )
+
+    async def models(self, body: bytes) -> tuple[int, bytes, bytes]:
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "embedserve"}
+        return 200, JSON, dumps({"object": "list", "data": [model]})
+
+    async def health(self, body: bytes) -> tuple[int, bytes, bytes]:
+        return 200, JSON, b'{"status":"ok"}'
+
+    async def ready(self, body: bytes) -> tuple[int, bytes, bytes]:
+        pool = self._ready_pipeline().replicas
+        replicas = [
+            {"address": r.address, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
+            for r in pool.replicas
+        ]
+        if pool.num_healthy == 0:
+            error = ApiError(503, "no healthy server replica", code="no_healthy_replica")
+            return 503, JSON, dumps({**error.body(), "replicas": replicas})
+        return 200, JSON, dumps({"status": "ready", "replicas": replicas})
+
+    async def prometheus(self, body: bytes) -> tuple[int, bytes, bytes]:
+        if self.pipeline is not None:
+            for r in self.pipeline.replicas.replicas:
+                self.metrics.healthy.labels(r.address).set(float(r.healthy))
+                self.metrics.outstanding.labels(r.address).set(r.outstanding_tokens)
+        payload = prom.generate_latest(self.metrics.registry)
+        return 200, prom.CONTENT_TYPE_LATEST.encode(), payload
+
+    async def openapi(self, body: bytes) -> tuple[int, bytes, bytes]:
+        return 200, JSON, self._openapi

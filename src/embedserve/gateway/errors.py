@@ -1,0 +1,51 @@
+"""API errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}` + a status.
+
+| status | type                  | when                                                          |
+|--------|-----------------------|---------------------------------------------------------------|
+| 400    | invalid_request_error | malformed JSON, wrong types, empty input, too long, bad option |
+| 404    | not_found_error       | unknown model or route                                        |
+| 405    | invalid_request_error | a known route with the wrong method                           |
+| 413    | invalid_request_error | body over `--max-body-bytes`                                  |
+| 429    | rate_limit_error      | every replica's queue is full (the server refused)            |
+| 500    | server_error          | an engine failure                                             |
+| 503    | service_unavailable   | no healthy replica, or a replica did not answer in time       |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)

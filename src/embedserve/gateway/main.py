@@ -1,0 +1,204 @@
+"""Starting the gateway: one listening socket, `workers` uvicorn processes accepting on it.
+
+The supervisor binds the socket (so `--port 0` gives one real port for all workers), spawns the
+workers, and on SIGTERM / Ctrl-C asks each to drain (uvicorn finishes in-flight requests) and
+waits for them. Workers run in their own process group, so a terminal's Ctrl-C reaches only the
+supervisor and every worker gets exactly one stop signal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from embedserve.bundled import BUNDLED, resolve_model
+from embedserve.gateway.app import GatewayApp
+from embedserve.gateway.pipeline import Pipeline, PipelineLimits
+from embedserve.gateway.replicas import ReplicaPool
+from embedserve.gateway.requests import Limits
+from embedserve.spec import read_model_spec
+from embedserve.tokenization import TextTokenizer
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    replicas: tuple[str, ...]
+    model: str = "minilm"
+    served_model_names: tuple[str, ...] = ()  # default: the bundled name or the folder name
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    max_body_bytes: int = 16 << 20
+    max_inputs: int = 2048
+    max_tokens_per_request: int = 300_000
+    chunk_tokens: int = 8192
+    request_timeout: float = 30.0
+    health_interval: float = 0.5
+    drain_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            raise ValueError("a gateway needs at least one --replica HOST:PORT")
+        for r in self.replicas:
+            host, _, port = r.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"--replica must be HOST:PORT, got {r!r}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("workers", "max_body_bytes", "max_inputs", "max_tokens_per_request"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("chunk_tokens", "request_timeout", "health_interval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        if self.served_model_names:
+            return self.served_model_names
+        if self.model in BUNDLED:
+            return (self.model,)
+        return (Path(self.model).expanduser().resolve().name,)
+
+
+def build_app(config: GatewayConfig) -> GatewayApp:
+    folder = resolve_model(config.model)
+    spec = read_model_spec(folder)
+    tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
+    limits = Limits(spec.hidden_size, tokenizer.vocab_size, config.max_inputs, config.model_names)
+
+    def make_pipeline() -> Pipeline:  # inside the worker's event loop: grpc.aio channels
+        pool = ReplicaPool(
+            config.replicas, timeout=config.request_timeout, health_interval=config.health_interval
+        )
+        return Pipeline(
+            spec,
+            tokenizer,
+            pool,
+            PipelineLimits(config.max_tokens_per_request, config.chunk_tokens),
+        )
+
+    return GatewayApp(make_pipeline, limits, max_body_bytes=config.max_body_bytes)
+
+
+def set_parent_death_signal() -> None:
+    """Linux: this process gets SIGTERM when its parent dies, so no worker outlives the launcher."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
+    os.setpgrp()
+    set_parent_death_signal()
+    import uvicorn
+
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
+    try:
+        import httptools  # noqa: F401
+
+        http = "httptools"
+    except ImportError:
+        http = "h11"
+    server = uvicorn.Server(
+        uvicorn.Config(
+            build_app(config),
+            loop=loop,
+            http=http,
+            lifespan="on",
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=int(config.drain_seconds),
+            timeout_keep_alive=30,
+        )
+    )
+    server.run(sockets=[sock])
+
+
+def wait_until_up(url: str, processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not all(p.is_alive() for p in processes):
+            raise RuntimeError("a gateway worker exited during startup")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"the gateway did not come up at {url}")
+
+
+def run(config: GatewayConfig) -> int:
+    build_app(config)  # fail fast, in the launcher, on a bad model or flag
+    sock = bind(config.host, config.port)
+    port = sock.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    workers = [
+        ctx.Process(target=run_worker, args=(config, sock), name=f"gateway-{i}", daemon=False)
+        for i in range(config.workers)
+    ]
+    for w in workers:
+        w.start()
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            print("embedserve gateway: draining", flush=True)
+            for w in workers:
+                if w.pid is not None and w.is_alive():
+                    os.kill(w.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    url = f"http://{host}:{port}"
+    try:
+        wait_until_up(f"{url}/health", workers)
+    except RuntimeError as e:
+        stop(signal.SIGTERM, None)
+        for w in workers:
+            w.join(10)
+        print(f"embedserve gateway: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(
+        f"embedserve gateway: listening on {url} ({config.workers} worker"
+        f"{'s' if config.workers > 1 else ''}, replicas {', '.join(config.replicas)})",
+        flush=True,
+    )
+    while any(w.is_alive() for w in workers):
+        for w in workers:
+            w.join(0.2)
+        if not stopping and not all(w.is_alive() for w in workers):
+            print("embedserve gateway: a worker died; stopping", file=sys.stderr, flush=True)
+            stop(signal.SIGTERM, None)
+    sock.close()
+    print("embedserve gateway: stopped", flush=True)
+    return 0 if all(w.exitcode == 0 for w in workers) else 1

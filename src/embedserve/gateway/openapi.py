@@ -1,0 +1,140 @@
+"""The hand-written OpenAPI 3 document served at `/openapi.json` (see docs/serving.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from embedserve.gateway.requests import INPUT_TYPES, Limits
+from embedserve.outputs import OUTPUT_DTYPES
+
+ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": "string", "nullable": True},
+                "code": {"type": "string", "nullable": True},
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    return {str(s): {"description": "error", "content": ref} for s in statuses}
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _ok(schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    content = {"application/json": {"schema": schema or {"type": "object"}}}
+    return {"200": {"description": "OK", "content": content}}
+
+
+def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
+    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    texts = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
+    embeddings_request = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["input"],
+        "properties": {
+            "input": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {**texts, "maxItems": limits.max_inputs},
+                    ids,
+                    {"type": "array", "items": ids, "maxItems": limits.max_inputs},
+                ]
+            },
+            "model": {"type": "string", "enum": list(limits.model_names)},
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "dimensions": {"type": "integer", "minimum": 1, "maximum": limits.hidden_size},
+            "user": {"type": "string"},
+            "normalize": {"type": "boolean", "default": True},
+            "truncate": {"enum": [False, "end", "start"], "default": False},
+            "input_type": {"type": "string", "enum": list(INPUT_TYPES)},
+            "output_dtype": {"type": "string", "enum": list(OUTPUT_DTYPES)},
+        },
+    }
+    embedding = {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["embedding"]},
+            "index": {"type": "integer"},
+            "embedding": {
+                "oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]
+            },
+        },
+    }
+    embeddings_response = {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": embedding},
+            "model": {"type": "string"},
+            "usage": {
+                "type": "object",
+                "properties": {
+                    "prompt_tokens": {"type": "integer"},
+                    "total_tokens": {"type": "integer"},
+                },
+            },
+        },
+    }
+    tokenize_request = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["input"],
+        "properties": {
+            "input": {"oneOf": [{"type": "string"}, texts]},
+            "model": {"type": "string"},
+            "truncate": {"enum": [False, "end", "start"]},
+            "input_type": {"type": "string", "enum": list(INPUT_TYPES)},
+        },
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "embedserve", "version": "0.1.0", "description": f"Serving {model}."},
+        "paths": {
+            "/v1/embeddings": {
+                "post": {
+                    "summary": "Create embeddings (OpenAI-compatible, with extensions)",
+                    "requestBody": _json_body(embeddings_request),
+                    "responses": {
+                        **_ok(embeddings_response),
+                        **_errors(400, 404, 413, 429, 500, 503),
+                    },
+                }
+            },
+            "/v1/models": {"get": {"summary": "The served model", "responses": _ok()}},
+            "/tokenize": {
+                "post": {
+                    "summary": "Token ids of texts, as the embeddings endpoint would send them",
+                    "requestBody": _json_body(tokenize_request),
+                    "responses": {**_ok(), **_errors(400, 404, 413)},
+                }
+            },
+            "/health": {"get": {"summary": "The gateway process is alive", "responses": _ok()}},
+            "/ready": {
+                "get": {
+                    "summary": "At least one server replica is healthy",
+                    "responses": {**_ok(), **_errors(503)},
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics (text format)",
+                    "responses": {"200": {"description": "OK", "content": {"text/plain": {}}}},
+                }
+            },
+        },
+        "components": {"schemas": {"Error": ERROR}},
+    }

@@ -1,0 +1,166 @@
+"""The gateway's view of its server replicas: health, load, and calls with one retry.
+
+Health comes from polling the standard `grpc.health.v1` service every `health_interval` seconds,
+so `/ready` follows the servers and a restarted server is used again without restarting the
+gateway. Each chunk goes to the healthy replica with the fewest outstanding tokens; a failed call
+is retried once on another one. Every call carries a deadline, so a dead or stuck replica gives
+an error quickly instead of a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from embedserve.gateway.errors import ApiError
+from embedserve.server.rpc import embed_stub
+
+log = logging.getLogger("embedserve.gateway")
+
+CHANNEL_OPTIONS = [
+    # NOTE: the default reconnect backoff grows to two minutes; a restarted server must be
+    # found again within about a second.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]
+
+# Codes after which another replica may well succeed.
+RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.CANCELLED,
+}
+
+
+class Replica:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.healthy = False
+        self.outstanding_tokens = 0
+        self.channel: Any = None
+        self.embed: Any = None
+        self.check: Any = None
+
+    def open(self) -> None:
+        self.channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self.embed = embed_stub(self.channel)
+        self.check = health_pb2_grpc.HealthStub(self.channel).Check
+
+
+def to_api_error(error: grpc.aio.AioRpcError, address: str) -> ApiError:
+    code, details = error.code(), error.details() or ""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return ApiError(400, details, param="input", code="invalid_value")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ApiError(429, f"server overloaded: {details}", code="overloaded")
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return ApiError(
+            503, f"replica {address} unavailable: {code.name} {details}", code="unavailable"
+        )
+    return ApiError(500, f"replica {address} failed: {code.name} {details}", code="server_error")
+
+
+class ReplicaPool:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        timeout: float = 30.0,
+        health_interval: float = 0.5,
+    ) -> None:
+        if not addresses:
+            raise ValueError("a gateway needs at least one --replica HOST:PORT")
+        self.replicas = [Replica(a) for a in addresses]
+        self.timeout = timeout
+        self.health_interval = health_interval
+        self._poller: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Open channels (inside the running loop) and poll health from now on."""
+        for r in self.replicas:
+            r.open()
+        await self.poll_once()
+        self._poller = asyncio.create_task(self._poll_forever(), name="replica-health")
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        for r in self.replicas:
+            if r.channel is not None:
+                await r.channel.close()
+
+    @property
+    def num_healthy(self) -> int:
+        return sum(r.healthy for r in self.replicas)
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self._check(r) for r in self.replicas))
+
+    async def _check(self, replica: Replica) -> None:
+        timeout = max(1.0, 2 * self.health_interval)
+        try:
+            reply = await replica.check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+            healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.aio.AioRpcError:
+            healthy = False
+        if healthy != replica.healthy:
+            log.warning("replica %s is %s", replica.address, "healthy" if healthy else "DOWN")
+        replica.healthy = healthy
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval)
+            await self.poll_once()
+
+    def choose(self, exclude: Replica | None = None) -> Replica | None:
+        """The healthy replica with the fewest outstanding tokens (not `exclude`)."""
+        best = None
+        for r in self.replicas:
+            if (
+                r.healthy
+                and r is not exclude
+                and (best is None or r.outstanding_tokens < best.outstanding_tokens)
+            ):
+                best = r
+        return best
+
+    async def embed(self, request: Any, num_tokens: int) -> Any:
+        """Send one chunk; on a retryable failure, once more to another replica."""
+        replica = self.choose()
+        if replica is None:
+            raise ApiError(503, "no healthy server replica", code="no_healthy_replica")
+        try:
+            return await self._call(replica, request, num_tokens)
+        except grpc.aio.AioRpcError as e:
+            other = self.choose(exclude=replica) if e.code() in RETRYABLE else None
+            if other is None:
+                raise to_api_error(e, replica.address) from None
+            log.warning("retrying on %s after %s from %s", other.address, e.code(), replica.address)
+            try:
+                return await self._call(other, request, num_tokens)
+            except grpc.aio.AioRpcError as e2:
+                raise to_api_error(e2, other.address) from None
+
+    async def _call(self, replica: Replica, request: Any, num_tokens: int) -> Any:
+        replica.outstanding_tokens += num_tokens
+        try:
+            return await replica.embed(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                replica.healthy = False  # until the next health check says otherwise
+            raise
+        finally:
+            replica.outstanding_tokens -= num_tokens

@@ -27,6 +27,9 @@ class RaggedLayout:
     cu_seqlens: torch.Tensor  # [S + 1] int32, on the model's device
     max_seqlen: int
     seqlens: tuple[int, ...]  # host copy, for backends that loop over sequences
+    # [T] int64 on the device: set inside CUDA graphs, where no host value may change between
+    # replays (then `seqlens` is empty and `max_seqlen` is the bucket's bound, not the batch's)
+    seq_ids: torch.Tensor | None = None
 
 
 # (q, k, v, layout, causal) -> [T, N, D]
@@ -49,11 +52,11 @@ def sdpa_loop(
     start = 0
     for n in layout.seqlens:
         end = start + n
-        # [N, n, D] views of this sequence only
-        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
-        out[start:end] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal).transpose(
-            0, 1
-        )
+        # [1, N, n, D] views of this sequence only. NOTE: 4-D inputs matter: with 3-D ones
+        # PyTorch's CPU dispatcher falls back to the unfused math kernel, 4x slower.
+        qs, ks, vs = (t[None, start:end].transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
+        out[start:end] = o[0].transpose(0, 1)
         start = end
     return out
 
@@ -61,33 +64,49 @@ def sdpa_loop(
 def block_mask(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: RaggedLayout, causal: bool
 ) -> torch.Tensor:
-    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
-    seq_ids = torch.repeat_interleave(
-        torch.arange(len(layout.seqlens), device=q.device),
-        torch.tensor(layout.seqlens, device=q.device),
-    )
+    seq_ids = layout.seq_ids  # on the device inside a CUDA graph
+    if seq_ids is None:
+        seq_ids = torch.repeat_interleave(
+            torch.arange(len(layout.seqlens), device=q.device),
+            torch.tensor(layout.seqlens, device=q.device),
+        )
     mask = seq_ids[:, None] == seq_ids[None, :]  # [T, T] block diagonal
     if causal:
         mask &= torch.ones_like(mask).tril_()
+    gqa: dict[str, bool] = {}
+    if k.shape[1] != q.shape[1]:
+        if q.device.type == "cuda":
+            gqa = {"enable_gqa": True}  # no copy of K and V per query head
+        else:
+            k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+        q[None].transpose(1, 2),
+        k[None].transpose(1, 2),
+        v[None].transpose(1, 2),
+        attn_mask=mask,
+        **gqa,
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
-def _varlen_causal_kwargs() -> Callable[[bool], dict[str, object]]:
-    """torch renamed the causal switch of varlen_attn between releases; adapt once at import."""
+def _varlen_params() -> frozenset[str]:
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:  # pragma: no cover - older torch
-        return lambda causal: {}
-    params = inspect.signature(varlen_attn).parameters
-    if "is_causal" in params:
-        return lambda causal: {"is_causal": causal}
-    return lambda causal: {"window_size": (-1, 0) if causal else (-1, -1)}
+        return frozenset()
+    return frozenset(inspect.signature(varlen_attn).parameters)
 
 
-_causal_kwargs = _varlen_causal_kwargs()
+# NOTE: varlen_attn's keywords differ between releases (2.11: is_causal and no GQA switch, the
+# K/V heads go to the kernel as they are; 2.13: window_size and enable_gqa); adapt at import.
+# GQA against an SDPA reference on the device: tests/engine/test_graphs_gpu.py.
+_VARLEN_PARAMS = _varlen_params()
+
+
+def _causal_kwargs(causal: bool) -> dict[str, object]:
+    if "is_causal" in _VARLEN_PARAMS:
+        return {"is_causal": causal}
+    return {"window_size": (-1, 0) if causal else (-1, -1)}
 
 
 def varlen(
@@ -95,7 +114,9 @@ def varlen(
 ) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
-    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    gqa = (
+        {"enable_gqa": True} if k.shape[1] != q.shape[1] and "enable_gqa" in _VARLEN_PARAMS else {}
+    )
     out = varlen_attn(
         q,
         k,
@@ -116,6 +137,11 @@ BACKENDS: dict[str, AttentionFn] = {
     "sdpa_loop": sdpa_loop,
     "block_mask": block_mask,
 }
+
+
+# Backends that read no host value that changes between batches once `seq_ids` is set: the
+# only ones a CUDA graph may capture.
+CAPTURE_SAFE: tuple[str, ...] = ("varlen", "block_mask")
 
 
 def choose_backend(name: str | None, device: torch.device) -> AttentionFn:

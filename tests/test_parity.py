@@ -1,0 +1,93 @@
+"""Our all-MiniLM-L6-v2 against sentence-transformers and plain transformers on the same weights.
+
+fp32 on the CPU: cosine >= 0.99999 for every vector (the issue's bar; in practice it is 1 - 1e-7).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embedserve.embedder import Embedder
+from tests.data.texts import all_texts
+
+COSINE_MIN = 0.99999
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    t = all_texts()
+    assert len(t) >= 100
+    return t
+
+
+def test_matches_sentence_transformers(
+    minilm: Embedder, minilm_path: Path, texts: list[str]
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(minilm_path), device="cpu")
+    # sentence-transformers silently truncates at max_seq_length (256); we must be asked to.
+    lengths = minilm.tokenizer.count(texts)
+    assert max(lengths) > 256, "the set must include inputs past the limit"
+    ref = st.encode(texts, batch_size=16, convert_to_numpy=True)
+    ours = minilm.encode(texts, truncate="end")
+    assert ours.shape == ref.shape == (len(texts), 384)
+    cos = cosines(ours, ref)
+    worst = int(cos.argmin())
+    assert cos.min() >= COSINE_MIN, f"text {worst} {texts[worst][:40]!r}: cosine {cos[worst]}"
+    # both normalize: the vectors themselves agree, not only their directions
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["cls", "last"])
+def test_matches_transformers_pooling(minilm_path: Path, texts: list[str], method: str) -> None:
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(minilm_path))
+    model = AutoModel.from_pretrained(str(minilm_path)).eval()
+    ours = Embedder(minilm_path, device="cpu", pooling=method)
+    subset = texts[::3]
+    got = ours.encode(subset, normalize=False, truncate="end")
+    ref = []
+    with torch.inference_mode():
+        for text in subset:
+            enc = tok(text, truncation=True, max_length=256, return_tensors="pt")
+            hidden = model(**enc).last_hidden_state[0]  # [n, H]
+            ref.append(hidden[0] if method == "cls" else hidden[-1])
+    ref_np = torch.stack(ref).numpy()
+    cos = cosines(got, ref_np)
+    assert cos.min() >= COSINE_MIN, f"worst cosine {cos.min()} at {int(cos.argmin())}"
+    np.testing.assert_allclose(got, ref_np, rtol=1e-4, atol=1e-4)
+
+
+def test_alone_equals_in_batch(minilm: Embedder, texts: list[str]) -> None:
+    batch = minilm.encode(texts, truncate="end")
+    for i in range(0, len(texts), 7):
+        alone = minilm.encode([texts[i]], truncate="end")[0]
+        cos = float(alone @ batch[i])
+        assert cos >= COSINE_MIN, f"text {i}: alone vs in batch cosine {cos}"
+
+
+def test_small_batches_equal_one_big_batch(minilm: Embedder, texts: list[str]) -> None:
+    big = minilm.encode(texts, truncate="end", batch_tokens=1 << 20)
+    small = minilm.encode(texts, truncate="end", batch_tokens=300)
+    assert cosines(big, small).min() >= COSINE_MIN
+
+
+def test_attention_backends_agree(minilm_path: Path, texts: list[str]) -> None:
+    subset = texts[:40]
+    loop = Embedder(minilm_path, device="cpu", attention="sdpa_loop").encode(subset, truncate="end")
+    mask = Embedder(minilm_path, device="cpu", attention="block_mask").encode(
+        subset, truncate="end"
+    )
+    assert cosines(loop, mask).min() >= COSINE_MIN

@@ -19,7 +19,9 @@ def pool(
 ) -> torch.Tensor:  # [S, H] float32
     num_seqs = cu_seqlens.shape[0] - 1
     if method == "cls":
-        return hidden[cu_seqlens[:-1].long()].float()
+        # NOTE: a CUDA graph's bucket ends in empty sequences that start at T; clamp so their
+        # (never returned) row reads a real token instead of indexing past the end.
+        return hidden[cu_seqlens[:-1].long().clamp_max(hidden.shape[0] - 1)].float()
     if method == "last":
         return hidden[cu_seqlens[1:].long() - 1].float()
     # NOTE: accumulate in fp32 whatever the model dtype: a bf16 sum over hundreds of tokens

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
+from embedserve.engine.fused import EAGER_OPS, Ops
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
 from embedserve.spec import BertConfig, ModelLoadError
 
@@ -39,12 +40,18 @@ class BertLayer(nn.Module):
         self.down = nn.Linear(i, h)
         self.ffn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, layout: RaggedLayout, attend: AttentionFn) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, layout: RaggedLayout, attend: AttentionFn, ops: Ops = EAGER_OPS
+    ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)  # [T, N, D] each
         a = attend(q, k, v, layout, False).reshape(t, -1)  # [T, H]
-        x = self.attn_norm(x + self.out(a))
-        return self.ffn_norm(x + self.down(self.act(self.up(x))))
+        norm = self.attn_norm
+        x = ops.add_layer_norm(self.out(a), x, norm.weight, norm.bias, norm.eps)
+        norm = self.ffn_norm
+        return ops.add_layer_norm(
+            self.down(self.act(self.up(x))), x, norm.weight, norm.bias, norm.eps
+        )
 
 
 class BertEncoder(nn.Module):
@@ -56,6 +63,7 @@ class BertEncoder(nn.Module):
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.embed_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
+        self.ops: Ops = EAGER_OPS  # the engine swaps in compiled (fused) ops on CUDA
 
     def forward(
         self,
@@ -65,10 +73,20 @@ class BertEncoder(nn.Module):
         layout: RaggedLayout,
         attend: AttentionFn,
     ) -> torch.Tensor:  # [T, H]
-        x = self.word(input_ids) + self.position(positions) + self.token_type(token_type_ids)
-        x = self.embed_norm(x)
+        norm = self.embed_norm
+        x = self.ops.bert_embed(
+            input_ids,
+            positions,
+            token_type_ids,
+            self.word.weight,
+            self.position.weight,
+            self.token_type.weight,
+            norm.weight,
+            norm.bias,
+            norm.eps,
+        )
         for layer in self.layers:
-            x = layer(x, layout, attend)
+            x = layer(x, layout, attend, self.ops)
         return x
 
     @classmethod

@@ -1,0 +1,357 @@
+"""Whole-model CUDA graphs, one per bucket, captured lazily.
+
+A batch is padded up to a bucket: its token count to a multiple of 64 (of 256 above 1,024), its
+sequence count to a power of two, and its longest sequence to a power of two (at least 64), which
+is the `max_seqlen` the attention kernel is given. The padding tokens form dummy sequences after
+the real ones, and empty sequences fill the sequence bucket; their pooled rows are never returned.
+
+The first hit of a bucket runs eagerly (padded, through the same code: this is where
+`torch.compile` compiles), the second captures one graph from token ids to pooled vectors, every
+later hit replays it. Batches above the largest bucket return None here and run eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from embedserve.engine.attention import BACKENDS, CAPTURE_SAFE, AttentionFn, RaggedLayout
+from embedserve.engine.batch import PackedBatch
+from embedserve.engine.stats import EngineStats
+
+SMALL_TOKENS = 1024  # up to here token buckets step by 64, above by 256
+MIN_SEQLEN_BUCKET = 64
+
+# (input_ids [T], positions [T], token_type_ids [T], seq_ids [T], layout, attend) -> [S, H] fp32
+Forward = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, RaggedLayout, AttentionFn],
+    torch.Tensor,
+]
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    max_tokens: int = 8192  # largest captured token bucket; larger batches run eagerly
+    max_seqs: int = 256  # largest sequence bucket (a power of two)
+    # attention backends timed against each other when a bucket is captured; the fastest is kept
+    attention: tuple[str, ...] = ("varlen", "block_mask")
+    # block_mask materializes a [T, T] mask and does T² work: only a candidate up to here
+    max_block_mask_tokens: int = 2048
+    # (num_tokens, num_seqs) batches captured at start-up; off by default
+    warmup: tuple[tuple[int, int], ...] = ()
+    staging_slots: int = 4  # pinned input buffers in flight before the host waits
+
+    def __post_init__(self) -> None:
+        if (
+            self.max_tokens < 64
+            or token_bucket(self.max_tokens, self.max_tokens) != self.max_tokens
+        ):
+            raise ValueError(
+                f"max_tokens must be a multiple of 64 up to {SMALL_TOKENS} and of 256 above, "
+                f"got {self.max_tokens}"
+            )
+        if self.max_seqs < 2 or self.max_seqs & (self.max_seqs - 1):
+            raise ValueError(f"max_seqs must be a power of two of at least 2, got {self.max_seqs}")
+        unknown = [a for a in self.attention if a not in CAPTURE_SAFE]
+        if not self.attention or unknown:
+            raise ValueError(
+                f"graph attention candidates must be among {', '.join(CAPTURE_SAFE)}, "
+                f"got {self.attention}"
+            )
+        if self.staging_slots < 1:
+            raise ValueError("staging_slots must be at least 1")
+
+
+def token_bucket(num_tokens: int, max_tokens: int) -> int | None:
+    """The padded token count for a batch, or None when it is above the largest bucket."""
+    step = 64 if num_tokens <= SMALL_TOKENS else 256
+    bucket = max(step, -(-num_tokens // step) * step)
+    return bucket if bucket <= max_tokens else None
+
+
+def seq_bucket(num_seqs: int, max_seqs: int) -> int | None:
+    """The padded sequence count (a power of two, at least 2), or None above `max_seqs`."""
+    bucket = 1 << max(1, (num_seqs - 1).bit_length())
+    return bucket if bucket <= max_seqs else None
+
+
+def seqlen_bucket(max_seqlen: int, num_tokens: int) -> int:
+    """The `max_seqlen` a graph is captured with: a power of two, at most the token bucket."""
+    return min(num_tokens, 1 << max(MIN_SEQLEN_BUCKET - 1, max_seqlen - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    num_tokens: int  # padded T
+    num_seqs: int  # padded S, dummy and empty sequences included
+    max_seqlen: int  # bound on every sequence, dummies included
+    pad_seqlens: tuple[int, ...]  # lengths of the dummy sequences that hold the padding tokens
+
+    @property
+    def key(self) -> str:
+        return f"t{self.num_tokens}-s{self.num_seqs}-l{self.max_seqlen}"
+
+    @property
+    def staged_size(self) -> int:
+        """int64 elements of the staged inputs: ids, positions, types, seq_ids, cu_seqlens."""
+        return 4 * self.num_tokens + self.num_seqs + 1
+
+
+def plan_bucket(
+    seqlens: Sequence[int] | np.ndarray, config: GraphConfig, max_positions: int
+) -> BucketPlan | None:
+    """Where a batch with these sequence lengths is padded to, or None if no bucket holds it."""
+    num_tokens = int(np.sum(seqlens))
+    tokens = token_bucket(num_tokens, config.max_tokens)
+    if tokens is None:
+        return None
+    max_seqlen = seqlen_bucket(int(np.max(seqlens)), tokens)
+    # NOTE: a dummy sequence is also bounded by the position table: its positions count from 0.
+    chunk = min(max_seqlen, max_positions)
+    pad = tokens - num_tokens
+    pads = (chunk,) * (pad // chunk) + ((pad % chunk,) if pad % chunk else ())
+    seqs = seq_bucket(len(seqlens) + len(pads), config.max_seqs)
+    if seqs is None:
+        return None
+    return BucketPlan(tokens, seqs, max_seqlen, pads)
+
+
+def stage_inputs(batch: PackedBatch, plan: BucketPlan, out: np.ndarray) -> None:
+    """Write the padded inputs of `batch` into `out[:plan.staged_size]` (int64).
+
+    Layout: ids [T] | positions [T] | token types [T] | seq_ids [T] | cu_seqlens [S + 1].
+    Padding tokens are id 0 with positions restarting at 0 in each dummy sequence.
+    """
+    t, s, n = plan.num_tokens, plan.num_seqs, batch.num_tokens
+    ids, pos, types, sids = (out[i * t : (i + 1) * t] for i in range(4))
+    cu = out[4 * t : 4 * t + s + 1]
+    ids[:n] = batch.input_ids
+    ids[n:] = 0
+    pos[:n] = batch.positions
+    types[:n] = batch.token_type_ids
+    types[n:] = 0
+    sids[:n] = batch.seq_ids
+    cu[: batch.num_seqs + 1] = batch.cu_seqlens
+    start, seq = n, batch.num_seqs
+    for length in plan.pad_seqlens:
+        pos[start : start + length] = np.arange(length)
+        sids[start : start + length] = seq
+        start += length
+        seq += 1
+        cu[seq] = start
+    cu[seq + 1 :] = t  # empty sequences up to the bucket
+
+
+class Graph(Protocol):
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor: ...
+    def replay(self) -> None: ...
+    def time_ms(self, reps: int) -> float: ...
+
+
+class CudaGraph:
+    """One captured forward; every CudaGraph of a runner allocates from one shared pool."""
+
+    def __init__(self, pool: tuple[int, int], stream: torch.cuda.Stream) -> None:
+        self._graph = torch.cuda.CUDAGraph()
+        self._pool = pool
+        self._stream = stream
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream):
+            fn()  # warm-up on the capture stream: workspaces and lazy inits happen outside
+        with torch.cuda.graph(self._graph, pool=self._pool, stream=self._stream):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(self._stream)
+        return out
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+    def time_ms(self, reps: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.replay()
+        start.record()
+        for _ in range(reps):
+            self.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / reps
+
+
+class EagerGraph:
+    """A stand-in for CPU tests: 'replay' runs the captured function again into the same output."""
+
+    def __init__(self) -> None:
+        self._fn: Callable[[], torch.Tensor] | None = None
+        self._out: torch.Tensor | None = None
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        self._fn, self._out = fn, fn()
+        return self._out
+
+    def replay(self) -> None:
+        assert self._fn is not None and self._out is not None, "replay before capture"
+        self._out.copy_(self._fn())
+
+    def time_ms(self, reps: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            self.replay()
+        return (time.perf_counter() - t0) * 1e3 / reps
+
+
+@dataclass
+class _Bucket:
+    plan: BucketPlan
+    static: torch.Tensor  # [plan.staged_size] int64 on the device: the graph's input buffer
+    hits: int = 0
+    graph: Graph | None = None
+    output: torch.Tensor | None = None  # [plan.num_seqs, H] fp32, written by each replay
+    attention: str = ""
+
+
+class GraphRunner:
+    """Owns the buckets: their static input buffers, their graphs and the pad-to-bucket rule."""
+
+    def __init__(
+        self,
+        forward: Forward,
+        *,
+        device: torch.device,
+        config: GraphConfig,
+        stats: EngineStats,
+        max_positions: int,
+        make_graph: Callable[[], Graph] | None = None,
+    ) -> None:
+        self._forward = forward
+        self.device = device
+        self.config = config
+        self.stats = stats
+        self.max_positions = max_positions
+        self._buckets: dict[str, _Bucket] = {}
+        if make_graph is None:
+            if device.type != "cuda":
+                raise ValueError("CUDA graphs need a CUDA device (pass make_graph to test on CPU)")
+            pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream(device)
+            make_graph = lambda: CudaGraph(pool, stream)  # noqa: E731
+        self._make_graph = make_graph
+        self._pinned = device.type == "cuda"
+        self._slots: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
+        self._next_slot = 0
+
+    @property
+    def num_graphs(self) -> int:
+        return sum(b.graph is not None for b in self._buckets.values())
+
+    def run(self, batch: PackedBatch) -> torch.Tensor | None:
+        """Pooled [batch.num_seqs, H] fp32 on the device, or None when no bucket holds the batch.
+
+        NOTE: the result is a view of the bucket's output buffer, valid until the next step on
+        this stream: copy it (LazyTensor does) before running another batch.
+        """
+        plan = plan_bucket(batch.seqlens, self.config, self.max_positions)
+        if plan is None:
+            return None
+        bucket = self._buckets.get(plan.key)
+        if bucket is None:
+            static = torch.empty(plan.staged_size, dtype=torch.int64, device=self.device)
+            bucket = self._buckets[plan.key] = _Bucket(plan, static)
+        bucket.hits += 1
+        self._stage(batch, bucket)
+        self.stats.real_tokens += batch.num_tokens
+        self.stats.padding_tokens += plan.num_tokens - batch.num_tokens
+        if bucket.graph is not None:
+            bucket.graph.replay()
+            self.stats.replays += 1
+        elif bucket.hits == 1:
+            t0 = time.perf_counter()
+            bucket.output = self._run_static(bucket, self._candidates(plan)[0])
+            self.stats.eager_runs += 1
+            self.stats.first_run_seconds += time.perf_counter() - t0
+        else:
+            self._capture(bucket)
+        assert bucket.output is not None
+        return bucket.output[: batch.num_seqs]
+
+    def warm_up(self) -> None:
+        """Capture the configured (num_tokens, num_seqs) buckets now instead of on first use."""
+        for num_tokens, num_seqs in self.config.warmup:
+            if not 0 < num_seqs <= num_tokens:
+                raise ValueError(f"warm-up bucket ({num_tokens}, {num_seqs}) is not a batch")
+            lens = np.full(num_seqs, num_tokens // num_seqs, dtype=np.int32)
+            lens[: num_tokens % num_seqs] += 1
+            lens = np.minimum(lens, self.max_positions)
+            batch = PackedBatch.from_packed(np.zeros(int(lens.sum()), np.int64), lens)
+            for _ in range(2):
+                self.run(batch)
+
+    def _candidates(self, plan: BucketPlan) -> tuple[str, ...]:
+        names = tuple(
+            a
+            for a in self.config.attention
+            if a != "block_mask" or plan.num_tokens <= self.config.max_block_mask_tokens
+        )
+        return names or self.config.attention[:1]
+
+    def _stage(self, batch: PackedBatch, bucket: _Bucket) -> None:
+        size = bucket.plan.staged_size
+        if not self._pinned:
+            host = np.empty(size, dtype=np.int64)
+            stage_inputs(batch, bucket.plan, host)
+            bucket.static.copy_(torch.from_numpy(host))
+            return
+        # A ring of pinned buffers: the copy from slot i must have left before slot i is
+        # rewritten, and the host waits only when every slot is still in flight.
+        if len(self._slots) < self.config.staging_slots:
+            capacity = 4 * self.config.max_tokens + self.config.max_seqs + 1
+            self._slots.append((torch.empty(capacity, dtype=torch.int64, pin_memory=True), None))
+        index = self._next_slot % len(self._slots)
+        self._next_slot += 1
+        host, event = self._slots[index]
+        if event is not None:
+            event.synchronize()
+        stage_inputs(batch, bucket.plan, host.numpy())
+        bucket.static.copy_(host[:size], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._slots[index] = (host, event)
+
+    def _run_static(self, bucket: _Bucket, attention: str) -> torch.Tensor:
+        """The padded forward reading only the bucket's static buffer (what a graph captures)."""
+        plan, static = bucket.plan, bucket.static
+        t = plan.num_tokens
+        ids, pos, types, seq_ids = (static[i * t : (i + 1) * t] for i in range(4))
+        cu_seqlens = static[4 * t :].to(torch.int32)
+        layout = RaggedLayout(cu_seqlens, plan.max_seqlen, (), seq_ids)
+        return self._forward(ids, pos, types, seq_ids, layout, BACKENDS[attention])
+
+    def _capture(self, bucket: _Bucket) -> None:
+        t0 = time.perf_counter()
+        timings: dict[str, float] = {}
+        best: tuple[float, str, Graph, torch.Tensor] | None = None
+        candidates = self._candidates(bucket.plan)
+        for name in candidates:
+            graph = self._make_graph()
+            output = graph.capture(lambda name=name: self._run_static(bucket, name))  # type: ignore[misc]
+            ms = graph.time_ms(reps=5) if len(candidates) > 1 else 0.0
+            timings[name] = round(ms, 4)
+            if best is None or ms < best[0]:
+                best = (ms, name, graph, output)
+        assert best is not None
+        _, bucket.attention, bucket.graph, bucket.output = best
+        bucket.graph.replay()  # this step's result (capturing computes nothing)
+        self.stats.captures += 1
+        self.stats.capture_seconds += time.perf_counter() - t0
+        if len(candidates) > 1:
+            self.stats.attention_timings[bucket.plan.key] = timings
+
+    def attention_choice(self) -> dict[str, str]:
+        """Bucket key -> the attention backend its graph was captured with."""
+        return {k: b.attention for k, b in self._buckets.items() if b.graph is not None}

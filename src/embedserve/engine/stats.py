@@ -1,0 +1,26 @@
+"""Counters the engine keeps about its fast path, for metrics and benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class EngineStats:
+    """Mutated only by the engine's own thread; read by anyone (a snapshot is `as_dict()`)."""
+
+    captures: int = 0  # CUDA graphs captured (one per bucket, the second time it is hit)
+    replays: int = 0  # steps served by replaying a captured graph
+    eager_runs: int = 0  # steps run without a graph: a bucket's first hit, or above the largest
+    capture_seconds: float = 0.0  # host seconds spent capturing (warm-up run + capture + tuning)
+    first_run_seconds: float = 0.0  # host seconds of buckets' first (eager) hits
+    compiles: int = 0  # torch.compile compilations of the fused ops
+    compile_seconds: float = 0.0  # host seconds of the calls that compiled
+    real_tokens: int = 0  # tokens of real sequences run through a bucket
+    padding_tokens: int = 0  # tokens added to reach a bucket (the padding waste)
+    # bucket key -> {attention backend: replay ms}, measured when the bucket was captured
+    attention_timings: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

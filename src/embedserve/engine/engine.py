@@ -47,14 +47,22 @@ class Engine:
         self.dtype = DTYPES[dtype_name]
         self.attend: AttentionFn = choose_backend(attention, self.device)
         self.model = build_model(spec).to(self.device, self.dtype)
-        self.vocab_size = spec.bert.vocab_size
-        self.max_positions = spec.bert.max_position_embeddings
+        self.vocab_size = spec.vocab_size
+        self.max_positions = spec.max_position_embeddings
 
     @classmethod
     def from_folder(
-        cls, folder: str | Path, *, pooling: str | None = None, **kwargs: str | None
+        cls,
+        folder: str | Path,
+        *,
+        pooling: str | None = None,
+        attention_kind: str | None = None,
+        **kwargs: str | None,
     ) -> Engine:
-        return cls(read_model_spec(folder, pooling=pooling), **kwargs)
+        """`attention_kind` ("causal" | "bidirectional") overrides the folder's; `attention`
+        in kwargs names the attention backend."""
+        spec = read_model_spec(folder, pooling=pooling, attention=attention_kind)
+        return cls(spec, **kwargs)
 
     @property
     def hidden_size(self) -> int:
@@ -75,8 +83,8 @@ class Engine:
                 f"a sequence of {batch.max_seqlen} tokens exceeds the model's "
                 f"{self.max_positions} positions"
             )
-        if int(batch.token_type_ids.max(initial=0)) >= self.spec.bert.type_vocab_size:
-            raise ValueError(f"token type ids must be below {self.spec.bert.type_vocab_size}")
+        if int(batch.token_type_ids.max(initial=0)) >= self.spec.type_vocab_size:
+            raise ValueError(f"token type ids must be below {self.spec.type_vocab_size}")
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:

@@ -16,5 +16,11 @@ def build_model(spec: ModelSpec) -> nn.Module:
     if spec.family == "bert":
         from embedserve.engine.models.bert import BertEncoder
 
+        assert spec.bert is not None  # read_model_spec sets it for this family
         return BertEncoder.from_folder(spec.path, spec.bert)
+    if spec.family == "qwen3":
+        from embedserve.engine.models.qwen3 import Qwen3Encoder
+
+        assert spec.qwen3 is not None  # read_model_spec sets it for this family
+        return Qwen3Encoder.from_folder(spec.path, spec.qwen3, causal=spec.attention == "causal")
     raise ValueError(f"no model definition for family {spec.family!r}")

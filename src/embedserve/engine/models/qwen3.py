@@ -1,0 +1,162 @@
+"""Qwen3 decoder as an embedder on a packed ragged batch: no padding, no KV cache.
+
+RMSNorm before attention and MLP, RMSNorm on each query/key head, rotary embeddings from each
+token's position in its own sequence, grouped-query attention, SwiGLU. Q, K, V are one matrix
+and gate, up are one matrix, fused at load time. Attention is causal (Qwen3-Embedding) or
+bidirectional (pplx-embed style), fixed per model.
+
+Shapes: T = tokens in the batch, H = hidden, Nq / Nkv = query / key-value heads, D = head dim,
+I = intermediate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embedserve.engine.attention import AttentionFn, RaggedLayout
+from embedserve.engine.weights import read_state_dict, strip_prefix, take
+from embedserve.spec import Qwen3Config
+
+
+class RMSNorm(nn.Module):
+    """Hugging Face's Qwen3RMSNorm: normalize in fp32, cast back, then scale."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Qwen3Layer(nn.Module):
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.input_norm = RMSNorm(h, cfg.rms_norm_eps)
+        # query, key, value fused at load time: [(Nq + 2 Nkv) D, H]
+        self.qkv = nn.Linear(h, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, bias=cfg.attention_bias)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.out = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.post_attn_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)  # gate, up fused
+        self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, H]
+        cos: torch.Tensor,  # [T, 1, D]
+        sin: torch.Tensor,  # [T, 1, D]
+        layout: RaggedLayout,
+        attend: AttentionFn,
+        causal: bool,
+    ) -> torch.Tensor:
+        t, d = x.shape[0], self.head_dim
+        qkv = self.qkv(self.input_norm(x))
+        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1)
+        q = self.q_norm(q.view(t, self.num_heads, d))  # [T, Nq, D]
+        k = self.k_norm(k.view(t, self.num_kv_heads, d))  # [T, Nkv, D]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        a = attend(q, k, v.view(t, self.num_kv_heads, d), layout, causal)  # [T, Nq, D]
+        x = x + self.out(a.reshape(t, -1))
+        gate, up = self.gate_up(self.post_attn_norm(x)).chunk(2, dim=-1)  # [T, I] each
+        return x + self.down(F.silu(gate) * up)
+
+
+class Qwen3Encoder(nn.Module):
+    def __init__(self, cfg: Qwen3Config, *, causal: bool) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.causal = causal
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen3Layer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # NOTE: not a buffer: `.to(bfloat16)` would round the rotary frequencies. One per device.
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:  # [D / 2] float32
+        if device not in self._inv_freq:
+            d = self.cfg.head_dim
+            exponents = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+            self._inv_freq[device] = (1.0 / (self.cfg.rope_theta**exponents)).to(device)
+        return self._inv_freq[device]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T], restarting at 0 for each sequence
+        token_type_ids: torch.Tensor,  # [T], unused: Qwen3 has no segment embeddings
+        layout: RaggedLayout,
+        attend: AttentionFn,
+    ) -> torch.Tensor:  # [T, H]
+        x = self.embed(input_ids)
+        freqs = positions.float()[:, None] * self.inv_freq(x.device)[None, :]  # [T, D / 2]
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, D]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, layout, attend, self.causal)
+        return self.norm(x)
+
+    @classmethod
+    def from_folder(cls, folder: Path, cfg: Qwen3Config, *, causal: bool) -> Qwen3Encoder:
+        """Build the model and copy a Hugging Face Qwen3 checkpoint in (`lm_head` is ignored).
+
+        Q, K, V are concatenated into one matrix and gate, up into another.
+        """
+        source = folder
+        sd = strip_prefix(read_state_dict(folder), ("model.",))
+        h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+        nq, nkv = cfg.num_heads * d, cfg.num_kv_heads * d
+        with torch.device("meta"):
+            model = cls(cfg, causal=causal)
+        new: dict[str, torch.Tensor] = {
+            "embed.weight": take(sd, "embed_tokens.weight", (cfg.vocab_size, h), source),
+            "norm.weight": take(sd, "norm.weight", (h,), source),
+        }
+        for n in range(cfg.num_layers):
+            p, a, m = f"layers.{n}.", f"layers.{n}.self_attn.", f"layers.{n}.mlp."
+            new[p + "qkv.weight"] = torch.cat(
+                [
+                    take(sd, a + "q_proj.weight", (nq, h), source),
+                    take(sd, a + "k_proj.weight", (nkv, h), source),
+                    take(sd, a + "v_proj.weight", (nkv, h), source),
+                ]
+            )
+            if cfg.attention_bias:
+                new[p + "qkv.bias"] = torch.cat(
+                    [
+                        take(sd, a + "q_proj.bias", (nq,), source),
+                        take(sd, a + "k_proj.bias", (nkv,), source),
+                        take(sd, a + "v_proj.bias", (nkv,), source),
+                    ]
+                )
+            new[p + "q_norm.weight"] = take(sd, a + "q_norm.weight", (d,), source)
+            new[p + "k_norm.weight"] = take(sd, a + "k_norm.weight", (d,), source)
+            new[p + "out.weight"] = take(sd, a + "o_proj.weight", (h, nq), source)
+            new[p + "input_norm.weight"] = take(sd, p + "input_layernorm.weight", (h,), source)
+            new[p + "post_attn_norm.weight"] = take(
+                sd, p + "post_attention_layernorm.weight", (h,), source
+            )
+            new[p + "gate_up.weight"] = torch.cat(
+                [
+                    take(sd, m + "gate_proj.weight", (i, h), source),
+                    take(sd, m + "up_proj.weight", (i, h), source),
+                ]
+            )
+            new[p + "down.weight"] = take(sd, m + "down_proj.weight", (h, i), source)
+        model.load_state_dict({k: v.float() for k, v in new.items()}, strict=True, assign=True)
+        return model.eval()

@@ -144,7 +144,7 @@ def _pooling_from_folder(folder: Path) -> PoolingMethod | None:
             # sentence-transformers 6 writes one "pooling_mode"; older versions one flag per mode
             mode = pool_cfg.get("pooling_mode")
             if mode in ("mean", "cls"):
-                return mode  # type: ignore[no-any-return]
+                return mode
             if mode == "lasttoken":
                 return "last"
             if mode is not None:
@@ -248,7 +248,7 @@ def _declared_attention(
                 f"{config_path.parent / EMBEDSERVE_CONFIG}: attention {kind!r} is not one of "
                 f"{', '.join(ATTENTION_KINDS)}"
             )
-        return kind  # type: ignore[no-any-return]
+        return kind
     if cfg.get("is_causal") is False or cfg.get("use_bidirectional_attention") is True:
         return "bidirectional"
     if cfg.get("is_causal") is True:

@@ -14,16 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
+from embedserve.engine.fused import EAGER_OPS, Ops
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
 from embedserve.spec import Qwen3Config
 
 
 class RMSNorm(nn.Module):
-    """Hugging Face's Qwen3RMSNorm: normalize in fp32, cast back, then scale."""
+    """Holds the scale of one RMSNorm; the computation is `ops.rms_norm` (Hugging Face's order)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -31,13 +31,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * y.to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+        return EAGER_OPS.rms_norm(x, self.weight, self.eps)
 
 
 class Qwen3Layer(nn.Module):
@@ -57,24 +51,37 @@ class Qwen3Layer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [T, H]
+        x: torch.Tensor,  # [T, H]: the previous layer's MLP output (the embeddings for layer 0)
+        residual: torch.Tensor | None,  # [T, H]: the stream before `x` is added; None at layer 0
         cos: torch.Tensor,  # [T, 1, D]
         sin: torch.Tensor,  # [T, 1, D]
         layout: RaggedLayout,
         attend: AttentionFn,
         causal: bool,
-    ) -> torch.Tensor:
+        ops: Ops = EAGER_OPS,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output, residual stream), both [T, H]
         t, d = x.shape[0], self.head_dim
-        qkv = self.qkv(self.input_norm(x))
-        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1)
-        q = self.q_norm(q.view(t, self.num_heads, d))  # [T, Nq, D]
-        k = self.k_norm(k.view(t, self.num_kv_heads, d))  # [T, Nkv, D]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        norm = self.input_norm
+        if residual is None:
+            h, residual = ops.rms_norm(x, norm.weight, norm.eps), x
+        else:
+            h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        q, k, v = self.qkv(h).split(
+            [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1
+        )
+        q, k = ops.qk_norm_rope(
+            q.view(t, self.num_heads, d),  # [T, Nq, D]
+            k.view(t, self.num_kv_heads, d),  # [T, Nkv, D]
+            self.q_norm.weight,
+            self.k_norm.weight,
+            cos,
+            sin,
+            self.q_norm.eps,
+        )
         a = attend(q, k, v.view(t, self.num_kv_heads, d), layout, causal)  # [T, Nq, D]
-        x = x + self.out(a.reshape(t, -1))
-        gate, up = self.gate_up(self.post_attn_norm(x)).chunk(2, dim=-1)  # [T, I] each
-        return x + self.down(F.silu(gate) * up)
+        norm = self.post_attn_norm
+        h, residual = ops.add_rms_norm(self.out(a.reshape(t, -1)), residual, norm.weight, norm.eps)
+        return self.down(ops.silu_mul(self.gate_up(h))), residual  # SiLU(gate) × up: [T, I]
 
 
 class Qwen3Encoder(nn.Module):
@@ -85,6 +92,7 @@ class Qwen3Encoder(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3Layer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ops: Ops = EAGER_OPS  # the engine swaps in compiled (fused) ops on CUDA
         # NOTE: not a buffer: `.to(bfloat16)` would round the rotary frequencies. One per device.
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
@@ -104,12 +112,17 @@ class Qwen3Encoder(nn.Module):
         attend: AttentionFn,
     ) -> torch.Tensor:  # [T, H]
         x = self.embed(input_ids)
+        # rotary angles from each token's own position, so sequences packed together each
+        # start at 0 (Hugging Face computes them in fp32 and casts to the model dtype)
         freqs = positions.float()[:, None] * self.inv_freq(x.device)[None, :]  # [T, D / 2]
         angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, D]
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            x = layer(x, cos, sin, layout, attend, self.causal)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, layout, attend, self.causal, self.ops)
+        if residual is None:  # a model with no layers
+            return self.ops.rms_norm(x, self.norm.weight, self.norm.eps)
+        return self.ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
     @classmethod
     def from_folder(cls, folder: Path, cfg: Qwen3Config, *, causal: bool) -> Qwen3Encoder:

@@ -101,3 +101,23 @@ def served() -> Iterator[str]:
         yield url
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def limited() -> Iterator[str]:
+    """`embedserve serve` with small request limits (body 2 MB, 20k tokens), for the battery."""
+    proc = Proc(
+        "serve",
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--max-body-bytes",
+        "2000000",
+        "--max-tokens-per-request",
+        "20000",
+    )
+    try:
+        yield proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
+    finally:
+        proc.stop()

@@ -1,0 +1,108 @@
+"""A server killed behind a running gateway: fast 503s, then `/ready` again once it restarts."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.e2e.conftest import Proc, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def call(url: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    parts = urlparse(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=20)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=data)
+        reply = conn.getresponse()
+        return reply.status, json.loads(reply.read())
+    finally:
+        conn.close()
+
+
+def start_server(port: int) -> Proc:
+    proc = Proc("server", "--device", "cpu", "--port", str(port), "--drain-seconds", "5")
+    proc.wait_for(r"embedserve server: ready on")
+    return proc
+
+
+@pytest.fixture
+def split_stack() -> Iterator[tuple[list[Proc], str]]:
+    """A server and a gateway started apart; the list lets the test swap the server."""
+    port = free_port()
+    procs = [start_server(port)]
+    gateway = Proc(
+        "gateway", "--replica", f"127.0.0.1:{port}", "--port", "0", "--request-timeout", "10"
+    )
+    try:
+        url = gateway.wait_for(r"embedserve gateway: listening on (\S+)").group(1)
+        yield procs, url
+    finally:
+        gateway.stop()
+        for p in procs:
+            p.stop()
+
+
+def wait_ready(url: str, want: int, timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if call(url, "GET", "/ready")[0] == want:
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"/ready did not become {want} within {timeout}s")
+
+
+def test_killed_server_gives_fast_503s_and_a_restart_brings_ready_back(
+    split_stack: tuple[list[Proc], str],
+) -> None:
+    procs, url = split_stack
+    body = {"input": ["still there?"]}
+    assert call(url, "GET", "/ready")[0] == 200
+    assert call(url, "POST", "/v1/embeddings", body)[0] == 200
+
+    procs[0].kill()  # SIGKILL: no drain, no goodbye
+    for _ in range(5):
+        start = time.monotonic()
+        status, reply = call(url, "POST", "/v1/embeddings", body)
+        assert status == 503, reply
+        assert reply["error"]["type"] == "service_unavailable"
+        assert time.monotonic() - start < 2.0  # an answer, not a hang
+    wait_ready(url, 503, timeout=5)
+    assert call(url, "GET", "/health")[0] == 200  # the gateway itself is alive
+
+    replica = call(url, "GET", "/ready")[1]["replicas"][0]["address"]
+    procs.append(start_server(int(replica.rsplit(":", 1)[1])))
+    wait_ready(url, 200, timeout=10)
+    status, reply = call(url, "POST", "/v1/embeddings", body)
+    assert status == 200, reply
+    assert len(reply["data"][0]["embedding"]) == 384
+
+
+def test_sigterm_drains_in_flight_requests(split_stack: tuple[list[Proc], str]) -> None:
+    import threading
+
+    procs, url = split_stack
+    results: list[int] = []
+    big = {"input": ["a somewhat longer sentence to embed " * 6] * 200}
+    worker = threading.Thread(
+        target=lambda: results.append(call(url, "POST", "/v1/embeddings", big)[0])
+    )
+    worker.start()
+    deadline = time.monotonic() + 20
+    while call(url, "GET", "/ready")[1]["replicas"][0]["outstanding_tokens"] == 0:
+        assert time.monotonic() < deadline, "the request never reached the server"
+        time.sleep(0.01)
+    # the request is in the server now: it must finish although the server is told to stop
+    procs[0].signal(signal.SIGTERM)
+    worker.join(30)
+    assert results == [200]
+    assert procs[0].proc.wait(15) == 0

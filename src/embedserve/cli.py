@@ -49,7 +49,12 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prompt-name", default=None, help="a prompt the model folder defines (e.g. query)"
     )
-    p.add_argument("--batch-tokens", type=int, default=16384, help="tokens per engine batch")
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        help="tokens per engine batch (CPU 2048, GPU 16384)",
+    )
     p.set_defaults(run=_run_embed)
 
 

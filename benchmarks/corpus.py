@@ -10,12 +10,46 @@ import importlib
 import random
 import re
 
-MODULES = (
-    "argparse asyncio collections concurrent.futures contextlib csv dataclasses datetime decimal "
-    "email enum functools heapq http.client inspect itertools json logging multiprocessing os "
-    "pathlib pickle queue random re shutil socket sqlite3 statistics string subprocess tarfile "
-    "threading typing unittest urllib.request uuid zipfile"
-).split()
+MODULES = [
+    "argparse",
+    "asyncio",
+    "collections",
+    "concurrent.futures",
+    "contextlib",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "email",
+    "enum",
+    "functools",
+    "heapq",
+    "http.client",
+    "inspect",
+    "itertools",
+    "json",
+    "logging",
+    "multiprocessing",
+    "os",
+    "pathlib",
+    "pickle",
+    "queue",
+    "random",
+    "re",
+    "shutil",
+    "socket",
+    "sqlite3",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "threading",
+    "typing",
+    "unittest",
+    "urllib.request",
+    "uuid",
+    "zipfile",
+]
 
 
 def sentences() -> list[str]:

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus  # noqa: E402
-import report  # noqa: E402
+import corpus
+import report
 
-from embedserve.embedder import Embedder  # noqa: E402
+from embedserve.embedder import Embedder
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -42,10 +43,8 @@ def cpu_hardware() -> str:
 def versions(*packages: str) -> dict[str, str]:
     out = {}
     for p in packages:
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             out[p] = metadata.version(p)
-        except metadata.PackageNotFoundError:
-            pass
     return out
 
 

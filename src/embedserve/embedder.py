@@ -81,7 +81,7 @@ class Embedder:
         """Token ids for each input (checked, prompts applied, truncated only when asked)."""
         if truncate not in TRUNCATE_CHOICES:
             raise ValueError(f"truncate must be False, 'end' or 'start', got {truncate!r}")
-        items = [inputs] if isinstance(inputs, str) else list(inputs)
+        items: list[Any] = [inputs] if isinstance(inputs, str) else list(inputs)
         if not items:
             raise ValueError("no inputs: pass at least one text or token id list")
         if all(_is_token_ids(x) and len(x) > 0 for x in items):
@@ -95,7 +95,7 @@ class Embedder:
             if x == "":
                 raise ValueError(f"input {i} is an empty string")
         text_prompt = self._prompt(prompt_name, prompt)
-        texts = [text_prompt + x for x in items] if text_prompt else items
+        texts: list[str] = [text_prompt + x for x in items]
         return self.tokenizer.encode(texts, truncate=truncate)
 
     def _prompt(self, prompt_name: str | None, prompt: str | None) -> str:

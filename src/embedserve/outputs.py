@@ -17,6 +17,25 @@ L2 normalization when it is asked for):
 
 `binary` and `ubinary` need `dimensions` divisible by 8. Any of them can be sent as base64 of
 the little-endian bytes in row-major order (`to_base64`).
+
+Those are the *generic* rules. A model folder may declare the *pplx* rules instead
+(`"output_rules": "pplx"` in `embedserve.json`, see docs/outputs.md): the native outputs of
+models trained with quantization in the loop (pplx-embed). Both are applied to the pooled vector
+truncated to `dimensions` and never normalized (the rule is scale-dependent by design; a request's
+`normalize` only affects float outputs). `dimensions` must be at least 128 (or the hidden size,
+if smaller).
+
+| dtype     | element  | pplx rule                                                              |
+|-----------|----------|------------------------------------------------------------------------|
+| int8      | int8     | round(127 · tanh(x)), rounding half to even; always within [-127, 127] |
+| uint8     | uint8    | the int8 value + 128                                                   |
+| binary    | uint8    | sign bits (x > 0 → 1) packed 8 per byte, first dimension in the least  |
+|           |          | significant bit (bit i of byte j is dimension 8j + i), as the          |
+|           |          | Perplexity API documents                                               |
+| ubinary   | uint8    | the same bytes                                                         |
+
+float32 and float16 are the same under both rules. `apply_output` applies the head and the
+encoding under either set of rules.
 """
 
 from __future__ import annotations
@@ -26,16 +45,26 @@ import base64
 import numpy as np
 
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
+OUTPUT_RULES: tuple[str, ...] = ("generic", "pplx")
+# Matryoshka floor of pplx-style models: 128 ... hidden size
+PPLX_MIN_DIMENSIONS = 128
 
 
-def check_dimensions(dimensions: int | None, hidden_size: int) -> int:
+def min_dimensions(rules: str, hidden_size: int) -> int:
+    """The smallest `dimensions` a model under these output rules serves."""
+    return min(PPLX_MIN_DIMENSIONS, hidden_size) if rules == "pplx" else 1
+
+
+def check_dimensions(dimensions: int | None, hidden_size: int, minimum: int = 1) -> int:
     """The output width for a request; raises ValueError for a width the model cannot give."""
     if dimensions is None:
         return hidden_size
     if isinstance(dimensions, bool) or not isinstance(dimensions, int):
         raise ValueError(f"dimensions must be an integer, got {type(dimensions).__name__}")
-    if not 0 < dimensions <= hidden_size:
-        raise ValueError(f"dimensions must be between 1 and {hidden_size}, got {dimensions}")
+    if not minimum <= dimensions <= hidden_size:
+        raise ValueError(
+            f"dimensions must be between {minimum} and {hidden_size}, got {dimensions}"
+        )
     return dimensions
 
 
@@ -74,6 +103,30 @@ def encode(vectors: np.ndarray, output_dtype: str) -> np.ndarray:
             packed if output_dtype == "ubinary" else (packed.astype(np.int16) - 128).astype(np.int8)
         )
     raise ValueError(f"output_dtype {output_dtype!r} is not one of {', '.join(OUTPUT_DTYPES)}")
+
+
+def encode_pplx(pooled: np.ndarray, output_dtype: str) -> np.ndarray:
+    """Encode truncated, un-normalized pooled vectors [S, d] by the pplx rules (see top)."""
+    if output_dtype in ("float32", "float16"):
+        return encode(pooled, output_dtype)
+    if output_dtype in ("int8", "uint8"):
+        # |127 · tanh(x)| <= 127: no clipping. float64, so no platform float32 tanh decides a tie
+        q = np.rint(127.0 * np.tanh(pooled.astype(np.float64))).astype(np.int8)
+        return q if output_dtype == "int8" else (q.astype(np.int16) + 128).astype(np.uint8)
+    if output_dtype in ("binary", "ubinary"):
+        return np.packbits(pooled > 0, axis=1, bitorder="little")
+    raise ValueError(f"output_dtype {output_dtype!r} is not one of {', '.join(OUTPUT_DTYPES)}")
+
+
+def apply_output(
+    pooled: np.ndarray, dimensions: int, normalize: bool, output_dtype: str, rules: str = "generic"
+) -> np.ndarray:
+    """Pooled float32 [S, H] -> encoded [S, ...] under the model's output rules (see top)."""
+    if rules == "generic" or output_dtype in ("float32", "float16"):
+        return encode(apply_head(pooled, dimensions, normalize), output_dtype)
+    if rules == "pplx":
+        return encode_pplx(np.ascontiguousarray(pooled[:, :dimensions]), output_dtype)
+    raise ValueError(f"output rules {rules!r} are not one of {', '.join(OUTPUT_RULES)}")
 
 
 def to_base64(row: np.ndarray) -> str:

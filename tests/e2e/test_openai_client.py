@@ -164,3 +164,27 @@ def test_models_and_tokenize(served: str, client: openai.OpenAI, minilm: Any) ->
         body = json.load(reply)
     assert body["tokens"] == minilm.tokenize(TEXTS[:2])
     assert body["num_tokens"] == [len(t) for t in body["tokens"]]
+
+
+def test_health_ready_metrics_openapi(served: str, client: openai.OpenAI) -> None:
+    import json
+    import urllib.request
+
+    def get(path: str) -> tuple[int, bytes, str]:
+        with urllib.request.urlopen(f"{served}{path}", timeout=10) as reply:
+            return reply.status, reply.read(), reply.headers["content-type"]
+
+    client.embeddings.create(model="minilm", input="count me")
+    assert json.loads(get("/health")[1]) == {"status": "ok"}
+    ready = json.loads(get("/ready")[1])
+    assert ready["status"] == "ready" and ready["replicas"][0]["healthy"] is True
+    status, body, content_type = get("/metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    text = body.decode()
+    assert 'embedserve_gateway_requests_total{route="/v1/embeddings",status="200"}' in text
+    assert "embedserve_gateway_prompt_tokens_total" in text
+    doc = json.loads(get("/openapi.json")[1])
+    assert doc["openapi"].startswith("3.")
+    assert {"/v1/embeddings", "/v1/models", "/tokenize", "/health", "/ready", "/metrics"} <= set(
+        doc["paths"]
+    )

@@ -106,3 +106,30 @@ def test_sigterm_drains_in_flight_requests(split_stack: tuple[list[Proc], str]) 
     worker.join(30)
     assert results == [200]
     assert procs[0].proc.wait(15) == 0
+
+
+def test_two_replicas_share_the_load_and_a_dead_one_is_retried_around() -> None:
+    ports = [free_port(), free_port()]
+    servers = [start_server(p) for p in ports]
+    replicas = [arg for p in ports for arg in ("--replica", f"127.0.0.1:{p}")]
+    gateway = Proc("gateway", *replicas, "--port", "0", "--chunk-tokens", "64")
+    try:
+        url = gateway.wait_for(r"embedserve gateway: listening on (\S+)").group(1)
+        ready = call(url, "GET", "/ready")[1]
+        assert [r["healthy"] for r in ready["replicas"]] == [True, True]
+        texts = [f"sentence number {i} about replicas" for i in range(40)]
+        status, both = call(url, "POST", "/v1/embeddings", {"input": texts})
+        assert status == 200, both
+        servers[0].kill()
+        # At once, before the health poll notices: calls to the dead one are retried on the other.
+        status, one = call(url, "POST", "/v1/embeddings", {"input": texts})
+        assert status == 200, one
+        for a, b in zip(both["data"], one["data"], strict=True):
+            assert a["index"] == b["index"]
+            assert (
+                max(abs(x - y) for x, y in zip(a["embedding"], b["embedding"], strict=True)) < 1e-5
+            )
+    finally:
+        gateway.stop()
+        for s in servers:
+            s.stop()

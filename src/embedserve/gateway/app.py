@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import prometheus_client as prom
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.jsonio import JSONDecodeError, dumps, loads
@@ -28,6 +30,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Handler = Callable[[bytes], Awaitable[tuple[int, bytes, bytes]]]
 
 JSON = b"application/json"
+# NOTE: prometheus_client reads this when it is imported; the gateway launcher sets it for workers.
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class Metrics:
@@ -57,12 +61,14 @@ class Metrics:
             "1 when the replica passes health checks",
             ["replica"],
             registry=self.registry,
+            multiprocess_mode="max",
         )
         self.outstanding = prom.Gauge(
             "embedserve_gateway_replica_outstanding_tokens",
             "Tokens sent to the replica and not answered yet",
             ["replica"],
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
 
 
@@ -247,7 +253,11 @@ class GatewayApp:
             for r in self.pipeline.replicas.replicas:
                 self.metrics.healthy.labels(r.address).set(float(r.healthy))
                 self.metrics.outstanding.labels(r.address).set(r.outstanding_tokens)
-        payload = prom.generate_latest(self.metrics.registry)
+        registry = self.metrics.registry
+        if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files
+            registry = prom.CollectorRegistry()
+            MultiProcessCollector(registry)
+        payload = prom.generate_latest(registry)
         return 200, prom.CONTENT_TYPE_LATEST.encode(), payload
 
     async def openapi(self, body: bytes) -> tuple[int, bytes, bytes]:

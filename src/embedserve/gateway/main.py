@@ -11,9 +11,11 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedserve.bundled import BUNDLED, resolve_model
-from embedserve.gateway.app import GatewayApp
+from embedserve.gateway.app import MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import Limits
@@ -156,6 +158,18 @@ def wait_until_up(url: str, processes: Sequence[multiprocessing.process.BaseProc
 
 def run(config: GatewayConfig) -> int:
     build_app(config)  # fail fast, in the launcher, on a bad model or flag
+    metrics_dir = None
+    if config.workers > 1:  # /metrics must add up the workers: prometheus multiprocess mode
+        metrics_dir = tempfile.mkdtemp(prefix="embedserve-metrics-")
+        os.environ[MULTIPROCESS_DIR] = metrics_dir  # inherited by the spawned workers
+    try:
+        return _supervise(config)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _supervise(config: GatewayConfig) -> int:
     sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
     ctx = multiprocessing.get_context("spawn")

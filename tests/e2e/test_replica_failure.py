@@ -92,7 +92,7 @@ def test_sigterm_drains_in_flight_requests(split_stack: tuple[list[Proc], str]) 
 
     procs, url = split_stack
     results: list[int] = []
-    big = {"input": ["a somewhat longer sentence to embed " * 6] * 200}
+    big = {"input": ["a somewhat longer sentence to embed " * 6] * 150}  # one chunk
     worker = threading.Thread(
         target=lambda: results.append(call(url, "POST", "/v1/embeddings", big)[0])
     )
@@ -101,6 +101,7 @@ def test_sigterm_drains_in_flight_requests(split_stack: tuple[list[Proc], str]) 
     while call(url, "GET", "/ready")[1]["replicas"][0]["outstanding_tokens"] == 0:
         assert time.monotonic() < deadline, "the request never reached the server"
         time.sleep(0.01)
+    time.sleep(0.2)  # sent by the gateway: now surely in the server, which needs seconds for it
     # the request is in the server now: it must finish although the server is told to stop
     procs[0].signal(signal.SIGTERM)
     worker.join(30)

@@ -28,7 +28,10 @@ except ImportError:  # the GPU machine has no orjson
         raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
     def loads(data: bytes) -> Any:
-        return json.loads(data.decode("utf-8"))
+        try:
+            return json.loads(data.decode("utf-8"))
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
 
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj, default=_default, separators=(",", ":")).encode()

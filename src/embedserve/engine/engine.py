@@ -6,17 +6,29 @@ device; the head (truncate, normalize, encode) is applied per request by `output
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
-from embedserve.engine.attention import AttentionFn, RaggedLayout, choose_backend
+from embedserve.engine.attention import (
+    BACKENDS,
+    CAPTURE_SAFE,
+    AttentionFn,
+    RaggedLayout,
+    choose_backend,
+)
 from embedserve.engine.batch import PackedBatch
+from embedserve.engine.fidelity import check_fidelity, make_probes
+from embedserve.engine.fused import EAGER_OPS, compiled_ops
+from embedserve.engine.graphs import GraphConfig, GraphRunner
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
-from embedserve.engine.pooling import pool
-from embedserve.spec import ModelSpec, read_model_spec
+from embedserve.engine.stats import EngineStats
+from embedserve.spec import ModelSpec, PoolingMethod, read_model_spec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,7 +50,12 @@ class Engine:
         device: str | None = "auto",
         dtype: str | None = None,
         attention: str | None = None,
+        graphs: GraphConfig | bool | None = None,
+        fuse: bool | None = None,
+        fidelity: bool | None = None,
     ) -> None:
+        """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU, where
+        the engine runs exactly the eager path. `graphs` may be a GraphConfig."""
         self.spec = spec
         self.device = resolve_device(device)
         dtype_name = dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
@@ -46,9 +63,40 @@ class Engine:
             raise ValueError(f"dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
         self.dtype = DTYPES[dtype_name]
         self.attend: AttentionFn = choose_backend(attention, self.device)
-        self.model = build_model(spec).to(self.device, self.dtype)
+        on_cuda = self.device.type == "cuda"
+        model = build_model(spec)  # fp32 on the CPU
+        check = on_cuda if fidelity is None else fidelity
+        reference = copy.deepcopy(model).to(self.device) if check else None
+        self.model = model.to(self.device, self.dtype)
+        self.stats = EngineStats()
+        if on_cuda if fuse is None else fuse:
+            self.model.ops = compiled_ops(self.stats)
+        self.runner: GraphRunner | None = None
+        if graphs is None:
+            # an explicitly named backend that a graph cannot hold (sdpa_loop) means eager
+            graphs = on_cuda and (attention in (None, "auto") or attention in CAPTURE_SAFE)
+        if graphs is not False:
+            config = graphs if isinstance(graphs, GraphConfig) else GraphConfig()
+            if attention not in (None, "auto"):
+                config = GraphConfig(**{**config.__dict__, "attention": (attention,)})
+            self.runner = GraphRunner(
+                self._forward,
+                device=self.device,
+                config=config,
+                stats=self.stats,
+                max_positions=spec.max_position_embeddings,
+            )
+            self.runner.warm_up()
         self.vocab_size = spec.vocab_size
         self.max_positions = spec.max_position_embeddings
+        self.fidelity_cosine: float | None = None
+        if reference is not None:
+            self.fidelity_cosine = check_fidelity(
+                lambda b: self.step(b).wait().copy(),
+                lambda b: _reference_run(reference, b, self.device, spec.pooling),
+                make_probes(self.vocab_size, self.max_positions),
+            )
+            del reference
 
     @classmethod
     def from_folder(
@@ -86,23 +134,62 @@ class Engine:
         if int(batch.token_type_ids.max(initial=0)) >= self.spec.type_vocab_size:
             raise ValueError(f"token type ids must be below {self.spec.type_vocab_size}")
 
+    def _forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        token_type_ids: torch.Tensor,  # [T]
+        seq_ids: torch.Tensor,  # [T]
+        layout: RaggedLayout,
+        attend: AttentionFn,
+    ) -> torch.Tensor:  # [S, H] float32
+        hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
+        ops = getattr(self.model, "ops", EAGER_OPS)
+        return ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
+
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
-        """Run one packed batch; pooled float32 vectors [S, H] arrive in the returned handle."""
+        """Run one packed batch; pooled float32 vectors [S, H] arrive in the returned handle.
+
+        With CUDA the batch is padded to a bucket and its graph replayed (see `graphs`); the
+        handle's copy to the host is queued behind it, and this returns without waiting.
+        """
         self.check(batch)
-        dev = self.device
+        if self.runner is not None:
+            pooled = self.runner.run(batch)
+            if pooled is not None:
+                return LazyTensor.from_device(pooled)
+            self.stats.eager_runs += 1  # above the largest bucket
+        return LazyTensor.from_device(_eager_run(self._forward, batch, self.device, self.attend))
 
-        def to_dev(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(dev, non_blocking=True)
 
-        cu_seqlens = to_dev(batch.cu_seqlens)
-        layout = RaggedLayout(cu_seqlens, batch.max_seqlen, tuple(batch.seqlens.tolist()))
-        hidden = self.model(
-            to_dev(batch.input_ids),
-            to_dev(batch.positions),
-            to_dev(batch.token_type_ids),
-            layout,
-            self.attend,
-        )
-        pooled = pool(hidden, cu_seqlens, to_dev(batch.seq_ids), self.spec.pooling)
-        return LazyTensor.from_device(pooled)
+def _eager_run(
+    forward: Callable[..., torch.Tensor],
+    batch: PackedBatch,
+    device: torch.device,
+    attend: AttentionFn,
+) -> torch.Tensor:
+    """One unpadded forward with the batch's own boundaries (host values allowed)."""
+
+    def to_dev(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(device, non_blocking=True)
+
+    cu_seqlens = to_dev(batch.cu_seqlens)
+    layout = RaggedLayout(cu_seqlens, batch.max_seqlen, tuple(batch.seqlens.tolist()))
+    ids, positions, types = (
+        to_dev(a) for a in (batch.input_ids, batch.positions, batch.token_type_ids)
+    )
+    return forward(ids, positions, types, to_dev(batch.seq_ids), layout, attend)
+
+
+@torch.inference_mode()
+def _reference_run(
+    model: nn.Module, batch: PackedBatch, device: torch.device, pooling: PoolingMethod
+) -> np.ndarray:
+    """The fidelity reference: fp32, eager ops, per-sequence SDPA, no padding, no graph."""
+
+    def forward(ids, positions, types, seq_ids, layout, attend):  # type: ignore[no-untyped-def]
+        hidden = model(ids, positions, types, layout, attend)
+        return EAGER_OPS.pool(hidden, layout.cu_seqlens, seq_ids, pooling)
+
+    return _eager_run(forward, batch, device, BACKENDS["sdpa_loop"]).cpu().numpy()

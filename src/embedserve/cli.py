@@ -26,6 +26,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         choices=["mean", "cls", "last"],
         help="override the folder's pooling",
     )
+    # NOTE: "--attention" names the attention *backend* in `serve`/`server` (launch.py)
+    p.add_argument(
+        "--attention-kind",
+        default=None,
+        choices=["causal", "bidirectional"],
+        help="override the folder's attention (Qwen3 models; BERT is always bidirectional)",
+    )
 
 
 def _add_embed(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +46,12 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     _add_model_args(p)
     p.add_argument("--dimensions", type=int, default=None, help="truncate to this many dimensions")
     p.add_argument("--no-normalize", action="store_true", help="return un-normalized vectors")
-    p.add_argument("--output-dtype", default="float32", choices=OUTPUT_DTYPES)
+    p.add_argument(
+        "--output-dtype",
+        default=None,
+        choices=OUTPUT_DTYPES,
+        help="default: the model's native output (float32 unless its folder declares one)",
+    )
     p.add_argument(
         "--truncate",
         default=None,
@@ -112,7 +124,13 @@ def _run_embed(args: argparse.Namespace) -> int:
     texts = read_texts(args.input) if args.input else list(args.texts)
     from embedserve.embedder import Embedder
 
-    embedder = Embedder(args.model, device=args.device, dtype=args.dtype, pooling=args.pooling)
+    embedder = Embedder(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        pooling=args.pooling,
+        attention_kind=args.attention_kind,
+    )
     vectors = embedder.encode(
         texts,
         prompt_name=args.prompt_name,

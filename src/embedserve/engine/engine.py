@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -105,7 +106,7 @@ class Engine:
         *,
         pooling: str | None = None,
         attention_kind: str | None = None,
-        **kwargs: str | None,
+        **kwargs: Any,
     ) -> Engine:
         """`attention_kind` ("causal" | "bidirectional") overrides the folder's; `attention`
         in kwargs names the attention backend."""

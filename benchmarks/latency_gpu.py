@@ -221,9 +221,18 @@ def profile_replay(engine: Engine, batch: PackedBatch, out: Path, name: str) -> 
             engine.step(batch).wait()
     events = [e for e in prof.events() if e.device_type.name == "CUDA"]
     kernels = [e for e in events if "memcpy" not in e.name.lower()]
+
+    def kind(name: str) -> str:
+        name = name.lower()
+        if any(k in name for k in ("flash", "fmha", "attention")):
+            return "attention"
+        if any(k in name for k in ("gemm", "cutlass", "xmma", "nvjet", "splitkreduce")):
+            return "gemm"
+        return "other"
+
     total_us = sum(e.device_time for e in kernels) / reps
-    gemm_us = sum(e.device_time for e in kernels if any(k in e.name.lower() for k in ("gemm", "cutlass", "sm90", "xmma", "nvjet"))) / reps  # fmt: skip
-    attn_us = sum(e.device_time for e in kernels if "flash" in e.name.lower() or "fmha" in e.name.lower() or "attention" in e.name.lower()) / reps  # fmt: skip
+    gemm_us = sum(e.device_time for e in kernels if kind(e.name) == "gemm") / reps
+    attn_us = sum(e.device_time for e in kernels if kind(e.name) == "attention") / reps
     (out / f"profile-{name}.txt").write_text(
         prof.key_averages().table(sort_by="device_time_total", row_limit=40)
     )
@@ -354,6 +363,8 @@ def main() -> None:
     )  # fmt: skip
     extra["minilm_stats"] = mini.stats.as_dict()
     extra["minilm_attention_choice"] = mini.runner.attention_choice() if mini.runner else {}
+    m128 = cut(stream, [128], np.random.default_rng(2))
+    extra["overlap_minilm_1x128"] = guarded(lambda: overlap(mini, m128))
 
     save(args, records, extra, table)
     print("\n".join(table))

@@ -19,7 +19,7 @@ from embedserve.engine.attention import BACKENDS, RaggedLayout
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
 from embedserve.engine.fidelity import row_cosines
-from embedserve.engine.graphs import GraphConfig
+from embedserve.engine.graphs import GraphConfig, plan_bucket
 
 pytestmark = pytest.mark.gpu
 
@@ -85,8 +85,17 @@ def test_bert_replay_equals_eager_on_fresh_inputs(bert_pair: tuple[Engine, Engin
         for _ in range(3):  # eager hit, capture, replay: each on new token ids
             batch = _batch(rng, seqlens, fast.vocab_size)
             _assert_close(fast.step(batch).wait(), eager.step(batch).wait())
-    assert fast.stats.captures >= len(SHAPES) - 1  # same-bucket shapes may share a graph
-    assert fast.stats.replays >= len(SHAPES)
+    assert fast.runner is not None
+    buckets = set()
+    for seqlens in SHAPES:
+        plan = plan_bucket(
+            [min(n, fast.max_positions) for n in seqlens], fast.runner.config, fast.max_positions
+        )
+        assert plan is not None
+        buckets.add(plan.key)
+    # one graph per bucket (shapes that share a bucket share its graph); every later hit replays
+    assert fast.stats.captures == fast.runner.num_graphs == len(buckets)
+    assert fast.stats.replays == 3 * len(SHAPES) - 2 * len(buckets)
 
 
 def test_second_hit_captures_third_replays(minilm_folder: Path) -> None:

@@ -68,6 +68,30 @@ def test_varlen_gqa_matches_sdpa(causal: bool) -> None:
         assert err < 1e-2, f"{name}: relative error {err:.2e}"
 
 
+def test_qk_norm_rope_kernel_against_fp64() -> None:
+    from embedserve.engine.fused import EAGER_OPS
+    from embedserve.engine.kernels.qk_norm_rope import qk_norm_rope
+
+    torch.manual_seed(0)
+    t, nq, nk, d, dev = 300, 16, 8, 128, "cuda"
+    qkv = torch.randn(t, (nq + 2 * nk) * d, device=dev, dtype=torch.bfloat16) * 3
+    q, k, _ = qkv.split([nq * d, nk * d, nk * d], -1)  # strided views, as in the model
+    q, k = q.view(t, nq, d), k.view(t, nk, d)
+    inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device=dev).float() / d))
+    angles = torch.cat([torch.arange(t, device=dev).float()[:, None] * inv] * 2, -1)[:, None, :]
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    qw, kw = (torch.rand(d, device=dev, dtype=torch.bfloat16) + 0.5 for _ in range(2))
+    args = (qw, kw, cos, sin, 1e-6)
+    ref = EAGER_OPS.qk_norm_rope(q.double(), k.double(), *(a.double() for a in args[:4]), 1e-6)
+    eager = EAGER_OPS.qk_norm_rope(q, k, *args)
+    got = qk_norm_rope(q, k, *args)
+    for g, e, r in zip(got, eager, ref, strict=True):
+        assert g.is_contiguous() and g.shape == r.shape
+        err = ((g.double() - r).norm() / r.norm()).item()
+        eager_err = ((e.double() - r).norm() / r.norm()).item()
+        assert err <= 1.25 * eager_err, (err, eager_err)  # no worse than eager bf16
+
+
 @pytest.fixture(scope="module")
 def bert_pair(minilm_folder: Path) -> tuple[Engine, Engine]:
     fast = Engine.from_folder(minilm_folder, device="cuda", fidelity=False)

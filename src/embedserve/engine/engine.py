@@ -71,7 +71,7 @@ class Engine:
         self.model = model.to(self.device, self.dtype)
         self.stats = EngineStats()
         if on_cuda if fuse is None else fuse:
-            self.model.ops = compiled_ops(self.stats)
+            self.model.ops = compiled_ops(self.stats)  # type: ignore[assignment]
         self.runner: GraphRunner | None = None
         if graphs is None:
             # an explicitly named backend that a graph cannot hold (sdpa_loop) means eager

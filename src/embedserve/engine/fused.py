@@ -140,8 +140,27 @@ def compiled_ops(stats: EngineStats | None = None, mode: str | None = None) -> O
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, name):
             setattr(cfg, name, max(getattr(cfg, name), 64))
-    compiled = {
+    compiled: dict[str, Callable[..., Any]] = {
         f.name: _Timed(torch.compile(getattr(EAGER_OPS, f.name), fullgraph=True, mode=mode), stats)
         for f in fields(Ops)
     }
+    compiled["qk_norm_rope"] = _triton_qk_norm_rope(compiled["qk_norm_rope"])
     return Ops(**compiled)
+
+
+def _triton_qk_norm_rope(fallback: Callable[..., Any]) -> Callable[..., Any]:
+    """The hand-written kernel where it applies (CUDA, Triton present, power-of-two head dim):
+    measured faster than the compiled version (docs/gpu.md)."""
+    try:
+        from embedserve.engine.kernels import qk_norm_rope as kernel
+    except ImportError:  # no Triton: the compiled version
+        return fallback
+
+    def qk_norm_rope(
+        q: torch.Tensor, k: torch.Tensor, *rest: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if q.is_cuda and kernel.supports(q, rest[2]):
+            return kernel.qk_norm_rope(q, k, *rest)
+        return fallback(q, k, *rest)
+
+    return qk_norm_rope

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -158,7 +158,7 @@ class Graph(Protocol):
 class CudaGraph:
     """One captured forward; every CudaGraph of a runner allocates from one shared pool."""
 
-    def __init__(self, pool: tuple[int, int], stream: torch.cuda.Stream) -> None:
+    def __init__(self, pool: Any, stream: torch.cuda.Stream) -> None:
         self._graph = torch.cuda.CUDAGraph()
         self._pool = pool
         self._stream = stream
@@ -306,9 +306,9 @@ class GraphRunner:
     def _stage(self, batch: PackedBatch, plan: BucketPlan, static: torch.Tensor) -> None:
         size = plan.staged_size
         if not self._pinned:
-            host = np.empty(size, dtype=np.int64)
-            stage_inputs(batch, plan, host)
-            static.copy_(torch.from_numpy(host))
+            staged = np.empty(size, dtype=np.int64)
+            stage_inputs(batch, plan, staged)
+            static.copy_(torch.from_numpy(staged))
             return
         # A ring of pinned buffers: the copy from slot i must have left before slot i is
         # rewritten, and the host waits only when every slot is still in flight.

@@ -43,6 +43,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         default=262144,
         help="refuse new requests (RESOURCE_EXHAUSTED / HTTP 429) beyond this many queued tokens",
     )
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=None,
+        help="how long a batch may wait for the clients of the previous batch to come back "
+        "(default: 3 on the CPU, 0 on a GPU)",
+    )
 
 
 def _add_gateway_args(p: argparse.ArgumentParser) -> None:
@@ -118,6 +125,7 @@ def run_server(args: argparse.Namespace) -> int:
             max_batch_tokens=args.max_batch_tokens,
             max_queued_tokens=args.max_queued_tokens,
             drain_seconds=args.drain_seconds,
+            batch_wait_ms=args.batch_wait_ms,
         )
     )
 
@@ -229,6 +237,8 @@ def run_serve(args: argparse.Namespace) -> int:
             argv += ["--max-batch-tokens", str(args.max_batch_tokens)]
             argv += ["--max-queued-tokens", str(args.max_queued_tokens)]
             argv += ["--drain-seconds", str(args.drain_seconds)]
+            if args.batch_wait_ms is not None:
+                argv += ["--batch-wait-ms", str(args.batch_wait_ms)]
             for flag in ("dtype", "pooling", "attention"):
                 if getattr(args, flag) is not None:
                     argv += [f"--{flag}", getattr(args, flag)]

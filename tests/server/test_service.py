@@ -76,9 +76,10 @@ def with_server(
     engine: FakeEngine,
     body: Callable[[Any, EmbedService], Awaitable[None]],
     config: SchedulerConfig | None = None,
+    batch_wait: float = 0.0,
 ) -> None:
     async def main() -> None:
-        service = EmbedService(engine, config or SchedulerConfig(64, 1024))
+        service = EmbedService(engine, config or SchedulerConfig(64, 1024), batch_wait=batch_wait)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((embed_handler(service.embed),))
         port = server.add_insecure_port("127.0.0.1:0")
@@ -230,3 +231,37 @@ def test_batch_n_plus_1_launches_while_batch_n_is_in_flight() -> None:
         assert engine.batches == [[1], [2]]
 
     with_server(engine, body)
+
+
+def test_batch_wait_gathers_the_clients_of_the_last_batch() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        engine.gate = threading.Event()
+        first = asyncio.ensure_future(stub(req([1]), timeout=10))
+        await asyncio.sleep(0.2)  # [1] is on the engine; 2 and 3 wait behind it
+        queued = [asyncio.ensure_future(stub(req([i]), timeout=10)) for i in (2, 3)]
+        await asyncio.sleep(0.2)
+        engine.gate.set()
+        await first
+        again = await stub(req([4]), timeout=10)  # the first client comes back
+        await asyncio.gather(*queued)
+        assert rows_of(again)[0, 0] == 4
+        # without the wait, [2, 3] would have run as soon as [1] was done, then [4] alone
+        assert engine.batches == [[1], [2, 3, 4]]
+
+    with_server(engine, body, batch_wait=2.0)
+
+
+def test_batch_wait_never_delays_a_lone_client() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        loop = asyncio.get_running_loop()
+        for i in range(1, 6):
+            start = loop.time()
+            assert rows_of(await stub(req([i]), timeout=10))[0, 0] == i
+            assert loop.time() - start < 1.0  # far below the 2 s wait
+        assert engine.batches == [[i] for i in range(1, 6)]
+
+    with_server(engine, body, batch_wait=2.0)

@@ -35,10 +35,13 @@ class ServerConfig:
     max_batch_tokens: int = 16384
     max_queued_tokens: int = 262144
     drain_seconds: float = 30.0
+    batch_wait_ms: float | None = None  # default: 3 on the CPU, 0 on a GPU
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.batch_wait_ms is not None and self.batch_wait_ms < 0:
+            raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms}")
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
         SchedulerConfig(self.max_batch_tokens, self.max_queued_tokens)  # validates the budgets
@@ -64,8 +67,13 @@ def load_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
 
 async def serve(config: ServerConfig) -> None:
     engine = load_engine(config)
+    batch_wait_ms = config.batch_wait_ms
+    if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
+        batch_wait_ms = 3.0 if engine.device.type == "cpu" else 0.0
     service = EmbedService(
-        engine, SchedulerConfig(config.max_batch_tokens, config.max_queued_tokens)
+        engine,
+        SchedulerConfig(config.max_batch_tokens, config.max_queued_tokens),
+        batch_wait=batch_wait_ms / 1000,
     )
     server = grpc.aio.server(
         options=[

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import http.client
 import importlib
@@ -44,6 +45,8 @@ import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "all-MiniLM-L6-v2"
+SYSTEMS = ("embedserve", "embedserve, batch-wait 0", "sentence-transformers per request")
+SHORT = ("embedserve", "batch-wait 0", "baseline")
 
 
 # ---------------------------------------------------------------- inputs and environment
@@ -278,7 +281,7 @@ def asgi_overhead_us(texts: list[str], count: int) -> list[float]:
     response = EmbedResponse(embeddings=row.tobytes(), shape=[1, 384], dtype="float32")
 
     class InstantPool:
-        replicas: list[Any] = []
+        replicas: tuple[Any, ...] = ()
 
         async def embed(self, request: Any, num_tokens: int) -> Any:
             return response
@@ -348,6 +351,7 @@ def main() -> None:
         return baseline_server(args.baseline_server)
 
     levels = [int(x) for x in args.levels.split(",")]
+    load_before = os.getloadavg()[0]
     texts = queries(512)
     records: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -384,6 +388,10 @@ def main() -> None:
         [*CLI, "serve", "--port", "0", "--device", "cpu"],
         r"serving minilm at http://127.0.0.1:(\d+)",
     )
+    no_wait = Proc(
+        [*CLI, "serve", "--port", "0", "--device", "cpu", "--batch-wait-ms", "0"],
+        r"serving minilm at http://127.0.0.1:(\d+)",
+    )
     import socket
 
     with socket.socket() as s:
@@ -391,6 +399,7 @@ def main() -> None:
         base_port = s.getsockname()[1]
     baseline = Proc([*SELF, "--baseline-server", str(base_port)], r"ready on")
     ours_port = int(ours.match.group(1))
+    no_wait_port = int(no_wait.match.group(1))
     try:
         time.sleep(1.0)  # uvicorn in the baseline binds after printing
         conn = http.client.HTTPConnection("127.0.0.1", ours_port, timeout=60)
@@ -405,15 +414,13 @@ def main() -> None:
         cos = (served * ref).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(ref, axis=1)
         cosine_min = float(cos.min())
         print(f"warm-up: cosine min vs sentence-transformers {cosine_min:.7f}", flush=True)
-        load(ours_port, texts, 4, 2.0)
-        load(base_port, texts, 4, 2.0)
+        for port in (ours_port, no_wait_port, base_port):
+            load(port, texts, 4, 2.0)
         for c in levels:
-            for system, port in (
-                ("embedserve", ours_port),
-                ("sentence-transformers per request", base_port),
-            ):
+            for system, port in zip(SYSTEMS, (ours_port, no_wait_port, base_port), strict=True):
                 r = load(port, texts, c, args.seconds)
-                extra = {"cosine_min": round(cosine_min, 7)} if system == "embedserve" else {}
+                ours_ = system.startswith("embedserve")
+                extra = {"cosine_min": round(cosine_min, 7)} if ours_ else {}
                 for metric in ("requests_per_s", "p50_ms", "p99_ms"):
                     records.append(record(system, c, metric, r[metric], "end_to_end", **extra))
                 print(
@@ -423,14 +430,14 @@ def main() -> None:
                 )
     finally:
         ours.stop()
+        no_wait.stop()
         baseline.stop()
+    load_after = os.getloadavg()[0]
 
     software = {}
     for p in ("torch", "sentence-transformers", "tokenizers", "grpcio", "uvicorn", "orjson"):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             software[p] = metadata.version(p)
-        except metadata.PackageNotFoundError:
-            pass
     doc = {
         "suite": "concurrency",
         "hardware": hardware(),
@@ -458,13 +465,13 @@ def main() -> None:
     table = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     table += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in records]
     summary = [
-        "| clients | embedserve req/s | p50 ms | p99 ms | baseline req/s | p50 ms | p99 ms |",
-        "|---|---|---|---|---|---|---|",
+        "| clients | " + " | ".join(f"{name} req/s | p50 ms | p99 ms" for name in SHORT) + " |",
+        "|---" * (1 + 3 * len(SYSTEMS)) + "|",
     ]
     by = {(r["system"], r["concurrency"], r["metric"]): r["value"] for r in records}
     for c in levels:
         cells = [str(c)]
-        for system in ("embedserve", "sentence-transformers per request"):
+        for system in SYSTEMS:
             cells += [str(by[(system, c, m)]) for m in ("requests_per_s", "p50_ms", "p99_ms")]
         summary.append("| " + " | ".join(cells) + " |")
     text = (
@@ -477,7 +484,10 @@ def main() -> None:
         "`embedserve serve --device cpu` (one server, one gateway worker) over HTTP on loopback; baseline = "
         "sentence-transformers `encode` per request in a thread pool behind uvicorn (what a FastAPI sync "
         f"endpoint does). {args.seconds:g} s per level and system, clients are threads of this script on "
-        "the same machine with keep-alive connections.\n\n"
+        "the same machine with keep-alive connections. `embedserve, batch-wait 0` is the same stack with "
+        "`--batch-wait-ms 0` (plain FCFS, no wait for returning clients). The three stacks run side by "
+        "side, measured one at a time. The machine is shared with other work: 1-minute load average "
+        f"{load_before:.2f} before and {load_after:.2f} after the run.\n\n"
         + "\n".join(notes)
         + " (asgi: the gateway app in process, replica answered instantly; http+grpc: gateway and server "
         "processes with an engine that does no work, latency of one request on loopback)\n\n"

@@ -16,7 +16,7 @@ Queries are the first 3 to 12 words of sentences from the Python standard librar
 At warm-up the served vectors are compared with sentence-transformers (cosine). Writes
 benchmarks/results/concurrency-cpu-YYYYMMDD.{json,md}.
 
-    python benchmarks/serving_cpu.py [--seconds 8] [--levels 1,2,4,8,16]
+    python benchmarks/serving_cpu.py [--rounds 3] [--seconds 4] [--levels 1,2,4,8,16]
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def post(conn: http.client.HTTPConnection, body: bytes) -> dict[str, Any]:
     return json.loads(data)
 
 
-def load(port: int, texts: list[str], clients: int, seconds: float) -> dict[str, float]:
+def load(port: int, texts: list[str], clients: int, seconds: float) -> tuple[list[float], float]:
     """`clients` threads each sending one query per request, back to back, for `seconds`."""
     latencies: list[float] = []
     lock = threading.Lock()
@@ -249,13 +249,17 @@ def load(port: int, texts: list[str], clients: int, seconds: float) -> dict[str,
     start_gate.wait()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - t0
-    ms = np.array(latencies) * 1000
+    return latencies, time.perf_counter() - t0
+
+
+def summarize(rounds: list[tuple[list[float], float]]) -> dict[str, float]:
+    """Throughput over all rounds together, percentiles over all their requests."""
+    ms = np.array([x for lat, _ in rounds for x in lat]) * 1000
     return {
-        "requests_per_s": len(latencies) / elapsed,
+        "requests_per_s": len(ms) / sum(t for _, t in rounds),
         "p50_ms": float(np.percentile(ms, 50)),
         "p99_ms": float(np.percentile(ms, 99)),
-        "requests": float(len(latencies)),
+        "requests": float(len(ms)),
     }
 
 
@@ -339,7 +343,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--seconds", type=float, default=8.0, help="per concurrency level and system")
+    ap.add_argument("--seconds", type=float, default=4.0, help="per round, level and system")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per level")
     ap.add_argument("--levels", default="1,2,4,8,16")
     ap.add_argument("--overhead-requests", type=int, default=2000)
     ap.add_argument("--noop-server", action="store_true", help=argparse.SUPPRESS)
@@ -416,9 +421,16 @@ def main() -> None:
         print(f"warm-up: cosine min vs sentence-transformers {cosine_min:.7f}", flush=True)
         for port in (ours_port, no_wait_port, base_port):
             load(port, texts, 4, 2.0)
+        ports = (ours_port, no_wait_port, base_port)
         for c in levels:
-            for system, port in zip(SYSTEMS, (ours_port, no_wait_port, base_port), strict=True):
-                r = load(port, texts, c, args.seconds)
+            # Rounds alternate between the systems, so load from anything else on the machine
+            # falls on all of them alike.
+            runs: dict[str, list[tuple[list[float], float]]] = {system: [] for system in SYSTEMS}
+            for _ in range(args.rounds):
+                for system, port in zip(SYSTEMS, ports, strict=True):
+                    runs[system].append(load(port, texts, c, args.seconds))
+            for system in SYSTEMS:
+                r = summarize(runs[system])
                 ours_ = system.startswith("embedserve")
                 extra = {"cosine_min": round(cosine_min, 7)} if ours_ else {}
                 for metric in ("requests_per_s", "p50_ms", "p99_ms"):
@@ -483,7 +495,8 @@ def main() -> None:
         "first 3-12 words of Python standard-library docstring sentences, one per request. embedserve = "
         "`embedserve serve --device cpu` (one server, one gateway worker) over HTTP on loopback; baseline = "
         "sentence-transformers `encode` per request in a thread pool behind uvicorn (what a FastAPI sync "
-        f"endpoint does). {args.seconds:g} s per level and system, clients are threads of this script on "
+        f"endpoint does). {args.rounds} rounds of {args.seconds:g} s per level and system, alternating "
+        "between the systems (requests/s over all rounds, percentiles over all their requests); clients are threads of this script on "
         "the same machine with keep-alive connections. `embedserve, batch-wait 0` is the same stack with "
         "`--batch-wait-ms 0` (plain FCFS, no wait for returning clients). The three stacks run side by "
         "side, measured one at a time. The machine is shared with other work: 1-minute load average "

@@ -265,3 +265,23 @@ def test_batch_wait_never_delays_a_lone_client() -> None:
         assert engine.batches == [[i] for i in range(1, 6)]
 
     with_server(engine, body, batch_wait=2.0)
+
+
+def test_batch_wait_ends_once_enough_requests_are_queued() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        loop = asyncio.get_running_loop()
+        engine.gate = threading.Event()
+        first = asyncio.ensure_future(stub(req([1]), timeout=10))
+        await asyncio.sleep(0.2)
+        queued = [asyncio.ensure_future(stub(req([i]), timeout=10)) for i in (2, 3, 4, 5)]
+        await asyncio.sleep(0.2)
+        start = loop.time()
+        engine.gate.set()
+        await asyncio.gather(first, *queued)
+        assert loop.time() - start < 1.0  # four were waiting: no 2 s wait for the fifth
+        await stub(req([6]), timeout=10)
+        assert engine.batches == [[1], [2, 3, 4, 5], [6]]
+
+    with_server(engine, body, batch_wait=2.0)

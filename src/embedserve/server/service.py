@@ -46,6 +46,11 @@ class EngineLike(Protocol):
     def step(self, batch: PackedBatch) -> ResultHandle: ...
 
 
+# Past this many queued requests a batch goes without waiting: the fixed cost of a forward is
+# then shared well enough, and at high concurrency the clients' round trip can exceed the wait.
+BATCH_WAIT_MAX_REQUESTS = 4
+
+
 class BatchFailed(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -147,9 +152,10 @@ class EmbedService:
 
         With `batch_wait` > 0, it also waits, at most `batch_wait` seconds after the engine took
         the previous batch, until as many requests wait as were waiting then plus the previous
-        batch's: the clients just answered tend to come back at once, and on a device where a
-        forward has a large fixed cost (the CPU) one batch of them all is much cheaper than a
-        batch of the first and then another of the rest. One client alone never waits.
+        batch's (or BATCH_WAIT_MAX_REQUESTS): the clients just answered tend to come back at
+        once, and on a device where a forward has a large fixed cost (the CPU) one batch of them
+        all is much cheaper than a batch of the first and then another of the rest. One client
+        alone never waits.
         """
         loop = asyncio.get_running_loop()
         while True:
@@ -159,7 +165,7 @@ class EmbedService:
             deadline = self._engine_free_at + self.batch_wait
             budget = self.scheduler.config.max_batch_tokens
             while (
-                len(self.scheduler) < self._expected
+                len(self.scheduler) < min(self._expected, BATCH_WAIT_MAX_REQUESTS)
                 and self.scheduler.num_queued_tokens < budget
                 and (left := deadline - loop.time()) > 0
             ):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib
 import inspect
 import json
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.data.texts
 
@@ -241,6 +243,147 @@ def profile_replay(engine: Engine, batch: PackedBatch, out: Path, name: str) -> 
             "other_us": round(total_us - gemm_us - attn_us, 1)}  # fmt: skip
 
 
+def attention_levers() -> dict[str, Any]:
+    """One attention call ([T, 16, 128] queries, 8 K/V heads, bidirectional) per backend, device
+    µs per call from graph replays: FlashAttention-2 varlen, cuDNN without a mask (one dense
+    sequence), cuDNN with the block-diagonal bias, and SDPA's flash / efficient kernels dense."""
+    out: dict[str, Any] = {}
+    for t in (128, 512, 4096):
+        out.update(_attention_at(t))
+    return out
+
+
+def _attention_at(t: int) -> dict[str, Any]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from embedserve.engine.attention import BACKENDS, RaggedLayout
+    from embedserve.engine.fused import _graph_us
+
+    out: dict[str, Any] = {}
+    q = torch.randn(t, 16, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(t, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cu = torch.tensor([0, t], dtype=torch.int32, device="cuda")
+    sid = torch.zeros(t, dtype=torch.int64, device="cuda")
+    dense = RaggedLayout(cu, t, (), sid, dense=True)
+    masked = RaggedLayout(cu, t, (), sid, mask=sid[:, None] == sid[None, :])
+    k16, v16 = (x.repeat_interleave(2, dim=1) for x in (k, v))
+
+    def sdpa(backend: Any) -> torch.Tensor:
+        with sdpa_kernel([backend]):
+            q4, k4, v4 = (x[None].transpose(1, 2) for x in (q, k16, v16))
+            return F.scaled_dot_product_attention(q4, k4, v4)
+
+    fns: dict[str, Callable[[], Any]] = {
+        "varlen": lambda: BACKENDS["varlen"](q, k, v, dense, False),
+        "cudnn_dense": lambda: BACKENDS["cudnn"](q, k, v, dense, False),
+        "sdpa_flash_dense": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa_efficient_dense": lambda: sdpa(SDPBackend.EFFICIENT_ATTENTION),
+    }
+    if t <= 2048:
+        fns["cudnn_bias"] = lambda: BACKENDS["cudnn"](q, k, v, masked, False)
+    flop = 4 * t * t * 16 * 128
+    for name, fn in fns.items():
+        r = guarded(functools.partial(_graph_us, _ignore_index(fn), 10))
+        out[f"{name}@{t}"] = (
+            {"us": round(r, 2), "tflop_s": round(flop / r / 1e6, 1)} if isinstance(r, float) else r
+        )
+    return out
+
+
+def _ignore_index(fn: Callable[[], Any]) -> Callable[[int], Any]:
+    return lambda i: fn()
+
+
+def _linear_i(x: torch.Tensor, ws: list[torch.Tensor], i: int) -> torch.Tensor:
+    return F.linear(x, ws[i % len(ws)])
+
+
+def gemm_levers(deadline: float) -> dict[str, Any]:
+    """Qwen3-0.6B's four GEMMs at M = 128: cuBLAS bf16 against cuBLAS fp16, and (time allowing)
+    torch.compile max-autotune-no-cudagraphs (Triton templates), device µs per call."""
+    from embedserve.engine.fused import _graph_us
+
+    shapes = {
+        "qkv": (4096, 1024),
+        "out": (1024, 2048),
+        "gate_up": (6144, 1024),
+        "down": (1024, 3072),
+    }
+    out: dict[str, Any] = {}
+    m = 128
+    for name, (n, k) in shapes.items():
+        row: dict[str, Any] = {}
+        for dt in (torch.bfloat16, torch.float16):
+            x = torch.randn(m, k, device="cuda", dtype=dt)
+            ws = [torch.randn(n, k, device="cuda", dtype=dt) * k**-0.5 for _ in range(16)]
+            call = functools.partial(_linear_i, x, ws)
+            row[f"cublas_{str(dt)[6:]}"] = guarded(functools.partial(_graph_us, call, 16))
+            if dt is torch.bfloat16 and name in ("qkv", "down") and time.time() < deadline:
+
+                def autotuned(x: torch.Tensor = x, ws: list[torch.Tensor] = ws) -> dict[str, float]:
+                    f = torch.compile(
+                        lambda a, b: F.linear(a, b),
+                        mode="max-autotune-no-cudagraphs",
+                        dynamic=False,
+                    )
+                    t0 = time.perf_counter()
+                    f(x, ws[0])
+                    compile_s = time.perf_counter() - t0
+                    us = _graph_us(lambda i: f(x, ws[i % 16]), 16)
+                    return {"us": round(us, 2), "compile_s": round(compile_s, 1)}
+
+                row["max_autotune_bf16"] = guarded(autotuned)
+        out[f"{name} {m}x{n}x{k}"] = row
+    return out
+
+
+def host_profile(engine: Engine, batch: PackedBatch, path: Path, n: int = 300) -> dict[str, Any]:
+    """cProfile of `n` steps (step + wait): where the host time of a step goes."""
+    import cProfile
+    import io
+    import pstats
+
+    for _ in range(5):
+        engine.step(batch).wait()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(n):
+        engine.step(batch).wait()
+    prof.disable()
+    wall = (time.perf_counter() - t0) / n
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    path.write_text(buf.getvalue())
+    returns = []
+    for _ in range(n):
+        t1 = time.perf_counter()
+        h = engine.step(batch)
+        returns.append(time.perf_counter() - t1)
+        h.wait()
+    return {"us_per_step_profiled": round(wall * 1e6, 1),
+            "step_return_us_median": round(statistics.median(returns) * 1e6, 1)}  # fmt: skip
+
+
+def before_table(path: Path | None) -> list[str]:
+    """The previous results file's p50s (engine time), for a before/after note."""
+    if path is None or not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    rows = [f"Before (commit {old.get('commit')}, same script): embedserve p50 ms [replay ms]", "",
+            "| model | workload | p50 ms | replay ms | tok/s |", "|---|---|---|---|---|"]  # fmt: skip
+    recs = [r for r in old["records"] if r["system"] == "embedserve"]
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in recs:
+        wl = f"{r['batch']} x {r['tokens']}"
+        seen.setdefault((r["model"], wl), {})[r["metric"]] = r["value"]
+    for (model, wl), v in seen.items():
+        rows.append(
+            f"| {model} | {wl} | {v.get('p50_ms')} | {v.get('mean_ms')} | {v.get('tokens_per_s', '')} |"
+        )
+    return [*rows, ""]
+
+
 def save(args: argparse.Namespace, records: list[dict[str, Any]], extra: dict[str, Any], table: list[str]) -> None:  # fmt: skip
     import transformers
 
@@ -263,7 +406,7 @@ def save(args: argparse.Namespace, records: list[dict[str, Any]], extra: dict[st
           "text (Python stdlib docstrings + tests/data/texts.py). Qwen3-0.6B shape with random "
           "weights (bidirectional, mean); all-MiniLM-L6-v2 real weights (fp16 copy, run in bf16). "
           "embedserve = graphs + torch.compile fusion; graph-only = graphs, no fusion. "
-          "cos = min cosine vs HF at warm-up.", "", *table, "",
+          "cos = min cosine vs HF at warm-up.", "", *table, "", *before_table(args.before),
           "```json", json.dumps({k: v for k, v in extra.items() if k != "ceilings"}, indent=1), "```"]  # fmt: skip
     (args.out / f"{stem}.md").write_text("\n".join(md) + "\n")
 
@@ -283,7 +426,10 @@ def main() -> None:
     ap.add_argument("--minilm", type=Path, required=True)
     ap.add_argument("--qwen3-tokenizer", type=Path, required=True)
     ap.add_argument("--skip-qwen3", action="store_true")
+    ap.add_argument("--before", type=Path, help="an earlier results JSON, for a before table")
+    ap.add_argument("--budget-s", type=float, default=400, help="skip optional extras past this")
     args = ap.parse_args()
+    deadline = time.time() + args.budget_s
     from transformers import AutoModel, Qwen3Config, Qwen3Model
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -295,6 +441,8 @@ def main() -> None:
     header = "| model | workload | HF eager p50 ms | embedserve p50 / p99 [replay] ms | cos | graph-only p50 / p99 [replay] ms | cos | floor ms |"
     table = [header, "|" + "---|" * 8]
     extra: dict[str, Any] = {"ceilings": ceil}
+    extra["levers_attention"] = guarded(attention_levers)
+    print("attention levers", json.dumps(extra["levers_attention"]), flush=True)
 
     if not args.skip_qwen3:
         cfg = Qwen3Config(**QWEN3_06B)
@@ -342,6 +490,9 @@ def main() -> None:
             flush=True,
         )
         save(args, records, extra, table)
+        if time.time() < deadline - 120:
+            extra["levers_gemm"] = guarded(lambda: gemm_levers(deadline - 120))
+            print("gemm levers", json.dumps(extra["levers_gemm"]), flush=True)
         del ours, plain, hf_model
         torch.cuda.empty_cache()
 
@@ -365,6 +516,9 @@ def main() -> None:
     extra["minilm_attention_choice"] = mini.runner.attention_choice() if mini.runner else {}
     m128 = cut(stream, [128], np.random.default_rng(2))
     extra["overlap_minilm_1x128"] = guarded(lambda: overlap(mini, m128))
+    extra["host_minilm_1x128"] = guarded(
+        lambda: host_profile(mini, m128, args.out / "host-profile-minilm-1x128.txt")
+    )
 
     save(args, records, extra, table)
     print("\n".join(table))

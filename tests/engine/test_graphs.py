@@ -204,3 +204,102 @@ def test_warm_up_captures_configured_buckets(minilm_path) -> None:  # type: igno
     with torch.inference_mode():
         runner.warm_up()
     assert runner.num_graphs == 2 and engine.stats.captures == 2
+
+
+def test_dense_plan_only_for_one_sequence_filling_the_bucket() -> None:
+    config = GraphConfig()
+    dense = plan_bucket(np.array([128]), config, 512)
+    assert dense is not None and dense.dense and dense.key == "t128-s2-l128-d"
+    for seqlens in ([100], [64, 64], [127, 1]):
+        plan = plan_bucket(np.array(seqlens), config, 512)
+        assert plan is not None and not plan.dense and not plan.key.endswith("-d")
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("causal", [False, True])
+def test_cudnn_backend_dense_and_masked_equal_per_sequence_attention(causal: bool) -> None:
+    """On the CPU the cudnn backend is plain SDPA: its mask logic is what is tested here."""
+    from embedserve.engine.attention import RaggedLayout
+
+    torch.manual_seed(1)
+    lens = (5, 9, 2, 48)  # the last one stands for a dummy padding sequence
+    t = sum(lens)
+    q, k, v = torch.randn(t, 4, 8), torch.randn(t, 2, 8), torch.randn(t, 2, 8)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+    seq_ids = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    want = BACKENDS["sdpa_loop"](q, k, v, RaggedLayout(cu, 48, lens), causal)
+    layout = RaggedLayout(cu, 64, (), seq_ids, mask=seq_ids[:, None] == seq_ids[None, :])
+    for _ in range(2):  # the second call reuses the bias cached in the layout
+        got = BACKENDS["cudnn"](q, k, v, layout, causal)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    one = torch.tensor([0, t], dtype=torch.int32)
+    want = BACKENDS["sdpa_loop"](q, k, v, RaggedLayout(one, t, (t,)), causal)
+    dense = RaggedLayout(one, t, (), torch.zeros(t, dtype=torch.int64), dense=True)
+    torch.testing.assert_close(BACKENDS["cudnn"](q, k, v, dense, causal), want)
+
+
+@torch.inference_mode()
+def test_runner_with_cudnn_candidate_matches_eager_dense_padded_and_many(minilm_path) -> None:  # type: ignore[no-untyped-def]
+    engine = _bert_engine(minilm_path)
+    runner = _runner(engine, GraphConfig(attention=("block_mask", "cudnn")))
+    rng = np.random.default_rng(7)
+    for seqlens in ([128], [7], [100], [3, 50, 11], [64]):
+        for _ in range(3):
+            batch = _random_batch(rng, seqlens, engine.vocab_size)
+            got = runner.run(batch)
+            assert got is not None
+            want = torch.from_numpy(engine.step(batch).wait())
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    keys = set(engine.stats.attention_timings)
+    assert {"t128-s2-l128-d", "t64-s2-l64-d", "t64-s2-l64"} <= keys
+    assert all(set(t) == {"block_mask", "cudnn"} for t in engine.stats.attention_timings.values())
+    assert not engine.stats.attention_errors
+
+
+@torch.inference_mode()
+def test_candidates_that_fail_or_disagree_are_dropped_and_recorded(
+    minilm_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    from embedserve.engine import graphs as graphs_module
+
+    def broken(*args):  # type: ignore[no-untyped-def]
+        raise RuntimeError("no kernel for this shape")
+
+    def wrong(q, k, v, layout, causal):  # type: ignore[no-untyped-def]
+        return torch.zeros_like(q) + 1.0
+
+    engine = _bert_engine(minilm_path)
+    rng = np.random.default_rng(8)
+    for fake, reason in ((broken, "no kernel"), (wrong, "disagrees")):
+        monkeypatch.setitem(graphs_module.BACKENDS, "cudnn", fake)
+        engine.stats.attention_errors.clear()
+        runner = _runner(engine, GraphConfig(attention=("block_mask", "cudnn")))
+        batch = _random_batch(rng, [30, 20], engine.vocab_size)
+        for _ in range(3):
+            got = runner.run(batch)
+            assert got is not None
+            want = torch.from_numpy(engine.step(batch).wait())
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+        assert runner.attention_choice() == {"t64-s4-l64": "block_mask"}
+        ((key, errors),) = engine.stats.attention_errors.items()
+        assert key == "t64-s4-l64" and reason in errors["cudnn"]
+
+
+def test_linear_routing_through_the_ops_table_keeps_outputs() -> None:
+    from embedserve.engine.engine import _route_linears
+    from embedserve.engine.fused import EAGER_OPS
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    want = model(x)
+    calls = []
+
+    def counting(x, w, b):  # type: ignore[no-untyped-def]
+        calls.append(tuple(w.shape))
+        return EAGER_OPS.linear(x, w, b)
+
+    _route_linears(model, counting)
+    torch.testing.assert_close(model(x), want)
+    assert calls == [(16, 8), (4, 16)]
+    assert set(model.state_dict()) == {"0.weight", "0.bias", "2.weight", "2.bias"}

@@ -62,10 +62,46 @@ def test_varlen_gqa_matches_sdpa(causal: bool) -> None:
     for name, layout in [
         ("varlen", RaggedLayout(cu, 256, ())),  # a bucket's bound, above the real maximum
         ("block_mask", RaggedLayout(cu, 256, (), seq_ids)),
+        ("cudnn", RaggedLayout(cu, 256, (), seq_ids)),  # with the block-diagonal bias
     ]:
         got = BACKENDS[name](q, k, v, layout, causal).float()
         err = (got - want).norm() / want.norm()
         assert err < 1e-2, f"{name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("t", [64, 300, 4096])
+def test_cudnn_dense_single_sequence_matches_sdpa(causal: bool, t: int) -> None:
+    torch.manual_seed(t)
+    dev = torch.device("cuda")
+    q = torch.randn(t, 16, 128, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(t, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    cu = torch.tensor([0, t], dtype=torch.int32, device=dev)
+    want = BACKENDS["sdpa_loop"](q.float(), k.float(), v.float(), RaggedLayout(cu, t, (t,)), causal)
+    sid = torch.zeros(t, dtype=torch.int64, device=dev)
+    got = BACKENDS["cudnn"](q, k, v, RaggedLayout(cu, t, (), sid, dense=True), causal).float()
+    err = (got - want).norm() / want.norm()
+    assert got.shape == want.shape and err < 1e-2, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_small_m_linear_matches_cublas_and_records_its_choice(bias: bool) -> None:
+    from embedserve.engine.fused import small_m_linear
+    from embedserve.engine.stats import EngineStats
+
+    torch.manual_seed(0)
+    stats = EngineStats()
+    linear = small_m_linear(stats)
+    for m, n, k in [(64, 4096, 1024), (128, 1024, 3072), (128, 1152, 384), (512, 6144, 1024)]:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
+        want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+        for _ in range(2):  # the first call measures, the second uses the choice
+            got = linear(x, w, b)
+            err = ((got.double() - want).norm() / want.norm()).item()
+            assert got.shape == (m, n) and got.dtype == x.dtype and err < 1e-2, err
+    assert all("cublas" in t and "chosen" in t for t in stats.gemm_timings.values())
 
 
 def test_qk_norm_rope_kernel_against_fp64() -> None:

@@ -8,13 +8,17 @@ sequence boundaries in a `RaggedLayout`; none pads sequences to a common length.
   2-core CPU for mixed lengths, see docs/architecture.md).
 - `block_mask`: one SDPA over the whole batch with a block-diagonal boolean mask. Its cost grows
   with T², so it only wins for many tiny sequences.
+- `cudnn`: one SDPA over the whole bucket restricted to cuDNN's fused attention (on Hopper much
+  faster than FlashAttention-2 at long T). Without a mask where the layout is `dense` (exactly one
+  sequence filling every token: nothing to keep apart), else with the block-diagonal mask, so
+  padding and dummy sequences never mix with a real one. On the CPU plain SDPA (for tests).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +34,12 @@ class RaggedLayout:
     # [T] int64 on the device: set inside CUDA graphs, where no host value may change between
     # replays (then `seqlens` is empty and `max_seqlen` is the bucket's bound, not the batch's)
     seq_ids: torch.Tensor | None = None
+    # exactly one sequence covering all T tokens (no padding): attention needs no mask
+    dense: bool = False
+    # [T, T] bool block-diagonal mask built once per forward from `seq_ids` (mask backends)
+    mask: torch.Tensor | None = None
+    # per-forward values a backend derives once and every layer reuses (cuDNN's additive bias)
+    cache: dict[str, torch.Tensor] = field(default_factory=dict, compare=False)
 
 
 # (q, k, v, layout, causal) -> [T, N, D]
@@ -61,18 +71,25 @@ def sdpa_loop(
     return out
 
 
-def block_mask(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: RaggedLayout, causal: bool
-) -> torch.Tensor:
+def layout_mask(layout: RaggedLayout, device: torch.device) -> torch.Tensor:
+    """[T, T] bool, True where query and key belong to the same sequence (block diagonal)."""
+    if layout.mask is not None:
+        return layout.mask
     seq_ids = layout.seq_ids  # on the device inside a CUDA graph
     if seq_ids is None:
         seq_ids = torch.repeat_interleave(
-            torch.arange(len(layout.seqlens), device=q.device),
-            torch.tensor(layout.seqlens, device=q.device),
+            torch.arange(len(layout.seqlens), device=device),
+            torch.tensor(layout.seqlens, device=device),
         )
-    mask = seq_ids[:, None] == seq_ids[None, :]  # [T, T] block diagonal
-    if causal:
-        mask &= torch.ones_like(mask).tril_()
+    return seq_ids[:, None] == seq_ids[None, :]
+
+
+def block_mask(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: RaggedLayout, causal: bool
+) -> torch.Tensor:
+    mask = layout_mask(layout, q.device)
+    if causal:  # NOTE: not in place: the mask may be shared by every layer
+        mask = mask & torch.ones_like(mask).tril_()
     gqa: dict[str, bool] = {}
     if k.shape[1] != q.shape[1]:
         if q.device.type == "cuda":
@@ -132,16 +149,70 @@ def varlen(
     return out
 
 
+# whether cuDNN's SDPA takes grouped K/V heads (`enable_gqa`); learned on the first call, which
+# happens outside any capture (a bucket's first hit runs eagerly)
+_CUDNN_GQA: bool | None = None
+
+
+def cudnn(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: RaggedLayout, causal: bool
+) -> torch.Tensor:
+    global _CUDNN_GQA
+    mask: torch.Tensor | None = None
+    if not layout.dense:
+        key = f"cudnn-bias-{causal}-{q.dtype}"
+        mask = layout.cache.get(key)
+        if mask is None:
+            keep = layout_mask(layout, q.device)
+            if causal:
+                keep = keep & torch.ones_like(keep).tril_()
+            # an additive bias (0 / -inf), built once per forward: [1, 1, T, T]
+            zero = torch.zeros((), dtype=q.dtype, device=q.device)
+            mask = torch.where(keep, zero, float("-inf"))[None, None]
+            layout.cache[key] = mask
+    on_cuda = q.device.type == "cuda"
+    grouped = k.shape[1] != q.shape[1]
+    if grouped and not (on_cuda and _CUDNN_GQA is not False):
+        k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    q4, k4, v4 = (t[None].transpose(1, 2) for t in (q, k, v))  # [1, N, T, D] views
+    kwargs: dict[str, object] = {"attn_mask": mask, "is_causal": causal and mask is None}
+    if not on_cuda:
+        out = F.scaled_dot_product_attention(q4, k4, v4, **kwargs)  # type: ignore[arg-type]
+        return out[0].transpose(0, 1)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        if grouped and _CUDNN_GQA is not False:
+            try:
+                out = F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True, **kwargs)  # type: ignore[arg-type]
+                _CUDNN_GQA = True
+            except RuntimeError:
+                if _CUDNN_GQA:  # it worked before: a real error
+                    raise
+                # maybe no grouped heads in cuDNN: once more with K/V expanded (if this fails
+                # too, something else is wrong and nothing is learned)
+                ke, ve = (_expand_kv(t, q.shape[1])[None].transpose(1, 2) for t in (k, v))
+                out = F.scaled_dot_product_attention(q4, ke, ve, **kwargs)  # type: ignore[arg-type]
+                _CUDNN_GQA = False
+        else:
+            out = F.scaled_dot_product_attention(q4, k4, v4, **kwargs)  # type: ignore[arg-type]
+    return out[0].transpose(0, 1)
+
+
 BACKENDS: dict[str, AttentionFn] = {
     "varlen": varlen,
     "sdpa_loop": sdpa_loop,
     "block_mask": block_mask,
+    "cudnn": cudnn,
 }
 
 
 # Backends that read no host value that changes between batches once `seq_ids` is set: the
 # only ones a CUDA graph may capture.
-CAPTURE_SAFE: tuple[str, ...] = ("varlen", "block_mask")
+CAPTURE_SAFE: tuple[str, ...] = ("varlen", "block_mask", "cudnn")
+
+# Backends whose work is quadratic in the whole bucket unless the layout is dense
+MASKED: tuple[str, ...] = ("block_mask", "cudnn")
 
 
 def choose_backend(name: str | None, device: torch.device) -> AttentionFn:

@@ -12,6 +12,7 @@ later hit replays it. Batches above the largest bucket return None here and run 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from embedserve.engine.attention import BACKENDS, CAPTURE_SAFE, AttentionFn, RaggedLayout
+from embedserve.engine.attention import (
+    BACKENDS,
+    CAPTURE_SAFE,
+    MASKED,
+    AttentionFn,
+    RaggedLayout,
+)
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.stats import EngineStats
 
@@ -39,8 +46,9 @@ class GraphConfig:
     max_tokens: int = 8192  # largest captured token bucket; larger batches run eagerly
     max_seqs: int = 256  # largest sequence bucket (a power of two)
     # attention backends timed against each other when a bucket is captured; the fastest is kept
-    attention: tuple[str, ...] = ("varlen", "block_mask")
-    # block_mask materializes a [T, T] mask and does T² work: only a candidate up to here
+    attention: tuple[str, ...] = ("varlen", "block_mask", "cudnn")
+    # block_mask (and cudnn, unless the bucket is one dense sequence) materialize a [T, T] mask
+    # and do T² work: only candidates up to here
     max_block_mask_tokens: int = 2048
     # (num_tokens, num_seqs) batches captured at start-up; off by default
     warmup: tuple[tuple[int, int], ...] = ()
@@ -91,10 +99,15 @@ class BucketPlan:
     num_seqs: int  # padded S, dummy and empty sequences included
     max_seqlen: int  # bound on every sequence, dummies included
     pad_seqlens: tuple[int, ...]  # lengths of the dummy sequences that hold the padding tokens
+    # exactly one real sequence and no padding: attention over the bucket needs no mask. Part of
+    # the key, so a graph captured for such a batch only ever replays for such batches.
+    dense: bool = False
 
     @property
     def key(self) -> str:
-        return f"t{self.num_tokens}-s{self.num_seqs}-l{self.max_seqlen}"
+        return f"t{self.num_tokens}-s{self.num_seqs}-l{self.max_seqlen}" + (
+            "-d" if self.dense else ""
+        )
 
     @property
     def staged_size(self) -> int:
@@ -118,7 +131,28 @@ def plan_bucket(
     seqs = seq_bucket(len(seqlens) + len(pads), config.max_seqs)
     if seqs is None:
         return None
-    return BucketPlan(tokens, seqs, max_seqlen, pads)
+    return BucketPlan(tokens, seqs, max_seqlen, pads, dense=len(seqlens) == 1 and not pads)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pad_tail(plan: BucketPlan, num_seqs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(positions, seq ids) of the padding tokens and cu_seqlens after the real sequences, for a
+    batch of `num_seqs` real sequences in `plan`: the same for every such batch, built once."""
+    t, s = plan.num_tokens, plan.num_seqs
+    pad = sum(plan.pad_seqlens)
+    pos = np.empty(pad, dtype=np.int64)
+    sids = np.empty(pad, dtype=np.int64)
+    cu = np.full(s - num_seqs, t, dtype=np.int64)  # cu[num_seqs + 1 :]
+    start, seq = 0, num_seqs
+    for i, length in enumerate(plan.pad_seqlens):
+        pos[start : start + length] = np.arange(length)
+        sids[start : start + length] = seq
+        start += length
+        seq += 1
+        cu[i] = t - pad + start
+    for a in (pos, sids, cu):
+        a.flags.writeable = False
+    return pos, sids, cu
 
 
 def stage_inputs(batch: PackedBatch, plan: BucketPlan, out: np.ndarray) -> None:
@@ -132,21 +166,26 @@ def stage_inputs(batch: PackedBatch, plan: BucketPlan, out: np.ndarray) -> None:
         raise ValueError(f"plan for {t} tokens does not fit a batch of {n} tokens")
     ids, pos, types, sids = (out[i * t : (i + 1) * t] for i in range(4))
     cu = out[4 * t : 4 * t + s + 1]
+    pad_pos, pad_sids, cu_tail = _pad_tail(plan, batch.num_seqs)
     ids[:n] = batch.input_ids
     ids[n:] = 0
     pos[:n] = batch.positions
+    pos[n:] = pad_pos
     types[:n] = batch.token_type_ids
     types[n:] = 0
     sids[:n] = batch.seq_ids
+    sids[n:] = pad_sids
     cu[: batch.num_seqs + 1] = batch.cu_seqlens
-    start, seq = n, batch.num_seqs
-    for length in plan.pad_seqlens:
-        pos[start : start + length] = np.arange(length)
-        sids[start : start + length] = seq
-        start += length
-        seq += 1
-        cu[seq] = start
-    cu[seq + 1 :] = t  # empty sequences up to the bucket
+    cu[batch.num_seqs + 1 :] = cu_tail  # dummy sequences, then empty ones up to the bucket
+
+
+# a candidate attention backend must agree with the first (the reference) on every real row
+CANDIDATE_MIN_COSINE = 0.999
+
+
+def _min_row_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=-1, eps=1e-12)
+    return float(cos.min()) if bool(torch.isfinite(a).all()) else float("nan")
 
 
 class Graph(Protocol):
@@ -245,8 +284,20 @@ class GraphRunner:
             make_graph = lambda: CudaGraph(pool, stream)  # noqa: E731
         self._make_graph = make_graph
         self._pinned = device.type == "cuda"
-        self._slots: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
+        self._slots: list[tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]] = []
         self._next_slot = 0
+        # (tokens, longest, sequences) -> plan: the plan depends on nothing else
+        self._plans: dict[tuple[int, int, int], BucketPlan | None] = {}
+
+    def _plan(self, batch: PackedBatch) -> BucketPlan | None:
+        key = (batch.num_tokens, batch.max_seqlen, batch.num_seqs)
+        try:
+            return self._plans[key]
+        except KeyError:
+            plan = plan_bucket(batch.seqlens, self.config, self.max_positions)
+            if len(self._plans) < 65536:
+                self._plans[key] = plan
+            return plan
 
     @property
     def num_graphs(self) -> int:
@@ -258,7 +309,7 @@ class GraphRunner:
         NOTE: the result is a view of the bucket's output buffer, valid until the next step on
         this stream: copy it (LazyTensor does) before running another batch.
         """
-        plan = plan_bucket(batch.seqlens, self.config, self.max_positions)
+        plan = self._plan(batch)
         if plan is None:
             return None
         bucket = self._buckets.get(plan.key)
@@ -279,7 +330,7 @@ class GraphRunner:
             self.stats.eager_runs += 1
             self.stats.first_run_seconds += time.perf_counter() - t0
         else:
-            self._capture(bucket)
+            self._capture(bucket, batch.num_seqs)
         assert bucket.output is not None
         return bucket.output[: batch.num_seqs]
 
@@ -299,7 +350,9 @@ class GraphRunner:
         names = tuple(
             a
             for a in self.config.attention
-            if a != "block_mask" or plan.num_tokens <= self.config.max_block_mask_tokens
+            if a not in MASKED
+            or plan.num_tokens <= self.config.max_block_mask_tokens
+            or (a == "cudnn" and plan.dense)
         )
         return names or self.config.attention[:1]
 
@@ -314,17 +367,19 @@ class GraphRunner:
         # rewritten, and the host waits only when every slot is still in flight.
         if len(self._slots) < self.config.staging_slots:
             capacity = 4 * self.config.max_tokens + self.config.max_seqs + 1
-            self._slots.append((torch.empty(capacity, dtype=torch.int64, pin_memory=True), None))
+            pinned = torch.empty(capacity, dtype=torch.int64, pin_memory=True)
+            self._slots.append((pinned, pinned.numpy(), None))
         index = self._next_slot % len(self._slots)
         self._next_slot += 1
-        host, event = self._slots[index]
+        host, host_np, event = self._slots[index]
         if event is not None:
             event.synchronize()
-        stage_inputs(batch, plan, host.numpy())
+        stage_inputs(batch, plan, host_np)
         static.copy_(host[:size], non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self._slots[index] = (host, event)
+        if event is None:
+            event = torch.cuda.Event()
+        event.record()  # NOTE: an event may be recorded again once it has been waited on
+        self._slots[index] = (host, host_np, event)
 
     def _run_static(self, bucket: _Bucket, attention: str) -> torch.Tensor:
         """The padded forward reading only the bucket's static buffer (what a graph captures)."""
@@ -332,18 +387,41 @@ class GraphRunner:
         t = plan.num_tokens
         ids, pos, types, seq_ids = (static[i * t : (i + 1) * t] for i in range(4))
         cu_seqlens = static[4 * t :].to(torch.int32)
-        layout = RaggedLayout(cu_seqlens, plan.max_seqlen, (), seq_ids)
+        mask = None
+        if attention in MASKED and not plan.dense:  # built once per forward, not per layer
+            mask = seq_ids[:, None] == seq_ids[None, :]
+        layout = RaggedLayout(cu_seqlens, plan.max_seqlen, (), seq_ids, plan.dense, mask)
         return self._forward(ids, pos, types, seq_ids, layout, BACKENDS[attention])
 
-    def _capture(self, bucket: _Bucket) -> None:
+    def _capture(self, bucket: _Bucket, real_rows: int) -> None:
+        """Capture one graph per attention candidate, keep the fastest whose output agrees with
+        the first candidate's (a candidate that fails to run or disagrees is dropped and its error
+        recorded in `stats.attention_errors`)."""
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
+        errors: dict[str, str] = {}
         best: tuple[float, str, Graph, torch.Tensor] | None = None
+        reference: torch.Tensor | None = None
         candidates = self._candidates(bucket.plan)
-        for name in candidates:
+        for i, name in enumerate(candidates):
             graph = self._make_graph()
-            output = graph.capture(lambda name=name: self._run_static(bucket, name))  # type: ignore[misc]
-            ms = graph.time_ms(reps=5) if len(candidates) > 1 else 0.0
+            try:
+                output = graph.capture(lambda name=name: self._run_static(bucket, name))  # type: ignore[misc]
+                graph.replay()
+                if len(candidates) > 1:
+                    got = output[:real_rows].float().clone()
+                    if reference is None:
+                        reference = got
+                    else:
+                        cos = _min_row_cosine(got, reference)
+                        if not cos >= CANDIDATE_MIN_COSINE:
+                            raise ValueError(f"disagrees with {candidates[0]}: cosine {cos:.6f}")
+                ms = graph.time_ms(reps=5) if len(candidates) > 1 else 0.0
+            except Exception as e:  # a candidate this bucket cannot use
+                if i == 0:
+                    raise
+                errors[name] = f"{type(e).__name__}: {e}"[:300]
+                continue
             timings[name] = round(ms, 4)
             if best is None or ms < best[0]:
                 best = (ms, name, graph, output)
@@ -354,11 +432,13 @@ class GraphRunner:
         self.stats.capture_seconds += time.perf_counter() - t0
         if len(candidates) > 1:
             self.stats.attention_timings[bucket.plan.key] = timings
+        if errors:
+            self.stats.attention_errors[bucket.plan.key] = errors
 
     def replay_ms(self, batch: PackedBatch, reps: int = 20) -> float | None:
         """Device ms of one replay of the graph that holds `batch` (None if not captured yet):
         the forward alone, without the host work of a step."""
-        plan = plan_bucket(batch.seqlens, self.config, self.max_positions)
+        plan = self._plan(batch)
         bucket = self._buckets.get(plan.key) if plan is not None else None
         if bucket is None or bucket.graph is None:
             return None

@@ -21,6 +21,10 @@ class EngineStats:
     padding_tokens: int = 0  # tokens added to reach a bucket (the padding waste)
     # bucket key -> {attention backend: replay ms}, measured when the bucket was captured
     attention_timings: dict[str, dict[str, float]] = field(default_factory=dict)
+    # bucket key -> {attention backend: why it was dropped (failed to run, or disagreed)}
+    attention_errors: dict[str, dict[str, str]] = field(default_factory=dict)
+    # "MxNxK" -> {"cublas": us, best Triton config: us, "chosen": ...}: small-M GEMMs timed once
+    gemm_timings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -305,8 +305,13 @@ def asgi_overhead_us(texts: list[str], count: int) -> list[float]:
         for i in range(count):
             body = bodies[i % len(bodies)]
 
-            async def receive(body: bytes = body) -> dict[str, Any]:
-                return {"type": "http.request", "body": body, "more_body": False}
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive(messages: list[dict[str, Any]] = messages) -> dict[str, Any]:
+                if messages:
+                    return messages.pop()
+                await asyncio.Event().wait()  # as a server does: nothing until a disconnect
+                return {"type": "http.disconnect"}
 
             sent.clear()
             t0 = time.perf_counter()

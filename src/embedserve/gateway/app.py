@@ -34,6 +34,10 @@ JSON = b"application/json"
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was ready."""
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = prom.CollectorRegistry()
@@ -135,7 +139,15 @@ class GatewayApp:
             if handler is None:
                 raise self._no_route(method, path)
             body = await self._read_body(scope, receive) if method == "POST" else b""
-            status, content_type, payload = await handler(body)
+            if handler == self.embeddings:
+                status, content_type, payload = await self._unless_disconnected(
+                    handler(body), receive
+                )
+            else:
+                status, content_type, payload = await handler(body)
+        except ClientGone:
+            self.metrics.requests.labels(route, "499").inc()
+            return
         except ApiError as e:
             status, content_type, payload = e.status, JSON, dumps(e.body())
         except Exception:
@@ -155,6 +167,37 @@ class GatewayApp:
         await send({"type": "http.response.body", "body": payload})
         self.metrics.requests.labels(route, str(status)).inc()
         self.metrics.latency.labels(route).observe(time.perf_counter() - start)
+
+    async def _unless_disconnected(
+        self, work: Awaitable[tuple[int, bytes, bytes]], receive: Receive
+    ) -> tuple[int, bytes, bytes]:
+        """`await work`, unless the client disconnects first: then cancel it, which cancels its
+        server calls, so the servers drop those requests before they reach the engine."""
+        current = asyncio.current_task()
+        assert current is not None
+        gone = False
+
+        def on_message(watch: asyncio.Future[dict[str, Any]]) -> None:
+            nonlocal gone
+            if watch.cancelled() or watch.exception() is not None:
+                return
+            if watch.result()["type"] == "http.disconnect":
+                gone = True
+                current.cancel()
+
+        # The body is read: the next message is a disconnect, whenever it comes.
+        watch = asyncio.ensure_future(receive())
+        watch.add_done_callback(on_message)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if gone:
+                current.uncancel()
+                raise ClientGone from None
+            raise
+        finally:
+            watch.remove_done_callback(on_message)
+            watch.cancel()
 
     def _no_route(self, method: str, path: str) -> ApiError:
         if path in self.paths:

@@ -1,9 +1,10 @@
 """The Embed RPC's names and (de)serializers, shared by the server and the gateway's client.
 
-NOTE: handlers and stubs are built here from the generated messages instead of importing the
-generated `embedserve_pb2_grpc`, which refuses to load under a grpcio older than the grpcio-tools
-that generated it; the messages module only needs a recent enough protobuf. No torch here: the
-gateway imports this module.
+NOTE: handlers and stubs are built here instead of importing the generated
+`embedserve_pb2_grpc`, which refuses to load under a grpcio older than the grpcio-tools that
+generated it; and the messages are built at run time when the generated `embedserve_pb2` refuses
+an older protobuf runtime (the GPU machine's packages are older). No torch here: the gateway
+imports this module.
 """
 
 from __future__ import annotations
@@ -13,15 +14,60 @@ from typing import Any
 
 import grpc
 
-from embedserve.server.proto import embedserve_pb2
-
-pb: Any = embedserve_pb2  # generated without type stubs
-
 SERVICE_NAME = "embedserve.v1.Embedder"
 EMBED_METHOD = f"/{SERVICE_NAME}/Embed"
 
-EmbedRequest = pb.EmbedRequest
-EmbedResponse = pb.EmbedResponse
+
+def build_messages() -> tuple[Any, Any]:
+    """EmbedRequest and EmbedResponse built from a descriptor at run time.
+
+    The same messages and wire format as the committed `embedserve_pb2` (keep the two in step
+    with `embedserve.proto`), for a protobuf runtime older than the one that generated it, which
+    the generated module refuses to load under.
+    """
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    one, many = field.LABEL_OPTIONAL, field.LABEL_REPEATED
+    messages = {
+        "EmbedRequest": [
+            ("input_ids", field.TYPE_BYTES, one),
+            ("seqlens", field.TYPE_UINT32, many),
+            ("dimensions", field.TYPE_UINT32, one),
+            ("normalize", field.TYPE_BOOL, one),
+            ("output_dtype", field.TYPE_STRING, one),
+        ],
+        "EmbedResponse": [
+            ("embeddings", field.TYPE_BYTES, one),
+            ("shape", field.TYPE_UINT32, many),
+            ("dtype", field.TYPE_STRING, one),
+        ],
+    }
+    file = descriptor_pb2.FileDescriptorProto(
+        name="embedserve/server/proto/embedserve_runtime.proto",
+        package="embedserve.v1",
+        syntax="proto3",
+    )
+    for name, fields in messages.items():
+        message = file.message_type.add(name=name)
+        for number, (field_name, kind, label) in enumerate(fields, start=1):
+            message.field.add(name=field_name, number=number, type=kind, label=label)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    request, response = (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"embedserve.v1.{name}"))
+        for name in messages
+    )
+    return request, response
+
+
+try:
+    from embedserve.server.proto import embedserve_pb2
+
+    EmbedRequest: Any = embedserve_pb2.EmbedRequest  # type: ignore[attr-defined]
+    EmbedResponse: Any = embedserve_pb2.EmbedResponse  # type: ignore[attr-defined]
+except Exception:  # protobuf too old: VersionError, or ImportError before 5.26 (no runtime_version)
+    EmbedRequest, EmbedResponse = build_messages()
 
 
 def embed_handler(
@@ -33,8 +79,8 @@ def embed_handler(
         {
             "Embed": grpc.unary_unary_rpc_method_handler(
                 embed,
-                request_deserializer=pb.EmbedRequest.FromString,
-                response_serializer=pb.EmbedResponse.SerializeToString,
+                request_deserializer=EmbedRequest.FromString,
+                response_serializer=EmbedResponse.SerializeToString,
             )
         },
     )
@@ -44,6 +90,6 @@ def embed_stub(channel: grpc.aio.Channel) -> grpc.aio.UnaryUnaryMultiCallable:
     """The client side: `await stub(request, timeout=...)` returns an EmbedResponse."""
     return channel.unary_unary(
         EMBED_METHOD,
-        request_serializer=pb.EmbedRequest.SerializeToString,
-        response_deserializer=pb.EmbedResponse.FromString,
+        request_serializer=EmbedRequest.SerializeToString,
+        response_deserializer=EmbedResponse.FromString,
     )

@@ -19,6 +19,9 @@ TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "embeddings",
     "A much longer passage about vector search: " + "dense retrieval ranks documents " * 20,
+    "Der schnelle braune Fuchs springt über den faulen Hund.",
+    "東京は日本の首都です。",
+    "emoji 🙂🚀 and\ttabs\nand newlines",
 ]
 
 

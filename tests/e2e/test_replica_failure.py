@@ -173,3 +173,30 @@ def test_serve_restarts_a_crashed_server_and_ready_comes_back() -> None:
         assert serve.proc.poll() is None
     finally:
         assert serve.stop() == 0
+
+
+def test_an_overloaded_server_gives_429_and_keeps_serving() -> None:
+    import concurrent.futures
+
+    port = free_port()
+    server = Proc("server", "--device", "cpu", "--port", str(port), "--max-queued-tokens", "1000")
+    server.wait_for(r"embedserve server: ready on")
+    gateway = Proc("gateway", "--replica", f"127.0.0.1:{port}", "--port", "0")
+    try:
+        url = gateway.wait_for(r"embedserve gateway: listening on (\S+)").group(1)
+        body = {"input": ["a sentence of some length to fill the queue " * 5] * 12}  # ~700 tokens
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            replies = list(pool.map(lambda _: call(url, "POST", "/v1/embeddings", body), range(12)))
+        statuses = sorted(status for status, _ in replies)
+        assert 200 in statuses and 429 in statuses, statuses
+        assert set(statuses) == {200, 429}
+        for status, reply in replies:
+            if status == 429:
+                assert reply["error"]["type"] == "rate_limit_error"
+                assert reply["error"]["code"] == "overloaded"
+            else:
+                assert len(reply["data"]) == 12
+        assert call(url, "POST", "/v1/embeddings", {"input": "after"})[0] == 200
+    finally:
+        gateway.stop()
+        server.stop()

@@ -70,3 +70,18 @@ def test_chunks_are_consecutive_whole_sequences_under_the_budget() -> None:
     assert list(plan_chunks([10, 1, 1], 6)) == [(0, 1), (1, 3)]  # a long one goes alone
     assert list(plan_chunks([1, 1, 10], 6)) == [(0, 2), (2, 3)]
     assert list(plan_chunks([5], 6)) == [(0, 1)]
+
+
+def test_pplx_limits_floor_dimensions_and_default_to_the_native_output() -> None:
+    pplx = Limits(1024, 1000, 4, ("pplx",), min_dimensions=128, default_output_dtype="int8")
+    job = parse_embeddings({"input": "x"}, pplx)
+    assert (job.dimensions, job.output_dtype) == (1024, "int8")
+    assert parse_embeddings({"input": "x", "dimensions": 128}, pplx).dimensions == 128
+    assert parse_embeddings({"input": "x", "output_dtype": "float32"}, pplx).output_dtype == (
+        "float32"
+    )
+    for bad in (1, 127, 1025):
+        with pytest.raises(ApiError) as e:
+            parse_embeddings({"input": "x", "dimensions": bad}, pplx)
+        assert e.value.status == 400 and e.value.param == "dimensions"
+        assert "between 128 and 1024" in e.value.message

@@ -77,9 +77,15 @@ def with_server(
     body: Callable[[Any, EmbedService], Awaitable[None]],
     config: SchedulerConfig | None = None,
     batch_wait: float = 0.0,
+    output_rules: str = "generic",
 ) -> None:
     async def main() -> None:
-        service = EmbedService(engine, config or SchedulerConfig(64, 1024), batch_wait=batch_wait)
+        service = EmbedService(
+            engine,
+            config or SchedulerConfig(64, 1024),
+            batch_wait=batch_wait,
+            output_rules=output_rules,
+        )
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((embed_handler(service.embed),))
         port = server.add_insecure_port("127.0.0.1:0")
@@ -285,3 +291,34 @@ def test_batch_wait_ends_once_enough_requests_are_queued() -> None:
         assert engine.batches == [[1], [2, 3, 4, 5], [6]]
 
     with_server(engine, body, batch_wait=2.0)
+
+
+def test_pplx_output_rules_and_their_dimensions_floor() -> None:
+    from embedserve.outputs import encode_pplx
+    from embedserve.server.service import parse_request
+
+    # the floor: 128 ... hidden under pplx rules, 1 ... hidden otherwise
+    for bad in (1, 64, 127, 1025):
+        with pytest.raises(ValueError, match="between 128 and 1024"):
+            parse_request(req([1, 2], dimensions=bad), 1024, "pplx")
+    assert parse_request(req([1, 2], dimensions=128), 1024, "pplx").dimensions == 128
+    assert parse_request(req([1, 2], dimensions=64), 1024).dimensions == 64
+
+    engine = FakeEngine()
+    pooled = np.ones((1, HIDDEN), dtype=np.float32)
+    pooled[0, :2] = [3, 2]  # the fake engine's row for ids [3, 4]
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        int8, binary, floats = await asyncio.gather(
+            stub(req([3, 4], normalize=True, output_dtype="int8"), timeout=10),
+            stub(req([3, 4], output_dtype="binary"), timeout=10),
+            stub(req([3, 4], dimensions=HIDDEN, normalize=True), timeout=10),
+        )
+        # int8 = round(127 tanh(x)) of the un-normalized vector, whatever `normalize` says
+        assert rows_of(int8).tobytes() == encode_pplx(pooled, "int8").tobytes()
+        assert rows_of(int8)[0, :3].tolist() == [126, 122, 97]  # 127 tanh(3), (2), (1)
+        # binary: sign bits, least significant bit first (all positive here)
+        assert rows_of(binary).dtype == np.uint8 and rows_of(binary).tolist() == [[255]]
+        np.testing.assert_allclose(rows_of(floats)[0], pooled[0] / np.linalg.norm(pooled[0]))
+
+    with_server(engine, body, output_rules="pplx")

@@ -27,6 +27,7 @@ from embedserve.gateway.app import MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import Limits
+from embedserve.outputs import min_dimensions
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
 
@@ -76,7 +77,14 @@ def build_app(config: GatewayConfig) -> GatewayApp:
     folder = resolve_model(config.model)
     spec = read_model_spec(folder)
     tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
-    limits = Limits(spec.hidden_size, tokenizer.vocab_size, config.max_inputs, config.model_names)
+    limits = Limits(
+        spec.hidden_size,
+        tokenizer.vocab_size,
+        config.max_inputs,
+        config.model_names,
+        min_dimensions=min_dimensions(spec.output_rules, spec.hidden_size),
+        default_output_dtype=spec.default_output_dtype,
+    )
 
     def make_pipeline() -> Pipeline:  # inside the worker's event loop: grpc.aio channels
         pool = ReplicaPool(

@@ -56,12 +56,20 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             },
             "model": {"type": "string", "enum": list(limits.model_names)},
             "encoding_format": {"type": "string", "enum": ["float", "base64"]},
-            "dimensions": {"type": "integer", "minimum": 1, "maximum": limits.hidden_size},
+            "dimensions": {
+                "type": "integer",
+                "minimum": limits.min_dimensions,
+                "maximum": limits.hidden_size,
+            },
             "user": {"type": "string"},
             "normalize": {"type": "boolean", "default": True},
             "truncate": {"enum": [False, "end", "start"], "default": False},
             "input_type": {"type": "string", "enum": list(INPUT_TYPES)},
-            "output_dtype": {"type": "string", "enum": list(OUTPUT_DTYPES)},
+            "output_dtype": {
+                "type": "string",
+                "enum": list(OUTPUT_DTYPES),
+                "default": limits.default_output_dtype,
+            },
         },
     }
     embedding = {

@@ -36,6 +36,10 @@ class Limits:
     vocab_size: int
     max_inputs: int
     model_names: tuple[str, ...]
+    min_dimensions: int = 1  # 128 under the pplx output rules (`outputs.min_dimensions`)
+    default_output_dtype: str = (
+        "float32"  # the folder's native output (`spec.default_output_dtype`)
+    )
 
 
 @dataclass(frozen=True)
@@ -183,10 +187,18 @@ def _input_type(body: dict[str, Any]) -> str | None:
     return value
 
 
-def parse_embeddings(body: Any, limits: Limits) -> EmbedJob:
-    body = _check_object(body, EMBEDDINGS_FIELDS)
-    check_model(body, limits)
-    _optional(body, "user", str, "a string")
+@dataclass(frozen=True)
+class Head:
+    """The output options every embedding route shares."""
+
+    encoding_format: str  # float | base64
+    dimensions: int
+    normalize: bool
+    output_dtype: str
+
+
+def parse_head(body: dict[str, Any], limits: Limits) -> Head:
+    """`encoding_format`, `dimensions`, `normalize`, `output_dtype`, with the model's defaults."""
     encoding_format = _optional(body, "encoding_format", str, "a string") or "float"
     if encoding_format not in ("float", "base64"):
         raise bad_request(
@@ -194,14 +206,15 @@ def parse_embeddings(body: Any, limits: Limits) -> EmbedJob:
             param="encoding_format",
         )
     dimensions = _optional(body, "dimensions", int, "an integer")
-    if dimensions is not None and not 0 < dimensions <= limits.hidden_size:
+    if dimensions is not None and not limits.min_dimensions <= dimensions <= limits.hidden_size:
         raise bad_request(
-            f"'dimensions' must be between 1 and {limits.hidden_size}; got {dimensions}",
+            f"'dimensions' must be between {limits.min_dimensions} and {limits.hidden_size}; "
+            f"got {dimensions}",
             param="dimensions",
         )
     dims = dimensions or limits.hidden_size
     normalize = _optional(body, "normalize", bool, "a boolean")
-    output_dtype = _optional(body, "output_dtype", str, "a string") or "float32"
+    output_dtype = _optional(body, "output_dtype", str, "a string") or limits.default_output_dtype
     if output_dtype not in OUTPUT_DTYPES:
         raise bad_request(
             f"'output_dtype' must be one of {', '.join(OUTPUT_DTYPES)}; got {output_dtype!r}",
@@ -213,18 +226,26 @@ def parse_embeddings(body: Any, limits: Limits) -> EmbedJob:
             f"a multiple of 8, got {dims}",
             param="dimensions",
         )
+    return Head(encoding_format, dims, True if normalize is None else normalize, output_dtype)
+
+
+def parse_embeddings(body: Any, limits: Limits) -> EmbedJob:
+    body = _check_object(body, EMBEDDINGS_FIELDS)
+    check_model(body, limits)
+    _optional(body, "user", str, "a string")
+    head = parse_head(body, limits)
     truncate = _truncate(body)
     input_type = _input_type(body)
     texts, token_ids = parse_input(body.get("input"), limits)
     return EmbedJob(
         texts=texts,
         token_ids=token_ids,
-        encoding_format=encoding_format,
-        dimensions=dims,
-        normalize=True if normalize is None else normalize,
+        encoding_format=head.encoding_format,
+        dimensions=head.dimensions,
+        normalize=head.normalize,
         truncate=truncate,
         input_type=input_type,
-        output_dtype=output_dtype,
+        output_dtype=head.output_dtype,
     )
 
 

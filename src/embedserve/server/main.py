@@ -29,7 +29,8 @@ class ServerConfig:
     device: str = "auto"
     dtype: str | None = None
     pooling: str | None = None
-    attention: str | None = None
+    attention: str | None = None  # the attention backend
+    attention_kind: str | None = None  # causal | bidirectional: overrides the folder's
     host: str = "127.0.0.1"
     port: int = 50051
     max_batch_tokens: int = 16384
@@ -45,6 +46,10 @@ class ServerConfig:
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
         SchedulerConfig(self.max_batch_tokens, self.max_queued_tokens)  # validates the budgets
+        if self.attention_kind not in (None, "causal", "bidirectional"):
+            raise ValueError(
+                f"attention_kind must be causal or bidirectional, got {self.attention_kind!r}"
+            )
 
 
 def load_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
@@ -56,6 +61,7 @@ def load_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
     engine = Engine.from_folder(
         resolve_model(config.model),
         pooling=config.pooling,
+        attention_kind=config.attention_kind,
         device=config.device,
         dtype=config.dtype,
         attention=config.attention,
@@ -74,6 +80,7 @@ async def serve(config: ServerConfig) -> None:
         engine,
         SchedulerConfig(config.max_batch_tokens, config.max_queued_tokens),
         batch_wait=batch_wait_ms / 1000,
+        output_rules=engine.spec.output_rules,
     )
     server = grpc.aio.server(
         options=[
@@ -98,7 +105,8 @@ async def serve(config: ServerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     print(
         f"embedserve server: ready on {config.host}:{port} "
-        f"({config.model}, {engine.device}, {engine.hidden_size} dims)",
+        f"({config.model}, {engine.device}, {engine.hidden_size} dims, "
+        f"{engine.spec.attention} attention, {engine.spec.pooling} pooling)",
         flush=True,
     )
     await stop.wait()

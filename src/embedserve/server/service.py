@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 
 from embedserve.engine.batch import PackedBatch
-from embedserve.outputs import apply_head, check_dimensions, check_output_dtype, encode
+from embedserve.outputs import apply_output, check_dimensions, check_output_dtype, min_dimensions
 from embedserve.server.rpc import EmbedResponse
 from embedserve.server.scheduler import (
     Overloaded,
@@ -57,7 +57,7 @@ class BatchFailed(Exception):
         self.code = code
 
 
-def parse_request(request: Any, hidden_size: int) -> Pending:
+def parse_request(request: Any, hidden_size: int, output_rules: str = "generic") -> Pending:
     """Decode and validate one EmbedRequest; raises ValueError with a message for the client."""
     raw = request.input_ids
     if len(raw) % 4:
@@ -70,7 +70,8 @@ def parse_request(request: Any, hidden_size: int) -> Pending:
         raise ValueError("every sequence needs at least one token")
     if int(seqlens.sum()) != ids.size:
         raise ValueError(f"seqlens sum to {int(seqlens.sum())} but there are {ids.size} token ids")
-    dims = check_dimensions(request.dimensions or None, hidden_size)
+    minimum = min_dimensions(output_rules, hidden_size)
+    dims = check_dimensions(request.dimensions or None, hidden_size, minimum)
     output_dtype = check_output_dtype(request.output_dtype or "float32", dims)
     return Pending(
         input_ids=ids.astype(np.int32, copy=False),
@@ -81,9 +82,12 @@ def parse_request(request: Any, hidden_size: int) -> Pending:
     )
 
 
-def build_response(pooled: np.ndarray, request: Pending) -> Any:
-    """Apply the request's head to its pooled rows [s, H]; raw little-endian bytes out."""
-    out = encode(apply_head(pooled, request.dimensions, request.normalize), request.output_dtype)
+def build_response(pooled: np.ndarray, request: Pending, output_rules: str = "generic") -> Any:
+    """Apply the request's head to its pooled rows [s, H] under the model's output rules (see
+    `outputs`); raw little-endian bytes out."""
+    out = apply_output(
+        pooled, request.dimensions, request.normalize, request.output_dtype, output_rules
+    )
     out = np.ascontiguousarray(out, dtype=out.dtype.newbyteorder("<"))
     return EmbedResponse(embeddings=out.tobytes(), shape=list(out.shape), dtype=out.dtype.name)
 
@@ -96,13 +100,17 @@ class EmbedService:
         *,
         max_in_flight: int = 2,
         batch_wait: float = 0.0,
+        output_rules: str = "generic",
     ) -> None:
+        """`output_rules`: the model's (`ModelSpec.output_rules`), for int8/binary outputs and
+        the smallest `dimensions` served."""
         if batch_wait < 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
         self.engine = engine
         self.scheduler = Scheduler(config)
         self.max_in_flight = max_in_flight
         self.batch_wait = batch_wait
+        self.output_rules = output_rules
         self._engine_free_at = 0.0
         self._expected = 0  # requests likely waiting soon (see _next_batch)
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="engine")
@@ -126,7 +134,7 @@ class EmbedService:
 
     async def embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            pending = parse_request(request, self.engine.hidden_size)
+            pending = parse_request(request, self.engine.hidden_size, self.output_rules)
             # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.
             self.engine.check(PackedBatch.from_packed(pending.input_ids, pending.seqlens))
         except ValueError as e:
@@ -210,7 +218,7 @@ class EmbedService:
                 pooled = await loop.run_in_executor(self._wait_thread, handle.wait)
             for request, rows in zip(batch, split_rows(pooled, batch), strict=True):
                 if not request.result.done():
-                    request.result.set_result(build_response(rows, request))
+                    request.result.set_result(build_response(rows, request, self.output_rules))
         except Exception as e:
             self._fail(batch, e)
         finally:

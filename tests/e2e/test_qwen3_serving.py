@@ -1,0 +1,131 @@
+"""`embedserve serve` on a tiny pplx-style Qwen3 folder (bidirectional, mean pooling, pplx output
+rules, native int8): what the server sends equals `Embedder.encode` byte for byte."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from embedserve.checkpoints import make_checkpoint
+from embedserve.embedder import Embedder
+from tests.e2e.conftest import Proc
+from tests.e2e.test_replica_failure import call
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "What is the capital of France?",
+    "Paris is the capital and most populous city of France.",
+    "emoji 🙂🚀 and\ttabs",
+]
+
+
+@pytest.fixture(scope="module")
+def pplx_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_checkpoint(
+        tmp_path_factory.mktemp("pplx"),
+        arch="qwen3-tiny",
+        attention="bidirectional",
+        dtype="float32",
+        seed=21,
+        max_seq_length=96,
+    )
+
+
+@pytest.fixture(scope="module")
+def pplx(pplx_folder: Path) -> Embedder:
+    return Embedder(pplx_folder, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def pplx_url(pplx_folder: Path) -> Iterator[str]:
+    proc = Proc("serve", "--model", str(pplx_folder), "--port", "0", "--device", "cpu")
+    try:
+        yield proc.wait_for(r"embedserve: serving \S+ at (\S+)").group(1)
+    finally:
+        proc.stop()
+
+
+def decoded(reply: dict[str, Any], dtype: str) -> np.ndarray:
+    assert [d["index"] for d in reply["data"]] == list(range(len(reply["data"])))
+    return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype) for d in reply["data"]])
+
+
+@pytest.mark.parametrize(
+    ("output_dtype", "dimensions", "numpy_dtype"),
+    [("int8", None, "<i1"), ("int8", 64, "<i1"), ("binary", None, "u1"), ("ubinary", 64, "u1")],
+)
+def test_native_outputs_equal_the_embedder_byte_for_byte(
+    pplx_url: str, pplx: Embedder, output_dtype: str, dimensions: int | None, numpy_dtype: str
+) -> None:
+    body: dict[str, Any] = {"input": TEXTS, "output_dtype": output_dtype}
+    body |= {"encoding_format": "base64", "dimensions": dimensions}
+    status, reply = call(pplx_url, "POST", "/v1/embeddings", body)
+    assert status == 200, reply
+    got = decoded(reply, numpy_dtype)
+    want = pplx.encode(TEXTS, output_dtype=output_dtype, dimensions=dimensions)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
+    # as numbers too (encoding_format "float" carries the same integers)
+    status, reply = call(pplx_url, "POST", "/v1/embeddings", {**body, "encoding_format": "float"})
+    assert status == 200, reply
+    assert np.array([d["embedding"] for d in reply["data"]]).tolist() == want.tolist()
+
+
+def test_the_default_output_is_the_folders_native_one(pplx_url: str, pplx: Embedder) -> None:
+    status, reply = call(pplx_url, "POST", "/v1/embeddings", {"input": TEXTS})
+    assert status == 200, reply
+    got = np.array([d["embedding"] for d in reply["data"]])
+    want = pplx.encode(TEXTS)  # the folder says int8
+    assert want.dtype == np.int8
+    assert got.tolist() == want.tolist()
+    # float32 when asked: the pooled vector, normalized
+    status, reply = call(
+        pplx_url, "POST", "/v1/embeddings", {"input": TEXTS, "output_dtype": "float32"}
+    )
+    assert status == 200, reply
+    got = np.array([d["embedding"] for d in reply["data"]])
+    np.testing.assert_allclose(got, pplx.encode(TEXTS, output_dtype="float32"), atol=1e-6)
+
+
+@pytest.mark.parametrize("dimensions", [1, 32, 63, 65])
+def test_dimensions_outside_the_pplx_range_are_400(pplx_url: str, dimensions: int) -> None:
+    # the tiny folder's hidden size is 64, so its range is 64 ... 64 (128 ... hidden when larger)
+    status, reply = call(
+        pplx_url, "POST", "/v1/embeddings", {"input": "hello", "dimensions": dimensions}
+    )
+    assert status == 400, reply
+    assert reply["error"]["param"] == "dimensions"
+    assert reply["error"]["type"] == "invalid_request_error"
+    assert "between 64 and 64" in reply["error"]["message"]
+
+
+def test_attention_kind_and_pooling_flags_reach_the_engine(
+    pplx_folder: Path, pplx_url: str
+) -> None:
+    """`serve --attention-kind causal --pooling last` on a bidirectional folder runs it as a
+    Qwen3-Embedding-style model: the vectors equal the Embedder's with the same overrides."""
+    proc = Proc(
+        "serve",
+        *("--model", str(pplx_folder), "--port", "0", "--device", "cpu"),
+        *("--attention-kind", "causal", "--pooling", "last"),
+    )
+    try:
+        url = proc.wait_for(r"embedserve: serving \S+ at (\S+)").group(1)
+        assert any("causal attention, last pooling" in line for line in proc.lines)
+        body = {"input": TEXTS, "output_dtype": "float32"}
+        status, reply = call(url, "POST", "/v1/embeddings", body)
+        assert status == 200, reply
+        got = np.array([d["embedding"] for d in reply["data"]])
+    finally:
+        proc.stop()
+    causal = Embedder(pplx_folder, device="cpu", attention_kind="causal", pooling="last")
+    np.testing.assert_allclose(got, causal.encode(TEXTS, output_dtype="float32"), atol=1e-6)
+    status, reply = call(pplx_url, "POST", "/v1/embeddings", body)  # the folder's own kind
+    assert status == 200, reply
+    assert not np.allclose(got, np.array([d["embedding"] for d in reply["data"]]), atol=1e-3)

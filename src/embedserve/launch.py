@@ -35,6 +35,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pooling", default=None, choices=["mean", "cls", "last"])
     p.add_argument("--attention", default=None, help="attention backend (default: measured)")
     p.add_argument(
+        "--attention-kind",
+        default=None,
+        choices=["causal", "bidirectional"],
+        help="override the folder's attention (Qwen3 models; default: what the folder declares)",
+    )
+    p.add_argument(
         "--max-batch-tokens", type=int, default=16384, help="token budget of one engine batch"
     )
     p.add_argument(
@@ -120,6 +126,7 @@ def run_server(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             pooling=args.pooling,
             attention=args.attention,
+            attention_kind=args.attention_kind,
             host=args.host,
             port=args.port,
             max_batch_tokens=args.max_batch_tokens,
@@ -239,9 +246,9 @@ def run_serve(args: argparse.Namespace) -> int:
             argv += ["--drain-seconds", str(args.drain_seconds)]
             if args.batch_wait_ms is not None:
                 argv += ["--batch-wait-ms", str(args.batch_wait_ms)]
-            for flag in ("dtype", "pooling", "attention"):
+            for flag in ("dtype", "pooling", "attention", "attention_kind"):
                 if getattr(args, flag) is not None:
-                    argv += [f"--{flag}", getattr(args, flag)]
+                    argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
             servers.append(Child(f"server-{i}", argv, SERVER_READY))
         addresses = []
         for s in servers:

@@ -67,7 +67,13 @@ def _add_gateway_args(p: argparse.ArgumentParser) -> None:
         help="name(s) clients use for the model (default: the bundled name or folder name)",
     )
     p.add_argument("--max-body-bytes", type=int, default=16 << 20, help="HTTP 413 above this")
-    p.add_argument("--max-inputs", type=int, default=2048, help="inputs per request")
+    p.add_argument("--max-inputs", type=int, default=2048, help="inputs (documents) per request")
+    p.add_argument(
+        "--max-chunks-per-document",
+        type=int,
+        default=1024,
+        help="chunks per document of a contextualized-embeddings request",
+    )
     p.add_argument("--max-tokens-per-request", type=int, default=300_000)
     p.add_argument(
         "--chunk-tokens", type=int, default=8192, help="split requests into chunks of this size"
@@ -149,6 +155,7 @@ def _gateway_config(args: argparse.Namespace, replicas: Sequence[str]):  # type:
         workers=args.workers,
         max_body_bytes=args.max_body_bytes,
         max_inputs=args.max_inputs,
+        max_chunks_per_document=args.max_chunks_per_document,
         max_tokens_per_request=args.max_tokens_per_request,
         chunk_tokens=args.chunk_tokens,
         request_timeout=args.request_timeout,
@@ -263,6 +270,7 @@ def run_serve(args: argparse.Namespace) -> int:
         for flag in (
             "max_body_bytes",
             "max_inputs",
+            "max_chunks_per_document",
             "max_tokens_per_request",
             "chunk_tokens",
             "request_timeout",

@@ -129,3 +129,52 @@ def test_attention_kind_and_pooling_flags_reach_the_engine(
     status, reply = call(pplx_url, "POST", "/v1/embeddings", body)  # the folder's own kind
     assert status == 200, reply
     assert not np.allclose(got, np.array([d["embedding"] for d in reply["data"]]), atol=1e-3)
+
+
+# --- late chunking over HTTP ------------------------------------------------------------------
+
+CONTEXTUAL = "/v1/contextualizedembeddings"
+DOCUMENTS = [
+    ["The Eiffel Tower is in Paris.", "It is 330 metres tall.", "Millions of people visit it."],
+    ["Rotary embeddings rotate query and key vectors.", "The angle grows with position."],
+    ["One chunk."],
+]
+
+
+def documents_of(reply: dict[str, Any], decode: Any = np.asarray) -> list[np.ndarray]:
+    assert [d["index"] for d in reply["data"]] == list(range(len(reply["data"])))
+    return [np.stack([decode(c["embedding"]) for c in d["data"]]) for d in reply["data"]]
+
+
+def test_contextual_chunks_equal_encode_contextual(pplx_url: str, pplx: Embedder) -> None:
+    body = {"input": DOCUMENTS, "output_dtype": "float32", "normalize": False}
+    status, reply = call(pplx_url, "POST", CONTEXTUAL, body)
+    assert status == 200, reply
+    want = pplx.encode_contextual(DOCUMENTS, output_dtype="float32", normalize=False)
+    for got, w, chunks in zip(documents_of(reply), want, DOCUMENTS, strict=True):
+        assert got.shape == w.shape == (len(chunks), 64)
+        cos = (got * w).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(w, axis=1))
+        assert cos.min() >= 0.99999, cos
+    # the native default (int8 by the pplx rules), through base64
+    status, reply = call(
+        pplx_url, "POST", CONTEXTUAL, {"input": DOCUMENTS, "encoding_format": "base64"}
+    )
+    assert status == 200, reply
+    got = documents_of(reply, lambda s: np.frombuffer(base64.b64decode(s), "<i1"))
+    want = pplx.encode_contextual(DOCUMENTS)
+    assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
+
+
+def test_contextual_bad_input_on_the_pplx_folder(pplx_url: str) -> None:
+    long_document = ["word " * 60, "word " * 60]  # over the folder's 96 tokens
+    for body, code, param in [
+        ({"input": [["a"], long_document]}, "context_length_exceeded", "input"),
+        ({"input": [["a"]], "dimensions": 32}, "invalid_value", "dimensions"),
+        ({"input": [["a"], []]}, "invalid_value", "input"),
+    ]:
+        status, reply = call(pplx_url, "POST", CONTEXTUAL, body)
+        assert status == 400, reply
+        assert (reply["error"]["code"], reply["error"]["param"]) == (code, param)
+    status, reply = call(pplx_url, "POST", CONTEXTUAL, {"input": [["a"], long_document]})
+    assert "input[1] has" in reply["error"]["message"]
+    assert "limit of 96" in reply["error"]["message"]

@@ -14,8 +14,10 @@ def test_runtime_messages_match_the_generated_ones() -> None:
         "dimensions": 64,
         "normalize": True,
         "output_dtype": "int8",
+        "span_bounds": [0, 1, 1, 2, 0, 2],
     }
     generated = embedserve_pb2.EmbedRequest(**fields)  # type: ignore[attr-defined]
+    assert list(request(**fields).span_bounds) == [0, 1, 1, 2, 0, 2]
     built = request(**fields)
     assert built.SerializeToString() == generated.SerializeToString()
     assert embedserve_pb2.EmbedRequest.FromString(built.SerializeToString()) == generated  # type: ignore[attr-defined]
@@ -37,7 +39,8 @@ from embedserve.server import rpc
 assert rpc.EmbedRequest.DESCRIPTOR.file.name.endswith("embedserve_runtime.proto")
 
 async def embed(request, context):
-    return rpc.EmbedResponse(embeddings=request.input_ids, shape=list(request.seqlens), dtype="x")
+    shape = list(request.seqlens) + list(request.span_bounds)
+    return rpc.EmbedResponse(embeddings=request.input_ids, shape=shape, dtype="x")
 
 async def main():
     server = grpc.aio.server()
@@ -45,7 +48,7 @@ async def main():
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        reply = await rpc.embed_stub(channel)(rpc.EmbedRequest(input_ids=b"ab", seqlens=[3, 4]), timeout=10)
+        reply = await rpc.embed_stub(channel)(rpc.EmbedRequest(input_ids=b"ab", seqlens=[3, 4], span_bounds=[0, 2]), timeout=10)
     await server.stop(0)
     print(reply.embeddings.decode(), list(reply.shape))
 
@@ -61,4 +64,4 @@ def test_the_runtime_messages_serve_a_call_when_the_generated_module_is_refused(
         [sys.executable, "-c", FALLBACK], capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "ab [3, 4]"
+    assert run.stdout.strip() == "ab [3, 4, 0, 2]"

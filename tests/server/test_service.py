@@ -78,6 +78,7 @@ def with_server(
     config: SchedulerConfig | None = None,
     batch_wait: float = 0.0,
     output_rules: str = "generic",
+    span_pooler: Any = None,
 ) -> None:
     async def main() -> None:
         service = EmbedService(
@@ -85,6 +86,7 @@ def with_server(
             config or SchedulerConfig(64, 1024),
             batch_wait=batch_wait,
             output_rules=output_rules,
+            span_pooler=span_pooler,
         )
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((embed_handler(service.embed),))
@@ -322,3 +324,87 @@ def test_pplx_output_rules_and_their_dimensions_floor() -> None:
         np.testing.assert_allclose(rows_of(floats)[0], pooled[0] / np.linalg.norm(pooled[0]))
 
     with_server(engine, body, output_rules="pplx")
+
+
+class FakeSpanPooler:
+    """Row k = [first id of span k, last id of span k, its length, 1, ...]; records its batches."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+        self.calls: list[tuple[int, int]] = []  # (num_seqs, num_spans) per call
+
+    def __call__(self, batch: PackedBatch, spans: np.ndarray) -> np.ndarray:
+        if self.engine.gate is not None:
+            assert self.engine.gate.wait(10)
+        self.calls.append((batch.num_seqs, spans.shape[0]))
+        rows = np.ones((spans.shape[0], HIDDEN), dtype=np.float32)
+        rows[:, 0] = batch.input_ids[spans[:, 0]]
+        rows[:, 1] = batch.input_ids[spans[:, 1] - 1]
+        rows[:, 2] = spans[:, 1] - spans[:, 0]
+        return rows
+
+
+def test_span_requests_pool_each_span_and_are_batched_apart_from_plain_ones() -> None:
+    engine = FakeEngine()
+    pooler = FakeSpanPooler(engine)
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        engine.gate = threading.Event()  # hold the first batch so the others queue up
+        first = asyncio.ensure_future(stub(req([1]), timeout=10))
+        await asyncio.sleep(0.2)
+        calls = [
+            stub(req([10, 11, 12], [13, 14], span_bounds=[0, 2, 1, 3, 3, 5]), timeout=10),
+            stub(req([20, 21, 22, 23], span_bounds=[1, 4, 0, 1]), timeout=10),
+            stub(req([30, 31]), timeout=10),
+            stub(req([40, 41, 42], span_bounds=[2, 3]), timeout=10),
+        ]
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        await asyncio.sleep(0.3)
+        engine.gate.set()
+        await first
+        a, b, plain, c = (rows_of(r) for r in await asyncio.gather(*tasks))
+        assert a[:, :3].tolist() == [[10, 11, 2], [11, 12, 2], [13, 14, 2]]
+        assert b[:, :3].tolist() == [[21, 23, 3], [20, 20, 1]]
+        assert plain[:, :2].tolist() == [[30, 2]]
+        assert c[:, :3].tolist() == [[42, 42, 1]]
+        # FCFS: the two span requests before the plain one run as one batch, the last alone
+        assert pooler.calls == [(3, 5), (1, 1)]
+        assert engine.batches == [[1], [30]]
+
+    with_server(engine, body, span_pooler=pooler)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "message"),
+    [
+        ([0, 1, 2], "pairs"),
+        ([1, 1], "non-empty"),
+        ([2, 1], "non-empty"),
+        ([0, 6], "within the 5 tokens"),
+        ([2, 4], "cross a sequence boundary"),
+    ],
+)
+def test_bad_spans_are_invalid_argument(bounds: list[int], message: str) -> None:
+    engine = FakeEngine()
+    pooler = FakeSpanPooler(engine)
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(req([1, 2, 3], [4, 5], span_bounds=bounds), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in e.value.details()
+        assert pooler.calls == [] and engine.batches == []
+
+    with_server(engine, body, span_pooler=pooler)
+
+
+def test_span_requests_are_refused_without_a_span_pooler() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(req([1, 2], span_bounds=[0, 2]), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "does not pool spans" in e.value.details()
+
+    with_server(engine, body)

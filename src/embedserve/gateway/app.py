@@ -19,8 +19,13 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.jsonio import JSONDecodeError, dumps, loads
 from embedserve.gateway.openapi import openapi_document
-from embedserve.gateway.pipeline import Pipeline, embeddings_body
-from embedserve.gateway.requests import Limits, parse_embeddings, parse_tokenize
+from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
+from embedserve.gateway.requests import (
+    Limits,
+    parse_contextual,
+    parse_embeddings,
+    parse_tokenize,
+)
 
 log = logging.getLogger("embedserve.gateway")
 
@@ -95,6 +100,8 @@ class GatewayApp:
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/embeddings"): self.embeddings,
             ("POST", "/embeddings"): self.embeddings,
+            ("POST", "/v1/contextualizedembeddings"): self.contextualized,
+            ("POST", "/contextualizedembeddings"): self.contextualized,
             ("GET", "/v1/models"): self.models,
             ("POST", "/tokenize"): self.tokenize,
             ("GET", "/health"): self.health,
@@ -103,6 +110,8 @@ class GatewayApp:
             ("GET", "/openapi.json"): self.openapi,
         }
         self.paths = {path for _, path in self.routes}
+        # the work a client's disconnect cancels (with its server calls)
+        self.cancellable = {self.embeddings, self.contextualized}
         self._openapi = dumps(openapi_document(self.model_name, limits))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,7 +148,7 @@ class GatewayApp:
             if handler is None:
                 raise self._no_route(method, path)
             body = await self._read_body(scope, receive) if method == "POST" else b""
-            if handler == self.embeddings:
+            if handler in self.cancellable:
                 status, content_type, payload = await self._unless_disconnected(
                     handler(body), receive
                 )
@@ -254,6 +263,18 @@ class GatewayApp:
             200,
             JSON,
             dumps(embeddings_body(vectors, job.encoding_format, self.model_name, num_tokens)),
+        )
+
+    async def contextualized(self, body: bytes) -> tuple[int, bytes, bytes]:
+        job = parse_contextual(self._json(body), self.limits)
+        documents, num_tokens = await self._ready_pipeline().contextual(job)
+        self.metrics.prompt_tokens.inc(num_tokens)
+        self.metrics.inputs.inc(job.num_chunks)
+        encoding_format = job.head.encoding_format
+        return (
+            200,
+            JSON,
+            dumps(contextual_body(documents, encoding_format, self.model_name, num_tokens)),
         )
 
     async def tokenize(self, body: bytes) -> tuple[int, bytes, bytes]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedserve.bundled import BUNDLED, resolve_model
+from embedserve.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.gateway.app import MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool
@@ -42,6 +43,7 @@ class GatewayConfig:
     workers: int = 1
     max_body_bytes: int = 16 << 20
     max_inputs: int = 2048
+    max_chunks_per_document: int = MAX_CHUNKS_PER_DOCUMENT
     max_tokens_per_request: int = 300_000
     chunk_tokens: int = 8192
     request_timeout: float = 30.0
@@ -57,7 +59,13 @@ class GatewayConfig:
                 raise ValueError(f"--replica must be HOST:PORT, got {r!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("workers", "max_body_bytes", "max_inputs", "max_tokens_per_request"):
+        for name in (
+            "workers",
+            "max_body_bytes",
+            "max_inputs",
+            "max_chunks_per_document",
+            "max_tokens_per_request",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("chunk_tokens", "request_timeout", "health_interval"):
@@ -84,6 +92,7 @@ def build_app(config: GatewayConfig) -> GatewayApp:
         config.model_names,
         min_dimensions=min_dimensions(spec.output_rules, spec.hidden_size),
         default_output_dtype=spec.default_output_dtype,
+        max_chunks=config.max_chunks_per_document,
     )
 
     def make_pipeline() -> Pipeline:  # inside the worker's event loop: grpc.aio channels

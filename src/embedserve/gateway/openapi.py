@@ -97,6 +97,50 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             },
         },
     }
+    head = {
+        key: embeddings_request["properties"][key]  # type: ignore[index]
+        for key in ("model", "encoding_format", "dimensions", "user", "normalize", "output_dtype")
+    }
+    chunks = {
+        "type": "array",
+        "items": {"type": "string", "minLength": 1},
+        "minItems": 1,
+        "maxItems": limits.max_chunks,
+        "description": "one document: its chunks in order (joined with one space)",
+    }
+    contextual_request = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["input"],
+        "properties": {
+            "input": {
+                "type": "array",
+                "items": chunks,
+                "minItems": 1,
+                "maxItems": limits.max_inputs,
+            },
+            **head,
+        },
+    }
+    contextual_response = {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "object": {"type": "string", "enum": ["list"]},
+                        "index": {"type": "integer"},
+                        "data": {"type": "array", "items": embedding},
+                    },
+                },
+            },
+            "model": {"type": "string"},
+            "usage": embeddings_response["properties"]["usage"],  # type: ignore[index]
+        },
+    }
     tokenize_request = {
         "type": "object",
         "additionalProperties": False,
@@ -118,6 +162,17 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
                     "requestBody": _json_body(embeddings_request),
                     "responses": {
                         **_ok(embeddings_response),
+                        **_errors(400, 404, 413, 429, 500, 503),
+                    },
+                }
+            },
+            "/v1/contextualizedembeddings": {
+                "post": {
+                    "summary": "Contextualized (late-chunking) embeddings: each document is "
+                    "embedded once, whole; each chunk's vector pools its own tokens",
+                    "requestBody": _json_body(contextual_request),
+                    "responses": {
+                        **_ok(contextual_response),
                         **_errors(400, 404, 413, 429, 500, 503),
                     },
                 }

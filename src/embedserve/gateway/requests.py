@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from embedserve.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.outputs import OUTPUT_DTYPES
 
@@ -27,6 +28,9 @@ EMBEDDINGS_FIELDS = frozenset(
     }
 )
 TOKENIZE_FIELDS = frozenset({"input", "model", "truncate", "input_type"})
+CONTEXTUAL_FIELDS = frozenset(
+    {"input", "model", "encoding_format", "dimensions", "user", "normalize", "output_dtype"}
+)
 INPUT_TYPES = ("query", "document")
 
 
@@ -37,9 +41,8 @@ class Limits:
     max_inputs: int
     model_names: tuple[str, ...]
     min_dimensions: int = 1  # 128 under the pplx output rules (`outputs.min_dimensions`)
-    default_output_dtype: str = (
-        "float32"  # the folder's native output (`spec.default_output_dtype`)
-    )
+    default_output_dtype: str = "float32"  # the folder's native one (spec.default_output_dtype)
+    max_chunks: int = MAX_CHUNKS_PER_DOCUMENT  # chunks per document (contextualized embeddings)
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,75 @@ def parse_embeddings(body: Any, limits: Limits) -> EmbedJob:
         input_type=input_type,
         output_dtype=head.output_dtype,
     )
+
+
+@dataclass(frozen=True)
+class ContextualJob:
+    documents: list[list[str]]  # each an ordered list of chunk strings
+    head: Head
+
+    @property
+    def num_chunks(self) -> int:
+        return sum(map(len, self.documents))
+
+
+def parse_documents(value: Any, limits: Limits) -> list[list[str]]:
+    """`input` of /v1/contextualizedembeddings: a non-empty list of documents, each a non-empty
+    list of at most `max_chunks` non-blank strings."""
+    if value is None:
+        raise bad_request("'input' is required", param="input", code="missing_required_parameter")
+    if not isinstance(value, list):
+        raise bad_request(
+            "'input' must be a list of documents, each a list of chunk strings; got "
+            f"{type(value).__name__}",
+            param="input",
+            code="invalid_type",
+        )
+    if not value:
+        raise bad_request("'input' is an empty list of documents", param="input")
+    if len(value) > limits.max_inputs:
+        raise bad_request(
+            f"'input' has {len(value)} documents, over the limit of {limits.max_inputs} per "
+            "request",
+            param="input",
+            code="too_many_inputs",
+        )
+    for d, document in enumerate(value):
+        if not isinstance(document, list):
+            raise bad_request(
+                f"input[{d}] is {type(document).__name__}; every document must be a list of "
+                "chunk strings",
+                param="input",
+                code="invalid_type",
+            )
+        if not document:
+            raise bad_request(f"input[{d}] is a document with no chunks", param="input")
+        if len(document) > limits.max_chunks:
+            raise bad_request(
+                f"input[{d}] has {len(document)} chunks, over the limit of {limits.max_chunks} "
+                "per document",
+                param="input",
+                code="too_many_chunks",
+            )
+        for c, chunk in enumerate(document):
+            if not isinstance(chunk, str):
+                raise bad_request(
+                    f"input[{d}][{c}] is {type(chunk).__name__}; every chunk must be a string",
+                    param="input",
+                    code="invalid_type",
+                )
+            if not chunk.strip():
+                raise bad_request(f"input[{d}][{c}] is an empty chunk", param="input")
+    return value
+
+
+def parse_contextual(body: Any, limits: Limits) -> ContextualJob:
+    """A /v1/contextualizedembeddings body (see docs/serving.md)."""
+    body = _check_object(body, CONTEXTUAL_FIELDS)
+    check_model(body, limits)
+    _optional(body, "user", str, "a string")
+    head = parse_head(body, limits)
+    return ContextualJob(parse_documents(body.get("input"), limits), head)
 
 
 def parse_tokenize(body: Any, limits: Limits) -> tuple[list[str], bool | str, str | None]:

@@ -36,6 +36,7 @@ def build_messages() -> tuple[Any, Any]:
             ("dimensions", field.TYPE_UINT32, one),
             ("normalize", field.TYPE_BOOL, one),
             ("output_dtype", field.TYPE_STRING, one),
+            ("span_bounds", field.TYPE_UINT32, many),
         ],
         "EmbedResponse": [
             ("embeddings", field.TYPE_BYTES, one),

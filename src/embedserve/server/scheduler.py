@@ -28,6 +28,9 @@ class Pending:
     dimensions: int
     normalize: bool
     output_dtype: str
+    # Late chunking: [num_spans, 2] int64 [start, end) token offsets into `input_ids`, or None
+    # for one pooled row per sequence. A batch holds requests of one kind only.
+    spans: np.ndarray | None = None
     # Set by the service: where the result goes, and whether the client is still there.
     result: Any = None
     is_cancelled: Callable[[], bool] = field(default=lambda: False)
@@ -39,6 +42,11 @@ class Pending:
     @property
     def num_seqs(self) -> int:
         return int(self.seqlens.shape[0])
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the answer: one per span, else one per sequence."""
+        return self.num_seqs if self.spans is None else int(self.spans.shape[0])
 
 
 @dataclass(frozen=True)
@@ -81,8 +89,9 @@ class Scheduler:
     def next_batch(self) -> list[Pending]:
         """Whole requests in arrival order until the next one would pass `max_batch_tokens`.
 
-        A request larger than the budget runs alone. Cancelled requests are dropped. Returns an
-        empty list when nothing is waiting.
+        A request larger than the budget runs alone. Span (late-chunking) requests and plain ones
+        never share a batch: a batch ends where the kind changes. Cancelled requests are
+        dropped. Returns an empty list when nothing is waiting.
         """
         batch: list[Pending] = []
         used = 0
@@ -93,7 +102,9 @@ class Scheduler:
                 self._pop()
                 self.num_dropped += 1
                 continue
-            if batch and used + head.num_tokens > budget:
+            if batch and (
+                used + head.num_tokens > budget or (head.spans is None) != (batch[0].spans is None)
+            ):
                 break
             batch.append(self._pop())
             used += head.num_tokens
@@ -115,13 +126,24 @@ def pack(batch: list[Pending]) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
+def pack_spans(batch: list[Pending]) -> np.ndarray:
+    """[K, 2] spans of a batch of span requests, shifted to their places in `pack(batch)`."""
+    out, offset = [], 0
+    for r in batch:
+        if r.spans is None:
+            raise RuntimeError("a batch mixes span requests and plain ones")
+        out.append(r.spans + offset)
+        offset += r.num_tokens
+    return out[0] if len(out) == 1 else np.concatenate(out)
+
+
 def split_rows(pooled: np.ndarray, batch: list[Pending]) -> list[np.ndarray]:
-    """The pooled rows [S, H] of a packed batch, cut back into one array per request."""
+    """The pooled rows [rows, H] of a packed batch, cut back into one array per request."""
     out = []
     start = 0
     for r in batch:
-        out.append(pooled[start : start + r.num_seqs])
-        start += r.num_seqs
+        out.append(pooled[start : start + r.num_rows])
+        start += r.num_rows
     if start != pooled.shape[0]:
-        raise RuntimeError(f"engine returned {pooled.shape[0]} rows for {start} sequences")
+        raise RuntimeError(f"engine returned {pooled.shape[0]} rows for {start} expected")
     return out

@@ -5,12 +5,14 @@ thread (`Engine.step` returns a `LazyTensor` without waiting for the device), an
 request of the batch when its handle is ready. Up to `max_in_flight` batches are launched and not
 yet resolved, so batch N+1 is formed and launched while batch N is still on the device. The event
 loop never runs the model: `step()` runs on one engine thread, waiting on a result on another.
+Span (late-chunking) requests take the same queue, in batches of their own, run by `span_pooler`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -26,6 +28,7 @@ from embedserve.server.scheduler import (
     Scheduler,
     SchedulerConfig,
     pack,
+    pack_spans,
     split_rows,
 )
 
@@ -35,6 +38,24 @@ log = logging.getLogger("embedserve.server")
 class ResultHandle(Protocol):
     def ready(self) -> bool: ...
     def wait(self) -> np.ndarray: ...
+
+
+# Late chunking: run a batch through the model and mean-pool each [start, end) span of its packed
+# tokens: [K, H] float32 (`embedserve.engine.spans.embed_spans` bound to the engine).
+SpanPooler = Callable[[PackedBatch, np.ndarray], np.ndarray]
+
+
+class Ready:
+    """A result already computed (span pooling runs to completion on the engine thread)."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> np.ndarray:
+        return self.rows
 
 
 class EngineLike(Protocol):
@@ -70,6 +91,7 @@ def parse_request(request: Any, hidden_size: int, output_rules: str = "generic")
         raise ValueError("every sequence needs at least one token")
     if int(seqlens.sum()) != ids.size:
         raise ValueError(f"seqlens sum to {int(seqlens.sum())} but there are {ids.size} token ids")
+    spans = parse_spans(request.span_bounds, seqlens) if len(request.span_bounds) else None
     minimum = min_dimensions(output_rules, hidden_size)
     dims = check_dimensions(request.dimensions or None, hidden_size, minimum)
     output_dtype = check_output_dtype(request.output_dtype or "float32", dims)
@@ -79,7 +101,24 @@ def parse_request(request: Any, hidden_size: int, output_rules: str = "generic")
         dimensions=dims,
         normalize=bool(request.normalize),
         output_dtype=output_dtype,
+        spans=spans,
     )
+
+
+def parse_spans(bounds: Any, seqlens: np.ndarray) -> np.ndarray:
+    """`span_bounds` as [K, 2] int64 [start, end), each non-empty and inside one sequence."""
+    flat = np.asarray(bounds, dtype=np.int64)
+    if flat.size % 2:
+        raise ValueError(f"span_bounds has {flat.size} entries, not [start, end) pairs")
+    spans = flat.reshape(-1, 2)
+    starts, ends = spans[:, 0], spans[:, 1]
+    cu = np.cumsum(seqlens)  # end of each sequence
+    if (ends <= starts).any() or int(ends.max()) > int(cu[-1]):
+        raise ValueError(f"every span must be non-empty and within the {int(cu[-1])} tokens")
+    seq_of_start = np.searchsorted(cu, starts, side="right")
+    if (np.searchsorted(cu, ends - 1, side="right") != seq_of_start).any():
+        raise ValueError("a span must not cross a sequence boundary")
+    return spans
 
 
 def build_response(pooled: np.ndarray, request: Pending, output_rules: str = "generic") -> Any:
@@ -101,9 +140,11 @@ class EmbedService:
         max_in_flight: int = 2,
         batch_wait: float = 0.0,
         output_rules: str = "generic",
+        span_pooler: SpanPooler | None = None,
     ) -> None:
         """`output_rules`: the model's (`ModelSpec.output_rules`), for int8/binary outputs and
-        the smallest `dimensions` served."""
+        the smallest `dimensions` served. `span_pooler`: how span (late-chunking) requests run;
+        without it they are refused."""
         if batch_wait < 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
         self.engine = engine
@@ -111,6 +152,7 @@ class EmbedService:
         self.max_in_flight = max_in_flight
         self.batch_wait = batch_wait
         self.output_rules = output_rules
+        self.span_pooler = span_pooler
         self._engine_free_at = 0.0
         self._expected = 0  # requests likely waiting soon (see _next_batch)
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="engine")
@@ -135,6 +177,8 @@ class EmbedService:
     async def embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             pending = parse_request(request, self.engine.hidden_size, self.output_rules)
+            if pending.spans is not None and self.span_pooler is None:
+                raise ValueError("this server does not pool spans (late chunking)")
             # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.
             self.engine.check(PackedBatch.from_packed(pending.input_ids, pending.seqlens))
         except ValueError as e:
@@ -207,7 +251,12 @@ class EmbedService:
 
     def _launch(self, batch: list[Pending]) -> ResultHandle:
         ids, seqlens = pack(batch)
-        return self.engine.step(PackedBatch.from_packed(ids, seqlens))
+        packed = PackedBatch.from_packed(ids, seqlens)
+        if batch[0].spans is not None and self.span_pooler is not None:
+            # whole documents through the model once, then one mean per span (eager, see
+            # `engine.spans`): documents are long and few, so launches do not dominate
+            return Ready(self.span_pooler(packed, pack_spans(batch)))
+        return self.engine.step(packed)
 
     async def _resolve(self, batch: list[Pending], handle: ResultHandle) -> None:
         try:

@@ -45,7 +45,8 @@ class EmbedderServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Embed(self, request, context):
-        """Embed every sequence of one request; the server batches requests under a token budget.
+        """Embed every sequence of one request (or, with span_bounds, every span of its sequences);
+        the server batches requests under a token budget.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,116 @@
+"""/v1/contextualizedembeddings in the gateway, without processes: request validation, token
+spans from offsets, documents split over server calls and put back in order."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from embedserve.gateway.errors import ApiError
+from embedserve.gateway.pipeline import Pipeline, PipelineLimits, contextual_body
+from embedserve.gateway.requests import Limits, parse_contextual
+from embedserve.server.rpc import EmbedResponse
+from embedserve.spec import read_model_spec
+from embedserve.tokenization import TextTokenizer
+
+LIMITS = Limits(384, 30522, max_inputs=3, model_names=("minilm",), max_chunks=4)
+
+
+class SpanEcho:
+    """A replica pool whose server answers row k = [first id, last id, length] of span k."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    async def embed(self, request: Any, num_tokens: int) -> Any:
+        self.requests.append(request)
+        ids = np.frombuffer(request.input_ids, dtype="<i4")
+        spans = np.asarray(request.span_bounds, dtype=np.int64).reshape(-1, 2)
+        rows = np.stack([ids[spans[:, 0]], ids[spans[:, 1] - 1], spans[:, 1] - spans[:, 0]], 1)
+        rows = rows.astype(np.float32)
+        return EmbedResponse(embeddings=rows.tobytes(), shape=list(rows.shape), dtype="float32")
+
+
+@pytest.fixture
+def pipeline(minilm_path: Path) -> Pipeline:
+    spec = read_model_spec(minilm_path)
+    tokenizer = TextTokenizer(minilm_path / "tokenizer.json", spec.max_seq_length)
+    limits = PipelineLimits(max_tokens_per_request=1000, chunk_tokens=24)
+    return Pipeline(spec, tokenizer, SpanEcho(), limits)  # type: ignore[arg-type]
+
+
+DOCUMENTS = [
+    ["The Eiffel Tower is in Paris.", "It is 330 metres tall."],
+    ["one chunk"],
+    ["Cut inside a wo", "rd: the straddling token belongs to both chunks.", "Third."],
+]
+
+
+def test_spans_come_from_offsets_and_documents_come_back_in_order(pipeline: Pipeline) -> None:
+    job = parse_contextual({"input": DOCUMENTS, "output_dtype": "float32"}, LIMITS)
+    documents, num_tokens = asyncio.run(pipeline.contextual(job))
+    plans = pipeline.plan_documents(DOCUMENTS)
+    assert num_tokens == sum(len(p.ids) for p in plans)
+    echo: SpanEcho = pipeline.replicas  # type: ignore[assignment]
+    assert len(echo.requests) > 1  # 24-token calls: the documents were split over calls
+    for rows, plan, chunks in zip(documents, plans, DOCUMENTS, strict=True):
+        assert rows.shape == (len(chunks), 3)
+        want = [[plan.ids[a], plan.ids[b - 1], b - a] for a, b in plan.spans]
+        assert rows.tolist() == want
+    # the spans are the chunks' own tokens: [CLS] and [SEP] in none
+    tok = pipeline._offsets_tokenizer
+    words = [tok.decode(plans[0].ids[a:b]) for a, b in plans[0].spans]
+    assert words == ["the eiffel tower is in paris.", "it is 330 metres tall."]
+    assert plans[0].spans[0][0] == 1 and plans[0].spans[-1][1] == len(plans[0].ids) - 1
+    body = contextual_body(documents, "float", "minilm", num_tokens)
+    assert [d["index"] for d in body["data"]] == [0, 1, 2]
+    assert [[c["index"] for c in d["data"]] for d in body["data"]] == [[0, 1], [0], [0, 1, 2]]
+    assert body["data"][0]["object"] == "list"
+    assert body["data"][0]["data"][0]["object"] == "embedding"
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        ({}, "missing_required_parameter", "required"),
+        ({"input": "a document"}, "invalid_type", "list of documents"),
+        ({"input": []}, "invalid_value", "empty list of documents"),
+        ({"input": [["a"]] * 4}, "too_many_inputs", "4 documents"),
+        ({"input": ["a"]}, "invalid_type", "input[0] is str"),
+        ({"input": [["a"], []]}, "invalid_value", "input[1] is a document with no chunks"),
+        ({"input": [["a", "b", "c", "d", "e"]]}, "too_many_chunks", "5 chunks"),
+        ({"input": [["a", ""]]}, "invalid_value", "input[0][1] is an empty chunk"),
+        ({"input": [["a", " \n"]]}, "invalid_value", "input[0][1] is an empty chunk"),
+        ({"input": [["a", 3]]}, "invalid_type", "input[0][1] is int"),
+        ({"input": [["a"]], "dimensions": 0}, "invalid_value", "between 1 and 384"),
+        ({"input": [["a"]], "dimensions": 385}, "invalid_value", "between 1 and 384"),
+        ({"input": [["a"]], "truncate": "end"}, "unknown_parameter", "truncate"),
+        ({"input": [["a"]], "encoding_format": "hex"}, "invalid_value", "encoding_format"),
+    ],
+)
+def test_bad_requests_are_400s(body: dict[str, Any], code: str, message: str) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_contextual(body, LIMITS)
+    assert e.value.status == 400 and e.value.code == code
+    assert message in e.value.message
+
+
+def test_a_document_over_the_limit_is_400(pipeline: Pipeline) -> None:
+    job = parse_contextual({"input": [["short"], ["word " * 300]]}, LIMITS)
+    with pytest.raises(ApiError) as e:
+        asyncio.run(pipeline.contextual(job))
+    assert e.value.status == 400 and e.value.code == "context_length_exceeded"
+    assert "input[1] has 302 tokens, over this model's limit of 256" in e.value.message
+
+
+def test_a_request_over_the_token_limit_is_400(pipeline: Pipeline) -> None:
+    pipeline.limits = PipelineLimits(max_tokens_per_request=500, chunk_tokens=24)
+    job = parse_contextual({"input": [["word " * 200]] * 3}, LIMITS)  # 3 x 202 tokens
+    with pytest.raises(ApiError) as e:
+        asyncio.run(pipeline.contextual(job))
+    assert e.value.status == 400 and e.value.code == "too_many_tokens"
+    assert "606 tokens, over the limit of 500" in e.value.message

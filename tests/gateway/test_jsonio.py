@@ -32,6 +32,12 @@ try:
     bad += " deep accepted"
 except jsonio.JSONDecodeError:
     bad += " deep refused"
+for literal in (b'{"dimensions": NaN}', b"[Infinity]", b"[-Infinity]"):
+    try:
+        jsonio.loads(literal)
+        bad += " nan accepted"
+    except jsonio.JSONDecodeError:
+        bad += " nan refused"
 print(json.dumps({"out": out, "bad_utf8": bad, "roundtrip": jsonio.loads(b'{"a": [1, "x"]}')}))
 """
 
@@ -46,7 +52,7 @@ def test_both_json_paths_agree(mode: str) -> None:
     row = np.array(result["out"]["data"][0]["embedding"], dtype=np.float32)
     np.testing.assert_array_equal(row, DOC["data"][0]["embedding"])  # float32 values exact
     assert result["out"]["n"] == 7
-    assert result["bad_utf8"] == "refused deep refused"
+    assert result["bad_utf8"] == "refused deep refused" + " nan refused" * 3
     assert result["roundtrip"] == {"a": [1, "x"]}
 
 

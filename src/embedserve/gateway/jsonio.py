@@ -27,9 +27,14 @@ except ImportError:  # the GPU machine has no orjson
             return obj.tolist()
         raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
+    def _no_constant(name: str) -> Any:
+        # NOTE: json accepts NaN and Infinity, which are not JSON; orjson refuses them, and both
+        # paths must give the same answer.
+        raise ValueError(f"{name} is not valid JSON")
+
     def loads(data: bytes) -> Any:
         try:
-            return json.loads(data.decode("utf-8"))
+            return json.loads(data.decode("utf-8"), parse_constant=_no_constant)
         except RecursionError:
             raise ValueError("JSON nested too deeply") from None
 

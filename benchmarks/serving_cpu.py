@@ -171,6 +171,12 @@ def noop_server() -> None:
         print(f"noop server: ready on 127.0.0.1:{port}", flush=True)
         await server.wait_for_termination()
 
+    try:  # as `embedserve server` does (server/main.py)
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
     asyncio.run(main())
 
 

@@ -241,6 +241,34 @@ def test_batch_n_plus_1_launches_while_batch_n_is_in_flight() -> None:
     with_server(engine, body)
 
 
+def test_a_result_that_fails_while_waited_for_fails_only_its_batch() -> None:
+    engine = FakeEngine()
+
+    class Broken:
+        def ready(self) -> bool:
+            return False
+
+        def wait(self) -> np.ndarray:
+            raise RuntimeError("simulated failure of the device copy")
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        step = engine.step
+        engine.step = lambda batch: Broken() if 13 in batch.input_ids else step(batch)  # type: ignore[method-assign]
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(req([13]), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INTERNAL
+        assert "simulated failure of the device copy" in (e.value.details() or "")
+        assert rows_of(await stub(req([7]), timeout=10))[0, 0] == 7  # still serving
+        lazy = threading.Event()
+        engine.lazy = [lazy]  # answered through the result thread
+        later = asyncio.ensure_future(stub(req([8]), timeout=10))
+        await asyncio.sleep(0.1)
+        lazy.set()
+        assert rows_of(await later)[0, 0] == 8
+
+    with_server(engine, body)
+
+
 def test_batch_wait_gathers_the_clients_of_the_last_batch() -> None:
     engine = FakeEngine()
 

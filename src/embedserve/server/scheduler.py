@@ -31,8 +31,10 @@ class Pending:
     # Late chunking: [num_spans, 2] int64 [start, end) token offsets into `input_ids`, or None
     # for one pooled row per sequence. A batch holds requests of one kind only.
     spans: np.ndarray | None = None
-    # Set by the service: where the result goes, and whether the client is still there.
+    # Set by the service: where the result goes, and whether the client is still there; and
+    # the request's own `PackedBatch`, built when it was checked (reused for a batch of one).
     result: Any = None
+    packed: Any = None
     is_cancelled: Callable[[], bool] = field(default=lambda: False)
 
     @property

@@ -58,6 +58,22 @@ class Ready:
         return self.rows
 
 
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the batch loop was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _is_ready(handle: ResultHandle) -> bool:
+    try:
+        return handle.ready()
+    except Exception:
+        return False  # `_resolve` asks again and fails the batch
+
+
 class EngineLike(Protocol):
     """What the service needs of `embedserve.engine.engine.Engine` (tests pass fakes)."""
 
@@ -180,10 +196,12 @@ class EmbedService:
             if pending.spans is not None and self.span_pooler is None:
                 raise ValueError("this server does not pool spans (late chunking)")
             # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.
-            self.engine.check(PackedBatch.from_packed(pending.input_ids, pending.seqlens))
+            packed = PackedBatch.from_packed(pending.input_ids, pending.seqlens)
+            self.engine.check(packed)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        pending.packed = packed  # a batch of this request alone reuses it
         pending.result = future
         pending.is_cancelled = future.done
         try:
@@ -236,7 +254,7 @@ class EmbedService:
             await self._slots.acquire()
             batch = await self._next_batch()
             try:
-                handle = await loop.run_in_executor(self._engine_thread, self._launch, batch)
+                handle = await self._on_engine_thread(batch)
             except Exception as e:
                 self._slots.release()
                 self._fail(batch, e)
@@ -245,13 +263,36 @@ class EmbedService:
                 self._engine_free_at = loop.time()
                 self._expected = len(self.scheduler) + len(batch)
             self.num_batches += 1
+            if _is_ready(handle):  # the CPU engine: resolve now, without a task of its own
+                self._answer(batch, handle)
+                continue
             task = asyncio.create_task(self._resolve(batch, handle))
             self._resolving.add(task)
             task.add_done_callback(self._resolving.discard)
 
+    def _on_engine_thread(self, batch: list[Pending]) -> asyncio.Future[ResultHandle]:
+        """`_launch(batch)` on the engine thread; its result posted straight back to the loop
+        (one `call_soon_threadsafe`, not `run_in_executor`'s chained futures)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ResultHandle] = loop.create_future()
+
+        def work() -> None:
+            try:
+                handle = self._launch(batch)
+            except BaseException as e:
+                loop.call_soon_threadsafe(_settle, future, None, e)
+            else:
+                loop.call_soon_threadsafe(_settle, future, handle, None)
+
+        self._engine_thread.submit(work)
+        return future
+
     def _launch(self, batch: list[Pending]) -> ResultHandle:
-        ids, seqlens = pack(batch)
-        packed = PackedBatch.from_packed(ids, seqlens)
+        if len(batch) == 1 and batch[0].packed is not None:
+            packed = batch[0].packed  # built when the request was checked
+        else:
+            ids, seqlens = pack(batch)
+            packed = PackedBatch.from_packed(ids, seqlens)
         if batch[0].spans is not None and self.span_pooler is not None:
             # whole documents through the model once, then one mean per span (eager, see
             # `engine.spans`): documents are long and few, so launches do not dominate
@@ -265,6 +306,19 @@ class EmbedService:
             else:
                 loop = asyncio.get_running_loop()
                 pooled = await loop.run_in_executor(self._wait_thread, handle.wait)
+        except Exception as e:
+            self._fail(batch, e)
+            self._slots.release()
+            return
+        self._answer(batch, handle, pooled)
+
+    def _answer(
+        self, batch: list[Pending], handle: ResultHandle, pooled: np.ndarray | None = None
+    ) -> None:
+        """Answer each request of a batch whose handle is ready; releases the batch's slot."""
+        try:
+            if pooled is None:
+                pooled = handle.wait()
             for request, rows in zip(batch, split_rows(pooled, batch), strict=True):
                 if not request.result.done():
                     request.result.set_result(build_response(rows, request, self.output_rules))

@@ -113,6 +113,7 @@ class GatewayApp:
         # the work a client's disconnect cancels (with its server calls)
         self.cancellable = {self.embeddings, self.contextualized}
         self._openapi = dumps(openapi_document(self.model_name, limits))
+        self._metric_children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -174,8 +175,21 @@ class GatewayApp:
             }
         )
         await send({"type": "http.response.body", "body": payload})
-        self.metrics.requests.labels(route, str(status)).inc()
-        self.metrics.latency.labels(route).observe(time.perf_counter() - start)
+        count, latency = self._route_metrics(route, status)
+        count.inc()
+        latency.observe(time.perf_counter() - start)
+
+    def _route_metrics(self, route: str, status: int) -> tuple[Any, Any]:
+        """The request counter and latency histogram of a route and status, looked up once."""
+        key = (route, status)
+        found = self._metric_children.get(key)
+        if found is None:
+            found = (
+                self.metrics.requests.labels(route, str(status)),
+                self.metrics.latency.labels(route),
+            )
+            self._metric_children[key] = found
+        return found
 
     async def _unless_disconnected(
         self, work: Awaitable[tuple[int, bytes, bytes]], receive: Receive

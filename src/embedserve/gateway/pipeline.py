@@ -141,7 +141,10 @@ class Pipeline:
     ) -> np.ndarray:
         """One server call: rows [num_seqs, width], or [num_spans, width] with `spans` (token
         offsets into these sequences packed back to back)."""
-        ids = np.fromiter((t for s in seqs for t in s), dtype="<i4", count=sum(lengths))
+        if len(seqs) == 1:  # one query: no generator over its tokens
+            ids = np.asarray(seqs[0], dtype="<i4")
+        else:
+            ids = np.fromiter((t for s in seqs for t in s), dtype="<i4", count=sum(lengths))
         request = EmbedRequest(
             input_ids=ids.tobytes(),
             seqlens=lengths,

@@ -23,72 +23,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import datetime as dt
 import http.client
-import importlib
 import json
 import os
-import platform
-import random
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus
+import report
+
 MODEL = "all-MiniLM-L6-v2"
 SYSTEMS = ("embedserve", "embedserve, batch-wait 0", "sentence-transformers per request")
 SHORT = ("embedserve", "batch-wait 0", "baseline")
 
 
 # ---------------------------------------------------------------- inputs and environment
-
-
-def queries(count: int, seed: int = 1) -> list[str]:
-    """Short real-text queries: the first 3-12 words of standard-library docstring sentences."""
-    pool: list[str] = []
-    for name in (
-        "argparse",
-        "asyncio",
-        "collections",
-        "json",
-        "logging",
-        "pathlib",
-        "re",
-        "socket",
-    ):
-        module = importlib.import_module(name)
-        for attr in sorted(vars(module)):
-            doc = getattr(getattr(module, attr, None), "__doc__", None)
-            if isinstance(doc, str) and not attr.startswith("_"):
-                text = re.sub(r"\s+", " ", doc).strip()
-                pool += [s for s in re.split(r"(?<=[.!?])\s+", text) if len(s.split()) >= 4]
-    pool = list(dict.fromkeys(pool))
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(pool).split()[: rng.randint(3, 12)]) for _ in range(count)]
-
-
-def hardware() -> str:
-    model = platform.processor() or platform.machine()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    return f"{model}, {os.cpu_count()} cores"
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True)
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 # ---------------------------------------------------------------- processes
@@ -135,17 +93,7 @@ def noop_server() -> None:
 
     from embedserve.server.rpc import embed_handler
     from embedserve.server.scheduler import SchedulerConfig
-    from embedserve.server.service import EmbedService
-
-    class Done:
-        def __init__(self, rows: np.ndarray) -> None:
-            self.rows = rows
-
-        def ready(self) -> bool:
-            return True
-
-        def wait(self) -> np.ndarray:
-            return self.rows
+    from embedserve.server.service import EmbedService, Ready
 
     class NoopEngine:
         hidden_size = 384
@@ -153,8 +101,8 @@ def noop_server() -> None:
         def check(self, batch: Any) -> None:
             pass
 
-        def step(self, batch: Any) -> Done:
-            return Done(np.full((batch.num_seqs, 384), 0.05, dtype=np.float32))
+        def step(self, batch: Any) -> Ready:
+            return Ready(np.full((batch.num_seqs, 384), 0.05, dtype=np.float32))
 
     async def main() -> None:
         service = EmbedService(NoopEngine(), SchedulerConfig())
@@ -368,7 +316,7 @@ def main() -> None:
 
     levels = [int(x) for x in args.levels.split(",")]
     load_before = os.getloadavg()[0]
-    texts = queries(512)
+    texts = corpus.queries(512)
     records: list[dict[str, Any]] = []
     notes: list[str] = []
 
@@ -457,36 +405,9 @@ def main() -> None:
         baseline.stop()
     load_after = os.getloadavg()[0]
 
-    software = {}
-    for p in ("torch", "sentence-transformers", "tokenizers", "grpcio", "uvicorn", "orjson"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            software[p] = metadata.version(p)
-    doc = {
-        "suite": "concurrency",
-        "hardware": hardware(),
-        "commit": commit(),
-        "date": dt.date.today().isoformat(),
-        "software": software,
-        "records": records,
-    }
-    RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"concurrency-cpu-{dt.date.today():%Y%m%d}"
-    stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
-    keys = [
-        "system",
-        "model",
-        "weights",
-        "dtype",
-        "batch",
-        "tokens",
-        "concurrency",
-        "metric",
-        "value",
-        "scope",
-        "cosine_min",
-    ]
-    table = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    table += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in records]
+    software = report.versions(
+        "torch", "sentence-transformers", "tokenizers", "grpcio", "uvicorn", "orjson"
+    )
     summary = [
         "| clients | " + " | ".join(f"{name} req/s | p50 ms | p99 ms" for name in SHORT) + " |",
         "|---" * (1 + 3 * len(SYSTEMS)) + "|",
@@ -497,11 +418,7 @@ def main() -> None:
         for system in SYSTEMS:
             cells += [str(by[(system, c, m)]) for m in ("requests_per_s", "p50_ms", "p99_ms")]
         summary.append("| " + " | ".join(cells) + " |")
-    text = (
-        f"# concurrency benchmark (suite 4, CPU)\n\n- hardware: {doc['hardware']}\n- commit: {doc['commit']}\n"
-        f"- date: {doc['date']}\n- software: "
-        + ", ".join(f"{k} {v}" for k, v in software.items())
-        + "\n\n"
+    description = (
         "`python benchmarks/serving_cpu.py`. all-MiniLM-L6-v2 (real weights, fp32) on the CPU. Queries: the "
         "first 3-12 words of Python standard-library docstring sentences, one per request. embedserve = "
         "`embedserve serve --device cpu` (one server, one gateway worker) over HTTP on loopback; baseline = "
@@ -516,13 +433,12 @@ def main() -> None:
         + " (asgi: the gateway app in process, replica answered instantly; http+grpc: gateway and server "
         "processes with an engine that does no work, latency of one request on loopback)\n\n"
         + "\n".join(summary)
-        + "\n\n"
-        + "\n".join(table)
-        + "\n"
     )
-    stem.with_suffix(".md").write_text(text)
+    path, _ = report.write(
+        "concurrency", report.cpu_hardware(), "cpu", records, software, description
+    )
     print("\n".join(summary))
-    print(f"wrote {stem}.json and .md")
+    print(f"wrote {path} and .md")
 
 
 if __name__ == "__main__":

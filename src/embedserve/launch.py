@@ -50,6 +50,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help="refuse new requests (RESOURCE_EXHAUSTED / HTTP 429) beyond this many queued tokens",
     )
     p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve the server's Prometheus metrics (graph captures, replays, padding, queue) "
+        "on this port; 0 picks a free one; with serve, replica i uses PORT+i (default: off)",
+    )
+    p.add_argument(
         "--batch-wait-ms",
         type=float,
         default=None,
@@ -139,6 +146,7 @@ def run_server(args: argparse.Namespace) -> int:
             max_queued_tokens=args.max_queued_tokens,
             drain_seconds=args.drain_seconds,
             batch_wait_ms=args.batch_wait_ms,
+            metrics_port=args.metrics_port,
         )
     )
 
@@ -253,6 +261,8 @@ def run_serve(args: argparse.Namespace) -> int:
             argv += ["--drain-seconds", str(args.drain_seconds)]
             if args.batch_wait_ms is not None:
                 argv += ["--batch-wait-ms", str(args.batch_wait_ms)]
+            if args.metrics_port is not None:
+                argv += ["--metrics-port", str(args.metrics_port + i if args.metrics_port else 0)]
             for flag in ("dtype", "pooling", "attention", "attention_kind"):
                 if getattr(args, flag) is not None:
                     argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]

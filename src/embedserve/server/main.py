@@ -38,10 +38,13 @@ class ServerConfig:
     max_queued_tokens: int = 262144
     drain_seconds: float = 30.0
     batch_wait_ms: float | None = None  # default: 3 on the CPU, 0 on a GPU
+    metrics_port: int | None = None  # Prometheus /metrics on its own port; None: off, 0: any
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
         if self.batch_wait_ms is not None and self.batch_wait_ms < 0:
             raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms}")
         if self.drain_seconds < 0:
@@ -100,6 +103,14 @@ async def serve(config: ServerConfig) -> None:
         raise OSError(f"cannot listen on {config.host}:{config.port}")
     await service.start()
     await server.start()
+    if config.metrics_port is not None:
+        from embedserve.server.metrics import start_metrics_server
+
+        metrics_port = start_metrics_server(config.host, config.metrics_port, engine, service)
+        print(
+            f"embedserve server: metrics on http://{config.host}:{metrics_port}/metrics",
+            flush=True,
+        )
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 

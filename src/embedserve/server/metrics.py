@@ -1,0 +1,63 @@
+"""Prometheus metrics of one server process: the engine's fast-path counters and the queue.
+
+Read at scrape time from `EngineStats` and the scheduler (no bookkeeping on the hot path), and
+served on their own HTTP port (`--metrics-port`), since the gRPC port speaks only gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+# (EngineStats field, metric name, help); counters get Prometheus' `_total` suffix
+ENGINE_COUNTERS = (
+    (
+        "captures",
+        "embedserve_engine_graph_captures",
+        "CUDA graphs captured (a bucket's second hit)",
+    ),
+    ("replays", "embedserve_engine_graph_replays", "Batches served by replaying a CUDA graph"),
+    ("eager_runs", "embedserve_engine_eager_runs", "Batches run without a graph on the GPU path"),
+    ("capture_seconds", "embedserve_engine_capture_seconds", "Host seconds spent capturing graphs"),
+    ("compiles", "embedserve_engine_compiles", "torch.compile compilations of fused ops"),
+    ("compile_seconds", "embedserve_engine_compile_seconds", "Host seconds spent compiling"),
+    (
+        "real_tokens",
+        "embedserve_engine_real_tokens",
+        "Tokens of real sequences run through buckets",
+    ),
+    ("padding_tokens", "embedserve_engine_padding_tokens", "Tokens added to fill buckets (waste)"),
+)
+
+
+class ServerCollector:
+    def __init__(self, engine: Any, service: Any) -> None:
+        self.engine = engine
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        stats = getattr(self.engine, "stats", None)
+        if stats is not None:
+            for field, name, help_text in ENGINE_COUNTERS:
+                yield CounterMetricFamily(name, help_text, value=getattr(stats, field))
+        yield CounterMetricFamily(
+            "embedserve_server_batches",
+            "Batches launched on the engine",
+            value=self.service.num_batches,
+        )
+        yield GaugeMetricFamily(
+            "embedserve_server_queued_tokens",
+            "Tokens waiting in the queue",
+            value=self.service.scheduler.num_queued_tokens,
+        )
+
+
+def start_metrics_server(host: str, port: int, engine: Any, service: Any) -> int:
+    """Serve `/metrics` on `host:port` (0: any free port) in a daemon thread; the port used."""
+    registry = CollectorRegistry()
+    registry.register(ServerCollector(engine, service))
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return int(server.server_port)

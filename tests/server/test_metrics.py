@@ -1,0 +1,81 @@
+"""The server's Prometheus endpoint: engine fast-path counters and the queue, read by a real
+text-format parser over HTTP."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from embedserve.engine.stats import EngineStats
+from embedserve.server.metrics import ENGINE_COUNTERS, start_metrics_server
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_engine_counters_and_queue_are_scraped() -> None:
+    stats = EngineStats(captures=3, replays=41, eager_runs=5, padding_tokens=700, real_tokens=9000)
+    stats.capture_seconds = 1.25
+    engine = SimpleNamespace(stats=stats)
+    service = SimpleNamespace(num_batches=49, scheduler=SimpleNamespace(num_queued_tokens=128))
+    port = start_metrics_server("127.0.0.1", 0, engine, service)
+    got = scrape(port)
+    assert got["embedserve_engine_graph_captures_total"] == 3
+    assert got["embedserve_engine_graph_replays_total"] == 41
+    assert got["embedserve_engine_eager_runs_total"] == 5
+    assert got["embedserve_engine_padding_tokens_total"] == 700
+    assert got["embedserve_engine_real_tokens_total"] == 9000
+    assert got["embedserve_engine_capture_seconds_total"] == 1.25
+    assert got["embedserve_server_batches_total"] == 49
+    assert got["embedserve_server_queued_tokens"] == 128
+    # read at scrape time: a later change shows up without any bookkeeping
+    stats.replays += 1
+    service.scheduler.num_queued_tokens = 0
+    again = scrape(port)
+    assert again["embedserve_engine_graph_replays_total"] == 42
+    assert again["embedserve_server_queued_tokens"] == 0
+    assert {f"{name}_total" for _, name, _ in ENGINE_COUNTERS} <= set(again)
+
+
+@pytest.mark.slow
+def test_server_command_serves_metrics() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "embedserve.cli",
+            "server",
+            "--device",
+            "cpu",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        port = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if m := re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", line):
+                port = int(m.group(1))
+                break
+        assert port is not None, "no metrics line"
+        got = scrape(port)
+        assert got["embedserve_server_batches_total"] == 0
+        assert got["embedserve_engine_graph_captures_total"] == 0  # no graphs on the CPU
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -130,7 +130,7 @@ def test_embed_command_on_a_made_folder(tmp_path: Path, capsys: pytest.CaptureFi
     base = ["embed", "hello world", "--model", str(out), "--device", "cpu"]
     assert main([*base, "--attention-kind", "bidirectional"]) == 0
     got = np.array(json.loads(capsys.readouterr().out)["embeddings"])
-    expected = Embedder(out, device="cpu", attention_kind="bidirectional").encode(["hello world"])
+    expected = Embedder(out, device="cpu", attention="bidirectional").encode(["hello world"])
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     assert main(base) == 0
     causal = np.array(json.loads(capsys.readouterr().out)["embeddings"])

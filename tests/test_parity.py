@@ -37,7 +37,7 @@ def test_matches_sentence_transformers(
 
     st = SentenceTransformer(str(minilm_path), device="cpu")
     # sentence-transformers silently truncates at max_seq_length (256); we must be asked to.
-    lengths = minilm.tokenizer.count(texts)
+    lengths = [len(e.ids) for e in minilm.tokenizer.encode_with_offsets(texts)]
     assert max(lengths) > 256, "the set must include inputs past the limit"
     ref = st.encode(texts, batch_size=16, convert_to_numpy=True)
     ours = minilm.encode(texts, truncate="end")
@@ -86,8 +86,10 @@ def test_small_batches_equal_one_big_batch(minilm: Embedder, texts: list[str]) -
 
 def test_attention_backends_agree(minilm_path: Path, texts: list[str]) -> None:
     subset = texts[:40]
-    loop = Embedder(minilm_path, device="cpu", attention="sdpa_loop").encode(subset, truncate="end")
-    mask = Embedder(minilm_path, device="cpu", attention="block_mask").encode(
+    loop = Embedder(minilm_path, device="cpu", attention_backend="sdpa_loop").encode(
+        subset, truncate="end"
+    )
+    mask = Embedder(minilm_path, device="cpu", attention_backend="block_mask").encode(
         subset, truncate="end"
     )
     assert cosines(loop, mask).min() >= COSINE_MIN

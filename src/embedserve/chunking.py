@@ -41,24 +41,6 @@ def join_chunks(chunks: Sequence[str], separator: str) -> tuple[str, list[tuple[
     return separator.join(chunks), ranges
 
 
-def check_chunks(document: object, index: int, max_chunks: int) -> list[str]:
-    """A document as a non-empty list of non-empty strings, or a ValueError naming it."""
-    if isinstance(document, str) or not isinstance(document, (list, tuple)):
-        raise ValueError(f"document {index} must be a list of chunk strings")
-    if not document:
-        raise ValueError(f"document {index} has no chunks")
-    if len(document) > max_chunks:
-        raise ValueError(
-            f"document {index} has {len(document)} chunks; at most {max_chunks} are allowed"
-        )
-    for j, chunk in enumerate(document):
-        if not isinstance(chunk, str):
-            raise ValueError(f"document {index}, chunk {j}: expected a string")
-        if not chunk.strip():
-            raise ValueError(f"document {index}, chunk {j} is empty")
-    return list(document)
-
-
 def plan_document(encoding: Encoding, char_ranges: Sequence[tuple[int, int]]) -> DocumentPlan:
     """Chunk token spans of one tokenized document (see the module docstring)."""
     offsets = encoding.offsets
@@ -74,6 +56,16 @@ def plan_document(encoding: Encoding, char_ranges: Sequence[tuple[int, int]]) ->
             raise ValueError(f"chunk {c} has no tokens of its own")
         spans.append((inside[0], inside[-1] + 1))  # offsets are monotonic: a contiguous run
     return DocumentPlan(list(encoding.ids), spans)
+
+
+def packed_spans(plans: Sequence[DocumentPlan]) -> list[tuple[int, int]]:
+    """Every chunk span of `plans`, as token offsets once their documents are packed back to
+    back in this order (what the server's `span_bounds` and `Engine.embed_spans` take)."""
+    out, offset = [], 0
+    for plan in plans:
+        out += [(start + offset, end + offset) for start, end in plan.spans]
+        offset += len(plan.ids)
+    return out
 
 
 def split_windows(

@@ -129,7 +129,7 @@ def _run_embed(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         pooling=args.pooling,
-        attention_kind=args.attention_kind,
+        attention=args.attention_kind,
     )
     vectors = embedder.encode(
         texts,

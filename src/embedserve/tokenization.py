@@ -1,7 +1,8 @@
 """Text to token ids with the model's own `tokenizer.json`, and the truncation policy.
 
-Pure CPU work with no torch import: the gateway and the offline `Embedder` share it.
-Inputs longer than the model's limit are an error unless the caller asks for truncation.
+Pure CPU work with no torch import: the gateway and the offline `Embedder` share it (through
+`inputs.InputPreparer`). Inputs longer than the model's limit are an error unless the caller asks
+for truncation.
 """
 
 from __future__ import annotations
@@ -10,25 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
+from embedserve.errors import TRUNCATE_ADVICE, InputTooLong
 from embedserve.spec import ModelLoadError
 
-Truncate = Literal[False, "end", "start"]
-TRUNCATE_CHOICES: tuple[object, ...] = (False, "end", "start")
-
-
-class InputTooLong(ValueError):
-    """An input over the model's token limit, with no truncation asked for."""
-
-    def __init__(self, index: int, num_tokens: int, max_length: int) -> None:
-        super().__init__(
-            f"input {index} has {num_tokens} tokens, over this model's limit of {max_length}; "
-            "shorten it or pass truncate='end' (keep the beginning) or 'start' (keep the end)"
-        )
-        self.index = index
-        self.num_tokens = num_tokens
-        self.max_length = max_length
+Cut = Literal[False, "end", "start"]  # what the tokenizer does with an over-long text
 
 
 def _load(path: Path) -> Tokenizer:
@@ -58,7 +46,7 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return int(self._full.get_vocab_size(with_added_tokens=True))
 
-    def encode(self, texts: Sequence[str], *, truncate: Truncate = False) -> list[list[int]]:
+    def encode(self, texts: Sequence[str], *, truncate: Cut = False) -> list[list[int]]:
         """Token ids per text, special tokens included; raises InputTooLong without `truncate`."""
         encodings = self._full.encode_batch_fast(list(texts))
         ids = [e.ids for e in encodings]
@@ -67,12 +55,17 @@ class TextTokenizer:
             return ids
         if truncate is False:
             i = too_long[0]
-            raise InputTooLong(i, len(ids[i]), self.max_length)
+            raise InputTooLong(f"input[{i}]", len(ids[i]), self.max_length, TRUNCATE_ADVICE)
         tok = self._keep_start if truncate == "end" else self._keep_end
         redone = tok.encode_batch_fast([texts[i] for i in too_long])
         for i, enc in zip(too_long, redone, strict=True):
             ids[i] = enc.ids
         return ids
 
-    def count(self, texts: Sequence[str]) -> list[int]:
-        return [len(e.ids) for e in self._full.encode_batch_fast(list(texts))]
+    def encode_with_offsets(self, texts: Sequence[str]) -> list[Encoding]:
+        """Whole encodings (character offsets, special-token masks), never truncated."""
+        return list(self._full.encode_batch(list(texts)))
+
+    def encode_plain(self, text: str) -> list[int]:
+        """A text's ids with no special tokens (a prompt on its own)."""
+        return list(self._full.encode(text, add_special_tokens=False).ids)

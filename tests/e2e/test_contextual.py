@@ -101,7 +101,7 @@ BATTERY: list[tuple[str, Any, int, str]] = [
         "invalid_value",
     ),
     ("bad output_dtype", {"input": [["a"]], "output_dtype": "int4"}, 400, "invalid_value"),
-    ("unknown field", {"input": [["a"]], "separator": ""}, 400, "unknown_parameter"),
+    ("unknown field", {"input": [["a"]], "truncate": "end"}, 400, "unknown_parameter"),
     ("unknown model", {"input": [["a"]], "model": "gpt"}, 404, "model_not_found"),
     ("not an object", [["a"]], 400, "invalid_type"),
 ]

@@ -124,7 +124,7 @@ def test_attention_kind_and_pooling_flags_reach_the_engine(
         got = np.array([d["embedding"] for d in reply["data"]])
     finally:
         proc.stop()
-    causal = Embedder(pplx_folder, device="cpu", attention_kind="causal", pooling="last")
+    causal = Embedder(pplx_folder, device="cpu", attention="causal", pooling="last")
     np.testing.assert_allclose(got, causal.encode(TEXTS, output_dtype="float32"), atol=1e-6)
     status, reply = call(pplx_url, "POST", "/v1/embeddings", body)  # the folder's own kind
     assert status == 200, reply

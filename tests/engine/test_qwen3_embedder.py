@@ -13,7 +13,7 @@ import torch
 
 from embedserve.checkpoints import QUERY_PROMPT, make_checkpoint
 from embedserve.embedder import Embedder
-from embedserve.tokenization import InputTooLong
+from embedserve.errors import InputTooLong
 
 transformers = pytest.importorskip("transformers")
 sentence_transformers = pytest.importorskip("sentence_transformers")
@@ -193,15 +193,15 @@ def test_late_chunking_boundaries_come_from_offsets(bi_folder: Path, bi: Embedde
 
 
 def test_late_chunking_bad_input(bi: Embedder) -> None:
-    with pytest.raises(ValueError, match="non-empty list"):
+    with pytest.raises(ValueError, match="input is an empty list of documents"):
         bi.encode_contextual([])
-    with pytest.raises(ValueError, match="document 0 has no chunks"):
+    with pytest.raises(ValueError, match=r"input\[0\] is a document with no chunks"):
         bi.encode_contextual([[]])
-    with pytest.raises(ValueError, match="document 1, chunk 1 is empty"):
+    with pytest.raises(ValueError, match=r"input\[1\]\[1\] is an empty chunk"):
         bi.encode_contextual([["a"], ["b", " "]])
     with pytest.raises(ValueError, match="list of chunk strings"):
         bi.encode_contextual(["just a string"])  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="at most 2"):
+    with pytest.raises(ValueError, match="over the limit of 2 per document"):
         bi.encode_contextual([["a", "b", "c"]], max_chunks=2)
     with pytest.raises(ValueError, match="between"):
         bi.encode_contextual([["a"]], dimensions=65)
@@ -226,7 +226,7 @@ def short_limit(tmp_path_factory: pytest.TempPathFactory) -> Embedder:
 
 def test_truncate_chunk_averages_windows(short_limit: Embedder) -> None:
     e = short_limit
-    ids = e.tokenizer_with_offsets().encode(LONG).ids
+    ids = e.tokenizer.encode_with_offsets([LONG])[0].ids
     assert ids[-1] == EOS and len(ids) > 3 * 32
     content = ids[:-1]
     windows = [[*content[i : i + 31], EOS] for i in range(0, len(content), 31)]
@@ -243,9 +243,8 @@ def test_truncate_chunk_averages_windows(short_limit: Embedder) -> None:
 
 def test_truncate_chunk_repeats_the_prompt(short_limit: Embedder) -> None:
     e = short_limit
-    tok = e.tokenizer_with_offsets()
-    prompt_ids = tok.encode(QUERY_PROMPT).ids[:-1]  # without the EOS
-    content = tok.encode(LONG).ids[:-1]
+    prompt_ids = e.tokenizer.encode_with_offsets([QUERY_PROMPT])[0].ids[:-1]  # without the EOS
+    content = e.tokenizer.encode_with_offsets([LONG])[0].ids[:-1]
     width = 32 - len(prompt_ids) - 1
     windows = [prompt_ids + content[i : i + width] + [EOS] for i in range(0, len(content), width)]
     pooled = e.embed_ids(windows, batch_tokens=4096)

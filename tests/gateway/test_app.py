@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from embedserve.gateway.app import GatewayApp
 from embedserve.gateway.requests import Limits
+from embedserve.inputs import InputPreparer
+from embedserve.spec import read_model_spec
+from embedserve.tokenization import TextTokenizer
 
-LIMITS = Limits(hidden_size=4, vocab_size=100, max_inputs=8, model_names=("m",))
+LIMITS = Limits(hidden_size=4, max_inputs=8, model_names=("m",))
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": []}
 
 
 class SlowPipeline:
     """`embed` waits for `release`; records whether it was cancelled."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: Path) -> None:
+        spec = read_model_spec(model)
+        self.inputs = InputPreparer(spec, TextTokenizer(model / "tokenizer.json", 256))
         self.release = asyncio.Event()
         self.started = asyncio.Event()
         self.cancelled = False
@@ -52,9 +58,9 @@ def client(disconnect: asyncio.Event) -> Any:
     return receive
 
 
-def test_a_client_that_goes_away_cancels_its_work() -> None:
+def test_a_client_that_goes_away_cancels_its_work(minilm_path: Path) -> None:
     async def main() -> None:
-        pipeline = SlowPipeline()
+        pipeline = SlowPipeline(minilm_path)
         sent: list[dict[str, Any]] = []
         disconnect = asyncio.Event()
 
@@ -71,9 +77,9 @@ def test_a_client_that_goes_away_cancels_its_work() -> None:
     asyncio.run(main())
 
 
-def test_a_client_that_stays_gets_its_answer() -> None:
+def test_a_client_that_stays_gets_its_answer(minilm_path: Path) -> None:
     async def main() -> None:
-        pipeline = SlowPipeline()
+        pipeline = SlowPipeline(minilm_path)
         sent: list[dict[str, Any]] = []
 
         async def send(message: dict[str, Any]) -> None:

@@ -10,14 +10,33 @@ from typing import Any
 import numpy as np
 import pytest
 
-from embedserve.gateway.errors import ApiError
+from embedserve.errors import InputError
+from embedserve.gateway.errors import ApiError, from_input_error
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits, contextual_body
 from embedserve.gateway.requests import Limits, parse_contextual
+from embedserve.inputs import InputPreparer
 from embedserve.server.rpc import EmbedResponse
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
 
-LIMITS = Limits(384, 30522, max_inputs=3, model_names=("minilm",), max_chunks=4)
+LIMITS = Limits(384, max_inputs=3, model_names=("minilm",), max_chunks=4)
+
+
+def api_error(call: Any) -> ApiError:
+    """What the app answers for the error `call()` raises."""
+    try:
+        call()
+    except InputError as e:
+        return from_input_error(e)
+    except ApiError as e:
+        return e
+    raise AssertionError("no error raised")
+
+
+@pytest.fixture(scope="module")
+def inputs(minilm_path: Path) -> InputPreparer:
+    spec = read_model_spec(minilm_path)
+    return InputPreparer(spec, TextTokenizer(minilm_path / "tokenizer.json", spec.max_seq_length))
 
 
 class SpanEcho:
@@ -36,11 +55,9 @@ class SpanEcho:
 
 
 @pytest.fixture
-def pipeline(minilm_path: Path) -> Pipeline:
-    spec = read_model_spec(minilm_path)
-    tokenizer = TextTokenizer(minilm_path / "tokenizer.json", spec.max_seq_length)
+def pipeline(inputs: InputPreparer) -> Pipeline:
     limits = PipelineLimits(max_tokens_per_request=1000, chunk_tokens=24)
-    return Pipeline(spec, tokenizer, SpanEcho(), limits)  # type: ignore[arg-type]
+    return Pipeline(inputs, SpanEcho(), limits)  # type: ignore[arg-type]
 
 
 DOCUMENTS = [
@@ -51,9 +68,9 @@ DOCUMENTS = [
 
 
 def test_spans_come_from_offsets_and_documents_come_back_in_order(pipeline: Pipeline) -> None:
-    job = parse_contextual({"input": DOCUMENTS, "output_dtype": "float32"}, LIMITS)
+    job = parse_contextual({"input": DOCUMENTS, "output_dtype": "float32"}, LIMITS, pipeline.inputs)
     documents, num_tokens = asyncio.run(pipeline.contextual(job))
-    plans = pipeline.plan_documents(DOCUMENTS)
+    plans = pipeline.inputs.plan_documents(DOCUMENTS)
     assert num_tokens == sum(len(p.ids) for p in plans)
     echo: SpanEcho = pipeline.replicas  # type: ignore[assignment]
     assert len(echo.requests) > 1  # 24-token calls: the documents were split over calls
@@ -62,7 +79,7 @@ def test_spans_come_from_offsets_and_documents_come_back_in_order(pipeline: Pipe
         want = [[plan.ids[a], plan.ids[b - 1], b - a] for a, b in plan.spans]
         assert rows.tolist() == want
     # the spans are the chunks' own tokens: [CLS] and [SEP] in none
-    tok = pipeline._offsets_tokenizer
+    tok = pipeline.inputs.tokenizer._full
     words = [tok.decode(plans[0].ids[a:b]) for a, b in plans[0].spans]
     assert words == ["the eiffel tower is in paris.", "it is 330 metres tall."]
     assert plans[0].spans[0][0] == 1 and plans[0].spans[-1][1] == len(plans[0].ids) - 1
@@ -92,24 +109,24 @@ def test_spans_come_from_offsets_and_documents_come_back_in_order(pipeline: Pipe
         ({"input": [["a"]], "encoding_format": "hex"}, "invalid_value", "encoding_format"),
     ],
 )
-def test_bad_requests_are_400s(body: dict[str, Any], code: str, message: str) -> None:
-    with pytest.raises(ApiError) as e:
-        parse_contextual(body, LIMITS)
-    assert e.value.status == 400 and e.value.code == code
-    assert message in e.value.message
+def test_bad_requests_are_400s(
+    inputs: InputPreparer, body: dict[str, Any], code: str, message: str
+) -> None:
+    error = api_error(lambda: parse_contextual(body, LIMITS, inputs))
+    assert error.status == 400 and error.code == code
+    assert message in error.message
 
 
 def test_a_document_over_the_limit_is_400(pipeline: Pipeline) -> None:
-    job = parse_contextual({"input": [["short"], ["word " * 300]]}, LIMITS)
-    with pytest.raises(ApiError) as e:
-        asyncio.run(pipeline.contextual(job))
-    assert e.value.status == 400 and e.value.code == "context_length_exceeded"
-    assert "input[1] has 302 tokens, over this model's limit of 256" in e.value.message
+    job = parse_contextual({"input": [["short"], ["word " * 300]]}, LIMITS, pipeline.inputs)
+    error = api_error(lambda: asyncio.run(pipeline.contextual(job)))
+    assert error.status == 400 and error.code == "context_length_exceeded"
+    assert "input[1] has 302 tokens, over this model's limit of 256" in error.message
 
 
 def test_a_request_over_the_token_limit_is_400(pipeline: Pipeline) -> None:
     pipeline.limits = PipelineLimits(max_tokens_per_request=500, chunk_tokens=24)
-    job = parse_contextual({"input": [["word " * 200]] * 3}, LIMITS)  # 3 x 202 tokens
+    job = parse_contextual({"input": [["word " * 200]] * 3}, LIMITS, pipeline.inputs)
     with pytest.raises(ApiError) as e:
         asyncio.run(pipeline.contextual(job))
     assert e.value.status == 400 and e.value.code == "too_many_tokens"

@@ -1,27 +1,46 @@
-"""Request validation and chunk planning, without processes."""
+"""Reading HTTP bodies, without processes: what is the gateway's to check, and what it hands on."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from embedserve.gateway.errors import ApiError
-from embedserve.gateway.pipeline import plan_chunks
+from embedserve.errors import InputError
+from embedserve.gateway.errors import ApiError, from_input_error
 from embedserve.gateway.requests import Limits, parse_embeddings, parse_tokenize
+from embedserve.inputs import Head, InputOptions, InputPreparer
+from embedserve.spec import read_model_spec
+from embedserve.tokenization import TextTokenizer
 
-LIMITS = Limits(hidden_size=384, vocab_size=1000, max_inputs=4, model_names=("minilm", "alias"))
-
-
-def test_defaults_and_every_input_shape() -> None:
-    job = parse_embeddings({"input": "hi"}, LIMITS)
-    assert job.texts == ["hi"] and job.token_ids is None
-    assert (job.encoding_format, job.dimensions, job.normalize) == ("float", 384, True)
-    assert (job.truncate, job.input_type, job.output_dtype) == (False, None, "float32")
-    assert parse_embeddings({"input": ["a", "b"]}, LIMITS).texts == ["a", "b"]
-    assert parse_embeddings({"input": [1, 2]}, LIMITS).token_ids == [[1, 2]]
-    assert parse_embeddings({"input": [[1], [2, 3]]}, LIMITS).token_ids == [[1], [2, 3]]
+LIMITS = Limits(hidden_size=384, max_inputs=4, model_names=("minilm", "alias"))
 
 
-def test_options_and_nulls() -> None:
+@pytest.fixture(scope="module")
+def inputs(minilm_path: Path) -> InputPreparer:
+    spec = read_model_spec(minilm_path)
+    return InputPreparer(spec, TextTokenizer(minilm_path / "tokenizer.json", spec.max_seq_length))
+
+
+def api_error(call: Any) -> ApiError:
+    try:
+        call()
+    except InputError as e:
+        return from_input_error(e)
+    except ApiError as e:
+        return e
+    raise AssertionError("no error raised")
+
+
+def test_defaults(inputs: InputPreparer) -> None:
+    job = parse_embeddings({"input": "hi"}, LIMITS, inputs)
+    assert job.inputs == "hi" and job.encoding_format == "float"
+    assert job.head == Head(384, True, "float32")
+    assert job.options == InputOptions("", False)
+
+
+def test_options_and_nulls(inputs: InputPreparer) -> None:
     job = parse_embeddings(
         {
             "input": "x",
@@ -35,53 +54,64 @@ def test_options_and_nulls() -> None:
             "output_dtype": "ubinary",
         },
         LIMITS,
+        inputs,
     )
-    assert (job.encoding_format, job.dimensions, job.normalize) == ("base64", 16, False)
-    assert (job.truncate, job.input_type, job.output_dtype) == ("start", "query", "ubinary")
+    assert job.encoding_format == "base64"
+    assert job.head == Head(16, False, "ubinary")
+    assert job.options == InputOptions("", "start")  # minilm has no query prompt
+    chunk = parse_embeddings({"input": "x", "truncate": "chunk", "prompt": "q: "}, LIMITS, inputs)
+    assert chunk.options == InputOptions("q: ", "chunk")
     nulls = dict.fromkeys(["model", "encoding_format", "dimensions", "user", "normalize"])
-    assert parse_embeddings({"input": "x", **nulls}, LIMITS).dimensions == 384
+    assert parse_embeddings({"input": "x", **nulls}, LIMITS, inputs).head.dimensions == 384
 
 
 @pytest.mark.parametrize(
     "body, status, param",
     [
         ({"input": ["a"] * 5}, 400, "input"),
-        ({"input": [1000]}, 400, "input"),
         ({"input": "x", "model": "other"}, 404, "model"),
         ({"input": "x", "dimensions": 385}, 400, "dimensions"),
+        ({"input": "x", "dimensions": "8"}, 400, "dimensions"),
+        ({"input": "x", "normalize": 1}, 400, "normalize"),
+        ({"input": "x", "truncate": "middle"}, 400, "truncate"),
+        ({"input": "x", "prompt": "a", "prompt_name": "b"}, 400, "prompt_name"),
         ({"input": "x", "extra": 1}, 400, "extra"),
+        ({}, 400, "input"),
     ],
 )
-def test_errors_name_the_field(body: dict, status: int, param: str) -> None:
-    with pytest.raises(ApiError) as e:
-        parse_embeddings(body, LIMITS)
-    assert (e.value.status, e.value.param) == (status, param)
-    assert e.value.body()["error"]["param"] == param
+def test_errors_name_the_field(
+    inputs: InputPreparer, body: dict[str, Any], status: int, param: str
+) -> None:
+    error = api_error(lambda: parse_embeddings(body, LIMITS, inputs))
+    assert (error.status, error.param) == (status, param)
+    assert error.body()["error"]["param"] == param
 
 
-def test_tokenize_takes_text_only() -> None:
-    assert parse_tokenize({"input": "x", "truncate": "end"}, LIMITS) == (["x"], "end", None)
-    with pytest.raises(ApiError):
-        parse_tokenize({"input": [1, 2]}, LIMITS)
-
-
-def test_chunks_are_consecutive_whole_sequences_under_the_budget() -> None:
-    assert list(plan_chunks([3, 3, 3, 3], 6)) == [(0, 2), (2, 4)]
-    assert list(plan_chunks([10, 1, 1], 6)) == [(0, 1), (1, 3)]  # a long one goes alone
-    assert list(plan_chunks([1, 1, 10], 6)) == [(0, 2), (2, 3)]
-    assert list(plan_chunks([5], 6)) == [(0, 1)]
-
-
-def test_pplx_limits_floor_dimensions_and_default_to_the_native_output() -> None:
-    pplx = Limits(1024, 1000, 4, ("pplx",), min_dimensions=128, default_output_dtype="int8")
-    job = parse_embeddings({"input": "x"}, pplx)
-    assert (job.dimensions, job.output_dtype) == (1024, "int8")
-    assert parse_embeddings({"input": "x", "dimensions": 128}, pplx).dimensions == 128
-    assert parse_embeddings({"input": "x", "output_dtype": "float32"}, pplx).output_dtype == (
-        "float32"
+def test_tokenize_takes_text_only(inputs: InputPreparer) -> None:
+    assert parse_tokenize({"input": "x", "truncate": "end"}, LIMITS, inputs) == (
+        "x",
+        InputOptions("", "end"),
     )
+    assert api_error(lambda: parse_tokenize({"input": [1, 2]}, LIMITS, inputs)).status == 400
+    error = api_error(lambda: parse_tokenize({"input": "x", "truncate": "chunk"}, LIMITS, inputs))
+    assert error.param == "truncate"
+
+
+def test_pplx_heads_floor_dimensions_and_default_to_the_native_output(
+    inputs: InputPreparer,
+) -> None:
+    import dataclasses
+
+    spec = dataclasses.replace(
+        inputs.spec, hidden_size=1024, output_rules="pplx", default_output_dtype="int8"
+    )
+    pplx = InputPreparer(spec, inputs.tokenizer)
+    assert pplx.head() == Head(1024, True, "int8", "pplx")
+    assert pplx.head(128).dimensions == 128
+    assert pplx.head(output_dtype="float32").output_dtype == "float32"
     for bad in (1, 127, 1025):
-        with pytest.raises(ApiError) as e:
-            parse_embeddings({"input": "x", "dimensions": bad}, pplx)
-        assert e.value.status == 400 and e.value.param == "dimensions"
-        assert "between 128 and 1024" in e.value.message
+        error = api_error(
+            lambda bad=bad: parse_embeddings({"input": "x", "dimensions": bad}, LIMITS, pplx)
+        )
+        assert error.status == 400 and error.param == "dimensions"
+        assert "between 128 and 1024" in error.message

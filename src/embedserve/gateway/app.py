@@ -16,7 +16,7 @@ from typing import Any
 import prometheus_client as prom
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from embedserve.gateway.errors import ApiError, bad_request
+from embedserve.gateway.errors import ApiError, bad_request, from_input_error
 from embedserve.gateway.jsonio import JSONDecodeError, dumps, loads
 from embedserve.gateway.openapi import openapi_document
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
@@ -26,6 +26,7 @@ from embedserve.gateway.requests import (
     parse_embeddings,
     parse_tokenize,
 )
+from embedserve.inputs import InputError
 
 log = logging.getLogger("embedserve.gateway")
 
@@ -160,6 +161,8 @@ class GatewayApp:
             return
         except ApiError as e:
             status, content_type, payload = e.status, JSON, dumps(e.body())
+        except InputError as e:  # the request core's: the same message as the offline API's
+            status, content_type, payload = 400, JSON, dumps(from_input_error(e).body())
         except Exception:
             log.exception("unhandled error on %s %s", method, path)
             error = ApiError(500, "internal error in the gateway", code="server_error")
@@ -269,10 +272,11 @@ class GatewayApp:
         return self.pipeline
 
     async def embeddings(self, body: bytes) -> tuple[int, bytes, bytes]:
-        job = parse_embeddings(self._json(body), self.limits)
-        vectors, num_tokens = await self._ready_pipeline().embed(job)
+        pipeline = self._ready_pipeline()
+        job = parse_embeddings(self._json(body), self.limits, pipeline.inputs)
+        vectors, num_tokens = await pipeline.embed(job)
         self.metrics.prompt_tokens.inc(num_tokens)
-        self.metrics.inputs.inc(job.num_inputs)
+        self.metrics.inputs.inc(len(vectors))
         return (
             200,
             JSON,
@@ -280,20 +284,21 @@ class GatewayApp:
         )
 
     async def contextualized(self, body: bytes) -> tuple[int, bytes, bytes]:
-        job = parse_contextual(self._json(body), self.limits)
-        documents, num_tokens = await self._ready_pipeline().contextual(job)
+        pipeline = self._ready_pipeline()
+        job = parse_contextual(self._json(body), self.limits, pipeline.inputs)
+        documents, num_tokens = await pipeline.contextual(job)
         self.metrics.prompt_tokens.inc(num_tokens)
         self.metrics.inputs.inc(job.num_chunks)
-        encoding_format = job.head.encoding_format
         return (
             200,
             JSON,
-            dumps(contextual_body(documents, encoding_format, self.model_name, num_tokens)),
+            dumps(contextual_body(documents, job.encoding_format, self.model_name, num_tokens)),
         )
 
     async def tokenize(self, body: bytes) -> tuple[int, bytes, bytes]:
-        texts, truncate, input_type = parse_tokenize(self._json(body), self.limits)
-        tokens = await self._ready_pipeline().tokenize(texts, truncate, input_type)
+        pipeline = self._ready_pipeline()
+        texts, options = parse_tokenize(self._json(body), self.limits, pipeline.inputs)
+        tokens = await pipeline.tokenize(texts, options)
         count = sum(map(len, tokens))
         return (
             200,

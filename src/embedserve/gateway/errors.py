@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from embedserve.errors import InputError
+
 TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
@@ -49,3 +51,8 @@ class ApiError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
+
+
+def from_input_error(error: InputError) -> ApiError:
+    """The 400 of a request-core error: the same message the offline API raises."""
+    return ApiError(400, error.message, param=error.param, code=error.code)

@@ -28,6 +28,7 @@ from embedserve.gateway.app import MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import Limits
+from embedserve.inputs import InputPreparer
 from embedserve.outputs import min_dimensions
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
@@ -84,10 +85,9 @@ class GatewayConfig:
 def build_app(config: GatewayConfig) -> GatewayApp:
     folder = resolve_model(config.model)
     spec = read_model_spec(folder)
-    tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
+    inputs = InputPreparer(spec, TextTokenizer(folder / "tokenizer.json", spec.max_seq_length))
     limits = Limits(
         spec.hidden_size,
-        tokenizer.vocab_size,
         config.max_inputs,
         config.model_names,
         min_dimensions=min_dimensions(spec.output_rules, spec.hidden_size),
@@ -100,8 +100,7 @@ def build_app(config: GatewayConfig) -> GatewayApp:
             config.replicas, timeout=config.request_timeout, health_interval=config.health_interval
         )
         return Pipeline(
-            spec,
-            tokenizer,
+            inputs,
             pool,
             PipelineLimits(config.max_tokens_per_request, config.chunk_tokens),
         )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedserve.gateway.requests import INPUT_TYPES, Limits
+from embedserve.gateway.requests import Limits
+from embedserve.inputs import INPUT_TYPES
 from embedserve.outputs import OUTPUT_DTYPES
 
 ERROR = {
@@ -63,8 +64,15 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             },
             "user": {"type": "string"},
             "normalize": {"type": "boolean", "default": True},
-            "truncate": {"enum": [False, "end", "start"], "default": False},
+            "truncate": {"enum": [False, "end", "start", "chunk"], "default": False},
             "input_type": {"type": "string", "enum": list(INPUT_TYPES)},
+            "instruction": {
+                "type": "string",
+                "minLength": 1,
+                "description": "a query instruction (Qwen3-Embedding's format)",
+            },
+            "prompt_name": {"type": "string", "description": "one of the model's prompts"},
+            "prompt": {"type": "string", "description": "a literal text put before each input"},
             "output_dtype": {
                 "type": "string",
                 "enum": list(OUTPUT_DTYPES),
@@ -106,7 +114,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
         "items": {"type": "string", "minLength": 1},
         "minItems": 1,
         "maxItems": limits.max_chunks,
-        "description": "one document: its chunks in order (joined with one space)",
+        "description": "one document: its chunks in order (joined with `separator`)",
     }
     contextual_request = {
         "type": "object",
@@ -119,6 +127,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
                 "minItems": 1,
                 "maxItems": limits.max_inputs,
             },
+            "separator": {"type": "string", "default": " "},
             **head,
         },
     }
@@ -149,7 +158,10 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             "input": {"oneOf": [{"type": "string"}, texts]},
             "model": {"type": "string"},
             "truncate": {"enum": [False, "end", "start"]},
-            "input_type": {"type": "string", "enum": list(INPUT_TYPES)},
+            **{
+                key: embeddings_request["properties"][key]  # type: ignore[index]
+                for key in ("input_type", "instruction", "prompt_name", "prompt")
+            },
         },
     }
     return {

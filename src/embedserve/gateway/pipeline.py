@@ -1,33 +1,39 @@
-"""One embeddings request through the gateway: tokenize, chunk, fan out, re-assemble, encode.
+"""One embeddings request through the gateway: prepare, split, fan out, re-assemble.
 
-Contextualized (late-chunking) requests take the same path with whole documents as sequences:
-each document is tokenized once, its chunks' token spans come from the tokenizer's offsets
-(`chunking.plan_document`), and the server answers one row per span (`span_bounds`).
+The request core (`embedserve.inputs`) turns the request's values into checked token-id
+sequences; they are split into token-budget pieces (`budget.budget_groups`), each sent to the
+least loaded replica, and the encoded rows are put back in input order. Two kinds of request need
+the pooled vectors themselves before the head: `truncate: "chunk"` (windows averaged per input)
+asks the servers for raw float32 rows and applies the head here. Contextualized (late-chunking)
+requests send whole documents with their chunks' token spans (`span_bounds`) and get one row per
+span.
 
-Tokenization of a large request runs on a thread pool so the event loop keeps serving other
-requests; a small one runs inline, where a thread hop would cost more than the work.
+Preparing a large request (tokenization) runs on a thread pool so the event loop keeps serving
+other requests; a small one runs inline, where a thread hop would cost more than the work.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from embedserve.chunking import DEFAULT_SEPARATOR, DocumentPlan, join_chunks, plan_document
+from embedserve.budget import budget_groups, split_rows
+from embedserve.chunking import packed_spans
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.replicas import ReplicaPool
-from embedserve.gateway.requests import ContextualJob, EmbedJob, Head
+from embedserve.gateway.requests import ContextualJob, EmbedJob
+from embedserve.inputs import Head, InputOptions, InputPreparer
 from embedserve.outputs import to_base64
 from embedserve.server.rpc import EmbedRequest
-from embedserve.spec import ModelSpec
-from embedserve.tokenization import InputTooLong, TextTokenizer
 
-INLINE_TOKENIZE_CHARS = 4096  # below this many characters, tokenize on the event loop
+INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -36,87 +42,40 @@ class PipelineLimits:
     chunk_tokens: int
 
 
-def plan_chunks(lengths: Sequence[int], chunk_tokens: int) -> Iterator[tuple[int, int]]:
-    """[start, end) ranges of consecutive sequences of at most `chunk_tokens` (or one longer)."""
-    start, used = 0, 0
-    for i, n in enumerate(lengths):
-        if i > start and used + n > chunk_tokens:
-            yield start, i
-            start, used = i, 0
-        used += n
-    if start < len(lengths):
-        yield start, len(lengths)
+def _num_chars(value: Any) -> int:
+    """A cheap size of a request's text, to decide where to tokenize it."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_num_chars(x) if isinstance(x, (str, list)) else 1 for x in value)
+    return 1
 
 
 class Pipeline:
     def __init__(
-        self,
-        spec: ModelSpec,
-        tokenizer: TextTokenizer,
-        replicas: ReplicaPool,
-        limits: PipelineLimits,
+        self, inputs: InputPreparer, replicas: ReplicaPool, limits: PipelineLimits
     ) -> None:
-        self.spec = spec
-        self.tokenizer = tokenizer
+        self.inputs = inputs
+        self.spec = inputs.spec
         self.replicas = replicas
         self.limits = limits
         self._threads = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
-        self._offsets_tokenizer: Any = None  # with offsets, for late chunking; loaded on first use
 
     def close(self) -> None:
         self._threads.shutdown(wait=False)
 
-    def prompt(self, input_type: str | None) -> str:
-        """The model's prompt for `query` / `document`; none when the model defines none."""
-        name = input_type or self.spec.default_prompt_name
-        return self.spec.prompts.get(name, "") if name else ""
+    async def _off_loop(self, size: int, work: Callable[[], T]) -> T:
+        if size <= INLINE_PREPARE_CHARS:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(self._threads, work)
 
-    async def tokenize(
-        self, texts: list[str], truncate: bool | str, input_type: str | None
-    ) -> list[list[int]]:
-        prompt = self.prompt(input_type)
-        if prompt:
-            texts = [prompt + t for t in texts]
-        try:
-            if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
-                return self.tokenizer.encode(texts, truncate=truncate)  # type: ignore[arg-type]
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._threads,
-                lambda: self.tokenizer.encode(texts, truncate=truncate),  # type: ignore[arg-type]
-            )
-        except InputTooLong as e:
-            raise bad_request(
-                f"input[{e.index}] has {e.num_tokens} tokens, over this model's limit of "
-                f'{e.max_length}; shorten it or pass "truncate": "end" or "start"',
-                param="input",
-                code="context_length_exceeded",
-            ) from None
+    async def tokenize(self, texts: Any, options: InputOptions) -> list[list[int]]:
+        prepared = await self._off_loop(
+            _num_chars(texts), lambda: self.inputs.prepare(texts, options)
+        )
+        return prepared.seqs
 
-    def check_token_ids(self, seqs: list[list[int]], truncate: bool | str) -> list[list[int]]:
-        limit = self.spec.max_seq_length
-        out = []
-        for i, ids in enumerate(seqs):
-            if len(ids) > limit:
-                if truncate is False:
-                    raise bad_request(
-                        f"input[{i}] has {len(ids)} tokens, over this model's limit of {limit}; "
-                        'shorten it or pass "truncate": "end" or "start"',
-                        param="input",
-                        code="context_length_exceeded",
-                    )
-                ids = ids[:limit] if truncate == "end" else ids[-limit:]
-            out.append(ids)
-        return out
-
-    async def embed(self, job: EmbedJob) -> tuple[np.ndarray, int]:
-        """Encoded vectors [num_inputs, width] in input order, and the number of prompt tokens."""
-        if job.texts is not None:
-            seqs = await self.tokenize(job.texts, job.truncate, job.input_type)
-        else:
-            seqs = self.check_token_ids(job.token_ids or [], job.truncate)
-        lengths = [len(s) for s in seqs]
-        num_tokens = sum(lengths)
+    def _check_size(self, num_tokens: int) -> None:
         if num_tokens > self.limits.max_tokens_per_request:
             raise bad_request(
                 f"the request has {num_tokens} tokens, over the limit of "
@@ -124,23 +83,38 @@ class Pipeline:
                 param="input",
                 code="too_many_tokens",
             )
-        chunks = list(plan_chunks(lengths, self.limits.chunk_tokens))
+
+    async def embed(self, job: EmbedJob) -> tuple[np.ndarray, int]:
+        """Encoded vectors [num_inputs, width] in input order, and the number of prompt tokens."""
+        prepared = await self._off_loop(
+            _num_chars(job.inputs), lambda: self.inputs.prepare(job.inputs, job.options)
+        )
+        lengths = [len(s) for s in prepared.seqs]
+        num_tokens = sum(lengths)
+        self._check_size(num_tokens)
+        # windows are averaged before the head: ask for the pooled vectors themselves
+        head = job.head if prepared.windows_per_input is None else self.raw_head
         calls = [
-            self._embed_chunk(seqs[a:b], lengths[a:b], job) for a, b in chunks
+            self._embed_part([prepared.seqs[i] for i in group], head)
+            for group in budget_groups(lengths, self.limits.chunk_tokens)
         ]  # concurrently, to the least loaded replicas
         parts = await asyncio.gather(*calls) if len(calls) > 1 else [await calls[0]]
-        vectors = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return vectors, num_tokens
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if prepared.windows_per_input is not None:
+            rows = job.head.apply(prepared.combine(rows))
+        return rows, num_tokens
 
-    async def _embed_chunk(
-        self,
-        seqs: list[list[int]],
-        lengths: list[int],
-        head: EmbedJob | Head,
-        spans: list[tuple[int, int]] | None = None,
+    @property
+    def raw_head(self) -> Head:
+        """Pooled float32 vectors, untouched."""
+        return Head(self.spec.hidden_size, False, "float32", "generic")
+
+    async def _embed_part(
+        self, seqs: list[list[int]], head: Head, spans: list[tuple[int, int]] | None = None
     ) -> np.ndarray:
         """One server call: rows [num_seqs, width], or [num_spans, width] with `spans` (token
         offsets into these sequences packed back to back)."""
+        lengths = [len(s) for s in seqs]
         if len(seqs) == 1:  # one query: no generator over its tokens
             ids = np.asarray(seqs[0], dtype="<i4")
         else:
@@ -161,61 +135,22 @@ class Pipeline:
             raise ApiError(500, f"replica answered shape {shape} for {num_rows} rows")
         return out.reshape(shape)
 
-    def plan_documents(self, documents: list[list[str]]) -> list[DocumentPlan]:
-        """Each document joined and tokenized once; its chunks' token spans from the offsets."""
-        if self._offsets_tokenizer is None:
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_file(str(self.spec.path / "tokenizer.json"))
-            tok.no_padding()
-            tok.no_truncation()
-            self._offsets_tokenizer = tok
-        joined = [join_chunks(chunks, DEFAULT_SEPARATOR) for chunks in documents]
-        encodings = self._offsets_tokenizer.encode_batch([text for text, _ in joined])
-        limit = self.spec.max_seq_length
-        plans = []
-        for d, (encoding, (_, ranges)) in enumerate(zip(encodings, joined, strict=True)):
-            if len(encoding.ids) > limit:
-                raise bad_request(
-                    f"input[{d}] has {len(encoding.ids)} tokens, over this model's limit of "
-                    f"{limit} for one document; split it into several documents",
-                    param="input",
-                    code="context_length_exceeded",
-                )
-            try:
-                plans.append(plan_document(encoding, ranges))
-            except ValueError as e:  # a chunk of characters the tokenizer drops
-                raise bad_request(f"input[{d}]: {e}", param="input") from None
-        return plans
-
     async def contextual(self, job: ContextualJob) -> tuple[list[np.ndarray], int]:
         """Per document, encoded chunk vectors [num_chunks, width]; and the prompt tokens."""
-        if sum(len(c) for d in job.documents for c in d) <= INLINE_TOKENIZE_CHARS:
-            plans = self.plan_documents(job.documents)
-        else:
-            loop = asyncio.get_running_loop()
-            plans = await loop.run_in_executor(self._threads, self.plan_documents, job.documents)
+        plans = await self._off_loop(
+            _num_chars(job.documents),
+            lambda: self.inputs.plan_documents(job.documents, job.separator),
+        )
         lengths = [len(p.ids) for p in plans]
         num_tokens = sum(lengths)
-        if num_tokens > self.limits.max_tokens_per_request:
-            raise bad_request(
-                f"the request has {num_tokens} tokens, over the limit of "
-                f"{self.limits.max_tokens_per_request} per request",
-                param="input",
-                code="too_many_tokens",
-            )
+        self._check_size(num_tokens)
         calls = []
-        for a, b in plan_chunks(lengths, self.limits.chunk_tokens):  # whole documents per call
-            spans, offset = [], 0
-            for plan in plans[a:b]:
-                spans += [(start + offset, end + offset) for start, end in plan.spans]
-                offset += len(plan.ids)
-            seqs = [p.ids for p in plans[a:b]]
-            calls.append(self._embed_chunk(seqs, lengths[a:b], job.head, spans))
+        for group in budget_groups(lengths, self.limits.chunk_tokens):  # whole documents
+            part = [plans[d] for d in group]
+            calls.append(self._embed_part([p.ids for p in part], job.head, packed_spans(part)))
         parts = await asyncio.gather(*calls) if len(calls) > 1 else [await calls[0]]
         rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        bounds = np.cumsum([0] + [len(p.spans) for p in plans])
-        return [rows[bounds[d] : bounds[d + 1]] for d in range(len(plans))], num_tokens
+        return split_rows(rows, [len(p.spans) for p in plans]), num_tokens
 
 
 def embedding_objects(vectors: np.ndarray, encoding_format: str) -> list[dict[str, Any]]:

@@ -1,0 +1,411 @@
+"""The request core: what a caller asks for, checked into token-id sequences and an output head.
+
+Every front end (`Embedder`, the HTTP gateway, the CLI) hands the caller's values, as they came,
+to one `InputPreparer` and gets back `PreparedInputs` (the sequences the engine runs) and a `Head`
+(what to do with the pooled vectors), or an `InputError` whose message does not depend on the
+front end. No torch: the gateway runs this.
+
+- inputs: a string, a list of strings, a list of token ids, or a list of token id lists;
+- prompts: `prompt`, `prompt_name`, `input_type` (`query` / `document`), `instruction`;
+- `truncate`: False (an over-long input is an error), "end", "start", or "chunk" (embed
+  consecutive windows and average them, weighted by content tokens; see `chunking`);
+- the head: `dimensions`, `normalize`, `output_dtype` under the model's output rules;
+- late chunking: documents as lists of chunk strings (`plan_documents`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from embedserve.budget import split_rows
+from embedserve.chunking import (
+    DEFAULT_SEPARATOR,
+    MAX_CHUNKS_PER_DOCUMENT,
+    DocumentPlan,
+    join_chunks,
+    plan_document,
+    split_windows,
+)
+from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong, InputTypeError
+from embedserve.outputs import apply_output, check_dimensions, check_output_dtype, min_dimensions
+from embedserve.spec import ModelSpec
+from embedserve.tokenization import TextTokenizer
+
+Truncate = Literal[False, "end", "start", "chunk"]
+INPUT_TYPES = ("query", "document")
+# Qwen3-Embedding's instruction format for queries; documents take no instruction
+INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery:"
+
+
+@dataclass(frozen=True)
+class Head:
+    """The output head of one request: truncate to `dimensions`, normalize, encode."""
+
+    dimensions: int
+    normalize: bool
+    output_dtype: str
+    rules: str = "generic"  # the model's output rules (see `outputs`)
+
+    def apply(self, pooled: np.ndarray) -> np.ndarray:
+        """[rows, hidden] float32 pooled vectors -> [rows, width] encoded."""
+        return apply_output(pooled, self.dimensions, self.normalize, self.output_dtype, self.rules)
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """How inputs become sequences: the text put before each one, and the truncation rule."""
+
+    prompt: str = ""
+    truncate: Truncate = False
+
+
+@dataclass(frozen=True)
+class PreparedInputs:
+    """Checked sequences for the engine, and how their pooled rows become one row per input."""
+
+    seqs: list[list[int]]
+    single: bool  # the caller passed one string (or one flat list of ids): answer one vector
+    # truncate="chunk" only: sequences (windows) per input, and each window's weight
+    windows_per_input: list[int] | None = None
+    window_weights: list[int] | None = None
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.windows_per_input) if self.windows_per_input else len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(map(len, self.seqs))
+
+    def combine(self, pooled: np.ndarray) -> np.ndarray:
+        """[num_seqs, hidden] pooled rows -> [num_inputs, hidden]: windows averaged."""
+        if self.windows_per_input is None:
+            return pooled
+        weights = np.asarray(self.window_weights, dtype=np.float64)[:, None]
+        parts = split_rows(pooled * weights, self.windows_per_input)
+        totals = split_rows(weights, self.windows_per_input)
+        return np.stack([p.sum(0) / w.sum() for p, w in zip(parts, totals, strict=True)]).astype(
+            np.float32
+        )
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_sequence(x: Any) -> bool:
+    return isinstance(x, (list, tuple, np.ndarray))
+
+
+class InputPreparer:
+    """One model's request core: prompts, tokenization, checks, truncation, windows, heads."""
+
+    def __init__(self, spec: ModelSpec, tokenizer: TextTokenizer) -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.vocab_size
+        self.max_length = spec.max_seq_length
+
+    # -- the output head ------------------------------------------------------------------
+
+    def head(self, dimensions: Any = None, normalize: Any = True, output_dtype: Any = None) -> Head:
+        """A checked head; `None` for a value means the model's default."""
+        rules = self.spec.output_rules
+        if dimensions is not None and not _is_int(dimensions):
+            raise InputTypeError(
+                f"dimensions must be an integer, got {type(dimensions).__name__}",
+                param="dimensions",
+            )
+        try:
+            minimum = min_dimensions(rules, self.spec.hidden_size)
+            dims = check_dimensions(
+                None if dimensions is None else int(dimensions), self.spec.hidden_size, minimum
+            )
+        except ValueError as e:
+            raise InputError(str(e), param="dimensions") from None
+        if normalize is None:
+            normalize = True
+        if not isinstance(normalize, bool):
+            raise InputTypeError(
+                f"normalize must be a boolean, got {type(normalize).__name__}", param="normalize"
+            )
+        if output_dtype is None:
+            output_dtype = self.spec.default_output_dtype
+        if not isinstance(output_dtype, str):
+            raise InputTypeError(
+                f"output_dtype must be a string, got {type(output_dtype).__name__}",
+                param="output_dtype",
+            )
+        try:
+            check_output_dtype(output_dtype, dims)
+        except ValueError as e:
+            param = "output_dtype" if "is not one of" in str(e) else "dimensions"
+            raise InputError(str(e), param=param) from None
+        return Head(dims, normalize, output_dtype, rules)
+
+    # -- prompts and truncation -------------------------------------------------------------
+
+    def options(
+        self,
+        *,
+        prompt_name: Any = None,
+        prompt: Any = None,
+        input_type: Any = None,
+        instruction: Any = None,
+        truncate: Any = False,
+    ) -> InputOptions:
+        """Checked options; the prompt resolved to its text (see `prompt`)."""
+        if truncate is None:
+            truncate = False
+        if truncate is not False and truncate not in ("end", "start", "chunk"):
+            raise InputError(
+                f'truncate must be false, "end", "start" or "chunk"; got {truncate!r}',
+                param="truncate",
+            )
+        return InputOptions(self.prompt(prompt_name, prompt, input_type, instruction), truncate)
+
+    def prompt(
+        self,
+        prompt_name: Any = None,
+        prompt: Any = None,
+        input_type: Any = None,
+        instruction: Any = None,
+    ) -> str:
+        """The text put before each input.
+
+        `instruction` gives Qwen3-Embedding's query format, `Instruct: {instruction}\\nQuery:`;
+        `input_type` ("query" | "document") picks the folder's prompt of that name (none when
+        the folder defines none); `prompt_name` any prompt of the folder; `prompt` a literal
+        text. Without any of them, the folder's default prompt, if it names one.
+        """
+        given = {
+            name: value
+            for name, value in (
+                ("prompt", prompt),
+                ("prompt_name", prompt_name),
+                ("input_type", input_type),
+                ("instruction", instruction),
+            )
+            if value is not None
+        }
+        for name, value in given.items():
+            if not isinstance(value, str):
+                raise InputTypeError(
+                    f"{name} must be a string, got {type(value).__name__}", param=name
+                )
+        if len(given) > 1 and set(given) != {"input_type", "instruction"}:
+            raise InputError(
+                f"pass only one of {', '.join(given)}", param=list(given)[1], code="conflict"
+            )
+        if input_type is not None and input_type not in INPUT_TYPES:
+            raise InputError(
+                f'input_type must be "query" or "document"; got {input_type!r}',
+                param="input_type",
+            )
+        if instruction is not None:
+            if input_type == "document":
+                raise InputError(
+                    "an instruction applies to queries; documents take none",
+                    param="instruction",
+                    code="conflict",
+                )
+            if not instruction.strip():
+                raise InputError("instruction must be a non-empty string", param="instruction")
+            return INSTRUCTION_TEMPLATE.format(instruction=instruction)
+        if input_type is not None:
+            return self.spec.prompts.get(input_type, "")
+        if prompt is not None:
+            return str(prompt)
+        chosen = prompt_name if prompt_name is not None else self.spec.default_prompt_name
+        if chosen is None:
+            return ""
+        if chosen not in self.spec.prompts:
+            known = ", ".join(sorted(self.spec.prompts)) or "none"
+            raise InputError(
+                f"unknown prompt_name {chosen!r}; this model's prompts: {known}",
+                param="prompt_name",
+            )
+        return str(self.spec.prompts[chosen])
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def prepare(self, inputs: Any, options: InputOptions | None = None) -> PreparedInputs:
+        """Checked token-id sequences for `inputs` (see the module docstring)."""
+        options = options or InputOptions()
+        single = isinstance(inputs, str) or (
+            _is_sequence(inputs) and len(inputs) > 0 and _is_int(inputs[0])
+        )
+        texts, id_lists = self.read_inputs(inputs)
+        if texts is not None:
+            return self._prepare_texts(texts, options, single)
+        assert id_lists is not None
+        return self._prepare_ids(id_lists, options.truncate, single)
+
+    def read_inputs(self, inputs: Any) -> tuple[list[str] | None, list[list[int]] | None]:
+        """`inputs` as (texts, None) or (None, token id lists), every item checked."""
+        if isinstance(inputs, str):
+            if not inputs:
+                raise InputError("input is an empty string")
+            return [inputs], None
+        if not _is_sequence(inputs):
+            raise InputTypeError(
+                "input must be a string, a list of strings, a list of token ids or a list of "
+                f"lists of token ids; got {type(inputs).__name__}"
+            )
+        if len(inputs) == 0:
+            raise InputError("input is an empty list; pass at least one text or token id list")
+        first = inputs[0]
+        if isinstance(first, str):
+            for i, x in enumerate(inputs):
+                if not isinstance(x, str):
+                    raise InputTypeError(
+                        f"input[{i}] is {type(x).__name__}; every item must be a string like "
+                        "input[0]"
+                    )
+                if not x:
+                    raise InputError(f"input[{i}] is an empty string")
+            return list(inputs), None
+        if _is_int(first):
+            return None, [self._check_ids(inputs, "input")]
+        if _is_sequence(first):
+            seqs = []
+            for i, x in enumerate(inputs):
+                if not _is_sequence(x):
+                    raise InputTypeError(
+                        f"input[{i}] is {type(x).__name__}; every item must be a list of token "
+                        "ids like input[0]"
+                    )
+                seqs.append(self._check_ids(x, f"input[{i}]"))
+            return None, seqs
+        raise InputTypeError(
+            f"input[0] is {type(first).__name__}; expected a string, a token id or a list of "
+            "token ids"
+        )
+
+    def _check_ids(self, ids: Sequence[Any], where: str) -> list[int]:
+        if len(ids) == 0:
+            raise InputError(f"{where} is an empty list of token ids")
+        for t in ids:
+            if not _is_int(t):
+                raise InputTypeError(
+                    f"{where} must hold integer token ids only, found {type(t).__name__}"
+                )
+            if not 0 <= t < self.vocab_size:
+                raise InputError(
+                    f"{where}: token id {t} is outside the vocabulary [0, {self.vocab_size})",
+                    code="invalid_token_id",
+                )
+        return [int(t) for t in ids]
+
+    def _prepare_ids(
+        self, seqs: list[list[int]], truncate: Truncate, single: bool
+    ) -> PreparedInputs:
+        limit = self.max_length
+        if truncate == "chunk":  # no special tokens are known for ids: plain windows
+            windows = [[ids[j : j + limit] for j in range(0, len(ids), limit)] for ids in seqs]
+            return PreparedInputs(
+                [w for ws in windows for w in ws],
+                single,
+                [len(ws) for ws in windows],
+                [len(w) for ws in windows for w in ws],
+            )
+        out = []
+        for i, ids in enumerate(seqs):
+            if len(ids) > limit:
+                if truncate is False:
+                    where = "input" if single else f"input[{i}]"
+                    raise InputTooLong(where, len(ids), limit, TRUNCATE_ADVICE)
+                ids = ids[:limit] if truncate == "end" else ids[-limit:]
+            out.append(ids)
+        return PreparedInputs(out, single)
+
+    def _prepare_texts(
+        self, texts: list[str], options: InputOptions, single: bool
+    ) -> PreparedInputs:
+        prompted = [options.prompt + t for t in texts] if options.prompt else texts
+        if options.truncate != "chunk":
+            return PreparedInputs(
+                self.tokenizer.encode(prompted, truncate=options.truncate), single
+            )
+        limit = self.max_length
+        prompt_ids = self.tokenizer.encode_plain(options.prompt) if options.prompt else []
+        seqs: list[list[int]] = []
+        counts: list[int] = []
+        weights: list[int] = []
+        for text, whole in zip(texts, self.tokenizer.encode_with_offsets(prompted), strict=True):
+            if len(whole.ids) <= limit:  # as truncate=False would embed it
+                parts, overhead = [list(whole.ids)], None
+            else:
+                alone = self.tokenizer.encode_with_offsets([text])[0]
+                parts, overhead = split_windows(alone, prompt_ids, limit)
+            seqs += parts
+            counts.append(len(parts))
+            weights += [1] if overhead is None else [len(p) - overhead for p in parts]
+        return PreparedInputs(seqs, single, counts, weights)
+
+    # -- late chunking --------------------------------------------------------------------
+
+    def plan_documents(
+        self, documents: list[list[str]], separator: str = DEFAULT_SEPARATOR
+    ) -> list[DocumentPlan]:
+        """Each document (chunk strings, as `read_documents` checked them) joined and tokenized
+        once, with its chunks' token spans from the tokenizer's offsets (`chunking.plan_document`)."""
+        if not isinstance(separator, str):
+            raise InputTypeError(
+                f"separator must be a string, got {type(separator).__name__}", param="separator"
+            )
+        joined = [join_chunks(chunks, separator) for chunks in documents]
+        encodings = self.tokenizer.encode_with_offsets([text for text, _ in joined])
+        plans = []
+        for d, (encoding, (_, ranges)) in enumerate(zip(encodings, joined, strict=True)):
+            if len(encoding.ids) > self.max_length:
+                raise InputTooLong(
+                    f"input[{d}]",
+                    len(encoding.ids),
+                    self.max_length,
+                    "split it into several documents",
+                )
+            try:
+                plans.append(plan_document(encoding, ranges))
+            except ValueError as e:  # a chunk of characters the tokenizer drops
+                raise InputError(f"input[{d}]: {e}") from None
+        return plans
+
+    @staticmethod
+    def read_documents(
+        documents: Any, max_chunks: int = MAX_CHUNKS_PER_DOCUMENT
+    ) -> list[list[str]]:
+        """Documents as a non-empty list of non-empty lists of non-blank strings."""
+        if isinstance(documents, str) or not _is_sequence(documents):
+            raise InputTypeError(
+                "input must be a list of documents, each a list of chunk strings; got "
+                f"{type(documents).__name__}"
+            )
+        if len(documents) == 0:
+            raise InputError("input is an empty list of documents")
+        for d, document in enumerate(documents):
+            if isinstance(document, str) or not _is_sequence(document):
+                raise InputTypeError(
+                    f"input[{d}] is {type(document).__name__}; every document must be a list "
+                    "of chunk strings"
+                )
+            if len(document) == 0:
+                raise InputError(f"input[{d}] is a document with no chunks")
+            if len(document) > max_chunks:
+                raise InputError(
+                    f"input[{d}] has {len(document)} chunks, over the limit of {max_chunks} per "
+                    "document",
+                    code="too_many_chunks",
+                )
+            for c, chunk in enumerate(document):
+                if not isinstance(chunk, str):
+                    raise InputTypeError(
+                        f"input[{d}][{c}] is {type(chunk).__name__}; every chunk must be a string"
+                    )
+                if not chunk.strip():
+                    raise InputError(f"input[{d}][{c}] is an empty chunk")
+        return [list(d) for d in documents]

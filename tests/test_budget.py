@@ -1,0 +1,47 @@
+"""Token-budget grouping and result splitting, shared by the offline API, gateway and server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedserve.budget import budget_groups, split_rows
+
+
+def groups(sizes: list[int], budget: int) -> list[list[int]]:
+    return [list(r) for r in budget_groups(sizes, budget)]
+
+
+def test_groups_are_consecutive_and_under_the_budget() -> None:
+    assert groups([3, 3, 3, 3], 6) == [[0, 1], [2, 3]]
+    assert groups([10, 1, 1], 6) == [[0], [1, 2]]  # a long one goes alone
+    assert groups([1, 1, 10], 6) == [[0, 1], [2]]
+    assert groups([3, 3, 3, 10, 1], 6) == [[0, 1], [2], [3], [4]]
+    assert groups([5], 6) == [[0]]
+    assert groups([], 6) == []
+
+
+def test_groups_take_a_lazy_iterable() -> None:
+    taken = []
+
+    def sizes():  # the server stops the iteration where a batch must end anyway
+        for n in (2, 2, 2):
+            taken.append(n)
+            yield n
+
+    first = next(budget_groups(sizes(), 4))
+    assert list(first) == [0, 1] and len(taken) == 3
+
+
+def test_bad_budget() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        list(budget_groups([1], 0))
+
+
+def test_split_rows() -> None:
+    rows = np.arange(12).reshape(6, 2)
+    parts = split_rows(rows, [1, 0, 2, 3])
+    assert [p.shape[0] for p in parts] == [1, 0, 2, 3]
+    np.testing.assert_array_equal(np.concatenate(parts), rows)
+    with pytest.raises(RuntimeError, match="got 6 rows for 5 expected"):
+        split_rows(rows, [5])

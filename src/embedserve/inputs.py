@@ -93,12 +93,46 @@ class PreparedInputs:
         )
 
 
+def _is_sequence(x: Any) -> bool:
+    return isinstance(x, (list, tuple, np.ndarray))
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def _is_sequence(x: Any) -> bool:
-    return isinstance(x, (list, tuple, np.ndarray))
+def check_head(
+    hidden_size: int, rules: str, dimensions: Any, normalize: Any, output_dtype: Any
+) -> Head:
+    """A checked head: `dimensions` None means all of them, `normalize` None means True."""
+    if dimensions is not None and not _is_int(dimensions):
+        raise InputTypeError(
+            f"dimensions must be an integer, got {type(dimensions).__name__}", param="dimensions"
+        )
+    try:
+        minimum = min_dimensions(rules, hidden_size)
+        dims = check_dimensions(
+            None if dimensions is None else int(dimensions), hidden_size, minimum
+        )
+    except ValueError as e:
+        raise InputError(str(e), param="dimensions") from None
+    if normalize is None:
+        normalize = True
+    if not isinstance(normalize, bool):
+        raise InputTypeError(
+            f"normalize must be a boolean, got {type(normalize).__name__}", param="normalize"
+        )
+    if not isinstance(output_dtype, str):
+        raise InputTypeError(
+            f"output_dtype must be a string, got {type(output_dtype).__name__}",
+            param="output_dtype",
+        )
+    try:
+        check_output_dtype(output_dtype, dims)
+    except ValueError as e:
+        param = "output_dtype" if "is not one of" in str(e) else "dimensions"
+        raise InputError(str(e), param=param) from None
+    return Head(dims, normalize, output_dtype, rules)
 
 
 class InputPreparer:
@@ -113,39 +147,15 @@ class InputPreparer:
     # -- the output head ------------------------------------------------------------------
 
     def head(self, dimensions: Any = None, normalize: Any = True, output_dtype: Any = None) -> Head:
-        """A checked head; `None` for a value means the model's default."""
-        rules = self.spec.output_rules
-        if dimensions is not None and not _is_int(dimensions):
-            raise InputTypeError(
-                f"dimensions must be an integer, got {type(dimensions).__name__}",
-                param="dimensions",
-            )
-        try:
-            minimum = min_dimensions(rules, self.spec.hidden_size)
-            dims = check_dimensions(
-                None if dimensions is None else int(dimensions), self.spec.hidden_size, minimum
-            )
-        except ValueError as e:
-            raise InputError(str(e), param="dimensions") from None
-        if normalize is None:
-            normalize = True
-        if not isinstance(normalize, bool):
-            raise InputTypeError(
-                f"normalize must be a boolean, got {type(normalize).__name__}", param="normalize"
-            )
-        if output_dtype is None:
-            output_dtype = self.spec.default_output_dtype
-        if not isinstance(output_dtype, str):
-            raise InputTypeError(
-                f"output_dtype must be a string, got {type(output_dtype).__name__}",
-                param="output_dtype",
-            )
-        try:
-            check_output_dtype(output_dtype, dims)
-        except ValueError as e:
-            param = "output_dtype" if "is not one of" in str(e) else "dimensions"
-            raise InputError(str(e), param=param) from None
-        return Head(dims, normalize, output_dtype, rules)
+        """A checked head for this model; `None` for a value means the model's default."""
+        spec = self.spec
+        return check_head(
+            spec.hidden_size,
+            spec.output_rules,
+            dimensions,
+            normalize,
+            spec.default_output_dtype if output_dtype is None else output_dtype,
+        )
 
     # -- prompts and truncation -------------------------------------------------------------
 

@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import numpy as np
 import pytest
 
+from embedserve.engine.batch import PackedBatch
+from embedserve.inputs import Head
 from embedserve.server.scheduler import (
     Overloaded,
     Pending,
     Scheduler,
     SchedulerConfig,
     pack,
-    split_rows,
+    split_batch_rows,
 )
 
 
 def request(*seqlens: int, first_id: int = 1, cancelled: bool = False) -> Pending:
     lens = np.array(seqlens, dtype=np.int32)
     ids = np.arange(first_id, first_id + int(lens.sum()), dtype=np.int32)
-    return Pending(ids, lens, 384, True, "float32", is_cancelled=lambda: cancelled)
+    result: Future[object] = Future()  # only `done()` matters here
+    if cancelled:
+        result.cancel()
+    return Pending(PackedBatch.from_packed(ids, lens), Head(384, True, "float32"), None, result)  # type: ignore[arg-type]
 
 
 def test_batches_are_whole_requests_in_arrival_order_under_the_budget() -> None:
@@ -50,6 +57,12 @@ def test_cancelled_requests_are_dropped_before_the_engine() -> None:
     sched.submit(kept)
     assert sched.next_batch() == [kept]
     assert sched.num_dropped == 1
+    # one cancelled behind the head of the queue is dropped too, not run
+    first, gone, last = request(10), request(10, cancelled=True), request(10)
+    for r in (first, gone, last):
+        sched.submit(r)
+    assert sched.next_batch() == [first, last]
+    assert sched.num_dropped == 2
     assert sched.num_queued_tokens == 0
 
 
@@ -73,15 +86,16 @@ def test_an_oversized_request_is_taken_when_the_queue_is_empty() -> None:
 
 def test_pack_and_split_round_trip_in_order() -> None:
     reqs = [request(3, first_id=1), request(2, 4, first_id=100), request(1, first_id=500)]
-    ids, lens = pack(reqs)
-    assert ids.tolist() == [1, 2, 3, 100, 101, 102, 103, 104, 105, 500]
-    assert lens.tolist() == [3, 2, 4, 1]
+    packed = pack(reqs)
+    assert packed.input_ids.tolist() == [1, 2, 3, 100, 101, 102, 103, 104, 105, 500]
+    assert packed.seqlens.tolist() == [3, 2, 4, 1]
+    assert pack(reqs[:1]) is reqs[0].batch  # a request alone is not packed again
     pooled = np.arange(4 * 2, dtype=np.float32).reshape(4, 2)
-    parts = split_rows(pooled, reqs)
+    parts = split_batch_rows(pooled, reqs)
     assert [p.shape[0] for p in parts] == [1, 2, 1]
     np.testing.assert_array_equal(np.concatenate(parts), pooled)
     with pytest.raises(RuntimeError, match="rows"):
-        split_rows(pooled[:3], reqs)
+        split_batch_rows(pooled[:3], reqs)
 
 
 @pytest.mark.parametrize("batch, queued", [(0, 10), (10, -1)])

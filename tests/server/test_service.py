@@ -331,8 +331,8 @@ def test_pplx_output_rules_and_their_dimensions_floor() -> None:
     for bad in (1, 64, 127, 1025):
         with pytest.raises(ValueError, match="between 128 and 1024"):
             parse_request(req([1, 2], dimensions=bad), 1024, "pplx")
-    assert parse_request(req([1, 2], dimensions=128), 1024, "pplx").dimensions == 128
-    assert parse_request(req([1, 2], dimensions=64), 1024).dimensions == 64
+    assert parse_request(req([1, 2], dimensions=128), 1024, "pplx")[1].dimensions == 128
+    assert parse_request(req([1, 2], dimensions=64), 1024)[1].dimensions == 64
 
     engine = FakeEngine()
     pooled = np.ones((1, HIDDEN), dtype=np.float32)
@@ -408,7 +408,7 @@ def test_span_requests_pool_each_span_and_are_batched_apart_from_plain_ones() ->
         ([0, 1, 2], "pairs"),
         ([1, 1], "non-empty"),
         ([2, 1], "non-empty"),
-        ([0, 6], "within the 5 tokens"),
+        ([0, 6], "within [0, 5)"),
         ([2, 4], "cross a sequence boundary"),
     ],
 )

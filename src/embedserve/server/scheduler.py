@@ -1,54 +1,52 @@
 """The server's queue: first come, first served, batches of whole requests under a token budget.
 
-Pure bookkeeping (no asyncio, no torch), so it is unit-tested on its own. The service puts each
+Pure bookkeeping (no event loop, no torch), so it is unit-tested on its own. The service puts each
 request in with `submit`, and the batch loop takes batches out with `next_batch`; requests whose
-client went away (`Pending.is_cancelled()`) are dropped there, before they reach the engine.
+client went away (`Pending.cancelled()`) are dropped there, before they reach the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from embedserve.budget import budget_groups, split_rows
+from embedserve.engine.batch import PackedBatch
+from embedserve.inputs import Head
 
 
 class Overloaded(Exception):
     """The queue holds too many tokens; the caller should refuse the request (RESOURCE_EXHAUSTED)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Pending:
-    """One request waiting for the engine."""
+    """One request waiting for the engine, checked once when it arrived."""
 
-    input_ids: np.ndarray  # [num_tokens] int32, every sequence back to back
-    seqlens: np.ndarray  # [num_seqs] int32
-    dimensions: int
-    normalize: bool
-    output_dtype: str
-    # Late chunking: [num_spans, 2] int64 [start, end) token offsets into `input_ids`, or None
-    # for one pooled row per sequence. A batch holds requests of one kind only.
-    spans: np.ndarray | None = None
-    # Set by the service: where the result goes, and whether the client is still there; and
-    # the request's own `PackedBatch`, built when it was checked (reused for a batch of one).
-    result: Any = None
-    packed: Any = None
-    is_cancelled: Callable[[], bool] = field(default=lambda: False)
+    batch: PackedBatch  # the request's own sequences (a batch of this request alone reuses it)
+    head: Head
+    # Late chunking: [num_spans, 2] int64 [start, end) token offsets into `batch`, or None for
+    # one pooled row per sequence. A batch holds requests of one kind only.
+    spans: np.ndarray | None
+    # the answer; done once answered, failed or cancelled (the client went away)
+    result: asyncio.Future[Any]
 
     @property
     def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.seqlens.shape[0])
+        return self.batch.num_tokens
 
     @property
     def num_rows(self) -> int:
         """Rows of the answer: one per span, else one per sequence."""
-        return self.num_seqs if self.spans is None else int(self.spans.shape[0])
+        return self.batch.num_seqs if self.spans is None else int(self.spans.shape[0])
+
+    def cancelled(self) -> bool:
+        return bool(self.result.done())
 
 
 @dataclass(frozen=True)
@@ -95,21 +93,22 @@ class Scheduler:
         never share a batch: a batch ends where the kind changes. Cancelled requests are
         dropped. Returns an empty list when nothing is waiting.
         """
-        batch: list[Pending] = []
-        used = 0
-        budget = self.config.max_batch_tokens
-        while self._queue:
-            head = self._queue[0]
-            if head.is_cancelled():
-                self._pop()
-                self.num_dropped += 1
-                continue
-            if batch and (
-                used + head.num_tokens > budget or (head.spans is None) != (batch[0].spans is None)
-            ):
-                break
-            batch.append(self._pop())
-            used += head.num_tokens
+        while self._queue and self._queue[0].cancelled():
+            self._pop()
+            self.num_dropped += 1
+        if not self._queue:
+            return []
+        spans = self._queue[0].spans is not None
+
+        def sizes() -> Iterator[int]:
+            for request in self._queue:
+                if (request.spans is not None) != spans:
+                    return
+                yield request.num_tokens
+
+        taken = [self._pop() for _ in next(budget_groups(sizes(), self.config.max_batch_tokens))]
+        batch = [r for r in taken if not r.cancelled()]
+        self.num_dropped += len(taken) - len(batch)
         return batch
 
     def _pop(self) -> Pending:
@@ -118,13 +117,13 @@ class Scheduler:
         return request
 
 
-def pack(batch: list[Pending]) -> tuple[np.ndarray, np.ndarray]:
-    """One batch's token ids [T] and sequence lengths [S], requests back to back in order."""
+def pack(batch: list[Pending]) -> PackedBatch:
+    """One packed batch of the requests' sequences, back to back in order."""
     if len(batch) == 1:
-        return batch[0].input_ids, batch[0].seqlens
-    return (
-        np.concatenate([r.input_ids for r in batch]),
-        np.concatenate([r.seqlens for r in batch]),
+        return batch[0].batch
+    return PackedBatch.from_packed(
+        np.concatenate([r.batch.input_ids for r in batch]),
+        np.concatenate([r.batch.seqlens for r in batch]),
     )
 
 
@@ -139,13 +138,6 @@ def pack_spans(batch: list[Pending]) -> np.ndarray:
     return out[0] if len(out) == 1 else np.concatenate(out)
 
 
-def split_rows(pooled: np.ndarray, batch: list[Pending]) -> list[np.ndarray]:
+def split_batch_rows(pooled: np.ndarray, batch: list[Pending]) -> list[np.ndarray]:
     """The pooled rows [rows, H] of a packed batch, cut back into one array per request."""
-    out = []
-    start = 0
-    for r in batch:
-        out.append(pooled[start : start + r.num_rows])
-        start += r.num_rows
-    if start != pooled.shape[0]:
-        raise RuntimeError(f"engine returned {pooled.shape[0]} rows for {start} expected")
-    return out
+    return split_rows(pooled, [r.num_rows for r in batch])

@@ -20,7 +20,8 @@ import grpc
 import numpy as np
 
 from embedserve.engine.batch import PackedBatch
-from embedserve.outputs import apply_output, check_dimensions, check_output_dtype, min_dimensions
+from embedserve.engine.spans import check_spans
+from embedserve.inputs import Head, check_head
 from embedserve.server.rpc import EmbedResponse
 from embedserve.server.scheduler import (
     Overloaded,
@@ -29,7 +30,7 @@ from embedserve.server.scheduler import (
     SchedulerConfig,
     pack,
     pack_spans,
-    split_rows,
+    split_batch_rows,
 )
 
 log = logging.getLogger("embedserve.server")
@@ -94,55 +95,34 @@ class BatchFailed(Exception):
         self.code = code
 
 
-def parse_request(request: Any, hidden_size: int, output_rules: str = "generic") -> Pending:
-    """Decode and validate one EmbedRequest; raises ValueError with a message for the client."""
+def parse_request(
+    request: Any, hidden_size: int, output_rules: str = "generic"
+) -> tuple[PackedBatch, Head, np.ndarray | None]:
+    """Decode and check one EmbedRequest, once: its packed batch, its head and its spans (or
+    None). Raises ValueError with a message for the client."""
     raw = request.input_ids
     if len(raw) % 4:
         raise ValueError(f"input_ids has {len(raw)} bytes, not a whole number of int32s")
-    ids = np.frombuffer(raw, dtype="<i4")
-    seqlens = np.asarray(request.seqlens, dtype=np.int64)
-    if seqlens.size == 0:
-        raise ValueError("a request needs at least one sequence")
-    if (seqlens <= 0).any():
-        raise ValueError("every sequence needs at least one token")
-    if int(seqlens.sum()) != ids.size:
-        raise ValueError(f"seqlens sum to {int(seqlens.sum())} but there are {ids.size} token ids")
-    spans = parse_spans(request.span_bounds, seqlens) if len(request.span_bounds) else None
-    minimum = min_dimensions(output_rules, hidden_size)
-    dims = check_dimensions(request.dimensions or None, hidden_size, minimum)
-    output_dtype = check_output_dtype(request.output_dtype or "float32", dims)
-    return Pending(
-        input_ids=ids.astype(np.int32, copy=False),
-        seqlens=seqlens.astype(np.int32),
-        dimensions=dims,
-        normalize=bool(request.normalize),
-        output_dtype=output_dtype,
-        spans=spans,
+    batch = PackedBatch.from_packed(np.frombuffer(raw, dtype="<i4"), np.asarray(request.seqlens))
+    spans = None
+    if len(request.span_bounds):
+        bounds = np.asarray(request.span_bounds, dtype=np.int64)
+        if bounds.size % 2:
+            raise ValueError(f"span_bounds has {bounds.size} entries, not [start, end) pairs")
+        spans = check_spans(bounds.reshape(-1, 2), batch)
+    head = check_head(
+        hidden_size,
+        output_rules,
+        request.dimensions or None,
+        bool(request.normalize),
+        request.output_dtype or "float32",
     )
+    return batch, head, spans
 
 
-def parse_spans(bounds: Any, seqlens: np.ndarray) -> np.ndarray:
-    """`span_bounds` as [K, 2] int64 [start, end), each non-empty and inside one sequence."""
-    flat = np.asarray(bounds, dtype=np.int64)
-    if flat.size % 2:
-        raise ValueError(f"span_bounds has {flat.size} entries, not [start, end) pairs")
-    spans = flat.reshape(-1, 2)
-    starts, ends = spans[:, 0], spans[:, 1]
-    cu = np.cumsum(seqlens)  # end of each sequence
-    if (ends <= starts).any() or int(ends.max()) > int(cu[-1]):
-        raise ValueError(f"every span must be non-empty and within the {int(cu[-1])} tokens")
-    seq_of_start = np.searchsorted(cu, starts, side="right")
-    if (np.searchsorted(cu, ends - 1, side="right") != seq_of_start).any():
-        raise ValueError("a span must not cross a sequence boundary")
-    return spans
-
-
-def build_response(pooled: np.ndarray, request: Pending, output_rules: str = "generic") -> Any:
-    """Apply the request's head to its pooled rows [s, H] under the model's output rules (see
-    `outputs`); raw little-endian bytes out."""
-    out = apply_output(
-        pooled, request.dimensions, request.normalize, request.output_dtype, output_rules
-    )
+def build_response(pooled: np.ndarray, head: Head) -> Any:
+    """Apply a request's head to its pooled rows [s, H]; raw little-endian bytes out."""
+    out = head.apply(pooled)
     out = np.ascontiguousarray(out, dtype=out.dtype.newbyteorder("<"))
     return EmbedResponse(embeddings=out.tobytes(), shape=list(out.shape), dtype=out.dtype.name)
 
@@ -192,18 +172,15 @@ class EmbedService:
 
     async def embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            pending = parse_request(request, self.engine.hidden_size, self.output_rules)
-            if pending.spans is not None and self.span_pooler is None:
+            batch, head, spans = parse_request(request, self.engine.hidden_size, self.output_rules)
+            if spans is not None and self.span_pooler is None:
                 raise ValueError("this server does not pool spans (late chunking)")
             # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.
-            packed = PackedBatch.from_packed(pending.input_ids, pending.seqlens)
-            self.engine.check(packed)
+            self.engine.check(batch)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        pending.packed = packed  # a batch of this request alone reuses it
-        pending.result = future
-        pending.is_cancelled = future.done
+        pending = Pending(batch, head, spans, future)
         try:
             self.scheduler.submit(pending)
         except Overloaded as e:
@@ -288,11 +265,7 @@ class EmbedService:
         return future
 
     def _launch(self, batch: list[Pending]) -> ResultHandle:
-        if len(batch) == 1 and batch[0].packed is not None:
-            packed = batch[0].packed  # built when the request was checked
-        else:
-            ids, seqlens = pack(batch)
-            packed = PackedBatch.from_packed(ids, seqlens)
+        packed = pack(batch)
         if batch[0].spans is not None and self.span_pooler is not None:
             # whole documents through the model once, then one mean per span (eager, see
             # `engine.spans`): documents are long and few, so launches do not dominate
@@ -319,9 +292,9 @@ class EmbedService:
         try:
             if pooled is None:
                 pooled = handle.wait()
-            for request, rows in zip(batch, split_rows(pooled, batch), strict=True):
+            for request, rows in zip(batch, split_batch_rows(pooled, batch), strict=True):
                 if not request.result.done():
-                    request.result.set_result(build_response(rows, request, self.output_rules))
+                    request.result.set_result(build_response(rows, request.head))
         except Exception as e:
             self._fail(batch, e)
         finally:

@@ -19,13 +19,20 @@ pytestmark = pytest.mark.slow
 
 
 def call(url: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    status, reply, _ = call_with_headers(url, method, path, body)
+    return status, reply
+
+
+def call_with_headers(
+    url: str, method: str, path: str, body: Any = None
+) -> tuple[int, Any, dict[str, str]]:
     parts = urlparse(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=20)
     try:
         data = json.dumps(body).encode() if body is not None else None
         conn.request(method, path, body=data)
         reply = conn.getresponse()
-        return reply.status, json.loads(reply.read())
+        return reply.status, json.loads(reply.read()), dict(reply.getheaders())
     finally:
         conn.close()
 
@@ -186,12 +193,17 @@ def test_an_overloaded_server_gives_429_and_keeps_serving() -> None:
         url = gateway.wait_for(r"embedserve gateway: listening on (\S+)").group(1)
         body = {"input": ["a sentence of some length to fill the queue " * 5] * 12}  # ~700 tokens
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
-            replies = list(pool.map(lambda _: call(url, "POST", "/v1/embeddings", body), range(12)))
-        statuses = sorted(status for status, _ in replies)
+            replies = list(
+                pool.map(
+                    lambda _: call_with_headers(url, "POST", "/v1/embeddings", body), range(12)
+                )
+            )
+        statuses = sorted(status for status, _, _ in replies)
         assert 200 in statuses and 429 in statuses, statuses
         assert set(statuses) == {200, 429}
-        for status, reply in replies:
+        for status, reply, headers in replies:
             if status == 429:
+                assert headers["retry-after"] == "1"
                 assert reply["error"]["type"] == "rate_limit_error"
                 assert reply["error"]["code"] == "overloaded"
             else:

@@ -36,6 +36,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Handler = Callable[[bytes], Awaitable[tuple[int, bytes, bytes]]]
 
 JSON = b"application/json"
+RETRYABLE_STATUSES = (429, 503)
+RETRY_AFTER_SECONDS = b"1"
 # NOTE: prometheus_client reads this when it is imported; the gateway launcher sets it for workers.
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -167,16 +169,10 @@ class GatewayApp:
             log.exception("unhandled error on %s %s", method, path)
             error = ApiError(500, "internal error in the gateway", code="server_error")
             status, content_type, payload = 500, JSON, dumps(error.body())
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", content_type),
-                    (b"content-length", str(len(payload)).encode()),
-                ],
-            }
-        )
+        headers = [(b"content-type", content_type), (b"content-length", str(len(payload)).encode())]
+        if status in RETRYABLE_STATUSES:  # full queues and restarting replicas clear quickly
+            headers.append((b"retry-after", RETRY_AFTER_SECONDS))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
         count, latency = self._route_metrics(route, status)
         count.inc()

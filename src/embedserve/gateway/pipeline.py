@@ -15,7 +15,8 @@ other requests; a small one runs inline, where a thread hop would cost more than
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -39,7 +40,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class PipelineLimits:
     max_tokens_per_request: int
-    chunk_tokens: int
+    chunk_tokens: int  # tokens per server call (a part of a request)
+    parts_in_flight: int = 2  # parts of one request outstanding at once (see `_fan_out`)
 
 
 def _num_chars(value: Any) -> int:
@@ -94,15 +96,41 @@ class Pipeline:
         self._check_size(num_tokens)
         # windows are averaged before the head: ask for the pooled vectors themselves
         head = job.head if prepared.windows_per_input is None else self.raw_head
-        calls = [
-            self._embed_part([prepared.seqs[i] for i in group], head)
-            for group in budget_groups(lengths, self.limits.chunk_tokens)
-        ]  # concurrently, to the least loaded replicas
-        parts = await asyncio.gather(*calls) if len(calls) > 1 else [await calls[0]]
-        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        rows = await self._fan_out(
+            [
+                functools.partial(self._embed_part, [prepared.seqs[i] for i in group], head)
+                for group in budget_groups(lengths, self.limits.chunk_tokens)
+            ]
+        )
         if prepared.windows_per_input is not None:
             rows = job.head.apply(prepared.combine(rows))
         return rows, num_tokens
+
+    async def _fan_out(self, calls: Sequence[Callable[[], Awaitable[np.ndarray]]]) -> np.ndarray:
+        """The calls' rows concatenated in order, at most `parts_in_flight` outstanding at once.
+
+        A large request enters the servers' queues a few parts at a time, so smaller requests
+        sent meanwhile interleave with it instead of waiting behind all of it (and an idle
+        server's queue never overflows with one request that is within the limits). When one
+        part fails, or the client leaves, the parts still outstanding are cancelled (the servers
+        drop them) and the rest are never sent.
+        """
+        if len(calls) == 1:
+            return await calls[0]()
+        parts: list[np.ndarray | None] = [None] * len(calls)
+        window = asyncio.Semaphore(self.limits.parts_in_flight)
+
+        async def run(i: int) -> None:
+            async with window:
+                parts[i] = await calls[i]()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for i in range(len(calls)):
+                    group.create_task(run(i))
+        except BaseExceptionGroup as failed:  # the first part's error is the request's
+            raise failed.exceptions[0] from None
+        return np.concatenate(parts)  # type: ignore[arg-type]
 
     @property
     def raw_head(self) -> Head:
@@ -147,9 +175,11 @@ class Pipeline:
         calls = []
         for group in budget_groups(lengths, self.limits.chunk_tokens):  # whole documents
             part = [plans[d] for d in group]
-            calls.append(self._embed_part([p.ids for p in part], job.head, packed_spans(part)))
-        parts = await asyncio.gather(*calls) if len(calls) > 1 else [await calls[0]]
-        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            spans = packed_spans(part)
+            calls.append(
+                functools.partial(self._embed_part, [p.ids for p in part], job.head, spans)
+            )
+        rows = await self._fan_out(calls)
         return split_rows(rows, [len(p.spans) for p in plans]), num_tokens
 
 

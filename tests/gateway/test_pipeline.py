@@ -1,0 +1,82 @@
+"""A large request through the gateway's pipeline: its parts enter the servers a few at a time,
+come back in order, and a failed part cancels the rest."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from embedserve.gateway.errors import ApiError
+from embedserve.gateway.pipeline import Pipeline, PipelineLimits
+from embedserve.gateway.requests import EmbedJob
+from embedserve.inputs import Head, InputOptions, InputPreparer
+from embedserve.server.rpc import EmbedResponse
+from embedserve.spec import read_model_spec
+from embedserve.tokenization import TextTokenizer
+
+
+class CountingReplicas:
+    """Answers row i = [first id of sequence i]; records how many calls were outstanding."""
+
+    def __init__(self, fail_on_call: int | None = None) -> None:
+        self.outstanding = 0
+        self.most_outstanding = 0
+        self.calls = 0
+        self.cancelled = 0
+        self.fail_on_call = fail_on_call
+
+    async def embed(self, request: Any, num_tokens: int) -> Any:
+        self.calls += 1
+        call = self.calls
+        self.outstanding += 1
+        self.most_outstanding = max(self.most_outstanding, self.outstanding)
+        try:
+            await asyncio.sleep(0.01 if call != self.fail_on_call else 0.001)
+            if call == self.fail_on_call:
+                raise ApiError(503, "replica went away")
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.outstanding -= 1
+        ids = np.frombuffer(request.input_ids, dtype="<i4")
+        starts = np.cumsum([0, *request.seqlens[:-1]])
+        rows = ids[starts].astype(np.float32)[:, None]
+        return EmbedResponse(embeddings=rows.tobytes(), shape=list(rows.shape), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def inputs(minilm_path: Path) -> InputPreparer:
+    spec = read_model_spec(minilm_path)
+    return InputPreparer(spec, TextTokenizer(minilm_path / "tokenizer.json", spec.max_seq_length))
+
+
+def job(num_inputs: int) -> EmbedJob:
+    ids = [[100 + i, 7, 8] for i in range(num_inputs)]  # 3 tokens each
+    return EmbedJob(ids, InputOptions(), Head(1, False, "float32"), "float")
+
+
+def test_parts_are_bounded_in_flight_and_come_back_in_order(inputs: InputPreparer) -> None:
+    replicas = CountingReplicas()
+    limits = PipelineLimits(max_tokens_per_request=10_000, chunk_tokens=6, parts_in_flight=2)
+    pipeline = Pipeline(inputs, replicas, limits)  # type: ignore[arg-type]
+    rows, num_tokens = asyncio.run(pipeline.embed(job(20)))
+    assert num_tokens == 60 and replicas.calls == 10  # 2 inputs per 6-token part
+    assert replicas.most_outstanding == 2
+    assert rows[:, 0].tolist() == [100 + i for i in range(20)]
+
+
+def test_a_failed_part_cancels_the_others_and_sends_no_more(inputs: InputPreparer) -> None:
+    replicas = CountingReplicas(fail_on_call=2)
+    limits = PipelineLimits(max_tokens_per_request=10_000, chunk_tokens=6, parts_in_flight=2)
+    pipeline = Pipeline(inputs, replicas, limits)  # type: ignore[arg-type]
+    with pytest.raises(ApiError, match="replica went away"):
+        asyncio.run(pipeline.embed(job(20)))
+    # the parts outstanding beside the failed one were cancelled (one may have started as the
+    # failed one left the window); the rest were never sent
+    assert replicas.calls <= 3 and replicas.cancelled == replicas.calls - 1
+    assert replicas.outstanding == 0

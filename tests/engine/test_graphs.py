@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from embedserve.engine.attention import BACKENDS
+from embedserve.engine.attention import attention_backends
 from embedserve.engine.batch import PackedBatch
+from embedserve.engine.choices import KernelChoices
 from embedserve.engine.engine import Engine
 from embedserve.engine.graphs import (
     EagerGraph,
@@ -23,6 +24,8 @@ from embedserve.engine.graphs import (
     stage_inputs,
     token_bucket,
 )
+
+BACKENDS = attention_backends(KernelChoices())
 
 
 def test_token_buckets_step_by_64_then_256() -> None:
@@ -111,6 +114,7 @@ def _runner(engine: Engine, config: GraphConfig | None = None) -> GraphRunner:
         device=torch.device("cpu"),
         config=config or GraphConfig(attention=("block_mask",)),
         stats=engine.stats,
+        choices=KernelChoices(),
         max_positions=engine.max_positions,
         make_graph=EagerGraph,
     )
@@ -179,7 +183,7 @@ def test_runner_picks_attention_by_timing_and_records_it(minilm_path) -> None:  
         runner.run(batch)
     ((key, timings),) = engine.stats.attention_timings.items()
     assert key == "t64-s4-l64" and set(timings) == {"block_mask"} and timings["block_mask"] > 0
-    assert runner.attention_choice() == {key: "block_mask"}
+    assert runner.attention_choice() == {key: "block_mask"} == runner.choices.attention
 
 
 @torch.inference_mode()
@@ -268,10 +272,13 @@ def test_candidates_that_fail_or_disagree_are_dropped_and_recorded(
     def wrong(q, k, v, layout, causal):  # type: ignore[no-untyped-def]
         return torch.zeros_like(q) + 1.0
 
+    def with_cudnn(fake):  # type: ignore[no-untyped-def]
+        return lambda choices: {**attention_backends(choices), "cudnn": fake}
+
     engine = _bert_engine(minilm_path)
     rng = np.random.default_rng(8)
     for fake, reason in ((broken, "no kernel"), (wrong, "disagrees")):
-        monkeypatch.setitem(graphs_module.BACKENDS, "cudnn", fake)
+        monkeypatch.setattr(graphs_module, "attention_backends", with_cudnn(fake))
         engine.stats.attention_errors.clear()
         runner = _runner(engine, GraphConfig(attention=("block_mask", "cudnn")))
         batch = _random_batch(rng, [30, 20], engine.vocab_size)

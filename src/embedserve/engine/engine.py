@@ -6,6 +6,7 @@ device; the head (truncate, normalize, encode) is applied per request by `output
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from collections.abc import Callable
@@ -17,15 +18,16 @@ import torch
 from torch import nn
 
 from embedserve.engine.attention import (
-    BACKENDS,
     CAPTURE_SAFE,
     AttentionFn,
     RaggedLayout,
     choose_backend,
+    sdpa_loop,
 )
 from embedserve.engine.batch import PackedBatch
+from embedserve.engine.choices import KernelChoices
 from embedserve.engine.fidelity import check_fidelity, make_probes
-from embedserve.engine.fused import EAGER_OPS, compiled_ops
+from embedserve.engine.fused import EAGER_OPS, compile_limits, compiled_ops
 from embedserve.engine.graphs import GraphConfig, GraphRunner
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
@@ -64,15 +66,22 @@ class Engine:
         if dtype_name not in DTYPES:
             raise ValueError(f"dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
         self.dtype = DTYPES[dtype_name]
-        self.attend: AttentionFn = choose_backend(attention, self.device)
         on_cuda = self.device.type == "cuda"
+        # what this engine measured on its device: attention per bucket, GEMM kernel per shape,
+        # whether cuDNN takes grouped heads; filled in as shapes are first seen
+        self.choices = KernelChoices()
+        self.attend: AttentionFn = choose_backend(attention, self.device, self.choices)
         model = build_model(spec)  # fp32 on the CPU
         check = on_cuda if fidelity is None else fidelity
         reference = copy.deepcopy(model).to(self.device) if check else None
         self.model = model.to(self.device, self.dtype)
         self.stats = EngineStats()
-        if on_cuda if fuse is None else fuse:
-            ops = compiled_ops(self.stats)
+        fused = on_cuda if fuse is None else fuse
+        self._compiling: contextlib.AbstractContextManager[Any] = (
+            compile_limits() if fused else contextlib.nullcontext()
+        )
+        if fused:
+            ops = compiled_ops(self.choices, self.stats)
             self.model.ops = ops  # type: ignore[assignment]
             _route_linears(self.model, ops.linear)
         self.runner: GraphRunner | None = None
@@ -88,6 +97,7 @@ class Engine:
                 device=self.device,
                 config=config,
                 stats=self.stats,
+                choices=self.choices,
                 max_positions=spec.max_position_embeddings,
             )
             self.runner.warm_up()
@@ -147,9 +157,10 @@ class Engine:
         layout: RaggedLayout,
         attend: AttentionFn,
     ) -> torch.Tensor:  # [S, H] float32
-        hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
-        ops = getattr(self.model, "ops", EAGER_OPS)
-        return ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
+        with self._compiling:
+            hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
+            ops = getattr(self.model, "ops", EAGER_OPS)
+            return ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
@@ -210,4 +221,4 @@ def _reference_run(
         hidden = model(ids, positions, types, layout, attend)
         return EAGER_OPS.pool(hidden, layout.cu_seqlens, seq_ids, pooling)
 
-    return _eager_run(forward, batch, device, BACKENDS["sdpa_loop"]).cpu().numpy()
+    return _eager_run(forward, batch, device, sdpa_loop).cpu().numpy()

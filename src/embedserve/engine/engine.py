@@ -7,8 +7,6 @@ device; the head (truncate, normalize, encode) is applied per request by `output
 from __future__ import annotations
 
 import contextlib
-import copy
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,23 +65,21 @@ class Engine:
             raise ValueError(f"dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
         self.dtype = DTYPES[dtype_name]
         on_cuda = self.device.type == "cuda"
+        self.stats = EngineStats()
         # what this engine measured on its device: attention per bucket, GEMM kernel per shape,
         # whether cuDNN takes grouped heads; filled in as shapes are first seen
         self.choices = KernelChoices()
         self.attend: AttentionFn = choose_backend(attention, self.device, self.choices)
-        model = build_model(spec)  # fp32 on the CPU
-        check = on_cuda if fidelity is None else fidelity
-        reference = copy.deepcopy(model).to(self.device) if check else None
-        self.model = model.to(self.device, self.dtype)
-        self.stats = EngineStats()
         fused = on_cuda if fuse is None else fuse
+        # the ops first, then the model built with them (it calls them for every chain)
+        self.ops = compiled_ops(self.choices, self.stats) if fused else EAGER_OPS
         self._compiling: contextlib.AbstractContextManager[Any] = (
             compile_limits() if fused else contextlib.nullcontext()
         )
-        if fused:
-            ops = compiled_ops(self.choices, self.stats)
-            self.model.ops = ops  # type: ignore[assignment]
-            _route_linears(self.model, ops.linear)
+        check = on_cuda if fidelity is None else fidelity
+        # the fidelity reference: fp32, eager ops (read from the folder a second time)
+        reference = build_model(spec, EAGER_OPS).to(self.device) if check else None
+        self.model = build_model(spec, self.ops).to(self.device, self.dtype)
         self.runner: GraphRunner | None = None
         if graphs is None:
             # an explicitly named backend that a graph cannot hold (sdpa_loop) means eager
@@ -159,8 +155,7 @@ class Engine:
     ) -> torch.Tensor:  # [S, H] float32
         with self._compiling:
             hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
-            ops = getattr(self.model, "ops", EAGER_OPS)
-            return ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
+            return self.ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
@@ -176,20 +171,6 @@ class Engine:
                 return LazyTensor.from_device(pooled)
             self.stats.eager_runs += 1  # above the largest bucket
         return LazyTensor.from_device(_eager_run(self._forward, batch, self.device, self.attend))
-
-
-def _route_linears(model: nn.Module, linear: Callable[..., torch.Tensor]) -> None:
-    """Every nn.Linear of the model computes through `linear` (the ops table's: few-row GEMMs
-    through the measured-faster kernel on CUDA); weights and state dict are unchanged."""
-    for module in model.modules():
-        if type(module) is nn.Linear:
-            module.forward = functools.partial(_linear_forward, module, linear)  # type: ignore[method-assign]
-
-
-def _linear_forward(
-    module: nn.Linear, linear: Callable[..., torch.Tensor], x: torch.Tensor
-) -> torch.Tensor:
-    return linear(x, module.weight, module.bias)
 
 
 def _eager_run(

@@ -3,7 +3,8 @@
 `EAGER_OPS` is plain PyTorch (the CPU path and the reference); `compiled_ops()` wraps each
 function in `torch.compile`, which fuses a chain (residual add + norm, q/k-norm + rotary,
 SiLU × gate, gathers + norm, pooling) into one Triton kernel. Both compute the same function;
-inside a CUDA graph the compiled kernels replay like any other.
+inside a CUDA graph the compiled kernels replay like any other. A model receives its table at
+construction and calls it for every pointwise chain and every matrix product (`linear`).
 
 The functions take weights as arguments rather than reading module attributes, so one compiled
 function serves every layer (no recompilation per layer).

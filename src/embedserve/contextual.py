@@ -13,7 +13,6 @@ import numpy as np
 
 from embedserve.chunking import check_chunks, join_chunks, plan_document, split_windows
 from embedserve.engine.batch import PackedBatch
-from embedserve.engine.spans import embed_spans
 from embedserve.tokenization import InputTooLong
 
 if TYPE_CHECKING:
@@ -72,7 +71,7 @@ def contextual_pooled(
             ],
             dtype=np.int64,
         )
-        pooled = embed_spans(embedder.engine, batch, spans)
+        pooled = embedder.engine.embed_spans(batch, spans)
         k = 0
         for p in group:
             out.append(pooled[k : k + len(p.spans)])

@@ -29,6 +29,7 @@ from embedserve.engine.fused import EAGER_OPS, compile_limits, compiled_ops
 from embedserve.engine.graphs import GraphConfig, GraphRunner
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
+from embedserve.engine.spans import check_spans, pool_spans
 from embedserve.engine.stats import EngineStats
 from embedserve.spec import ModelSpec, PoolingMethod, read_model_spec
 
@@ -157,6 +158,18 @@ class Engine:
             hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
             return self.ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
 
+    def _hidden(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        token_type_ids: torch.Tensor,  # [T]
+        seq_ids: torch.Tensor,  # [T], unused: no pooling
+        layout: RaggedLayout,
+        attend: AttentionFn,
+    ) -> torch.Tensor:  # [T, H]: the forward without pooling
+        with self._compiling:
+            return self.model(input_ids, positions, token_type_ids, layout, attend)
+
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
         """Run one packed batch; pooled float32 vectors [S, H] arrive in the returned handle.
@@ -172,6 +185,20 @@ class Engine:
             self.stats.eager_runs += 1  # above the largest bucket
         return LazyTensor.from_device(_eager_run(self._forward, batch, self.device, self.attend))
 
+    @torch.inference_mode()
+    def embed_spans(self, batch: PackedBatch, spans: np.ndarray) -> np.ndarray:
+        """Late chunking: run `batch` through the model and mean-pool (fp32) each span.
+
+        `spans` is [K, 2] int64 `[start, end)` into the packed tokens, each inside one sequence
+        (they may overlap); returns [K, H] float32. Runs eagerly, outside the graphs: documents
+        are long and few, so launches do not dominate. Waits for the device.
+        """
+        self.check(batch)
+        spans = check_spans(spans, batch)
+        hidden = _eager_run(self._hidden, batch, self.device, self.attend)
+        spans_dev = torch.from_numpy(spans).to(self.device, non_blocking=True)
+        return pool_spans(hidden, spans_dev).cpu().numpy()
+
 
 def _eager_run(
     forward: Callable[..., torch.Tensor],
@@ -179,7 +206,8 @@ def _eager_run(
     device: torch.device,
     attend: AttentionFn,
 ) -> torch.Tensor:
-    """One unpadded forward with the batch's own boundaries (host values allowed)."""
+    """One unpadded forward (pooled, or hidden states for spans) with the batch's own
+    boundaries (host values allowed)."""
 
     def to_dev(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(device, non_blocking=True)

@@ -454,7 +454,7 @@ def main() -> None:
             hf_model = Qwen3Model(cfg).to(torch.bfloat16).eval()
         folder = Path("/tmp/qwen3-0.6b-random")
         hf_model.save_pretrained(folder)
-        kw: dict[str, Any] = {"pooling": "mean", "attention_kind": "bidirectional"}
+        kw: dict[str, Any] = {"pooling": "mean", "attention": "bidirectional"}
         t0 = time.perf_counter()
         ours = Engine.from_folder(folder, device="cuda", graphs=GRAPHS, **kw)
         startup = time.perf_counter() - t0

@@ -74,7 +74,7 @@ class Embedder:
         self.spec = read_model_spec(folder, pooling=pooling, attention=attention_kind)
         self._offsets_tokenizer: Any = None  # loaded on first use (late chunking, windows)
         self.tokenizer = TextTokenizer(folder / "tokenizer.json", self.spec.max_seq_length)
-        self.engine = Engine(self.spec, device=device, dtype=dtype, attention=attention)
+        self.engine = Engine(self.spec, device=device, dtype=dtype, attention_backend=attention)
 
     @property
     def dimensions(self) -> int:

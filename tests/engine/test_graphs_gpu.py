@@ -246,7 +246,7 @@ def qwen3_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("kind", ["bidirectional", "causal"])
 def test_qwen3_graphs_match_eager(qwen3_folder: Path, kind: str) -> None:
     pooling = "mean" if kind == "bidirectional" else "last"
-    kw: dict = {"pooling": pooling, "attention_kind": kind}
+    kw: dict = {"pooling": pooling, "attention": kind}
     fast = Engine.from_folder(qwen3_folder, device="cuda", **kw)  # the guard runs here
     assert fast.fidelity_cosine is not None and fast.fidelity_cosine >= 0.999
     eager = Engine.from_folder(

@@ -52,13 +52,15 @@ class Engine:
         *,
         device: str | None = "auto",
         dtype: str | None = None,
-        attention: str | None = None,
+        attention_backend: str | None = None,
         graphs: GraphConfig | bool | None = None,
         fuse: bool | None = None,
         fidelity: bool | None = None,
     ) -> None:
         """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU, where
-        the engine runs exactly the eager path. `graphs` may be a GraphConfig."""
+        the engine runs exactly the eager path. `graphs` may be a GraphConfig.
+        `attention_backend` names the attention kernel (`attention.BACKEND_NAMES`); by default
+        the device's, and with graphs the fastest candidate per bucket."""
         self.spec = spec
         self.device = resolve_device(device)
         dtype_name = dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
@@ -70,7 +72,7 @@ class Engine:
         # what this engine measured on its device: attention per bucket, GEMM kernel per shape,
         # whether cuDNN takes grouped heads; filled in as shapes are first seen
         self.choices = KernelChoices()
-        self.attend: AttentionFn = choose_backend(attention, self.device, self.choices)
+        self.attend: AttentionFn = choose_backend(attention_backend, self.device, self.choices)
         fused = on_cuda if fuse is None else fuse
         # the ops first, then the model built with them (it calls them for every chain)
         self.ops = compiled_ops(self.choices, self.stats) if fused else EAGER_OPS
@@ -84,11 +86,13 @@ class Engine:
         self.runner: GraphRunner | None = None
         if graphs is None:
             # an explicitly named backend that a graph cannot hold (sdpa_loop) means eager
-            graphs = on_cuda and (attention in (None, "auto") or attention in CAPTURE_SAFE)
+            graphs = on_cuda and (
+                attention_backend in (None, "auto") or attention_backend in CAPTURE_SAFE
+            )
         if graphs is not False:
             config = graphs if isinstance(graphs, GraphConfig) else GraphConfig()
-            if attention not in (None, "auto"):
-                config = GraphConfig(**{**config.__dict__, "attention": (attention,)})
+            if attention_backend not in (None, "auto"):
+                config = GraphConfig(**{**config.__dict__, "attention": (attention_backend,)})
             self.runner = GraphRunner(
                 self._forward,
                 device=self.device,
@@ -115,12 +119,12 @@ class Engine:
         folder: str | Path,
         *,
         pooling: str | None = None,
-        attention_kind: str | None = None,
+        attention: str | None = None,
         **kwargs: Any,
     ) -> Engine:
-        """`attention_kind` ("causal" | "bidirectional") overrides the folder's; `attention`
-        in kwargs names the attention backend."""
-        spec = read_model_spec(folder, pooling=pooling, attention=attention_kind)
+        """`pooling` and `attention` ("causal" | "bidirectional") override the folder's; the
+        other keywords go to `Engine` (`attention_backend` names the attention kernel)."""
+        spec = read_model_spec(folder, pooling=pooling, attention=attention)
         return cls(spec, **kwargs)
 
     @property

@@ -64,10 +64,10 @@ def load_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
     engine = Engine.from_folder(
         resolve_model(config.model),
         pooling=config.pooling,
-        attention_kind=config.attention_kind,
+        attention=config.attention_kind,
         device=config.device,
         dtype=config.dtype,
-        attention=config.attention,
+        attention_backend=config.attention,
     )
     warm = PackedBatch.from_packed(np.arange(100, 132, dtype=np.int64), np.array([16, 16]))
     engine.step(warm).wait()

@@ -167,8 +167,9 @@ def compile_limits() -> contextlib.AbstractContextManager[None]:
     NOTE: dynamo caches compilations per code object, so one compiled op serves every bucket,
     model and pooling method of the process; past dynamo's default limit (8 variants) it would
     run eagerly (with `fullgraph=True` on torch 2.13: raise). `config.patch` restores the limits
-    on exit and is thread-local on torch 2.13, so nothing else in the process sees them.
-    Built once and reused: building a patch costs ~80 µs, entering one ~20.
+    on exit and is thread-local on torch 2.13, so nothing else in the process sees them (on
+    2.11 they are process-wide while inside). Built once and reused: building a patch costs
+    ~80 µs, entering one ~20. NOTE: on torch 2.11 a patch is not re-entrant: never nest it.
     """
     cfg = torch._dynamo.config
     limits = {

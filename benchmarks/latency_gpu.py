@@ -256,7 +256,8 @@ def attention_levers() -> dict[str, Any]:
 def _attention_at(t: int) -> dict[str, Any]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from embedserve.engine.attention import BACKENDS, RaggedLayout
+    from embedserve.engine.attention import RaggedLayout, attention_backends
+    from embedserve.engine.choices import KernelChoices
     from embedserve.engine.fused import _graph_us
 
     out: dict[str, Any] = {}
@@ -267,6 +268,7 @@ def _attention_at(t: int) -> dict[str, Any]:
     dense = RaggedLayout(cu, t, (), sid, dense=True)
     masked = RaggedLayout(cu, t, (), sid, mask=sid[:, None] == sid[None, :])
     k16, v16 = (x.repeat_interleave(2, dim=1) for x in (k, v))
+    backends = attention_backends(KernelChoices())
 
     def sdpa(backend: Any) -> torch.Tensor:
         with sdpa_kernel([backend]):
@@ -274,13 +276,13 @@ def _attention_at(t: int) -> dict[str, Any]:
             return F.scaled_dot_product_attention(q4, k4, v4)
 
     fns: dict[str, Callable[[], Any]] = {
-        "varlen": lambda: BACKENDS["varlen"](q, k, v, dense, False),
-        "cudnn_dense": lambda: BACKENDS["cudnn"](q, k, v, dense, False),
+        "varlen": lambda: backends["varlen"](q, k, v, dense, False),
+        "cudnn_dense": lambda: backends["cudnn"](q, k, v, dense, False),
         "sdpa_flash_dense": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa_efficient_dense": lambda: sdpa(SDPBackend.EFFICIENT_ATTENTION),
     }
     if t <= 2048:
-        fns["cudnn_bias"] = lambda: BACKENDS["cudnn"](q, k, v, masked, False)
+        fns["cudnn_bias"] = lambda: backends["cudnn"](q, k, v, masked, False)
     flop = 4 * t * t * 16 * 128
     for name, fn in fns.items():
         r = guarded(functools.partial(_graph_us, _ignore_index(fn), 10))
@@ -452,7 +454,7 @@ def main() -> None:
             hf_model = Qwen3Model(cfg).to(torch.bfloat16).eval()
         folder = Path("/tmp/qwen3-0.6b-random")
         hf_model.save_pretrained(folder)
-        kw: dict[str, Any] = {"pooling": "mean", "attention_kind": "bidirectional"}
+        kw: dict[str, Any] = {"pooling": "mean", "attention": "bidirectional"}
         t0 = time.perf_counter()
         ours = Engine.from_folder(folder, device="cuda", graphs=GRAPHS, **kw)
         startup = time.perf_counter() - t0

@@ -17,7 +17,6 @@ from embedserve.bundled import DEFAULT_MODEL, resolve_model
 from embedserve.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
-from embedserve.engine.spans import embed_spans
 from embedserve.inputs import InputPreparer, Truncate
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
@@ -52,7 +51,9 @@ class Embedder:
         self.spec = read_model_spec(folder, pooling=pooling, attention=attention)
         self.tokenizer = TextTokenizer(folder / "tokenizer.json", self.spec.max_seq_length)
         self.inputs = InputPreparer(self.spec, self.tokenizer)
-        self.engine = Engine(self.spec, device=device, dtype=dtype, attention=attention_backend)
+        self.engine = Engine(
+            self.spec, device=device, dtype=dtype, attention_backend=attention_backend
+        )
 
     @property
     def dimensions(self) -> int:
@@ -157,7 +158,7 @@ class Embedder:
             batch_plans = [plans[d] for d in group]
             batch = PackedBatch.from_token_lists([p.ids for p in batch_plans])
             spans = np.asarray(packed_spans(batch_plans), dtype=np.int64)
-            rows = embed_spans(self.engine, batch, spans)
+            rows = self.engine.embed_spans(batch, spans)
             out += split_rows(head.apply(rows), [len(p.spans) for p in batch_plans])
         return out
 

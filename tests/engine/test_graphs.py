@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from embedserve.engine.attention import BACKENDS
+from embedserve.engine.attention import attention_backends
 from embedserve.engine.batch import PackedBatch
+from embedserve.engine.choices import KernelChoices
 from embedserve.engine.engine import Engine
 from embedserve.engine.graphs import (
     EagerGraph,
@@ -23,6 +24,8 @@ from embedserve.engine.graphs import (
     stage_inputs,
     token_bucket,
 )
+
+BACKENDS = attention_backends(KernelChoices())
 
 
 def test_token_buckets_step_by_64_then_256() -> None:
@@ -111,6 +114,7 @@ def _runner(engine: Engine, config: GraphConfig | None = None) -> GraphRunner:
         device=torch.device("cpu"),
         config=config or GraphConfig(attention=("block_mask",)),
         stats=engine.stats,
+        choices=KernelChoices(),
         max_positions=engine.max_positions,
         make_graph=EagerGraph,
     )
@@ -179,7 +183,7 @@ def test_runner_picks_attention_by_timing_and_records_it(minilm_path) -> None:  
         runner.run(batch)
     ((key, timings),) = engine.stats.attention_timings.items()
     assert key == "t64-s4-l64" and set(timings) == {"block_mask"} and timings["block_mask"] > 0
-    assert runner.attention_choice() == {key: "block_mask"}
+    assert runner.attention_choice() == {key: "block_mask"} == runner.choices.attention
 
 
 @torch.inference_mode()
@@ -268,10 +272,13 @@ def test_candidates_that_fail_or_disagree_are_dropped_and_recorded(
     def wrong(q, k, v, layout, causal):  # type: ignore[no-untyped-def]
         return torch.zeros_like(q) + 1.0
 
+    def with_cudnn(fake):  # type: ignore[no-untyped-def]
+        return lambda choices: {**attention_backends(choices), "cudnn": fake}
+
     engine = _bert_engine(minilm_path)
     rng = np.random.default_rng(8)
     for fake, reason in ((broken, "no kernel"), (wrong, "disagrees")):
-        monkeypatch.setitem(graphs_module.BACKENDS, "cudnn", fake)
+        monkeypatch.setattr(graphs_module, "attention_backends", with_cudnn(fake))
         engine.stats.attention_errors.clear()
         runner = _runner(engine, GraphConfig(attention=("block_mask", "cudnn")))
         batch = _random_batch(rng, [30, 20], engine.vocab_size)
@@ -285,21 +292,64 @@ def test_candidates_that_fail_or_disagree_are_dropped_and_recorded(
         assert key == "t64-s4-l64" and reason in errors["cudnn"]
 
 
-def test_linear_routing_through_the_ops_table_keeps_outputs() -> None:
-    from embedserve.engine.engine import _route_linears
+def test_linear_computes_through_its_ops_table_with_nn_linear_keys() -> None:
+    from dataclasses import replace
+
     from embedserve.engine.fused import EAGER_OPS
+    from embedserve.engine.models.linear import Linear
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    x = torch.randn(5, 8)
-    want = model(x)
+    ref = torch.nn.Linear(8, 16)
     calls = []
 
     def counting(x, w, b):  # type: ignore[no-untyped-def]
-        calls.append(tuple(w.shape))
+        calls.append((tuple(w.shape), b is not None))
         return EAGER_OPS.linear(x, w, b)
 
-    _route_linears(model, counting)
-    torch.testing.assert_close(model(x), want)
-    assert calls == [(16, 8), (4, 16)]
-    assert set(model.state_dict()) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    ops = replace(EAGER_OPS, linear=counting)
+    layers = [Linear(8, 16, ops), Linear(8, 16, ops, bias=False)]
+    for layer in layers:
+        layer.load_state_dict(
+            {k: v for k, v in ref.state_dict().items() if k in dict(layer.named_parameters())}
+        )
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(layers[0](x), ref(x))
+    torch.testing.assert_close(layers[1](x), x @ ref.weight.T)
+    assert calls == [((16, 8), True), ((16, 8), False)]
+    assert set(layers[0].state_dict()) == set(ref.state_dict()) == {"weight", "bias"}
+    assert set(layers[1].state_dict()) == {"weight"}
+
+
+@torch.inference_mode()
+def test_model_gets_its_ops_at_construction(minilm_path) -> None:  # type: ignore[no-untyped-def]
+    """Every pointwise chain and matrix product of the model goes through the table it was
+    built with: no nn.Linear left to patch."""
+    from dataclasses import fields, replace
+
+    from embedserve.engine.attention import RaggedLayout
+    from embedserve.engine.fused import EAGER_OPS, Ops
+    from embedserve.engine.models import build_model
+
+    counts: dict[str, int] = {}
+
+    def counted(name):  # type: ignore[no-untyped-def]
+        def call(*args):  # type: ignore[no-untyped-def]
+            counts[name] = counts.get(name, 0) + 1
+            return getattr(EAGER_OPS, name)(*args)
+
+        return call
+
+    engine = _bert_engine(minilm_path)
+    model = build_model(
+        engine.spec, replace(EAGER_OPS, **{f.name: counted(f.name) for f in fields(Ops)})
+    )
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    batch = PackedBatch.from_token_lists([[101, 2023, 102], [101, 102]])
+    ids, pos, types = (
+        torch.from_numpy(a) for a in (batch.input_ids, batch.positions, batch.token_type_ids)
+    )
+    layout = RaggedLayout(torch.from_numpy(batch.cu_seqlens), 3, (3, 2))
+    got = model(ids, pos, types, layout, engine.attend)
+    torch.testing.assert_close(got, engine.model(ids, pos, types, layout, engine.attend))
+    num_layers = len(engine.model.layers)
+    assert counts == {"bert_embed": 1, "linear": 4 * num_layers, "add_layer_norm": 2 * num_layers}

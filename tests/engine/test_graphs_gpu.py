@@ -15,13 +15,16 @@ import pytest
 import torch
 
 from embedserve.engine import graphs as graphs_module
-from embedserve.engine.attention import BACKENDS, RaggedLayout
+from embedserve.engine.attention import RaggedLayout, attention_backends
 from embedserve.engine.batch import PackedBatch
+from embedserve.engine.choices import KernelChoices
 from embedserve.engine.engine import Engine
 from embedserve.engine.fidelity import row_cosines
 from embedserve.engine.graphs import GraphConfig, plan_bucket
 
 pytestmark = pytest.mark.gpu
+
+BACKENDS = attention_backends(KernelChoices())
 
 SHAPES = [[1], [16], [63], [64], [65], [128], [7, 9], [3, 50, 11], [200, 1, 30, 64], [512],
           [100] * 10, [33] * 40, [900, 500], [1000, 1000, 300]]  # fmt: skip
@@ -90,8 +93,8 @@ def test_small_m_linear_matches_cublas_and_records_its_choice(bias: bool) -> Non
     from embedserve.engine.stats import EngineStats
 
     torch.manual_seed(0)
-    stats = EngineStats()
-    linear = small_m_linear(stats)
+    stats, choices = EngineStats(), KernelChoices()
+    linear = small_m_linear(choices, stats)
     for m, n, k in [(64, 4096, 1024), (128, 1024, 3072), (128, 1152, 384), (512, 6144, 1024)]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
@@ -102,6 +105,7 @@ def test_small_m_linear_matches_cublas_and_records_its_choice(bias: bool) -> Non
             err = ((got.double() - want).norm() / want.norm()).item()
             assert got.shape == (m, n) and got.dtype == x.dtype and err < 1e-2, err
     assert all("cublas" in t and "chosen" in t for t in stats.gemm_timings.values())
+    assert len(choices.gemm) == len(stats.gemm_timings) == 4
 
 
 def test_qk_norm_rope_kernel_against_fp64() -> None:
@@ -242,7 +246,7 @@ def qwen3_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("kind", ["bidirectional", "causal"])
 def test_qwen3_graphs_match_eager(qwen3_folder: Path, kind: str) -> None:
     pooling = "mean" if kind == "bidirectional" else "last"
-    kw: dict = {"pooling": pooling, "attention_kind": kind}
+    kw: dict = {"pooling": pooling, "attention": kind}
     fast = Engine.from_folder(qwen3_folder, device="cuda", **kw)  # the guard runs here
     assert fast.fidelity_cosine is not None and fast.fidelity_cosine >= 0.999
     eager = Engine.from_folder(

@@ -128,7 +128,7 @@ def test_tiny_bidirectional_mean_matches_transformers(tiny_bidirectional: Path) 
     assert (full - causal).abs().max() > 1e-2  # the reference really is not causal
 
     # the override flag: the same folder run causally is no longer bidirectional
-    causal_engine = Engine.from_folder(folder, device="cpu", attention_kind="causal")
+    causal_engine = Engine.from_folder(folder, device="cpu", attention="causal")
     assert causal_engine.spec.attention == "causal"
     got_causal = ours(causal_engine, [seq])[0]
     assert cosine(got_causal, causal.mean(0)) >= 0.99999
@@ -137,7 +137,7 @@ def test_tiny_bidirectional_mean_matches_transformers(tiny_bidirectional: Path) 
 
 @pytest.mark.parametrize("kind", ["causal", "bidirectional"])
 def test_alone_equals_in_a_mixed_batch(tiny: Path, kind: str) -> None:
-    engine = Engine.from_folder(tiny, device="cpu", attention_kind=kind, pooling="mean")
+    engine = Engine.from_folder(tiny, device="cpu", attention=kind, pooling="mean")
     ids = token_ids(tiny)
     batch = ours(engine, ids)
     for i, seq in enumerate(ids):
@@ -191,7 +191,7 @@ def test_qwen3_0_6b_config_matches_transformers(tmp_path: Path) -> None:
     print("0.6B causal, last token: cosines", check_against_hf(folder, causal, hf, texts))
     del causal
     bidirectional = Engine.from_folder(
-        folder, device="cpu", attention_kind="bidirectional", pooling="mean"
+        folder, device="cpu", attention="bidirectional", pooling="mean"
     )
     cosines = check_against_hf(folder, bidirectional, hf, texts)
     print("0.6B bidirectional, mean: cosines", cosines)

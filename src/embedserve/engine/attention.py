@@ -16,12 +16,15 @@ sequence boundaries in a `RaggedLayout`; none pads sequences to a common length.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from embedserve.engine.choices import KernelChoices
 
 
 @dataclass(frozen=True)
@@ -149,15 +152,18 @@ def varlen(
     return out
 
 
-# whether cuDNN's SDPA takes grouped K/V heads (`enable_gqa`); learned on the first call, which
-# happens outside any capture (a bucket's first hit runs eagerly)
-_CUDNN_GQA: bool | None = None
-
-
 def cudnn(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: RaggedLayout, causal: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: RaggedLayout,
+    causal: bool,
+    *,
+    choices: KernelChoices,
 ) -> torch.Tensor:
-    global _CUDNN_GQA
+    """`choices.cudnn_gqa` (whether cuDNN takes grouped K/V heads) is learned on the first call
+    with grouped heads, which is never inside a capture (a bucket's first hit runs eagerly, and
+    every capture is preceded by a warm-up run)."""
     mask: torch.Tensor | None = None
     if not layout.dense:
         key = f"cudnn-bias-{causal}-{q.dtype}"
@@ -172,7 +178,7 @@ def cudnn(
             layout.cache[key] = mask
     on_cuda = q.device.type == "cuda"
     grouped = k.shape[1] != q.shape[1]
-    if grouped and not (on_cuda and _CUDNN_GQA is not False):
+    if grouped and not (on_cuda and choices.cudnn_gqa is not False):
         k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
     q4, k4, v4 = (t[None].transpose(1, 2) for t in (q, k, v))  # [1, N, T, D] views
     kwargs: dict[str, object] = {"attn_mask": mask, "is_causal": causal and mask is None}
@@ -182,29 +188,34 @@ def cudnn(
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        if grouped and _CUDNN_GQA is not False:
+        if grouped and choices.cudnn_gqa is not False:
             try:
                 out = F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True, **kwargs)  # type: ignore[arg-type]
-                _CUDNN_GQA = True
+                choices.cudnn_gqa = True
             except RuntimeError:
-                if _CUDNN_GQA:  # it worked before: a real error
+                if choices.cudnn_gqa:  # it worked before: a real error
                     raise
                 # maybe no grouped heads in cuDNN: once more with K/V expanded (if this fails
                 # too, something else is wrong and nothing is learned)
                 ke, ve = (_expand_kv(t, q.shape[1])[None].transpose(1, 2) for t in (k, v))
                 out = F.scaled_dot_product_attention(q4, ke, ve, **kwargs)  # type: ignore[arg-type]
-                _CUDNN_GQA = False
+                choices.cudnn_gqa = False
         else:
             out = F.scaled_dot_product_attention(q4, k4, v4, **kwargs)  # type: ignore[arg-type]
     return out[0].transpose(0, 1)
 
 
-BACKENDS: dict[str, AttentionFn] = {
-    "varlen": varlen,
-    "sdpa_loop": sdpa_loop,
-    "block_mask": block_mask,
-    "cudnn": cudnn,
-}
+BACKEND_NAMES: tuple[str, ...] = ("varlen", "sdpa_loop", "block_mask", "cudnn")
+
+
+def attention_backends(choices: KernelChoices) -> dict[str, AttentionFn]:
+    """The registry: every backend by name, the measured one (`cudnn`) bound to `choices`."""
+    return {
+        "varlen": varlen,
+        "sdpa_loop": sdpa_loop,
+        "block_mask": block_mask,
+        "cudnn": functools.partial(cudnn, choices=choices),
+    }
 
 
 # Backends that read no host value that changes between batches once `seq_ids` is set: the
@@ -215,12 +226,14 @@ CAPTURE_SAFE: tuple[str, ...] = ("varlen", "block_mask", "cudnn")
 MASKED: tuple[str, ...] = ("block_mask", "cudnn")
 
 
-def choose_backend(name: str | None, device: torch.device) -> AttentionFn:
+def choose_backend(name: str | None, device: torch.device, choices: KernelChoices) -> AttentionFn:
     """The named backend, or the measured default for the device."""
     if name is None or name == "auto":
         name = "varlen" if device.type == "cuda" else "sdpa_loop"
-    if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose from {', '.join(BACKENDS)}")
+    if name not in BACKEND_NAMES:
+        raise ValueError(
+            f"unknown attention backend {name!r}; choose from {', '.join(BACKEND_NAMES)}"
+        )
     if name == "varlen" and device.type != "cuda":
         raise ValueError("attention backend 'varlen' needs a CUDA device")
-    return BACKENDS[name]
+    return attention_backends(choices)[name]

@@ -6,8 +6,7 @@ device; the head (truncate, normalize, encode) is applied per request by `output
 
 from __future__ import annotations
 
-import copy
-import functools
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,18 +16,20 @@ import torch
 from torch import nn
 
 from embedserve.engine.attention import (
-    BACKENDS,
     CAPTURE_SAFE,
     AttentionFn,
     RaggedLayout,
     choose_backend,
+    sdpa_loop,
 )
 from embedserve.engine.batch import PackedBatch
+from embedserve.engine.choices import KernelChoices
 from embedserve.engine.fidelity import check_fidelity, make_probes
-from embedserve.engine.fused import EAGER_OPS, compiled_ops
+from embedserve.engine.fused import EAGER_OPS, compile_limits, compiled_ops
 from embedserve.engine.graphs import GraphConfig, GraphRunner
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
+from embedserve.engine.spans import check_spans, pool_spans
 from embedserve.engine.stats import EngineStats
 from embedserve.spec import ModelSpec, PoolingMethod, read_model_spec
 
@@ -51,43 +52,53 @@ class Engine:
         *,
         device: str | None = "auto",
         dtype: str | None = None,
-        attention: str | None = None,
+        attention_backend: str | None = None,
         graphs: GraphConfig | bool | None = None,
         fuse: bool | None = None,
         fidelity: bool | None = None,
     ) -> None:
         """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU, where
-        the engine runs exactly the eager path. `graphs` may be a GraphConfig."""
+        the engine runs exactly the eager path. `graphs` may be a GraphConfig.
+        `attention_backend` names the attention kernel (`attention.BACKEND_NAMES`); by default
+        the device's, and with graphs the fastest candidate per bucket."""
         self.spec = spec
         self.device = resolve_device(device)
         dtype_name = dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
         if dtype_name not in DTYPES:
             raise ValueError(f"dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
         self.dtype = DTYPES[dtype_name]
-        self.attend: AttentionFn = choose_backend(attention, self.device)
         on_cuda = self.device.type == "cuda"
-        model = build_model(spec)  # fp32 on the CPU
-        check = on_cuda if fidelity is None else fidelity
-        reference = copy.deepcopy(model).to(self.device) if check else None
-        self.model = model.to(self.device, self.dtype)
         self.stats = EngineStats()
-        if on_cuda if fuse is None else fuse:
-            ops = compiled_ops(self.stats)
-            self.model.ops = ops  # type: ignore[assignment]
-            _route_linears(self.model, ops.linear)
+        # what this engine measured on its device: attention per bucket, GEMM kernel per shape,
+        # whether cuDNN takes grouped heads; filled in as shapes are first seen
+        self.choices = KernelChoices()
+        self.attend: AttentionFn = choose_backend(attention_backend, self.device, self.choices)
+        fused = on_cuda if fuse is None else fuse
+        # the ops first, then the model built with them (it calls them for every chain)
+        self.ops = compiled_ops(self.choices, self.stats) if fused else EAGER_OPS
+        self._compiling: contextlib.AbstractContextManager[Any] = (
+            compile_limits() if fused else contextlib.nullcontext()
+        )
+        check = on_cuda if fidelity is None else fidelity
+        # the fidelity reference: fp32, eager ops (read from the folder a second time)
+        reference = build_model(spec, EAGER_OPS).to(self.device) if check else None
+        self.model = build_model(spec, self.ops).to(self.device, self.dtype)
         self.runner: GraphRunner | None = None
         if graphs is None:
             # an explicitly named backend that a graph cannot hold (sdpa_loop) means eager
-            graphs = on_cuda and (attention in (None, "auto") or attention in CAPTURE_SAFE)
+            graphs = on_cuda and (
+                attention_backend in (None, "auto") or attention_backend in CAPTURE_SAFE
+            )
         if graphs is not False:
             config = graphs if isinstance(graphs, GraphConfig) else GraphConfig()
-            if attention not in (None, "auto"):
-                config = GraphConfig(**{**config.__dict__, "attention": (attention,)})
+            if attention_backend not in (None, "auto"):
+                config = GraphConfig(**{**config.__dict__, "attention": (attention_backend,)})
             self.runner = GraphRunner(
                 self._forward,
                 device=self.device,
                 config=config,
                 stats=self.stats,
+                choices=self.choices,
                 max_positions=spec.max_position_embeddings,
             )
             self.runner.warm_up()
@@ -108,12 +119,12 @@ class Engine:
         folder: str | Path,
         *,
         pooling: str | None = None,
-        attention_kind: str | None = None,
+        attention: str | None = None,
         **kwargs: Any,
     ) -> Engine:
-        """`attention_kind` ("causal" | "bidirectional") overrides the folder's; `attention`
-        in kwargs names the attention backend."""
-        spec = read_model_spec(folder, pooling=pooling, attention=attention_kind)
+        """`pooling` and `attention` ("causal" | "bidirectional") override the folder's; the
+        other keywords go to `Engine` (`attention_backend` names the attention kernel)."""
+        spec = read_model_spec(folder, pooling=pooling, attention=attention)
         return cls(spec, **kwargs)
 
     @property
@@ -147,9 +158,21 @@ class Engine:
         layout: RaggedLayout,
         attend: AttentionFn,
     ) -> torch.Tensor:  # [S, H] float32
-        hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
-        ops = getattr(self.model, "ops", EAGER_OPS)
-        return ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
+        with self._compiling:
+            hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
+            return self.ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
+
+    def _hidden(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        token_type_ids: torch.Tensor,  # [T]
+        seq_ids: torch.Tensor,  # [T], unused: no pooling
+        layout: RaggedLayout,
+        attend: AttentionFn,
+    ) -> torch.Tensor:  # [T, H]: the forward without pooling
+        with self._compiling:
+            return self.model(input_ids, positions, token_type_ids, layout, attend)
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
@@ -166,19 +189,19 @@ class Engine:
             self.stats.eager_runs += 1  # above the largest bucket
         return LazyTensor.from_device(_eager_run(self._forward, batch, self.device, self.attend))
 
+    @torch.inference_mode()
+    def embed_spans(self, batch: PackedBatch, spans: np.ndarray) -> np.ndarray:
+        """Late chunking: run `batch` through the model and mean-pool (fp32) each span.
 
-def _route_linears(model: nn.Module, linear: Callable[..., torch.Tensor]) -> None:
-    """Every nn.Linear of the model computes through `linear` (the ops table's: few-row GEMMs
-    through the measured-faster kernel on CUDA); weights and state dict are unchanged."""
-    for module in model.modules():
-        if type(module) is nn.Linear:
-            module.forward = functools.partial(_linear_forward, module, linear)  # type: ignore[method-assign]
-
-
-def _linear_forward(
-    module: nn.Linear, linear: Callable[..., torch.Tensor], x: torch.Tensor
-) -> torch.Tensor:
-    return linear(x, module.weight, module.bias)
+        `spans` is [K, 2] int64 `[start, end)` into the packed tokens, each inside one sequence
+        (they may overlap); returns [K, H] float32. Runs eagerly, outside the graphs: documents
+        are long and few, so launches do not dominate. Waits for the device.
+        """
+        self.check(batch)
+        spans = check_spans(spans, batch)
+        hidden = _eager_run(self._hidden, batch, self.device, self.attend)
+        spans_dev = torch.from_numpy(spans).to(self.device, non_blocking=True)
+        return pool_spans(hidden, spans_dev).cpu().numpy()
 
 
 def _eager_run(
@@ -187,7 +210,8 @@ def _eager_run(
     device: torch.device,
     attend: AttentionFn,
 ) -> torch.Tensor:
-    """One unpadded forward with the batch's own boundaries (host values allowed)."""
+    """One unpadded forward (pooled, or hidden states for spans) with the batch's own
+    boundaries (host values allowed)."""
 
     def to_dev(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(device, non_blocking=True)
@@ -210,4 +234,4 @@ def _reference_run(
         hidden = model(ids, positions, types, layout, attend)
         return EAGER_OPS.pool(hidden, layout.cu_seqlens, seq_ids, pooling)
 
-    return _eager_run(forward, batch, device, BACKENDS["sdpa_loop"]).cpu().numpy()
+    return _eager_run(forward, batch, device, sdpa_loop).cpu().numpy()

@@ -3,7 +3,8 @@
 `EAGER_OPS` is plain PyTorch (the CPU path and the reference); `compiled_ops()` wraps each
 function in `torch.compile`, which fuses a chain (residual add + norm, q/k-norm + rotary,
 SiLU × gate, gathers + norm, pooling) into one Triton kernel. Both compute the same function;
-inside a CUDA graph the compiled kernels replay like any other.
+inside a CUDA graph the compiled kernels replay like any other. A model receives its table at
+construction and calls it for every pointwise chain and every matrix product (`linear`).
 
 The functions take weights as arguments rather than reading module attributes, so one compiled
 function serves every layer (no recompilation per layer).
@@ -11,15 +12,17 @@ function serves every layer (no recompilation per layer).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 
+from embedserve.engine.choices import KernelChoices
 from embedserve.engine.pooling import pool
 from embedserve.engine.stats import EngineStats
 
@@ -136,38 +139,58 @@ class _Timed:
         return out
 
 
-def compiled_ops(stats: EngineStats | None = None, mode: str | None = None) -> Ops:
+def compiled_ops(
+    choices: KernelChoices, stats: EngineStats | None = None, mode: str | None = None
+) -> Ops:
     """Every op through `torch.compile`, compiled on the first call of each shape family
     (`dynamic=None`: a second token count recompiles once with the token dimension symbolic).
-    Compilations and their host seconds are counted in `stats`."""
+    Compilations and their host seconds are counted in `stats`; GEMM kernels measured per shape
+    are kept in `choices`. Call the table inside `compile_limits()`."""
     stats = stats if stats is not None else EngineStats()
-    # NOTE: one compiled function serves every bucket, model and pooling method of the process;
-    # past dynamo's default limit (8 variants per function) it would silently run eagerly.
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(getattr(cfg, name), 64))
     compiled: dict[str, Callable[..., Any]] = {
         f.name: _Timed(torch.compile(getattr(EAGER_OPS, f.name), fullgraph=True, mode=mode), stats)
         for f in fields(Ops)
         if f.name != "linear"
     }
     compiled["qk_norm_rope"] = _triton_qk_norm_rope(compiled["qk_norm_rope"])
-    compiled["linear"] = small_m_linear(stats)
+    compiled["linear"] = small_m_linear(choices, stats)
     return Ops(**compiled)
+
+
+MAX_COMPILED_VARIANTS = 64
+
+
+def compile_limits() -> contextlib.AbstractContextManager[None]:
+    """A reusable context in which dynamo keeps up to `MAX_COMPILED_VARIANTS` compilations of
+    each function: the engine runs its compiled ops inside it.
+
+    NOTE: dynamo caches compilations per code object, so one compiled op serves every bucket,
+    model and pooling method of the process; past dynamo's default limit (8 variants) it would
+    run eagerly (with `fullgraph=True` on torch 2.13: raise). `config.patch` restores the limits
+    on exit and is thread-local on torch 2.13, so nothing else in the process sees them (on
+    2.11 they are process-wide while inside). Built once and reused: building a patch costs
+    ~80 µs, entering one ~20. NOTE: on torch 2.11 a patch is not re-entrant: never nest it.
+    """
+    cfg = torch._dynamo.config
+    limits = {
+        name: max(getattr(cfg, name), MAX_COMPILED_VARIANTS)
+        for name in ("recompile_limit", "cache_size_limit")
+        if hasattr(cfg, name)
+    }
+    return cast(contextlib.AbstractContextManager[None], cfg.patch(limits))
 
 
 SMALL_M = 512  # GEMMs with at most this many rows are tuned against the Triton kernel
 _MISSING = object()
-# (device, dtype, M, N, K, bias) -> the kernel config measured fastest, or None for cuBLAS.
-# Process-wide: every engine on a device shares the measurements.
-_GEMM_CHOICE: dict[tuple[Any, ...], Any] = {}
 
 
-def small_m_linear(stats: EngineStats | None = None) -> Callable[..., torch.Tensor]:
+def small_m_linear(
+    choices: KernelChoices, stats: EngineStats | None = None
+) -> Callable[..., torch.Tensor]:
     """F.linear, except where a GEMM has few rows (M ≤ SMALL_M) and the Triton kernel measured
     faster than cuBLAS for that exact (M, N, K) on this device: then the kernel. Each new shape
-    is measured once, outside any capture (a bucket's first hit runs eagerly)."""
+    is measured once, outside any capture (a bucket's first hit runs eagerly), and the choice
+    kept in `choices.gemm`."""
     stats = stats if stats is not None else EngineStats()
     try:
         from embedserve.engine.kernels import small_gemm as kernel
@@ -181,11 +204,11 @@ def small_m_linear(stats: EngineStats | None = None) -> Callable[..., torch.Tens
             return F.linear(x, weight, bias)
         m, k = x.shape
         key = (x.device, x.dtype, m, weight.shape[0], k, bias is not None)
-        choice = _GEMM_CHOICE.get(key, _MISSING)
+        choice = choices.gemm.get(key, _MISSING)
         if choice is _MISSING:
             if torch.cuda.is_current_stream_capturing():  # never measure inside a capture
                 return F.linear(x, weight, bias)
-            choice = _GEMM_CHOICE[key] = _tune_gemm(kernel, x, weight, bias, stats)
+            choice = choices.gemm[key] = _tune_gemm(kernel, x, weight, bias, stats)
         if choice is None:
             return F.linear(x, weight, bias)
         return kernel.linear(x, weight, bias, choice)

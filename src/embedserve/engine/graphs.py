@@ -22,13 +22,14 @@ import numpy as np
 import torch
 
 from embedserve.engine.attention import (
-    BACKENDS,
     CAPTURE_SAFE,
     MASKED,
     AttentionFn,
     RaggedLayout,
+    attention_backends,
 )
 from embedserve.engine.batch import PackedBatch
+from embedserve.engine.choices import KernelChoices
 from embedserve.engine.stats import EngineStats
 
 SMALL_TOKENS = 1024  # up to here token buckets step by 64, above by 256
@@ -254,11 +255,11 @@ class _Bucket:
     hits: int = 0
     graph: Graph | None = None
     output: torch.Tensor | None = None  # [plan.num_seqs, H] fp32, written by each replay
-    attention: str = ""
 
 
 class GraphRunner:
-    """Owns the buckets: their static input buffers, their graphs and the pad-to-bucket rule."""
+    """Owns the buckets: their static input buffers, their graphs and the pad-to-bucket rule.
+    The attention backend each bucket's graph was captured with goes to `choices.attention`."""
 
     def __init__(
         self,
@@ -267,6 +268,7 @@ class GraphRunner:
         device: torch.device,
         config: GraphConfig,
         stats: EngineStats,
+        choices: KernelChoices,
         max_positions: int,
         make_graph: Callable[[], Graph] | None = None,
     ) -> None:
@@ -274,6 +276,8 @@ class GraphRunner:
         self.device = device
         self.config = config
         self.stats = stats
+        self.choices = choices
+        self._backends = attention_backends(choices)
         self.max_positions = max_positions
         self._buckets: dict[str, _Bucket] = {}
         if make_graph is None:
@@ -391,7 +395,7 @@ class GraphRunner:
         if attention in MASKED and not plan.dense:  # built once per forward, not per layer
             mask = seq_ids[:, None] == seq_ids[None, :]
         layout = RaggedLayout(cu_seqlens, plan.max_seqlen, (), seq_ids, plan.dense, mask)
-        return self._forward(ids, pos, types, seq_ids, layout, BACKENDS[attention])
+        return self._forward(ids, pos, types, seq_ids, layout, self._backends[attention])
 
     def _capture(self, bucket: _Bucket, real_rows: int) -> None:
         """Capture one graph per attention candidate, keep the fastest whose output agrees with
@@ -426,7 +430,8 @@ class GraphRunner:
             if best is None or ms < best[0]:
                 best = (ms, name, graph, output)
         assert best is not None
-        _, bucket.attention, bucket.graph, bucket.output = best
+        _, chosen, bucket.graph, bucket.output = best
+        self.choices.attention[bucket.plan.key] = chosen
         bucket.graph.replay()  # this step's result (capturing computes nothing)
         self.stats.captures += 1
         self.stats.capture_seconds += time.perf_counter() - t0
@@ -446,4 +451,4 @@ class GraphRunner:
 
     def attention_choice(self) -> dict[str, str]:
         """Bucket key -> the attention backend its graph was captured with."""
-        return {k: b.attention for k, b in self._buckets.items() if b.graph is not None}
+        return dict(self.choices.attention)

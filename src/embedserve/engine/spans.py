@@ -1,9 +1,8 @@
-"""Late chunking: one forward over whole documents, then one mean-pooled vector per token span.
+"""Late chunking's pooling: one mean-pooled vector per token span of the hidden states.
 
 A span is `[start, end)` in the packed token dimension of the batch (so it lies inside one
-sequence). Spans may overlap (a token straddling two chunks belongs to both). This runs eagerly,
-outside the CUDA-graph path of `Engine.step`: documents are long and few, so launches do not
-dominate.
+sequence). Spans may overlap (a token straddling two chunks belongs to both). The forward over
+whole documents is the engine's (`Engine.embed_spans`); these are pure functions of its output.
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from embedserve.engine.attention import RaggedLayout
 from embedserve.engine.batch import PackedBatch
-from embedserve.engine.engine import Engine
 
 
 def pool_spans(
@@ -45,24 +42,3 @@ def check_spans(spans: np.ndarray, batch: PackedBatch) -> np.ndarray:
     if (batch.seq_ids[ends - 1] != seq_of_start).any():
         raise ValueError("a span must not cross a sequence boundary")
     return spans
-
-
-@torch.inference_mode()
-def embed_spans(engine: Engine, batch: PackedBatch, spans: np.ndarray) -> np.ndarray:
-    """Run `batch` through the engine's model and mean-pool each span: [K, H] float32."""
-    engine.check(batch)
-    spans = check_spans(spans, batch)
-    dev = engine.device
-
-    def to_dev(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a).to(dev, non_blocking=True)
-
-    layout = RaggedLayout(to_dev(batch.cu_seqlens), batch.max_seqlen, tuple(batch.seqlens.tolist()))
-    hidden = engine.model(
-        to_dev(batch.input_ids),
-        to_dev(batch.positions),
-        to_dev(batch.token_type_ids),
-        layout,
-        engine.attend,
-    )
-    return pool_spans(hidden, to_dev(spans)).cpu().numpy()

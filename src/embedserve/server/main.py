@@ -7,7 +7,6 @@ refused, and calls already accepted finish (up to `drain_seconds`) before the pr
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import signal
 import sys
@@ -65,10 +64,10 @@ def load_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
     engine = Engine.from_folder(
         resolve_model(config.model),
         pooling=config.pooling,
-        attention_kind=config.attention_kind,
+        attention=config.attention_kind,
         device=config.device,
         dtype=config.dtype,
-        attention=config.attention,
+        attention_backend=config.attention,
     )
     warm = PackedBatch.from_packed(np.arange(100, 132, dtype=np.int64), np.array([16, 16]))
     engine.step(warm).wait()
@@ -76,8 +75,6 @@ def load_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
 
 
 async def serve(config: ServerConfig) -> None:
-    from embedserve.engine.spans import embed_spans
-
     engine = load_engine(config)
     batch_wait_ms = config.batch_wait_ms
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
@@ -87,7 +84,7 @@ async def serve(config: ServerConfig) -> None:
         SchedulerConfig(config.max_batch_tokens, config.max_queued_tokens),
         batch_wait=batch_wait_ms / 1000,
         output_rules=engine.spec.output_rules,
-        span_pooler=functools.partial(embed_spans, engine),
+        span_pooler=engine.embed_spans,
     )
     server = grpc.aio.server(
         options=[

@@ -42,7 +42,7 @@ class ResultHandle(Protocol):
 
 
 # Late chunking: run a batch through the model and mean-pool each [start, end) span of its packed
-# tokens: [K, H] float32 (`embedserve.engine.spans.embed_spans` bound to the engine).
+# tokens: [K, H] float32 (`Engine.embed_spans`).
 SpanPooler = Callable[[PackedBatch, np.ndarray], np.ndarray]
 
 

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
-from embedserve.engine.fused import EAGER_OPS, Ops
+from embedserve.engine.fused import Ops
+from embedserve.engine.models.linear import Linear
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
 from embedserve.spec import BertConfig, ModelLoadError
 
@@ -27,23 +28,22 @@ def _activation(name: str) -> nn.Module:
 
 
 class BertLayer(nn.Module):
-    def __init__(self, cfg: BertConfig) -> None:
+    def __init__(self, cfg: BertConfig, ops: Ops) -> None:
         super().__init__()
         h, i = cfg.hidden_size, cfg.intermediate_size
+        self.ops = ops
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.head_dim
-        self.qkv = nn.Linear(h, 3 * h)  # query, key, value fused at load time
-        self.out = nn.Linear(h, h)
+        self.qkv = Linear(h, 3 * h, ops)  # query, key, value fused at load time
+        self.out = Linear(h, h, ops)
         self.attn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
-        self.up = nn.Linear(h, i)
+        self.up = Linear(h, i, ops)
         self.act = _activation(cfg.hidden_act)
-        self.down = nn.Linear(i, h)
+        self.down = Linear(i, h, ops)
         self.ffn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, layout: RaggedLayout, attend: AttentionFn, ops: Ops = EAGER_OPS
-    ) -> torch.Tensor:
-        t = x.shape[0]
+    def forward(self, x: torch.Tensor, layout: RaggedLayout, attend: AttentionFn) -> torch.Tensor:
+        t, ops = x.shape[0], self.ops
         q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)  # [T, N, D] each
         a = attend(q, k, v, layout, False).reshape(t, -1)  # [T, H]
         norm = self.attn_norm
@@ -55,15 +55,16 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    def __init__(self, cfg: BertConfig) -> None:
+    def __init__(self, cfg: BertConfig, ops: Ops) -> None:
+        """`ops`: the pointwise chains and matrix products (`fused.EAGER_OPS` or compiled)."""
         super().__init__()
         self.cfg = cfg
+        self.ops = ops
         self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.embed_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
-        self.ops: Ops = EAGER_OPS  # the engine swaps in compiled (fused) ops on CUDA
+        self.layers = nn.ModuleList(BertLayer(cfg, ops) for _ in range(cfg.num_layers))
 
     def forward(
         self,
@@ -86,17 +87,17 @@ class BertEncoder(nn.Module):
             norm.eps,
         )
         for layer in self.layers:
-            x = layer(x, layout, attend, self.ops)
+            x = layer(x, layout, attend)
         return x
 
     @classmethod
-    def from_folder(cls, folder: Path, cfg: BertConfig) -> BertEncoder:
+    def from_folder(cls, folder: Path, cfg: BertConfig, ops: Ops) -> BertEncoder:
         """Build the encoder and copy the checkpoint in, fusing Q, K and V into one matrix."""
         source = folder
         sd = strip_prefix(read_state_dict(folder), ("bert.", "model."))
         h, i = cfg.hidden_size, cfg.intermediate_size
         with torch.device("meta"):
-            model = cls(cfg)
+            model = cls(cfg, ops)
         new: dict[str, torch.Tensor] = {
             "word.weight": take(
                 sd, "embeddings.word_embeddings.weight", (cfg.vocab_size, h), source

@@ -17,37 +17,39 @@ import torch
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
-from embedserve.engine.fused import EAGER_OPS, Ops
+from embedserve.engine.fused import Ops
+from embedserve.engine.models.linear import Linear
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
 from embedserve.spec import Qwen3Config
 
 
 class RMSNorm(nn.Module):
-    """Holds the scale of one RMSNorm; the computation is `ops.rms_norm` (Hugging Face's order)."""
+    """Holds the scale of one RMSNorm; the computation is `ops.rms_norm` (Hugging Face's order),
+    called by the layer that owns it (fused with the residual add where there is one)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return EAGER_OPS.rms_norm(x, self.weight, self.eps)
-
 
 class Qwen3Layer(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Qwen3Config, ops: Ops) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
+        self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
         self.input_norm = RMSNorm(h, cfg.rms_norm_eps)
         # query, key, value fused at load time: [(Nq + 2 Nkv) D, H]
-        self.qkv = nn.Linear(h, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, bias=cfg.attention_bias)
+        self.qkv = Linear(
+            h, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, ops, bias=cfg.attention_bias
+        )
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.out = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.out = Linear(cfg.num_heads * d, h, ops, bias=False)
         self.post_attn_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)  # gate, up fused
-        self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self.gate_up = Linear(h, 2 * cfg.intermediate_size, ops, bias=False)  # gate, up fused
+        self.down = Linear(cfg.intermediate_size, h, ops, bias=False)
 
     def forward(
         self,
@@ -58,9 +60,8 @@ class Qwen3Layer(nn.Module):
         layout: RaggedLayout,
         attend: AttentionFn,
         causal: bool,
-        ops: Ops = EAGER_OPS,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output, residual stream), both [T, H]
-        t, d = x.shape[0], self.head_dim
+        t, d, ops = x.shape[0], self.head_dim, self.ops
         norm = self.input_norm
         if residual is None:
             h, residual = ops.rms_norm(x, norm.weight, norm.eps), x
@@ -85,14 +86,15 @@ class Qwen3Layer(nn.Module):
 
 
 class Qwen3Encoder(nn.Module):
-    def __init__(self, cfg: Qwen3Config, *, causal: bool) -> None:
+    def __init__(self, cfg: Qwen3Config, ops: Ops, *, causal: bool) -> None:
+        """`ops`: the pointwise chains and matrix products (`fused.EAGER_OPS` or compiled)."""
         super().__init__()
         self.cfg = cfg
+        self.ops = ops
         self.causal = causal
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen3Layer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(Qwen3Layer(cfg, ops) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.ops: Ops = EAGER_OPS  # the engine swaps in compiled (fused) ops on CUDA
         # NOTE: not a buffer: `.to(bfloat16)` would round the rotary frequencies. One per device.
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
@@ -119,13 +121,13 @@ class Qwen3Encoder(nn.Module):
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         residual: torch.Tensor | None = None
         for layer in self.layers:
-            x, residual = layer(x, residual, cos, sin, layout, attend, self.causal, self.ops)
+            x, residual = layer(x, residual, cos, sin, layout, attend, self.causal)
         if residual is None:  # a model with no layers
             return self.ops.rms_norm(x, self.norm.weight, self.norm.eps)
         return self.ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
     @classmethod
-    def from_folder(cls, folder: Path, cfg: Qwen3Config, *, causal: bool) -> Qwen3Encoder:
+    def from_folder(cls, folder: Path, cfg: Qwen3Config, ops: Ops, *, causal: bool) -> Qwen3Encoder:
         """Build the model and copy a Hugging Face Qwen3 checkpoint in (`lm_head` is ignored).
 
         Q, K, V are concatenated into one matrix and gate, up into another.
@@ -135,7 +137,7 @@ class Qwen3Encoder(nn.Module):
         h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         nq, nkv = cfg.num_heads * d, cfg.num_kv_heads * d
         with torch.device("meta"):
-            model = cls(cfg, causal=causal)
+            model = cls(cfg, ops, causal=causal)
         new: dict[str, torch.Tensor] = {
             "embed.weight": take(sd, "embed_tokens.weight", (cfg.vocab_size, h), source),
             "norm.weight": take(sd, "norm.weight", (h,), source),

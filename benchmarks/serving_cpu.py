@@ -91,7 +91,7 @@ def noop_server() -> None:
     """A real gRPC server whose engine returns zeros at once: measures everything but the model."""
     import grpc
 
-    from embedserve.server.rpc import embed_handler
+    from embedserve.contract import add_embed_service
     from embedserve.server.scheduler import SchedulerConfig
     from embedserve.server.service import EmbedService, Ready
 
@@ -107,7 +107,7 @@ def noop_server() -> None:
     async def main() -> None:
         service = EmbedService(NoopEngine(), SchedulerConfig())
         server = grpc.aio.server()
-        server.add_generic_rpc_handlers((embed_handler(service.embed),))
+        add_embed_service(server, service.embed)
         port = server.add_insecure_port("127.0.0.1:0")
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -231,8 +231,8 @@ def sequential_us(port: int, texts: list[str], count: int) -> list[float]:
 
 def asgi_overhead_us(texts: list[str], count: int) -> list[float]:
     """The gateway app in process; the replica call answered at once with a prebuilt response."""
+    from embedserve.contract import EmbedResponse
     from embedserve.gateway.main import GatewayConfig, build_app
-    from embedserve.server.rpc import EmbedResponse
 
     app = build_app(GatewayConfig(replicas=("127.0.0.1:1",)))
     row = np.full((1, 384), 0.05, dtype="<f4")

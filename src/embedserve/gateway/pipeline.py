@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from embedserve.chunking import DEFAULT_SEPARATOR, DocumentPlan, join_chunks, plan_document
+from embedserve.contract import EmbedRequest
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob, Head
 from embedserve.outputs import to_base64
-from embedserve.server.rpc import EmbedRequest
 from embedserve.spec import ModelSpec
 from embedserve.tokenization import InputTooLong, TextTokenizer
 

@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from embedserve.server.rpc import SERVICE_NAME, embed_handler
+from embedserve.contract import SERVICE_NAME, add_embed_service
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 
@@ -95,7 +95,7 @@ async def serve(config: ServerConfig) -> None:
             ("grpc.max_send_message_length", 256 << 20),
         ]
     )
-    server.add_generic_rpc_handlers((embed_handler(service.embed),))
+    add_embed_service(server, service.embed)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(f"{config.host}:{config.port}")

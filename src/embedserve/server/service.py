@@ -19,9 +19,9 @@ from typing import Any, Protocol
 import grpc
 import numpy as np
 
+from embedserve.contract import EmbedResponse
 from embedserve.engine.batch import PackedBatch
 from embedserve.outputs import apply_output, check_dimensions, check_output_dtype, min_dimensions
-from embedserve.server.rpc import EmbedResponse
 from embedserve.server.scheduler import (
     Overloaded,
     Pending,

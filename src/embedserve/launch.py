@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
 
 from embedserve.bundled import BUNDLED, DEFAULT_MODEL
+from embedserve.processes import Child
 
 SERVER_READY = re.compile(r"embedserve server: ready on (\S+):(\d+)")
 MAX_RESTARTS_PER_MINUTE = 3
@@ -178,58 +178,6 @@ def run_gateway(args: argparse.Namespace) -> int:
     return run(_gateway_config(args, args.replica))
 
 
-class Child:
-    """A started process whose output is relayed to ours while we watch for its ready line."""
-
-    def __init__(self, name: str, argv: list[str], ready: re.Pattern[str]) -> None:
-        from embedserve.gateway.main import set_parent_death_signal
-
-        self.name = name
-        self.argv = argv
-        self.ready = ready
-        self.match: re.Match[str] | None = None
-        self._seen = threading.Event()
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
-            preexec_fn=set_parent_death_signal,
-        )
-        threading.Thread(target=self._relay, daemon=True, name=f"relay-{name}").start()
-
-    def _relay(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            sys.stderr.write(line)
-            if self.match is None and (m := self.ready.search(line)):
-                self.match = m
-                self._seen.set()
-        self._seen.set()
-
-    def wait_ready(self, timeout: float, cancel: threading.Event) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while not self._seen.wait(0.1):
-            if cancel.is_set():
-                raise KeyboardInterrupt
-            if time.monotonic() > deadline:
-                break
-        if self.match is None:
-            raise RuntimeError(f"{self.name} did not start (exit code {self.proc.poll()})")
-        return self.match
-
-    def stop(self, timeout: float) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 def _server_devices(device: str, replicas: int) -> list[str]:
     if replicas == 1 or device != "auto":
         return [device] * replicas
@@ -266,10 +214,11 @@ def run_serve(args: argparse.Namespace) -> int:
             for flag in ("dtype", "pooling", "attention", "attention_kind"):
                 if getattr(args, flag) is not None:
                     argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
-            servers.append(Child(f"server-{i}", argv, SERVER_READY))
+            servers.append(Child(argv, name=f"server-{i}", relay=sys.stderr))
         addresses = []
         for s in servers:
-            m = s.wait_ready(600, stop_requested)
+            m = s.wait_for(SERVER_READY, 600, cancel=stop_requested)
+            s.forget_output()
             addresses.append(f"{m.group(1)}:{m.group(2)}")
         argv = [*cli, "gateway", "--model", args.model, "--host", args.host]
         argv += ["--port", str(args.port), "--workers", str(args.workers)]
@@ -288,8 +237,9 @@ def run_serve(args: argparse.Namespace) -> int:
             "drain_seconds",
         ):
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-        gateway = Child("gateway", argv, GATEWAY_READY)
-        url = gateway.wait_ready(120, stop_requested).group(1)
+        gateway = Child(argv, name="gateway", relay=sys.stderr)
+        url = gateway.wait_for(GATEWAY_READY, 120, cancel=stop_requested).group(1)
+        gateway.forget_output()
         print(f"embedserve: serving {args.model} at {url}", flush=True)
         restarts: list[list[float]] = [[] for _ in servers]
         while not stop_requested.wait(0.2):
@@ -310,10 +260,11 @@ def run_serve(args: argparse.Namespace) -> int:
                     )
                     argv = [*s.argv]
                     argv[argv.index("--port") + 1] = addresses[i].rsplit(":", 1)[1]
-                    servers[i] = Child(s.name, argv, SERVER_READY)
+                    servers[i] = Child(argv, name=s.name, relay=sys.stderr)
+                    servers[i].forget_output()
         print("embedserve: stopping (draining in-flight requests)", flush=True)
         return 0
-    except RuntimeError as e:
+    except (RuntimeError, TimeoutError) as e:  # a child exited or hung before it was ready
         print(f"embedserve serve: error: {e}", file=sys.stderr, flush=True)
         return 1
     finally:

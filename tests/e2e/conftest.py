@@ -1,89 +1,27 @@
 """Real processes for end-to-end tests: `embedserve serve`, or a server and a gateway apart.
 
-Every process is started in its own session and killed in teardown, whatever the test did.
+Every process is started in its own session (`embedserve.processes`) and stopped in teardown,
+whatever the test did.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
-STARTUP_TIMEOUT = 120.0
+from embedserve.processes import Child
 
 
-class Proc:
+class Proc(Child):
     """A started `embedserve` command; `wait_for(pattern)` reads its output until a line matches."""
 
     def __init__(self, *args: str) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "embedserve.cli", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            env=env,
+        super().__init__(
+            [sys.executable, "-m", "embedserve.cli", *args], name=f"embedserve {args[0]}"
         )
-        self.lines: list[str] = []
-        self._changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self._changed:
-                self.lines.append(line)
-                self._changed.notify_all()
-        with self._changed:
-            self.lines.append("<exited>")
-            self._changed.notify_all()
-
-    def wait_for(
-        self, pattern: str, timeout: float = STARTUP_TIMEOUT, start: int = 0
-    ) -> re.Match[str]:
-        """The first output line from index `start` on that matches `pattern`."""
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        i = start
-        with self._changed:
-            while True:
-                while i < len(self.lines):
-                    line = self.lines[i]
-                    i += 1
-                    if m := regex.search(line):
-                        return m
-                    if line == "<exited>":
-                        raise RuntimeError("process exited:\n" + "".join(self.lines))
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no {pattern!r} in:\n" + "".join(self.lines))
-                self._changed.wait(left)
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-
-    def stop(self, timeout: float = 30) -> int:
-        """SIGTERM, then SIGKILL of the whole process group if it does not exit in time."""
-        self.signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            return self.proc.wait()
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        self.proc.wait()
 
 
 def free_port() -> int:

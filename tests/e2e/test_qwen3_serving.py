@@ -108,12 +108,12 @@ def test_dimensions_outside_the_pplx_range_are_400(pplx_url: str, dimensions: in
 def test_attention_kind_and_pooling_flags_reach_the_engine(
     pplx_folder: Path, pplx_url: str
 ) -> None:
-    """`serve --attention-kind causal --pooling last` on a bidirectional folder runs it as a
+    """`serve --attention causal --pooling last` on a bidirectional folder runs it as a
     Qwen3-Embedding-style model: the vectors equal the Embedder's with the same overrides."""
     proc = Proc(
         "serve",
         *("--model", str(pplx_folder), "--port", "0", "--device", "cpu"),
-        *("--attention-kind", "causal", "--pooling", "last"),
+        *("--attention", "causal", "--pooling", "last"),
     )
     try:
         url = proc.wait_for(r"embedserve: serving \S+ at (\S+)").group(1)

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from embedserve.contract import EmbedResponse
 from embedserve.errors import InputError
 from embedserve.gateway.errors import ApiError, from_input_error
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits, contextual_body
 from embedserve.gateway.requests import Limits, parse_contextual
 from embedserve.inputs import InputPreparer
-from embedserve.server.rpc import EmbedResponse
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
 

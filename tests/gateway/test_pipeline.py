@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from embedserve.contract import EmbedResponse
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.requests import EmbedJob
 from embedserve.inputs import Head, InputOptions, InputPreparer
-from embedserve.server.rpc import EmbedResponse
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
 

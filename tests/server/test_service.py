@@ -11,8 +11,8 @@ import grpc
 import numpy as np
 import pytest
 
+from embedserve.contract import EmbedRequest, embed_handler, embed_stub
 from embedserve.engine.batch import PackedBatch
-from embedserve.server.rpc import EmbedRequest, embed_handler, embed_stub
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 

@@ -8,7 +8,6 @@ supervisor and every worker gets exactly one stop signal.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import shutil
@@ -29,29 +28,41 @@ from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import Limits
 from embedserve.inputs import InputPreparer
+from embedserve.options import Options, drain_option, model_option, option
 from embedserve.outputs import min_dimensions
+from embedserve.processes import set_parent_death_signal
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
 
 
 @dataclass(frozen=True)
-class GatewayConfig:
-    replicas: tuple[str, ...]
-    model: str = "minilm"
-    served_model_names: tuple[str, ...] = ()  # default: the bundled name or the folder name
-    host: str = "127.0.0.1"
-    port: int = 8000
-    workers: int = 1
-    max_body_bytes: int = 16 << 20
-    max_inputs: int = 2048
-    max_chunks_per_document: int = MAX_CHUNKS_PER_DOCUMENT
-    max_tokens_per_request: int = 300_000
-    chunk_tokens: int = 8192
-    request_timeout: float = 30.0
-    health_interval: float = 0.5
-    drain_seconds: float = 30.0
+class GatewayConfig(Options):
+    replicas: tuple[str, ...] = option(
+        help="a server's HOST:PORT (repeatable)", flag="replica", metavar="HOST:PORT"
+    )
+    model: str = model_option()
+    served_model_names: tuple[str, ...] = option(
+        (),
+        "a name clients use for the model, repeatable; the first is reported "
+        "(default: the bundled name or the folder name)",
+        flag="served-model-name",
+    )
+    host: str = option("127.0.0.1", "address to listen on")
+    port: int = option(8000, "HTTP port (0: any free port)")
+    workers: int = option(1, "gateway processes accepting on the one port")
+    max_body_bytes: int = option(16 << 20, "larger request bodies get HTTP 413")
+    max_inputs: int = option(2048, "inputs (documents) per request")
+    max_chunks_per_document: int = option(
+        MAX_CHUNKS_PER_DOCUMENT, "chunks per document of a contextualized-embeddings request"
+    )
+    max_tokens_per_request: int = option(300_000, "real tokens per request")
+    chunk_tokens: int = option(8192, "split requests into chunks of at most this many tokens")
+    request_timeout: float = option(30.0, "deadline of each server call (s)")
+    health_interval: float = option(0.5, "replica health polling interval (s)")
+    drain_seconds: float = drain_option()
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.replicas:
             raise ValueError("a gateway needs at least one --replica HOST:PORT")
         for r in self.replicas:
@@ -66,12 +77,14 @@ class GatewayConfig:
             "max_inputs",
             "max_chunks_per_document",
             "max_tokens_per_request",
+            "chunk_tokens",
+            "request_timeout",
+            "health_interval",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("chunk_tokens", "request_timeout", "health_interval"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.drain_seconds < 0:
+            raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -106,15 +119,6 @@ def build_app(config: GatewayConfig) -> GatewayApp:
         )
 
     return GatewayApp(make_pipeline, limits, max_body_bytes=config.max_body_bytes)
-
-
-def set_parent_death_signal() -> None:
-    """Linux: this process gets SIGTERM when its parent dies, so no worker outlives the launcher."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def bind(host: str, port: int) -> socket.socket:

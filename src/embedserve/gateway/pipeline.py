@@ -25,12 +25,12 @@ import numpy as np
 
 from embedserve.budget import budget_groups, split_rows
 from embedserve.chunking import packed_spans
+from embedserve.contract import EmbedRequest
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob
 from embedserve.inputs import Head, InputOptions, InputPreparer
 from embedserve.outputs import to_base64
-from embedserve.server.rpc import EmbedRequest
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
 

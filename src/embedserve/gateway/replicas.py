@@ -18,8 +18,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from embedserve.contract import embed_stub
 from embedserve.gateway.errors import ApiError
-from embedserve.server.rpc import embed_stub
 
 log = logging.getLogger("embedserve.gateway")
 

@@ -10,13 +10,14 @@ import asyncio
 import logging
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from embedserve.server.rpc import SERVICE_NAME, embed_handler
+from embedserve.contract import SERVICE_NAME, add_embed_service
+from embedserve.options import EngineOptions, Options, drain_option, option
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 
@@ -24,22 +25,32 @@ log = logging.getLogger("embedserve.server")
 
 
 @dataclass(frozen=True)
-class ServerConfig:
-    model: str
-    device: str = "auto"
-    dtype: str | None = None
-    pooling: str | None = None
-    attention: str | None = None  # the attention backend
-    attention_kind: str | None = None  # causal | bidirectional: overrides the folder's
-    host: str = "127.0.0.1"
-    port: int = 50051
-    max_batch_tokens: int = 16384
-    max_queued_tokens: int = 262144
-    drain_seconds: float = 30.0
-    batch_wait_ms: float | None = None  # default: 3 on the CPU, 0 on a GPU
-    metrics_port: int | None = None  # Prometheus /metrics on its own port; None: off, 0: any
+class ServerConfig(Options):
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    host: str = option("127.0.0.1", "address to listen on")
+    port: int = option(50051, "gRPC port (0: any free port)")
+    max_batch_tokens: int = option(
+        SchedulerConfig.max_batch_tokens,
+        "token budget of one engine batch; a larger request runs alone",
+    )
+    max_queued_tokens: int = option(
+        SchedulerConfig.max_queued_tokens,
+        "refuse new requests (RESOURCE_EXHAUSTED / HTTP 429) beyond this many queued tokens",
+    )
+    batch_wait_ms: float | None = option(
+        None,
+        "how long a batch may wait for the clients of the previous batch to come back "
+        "(default: 3 on the CPU, 0 on a GPU)",
+    )
+    metrics_port: int | None = option(
+        None,
+        "serve the server's Prometheus metrics (graph captures, replays, padding, queue) on "
+        "this port; 0 picks a free one; with serve, replica i uses PORT+i (default: off)",
+    )
+    drain_seconds: float = drain_option()
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
@@ -48,26 +59,26 @@ class ServerConfig:
             raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms}")
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
-        SchedulerConfig(self.max_batch_tokens, self.max_queued_tokens)  # validates the budgets
-        if self.attention_kind not in (None, "causal", "bidirectional"):
-            raise ValueError(
-                f"attention_kind must be causal or bidirectional, got {self.attention_kind!r}"
-            )
+        self.scheduler  # noqa: B018  (validates the budgets)
+
+    @property
+    def scheduler(self) -> SchedulerConfig:
+        return SchedulerConfig(self.max_batch_tokens, self.max_queued_tokens)
 
 
-def load_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
-    """The engine for `config.model`, warmed up with one small batch."""
+def load_engine(options: EngineOptions):  # type: ignore[no-untyped-def]
+    """The engine for `options.model`, warmed up with one small batch."""
     from embedserve.bundled import resolve_model
     from embedserve.engine.batch import PackedBatch
     from embedserve.engine.engine import Engine
 
     engine = Engine.from_folder(
-        resolve_model(config.model),
-        pooling=config.pooling,
-        attention=config.attention_kind,
-        device=config.device,
-        dtype=config.dtype,
-        attention_backend=config.attention,
+        resolve_model(options.model),
+        pooling=options.pooling,
+        attention=options.attention,
+        attention_backend=options.attention_backend,
+        device=options.device,
+        dtype=options.dtype,
     )
     warm = PackedBatch.from_packed(np.arange(100, 132, dtype=np.int64), np.array([16, 16]))
     engine.step(warm).wait()
@@ -75,13 +86,13 @@ def load_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
 
 
 async def serve(config: ServerConfig) -> None:
-    engine = load_engine(config)
+    engine = load_engine(config.engine)
     batch_wait_ms = config.batch_wait_ms
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
         batch_wait_ms = 3.0 if engine.device.type == "cpu" else 0.0
     service = EmbedService(
         engine,
-        SchedulerConfig(config.max_batch_tokens, config.max_queued_tokens),
+        config.scheduler,
         batch_wait=batch_wait_ms / 1000,
         output_rules=engine.spec.output_rules,
         span_pooler=engine.embed_spans,
@@ -92,7 +103,7 @@ async def serve(config: ServerConfig) -> None:
             ("grpc.max_send_message_length", 256 << 20),
         ]
     )
-    server.add_generic_rpc_handlers((embed_handler(service.embed),))
+    add_embed_service(server, service.embed)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
@@ -117,7 +128,7 @@ async def serve(config: ServerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     print(
         f"embedserve server: ready on {config.host}:{port} "
-        f"({config.model}, {engine.device}, {engine.hidden_size} dims, "
+        f"({config.engine.model}, {engine.device}, {engine.hidden_size} dims, "
         f"{engine.spec.attention} attention, {engine.spec.pooling} pooling)",
         flush=True,
     )
@@ -142,4 +153,4 @@ def run(config: ServerConfig) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(ServerConfig(model=sys.argv[1] if len(sys.argv) > 1 else "minilm")))
+    sys.exit(run(ServerConfig(EngineOptions(model=sys.argv[1] if len(sys.argv) > 1 else "minilm"))))

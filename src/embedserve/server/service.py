@@ -19,10 +19,10 @@ from typing import Any, Protocol
 import grpc
 import numpy as np
 
+from embedserve.contract import EmbedResponse
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.spans import check_spans
 from embedserve.inputs import Head, check_head
-from embedserve.server.rpc import EmbedResponse
 from embedserve.server.scheduler import (
     Overloaded,
     Pending,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from embedserve.server.proto import embedserve_pb2 as embedserve_dot_server_dot_proto_dot_embedserve__pb2
+from embedserve.contract import embedserve_pb2 as embedserve_dot_contract_dot_embedserve__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in embedserve/server/proto/embedserve_pb2_grpc.py depends on'
+        + ' but the generated code in embedserve/contract/embedserve_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class EmbedderStub:
         """
         self.Embed = channel.unary_unary(
                 '/embedserve.v1.Embedder/Embed',
-                request_serializer=embedserve_dot_server_dot_proto_dot_embedserve__pb2.EmbedRequest.SerializeToString,
-                response_deserializer=embedserve_dot_server_dot_proto_dot_embedserve__pb2.EmbedResponse.FromString,
+                request_serializer=embedserve_dot_contract_dot_embedserve__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=embedserve_dot_contract_dot_embedserve__pb2.EmbedResponse.FromString,
                 _registered_method=True)
 
 
@@ -57,8 +57,8 @@ def add_EmbedderServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Embed': grpc.unary_unary_rpc_method_handler(
                     servicer.Embed,
-                    request_deserializer=embedserve_dot_server_dot_proto_dot_embedserve__pb2.EmbedRequest.FromString,
-                    response_serializer=embedserve_dot_server_dot_proto_dot_embedserve__pb2.EmbedResponse.SerializeToString,
+                    request_deserializer=embedserve_dot_contract_dot_embedserve__pb2.EmbedRequest.FromString,
+                    response_serializer=embedserve_dot_contract_dot_embedserve__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,8 +86,8 @@ class Embedder:
             request,
             target,
             '/embedserve.v1.Embedder/Embed',
-            embedserve_dot_server_dot_proto_dot_embedserve__pb2.EmbedRequest.SerializeToString,
-            embedserve_dot_server_dot_proto_dot_embedserve__pb2.EmbedResponse.FromString,
+            embedserve_dot_contract_dot_embedserve__pb2.EmbedRequest.SerializeToString,
+            embedserve_dot_contract_dot_embedserve__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

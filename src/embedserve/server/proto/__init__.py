@@ -1,1 +1,0 @@
-"""Generated protobuf modules (scripts/gen_proto.sh) and their source .proto."""

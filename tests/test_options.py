@@ -1,0 +1,114 @@
+"""Configs own their flags: parse -> config -> argv -> the same config; defaults declared once."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from embedserve.cli import build_parser
+from embedserve.gateway.main import GatewayConfig
+from embedserve.launch import SERVE_GATEWAY_FIXED, SERVE_SERVER_FIXED, ServeConfig, serve_configs
+from embedserve.options import EngineOptions
+from embedserve.server.main import ServerConfig
+from embedserve.server.scheduler import SchedulerConfig
+
+
+def parse(config: type, argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    config.add_arguments(parser)  # type: ignore[attr-defined]
+    return parser.parse_args(argv)
+
+
+def test_server_flags_round_trip_through_argv() -> None:
+    args = parse(
+        ServerConfig,
+        [
+            *("--model", "/m", "--device", "cuda:1", "--dtype", "float16"),
+            *("--pooling", "last", "--attention", "causal", "--attention-backend", "varlen"),
+            *("--port", "0", "--max-batch-tokens", "4096", "--batch-wait-ms", "0.5"),
+            *("--metrics-port", "9100", "--drain-seconds", "5"),
+        ],
+    )
+    config = ServerConfig.from_args(args)
+    assert config.engine == EngineOptions(
+        model="/m",
+        device="cuda:1",
+        dtype="float16",
+        pooling="last",
+        attention="causal",
+        attention_backend="varlen",
+    )
+    assert (config.port, config.batch_wait_ms, config.metrics_port) == (0, 0.5, 9100)
+    assert config.scheduler == SchedulerConfig(4096, SchedulerConfig.max_queued_tokens)
+    assert ServerConfig.from_args(parse(ServerConfig, config.to_argv())) == config
+    assert ServerConfig().to_argv() == []  # defaults are not repeated on a command line
+
+
+def test_gateway_flags_round_trip_through_argv() -> None:
+    argv = ["--replica", "a:1", "--replica", "b:2", "--served-model-name", "x", "--workers", "2"]
+    config = GatewayConfig.from_args(parse(GatewayConfig, argv))
+    assert config.replicas == ("a:1", "b:2")
+    assert config.served_model_names == ("x",)
+    assert config.to_argv() == argv
+    with pytest.raises(SystemExit):  # the required --replica
+        parse(GatewayConfig, [])
+
+
+def test_the_scheduler_defaults_are_the_servers() -> None:
+    server = ServerConfig()
+    assert server.scheduler == SchedulerConfig()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: EngineOptions(attention="sideways"), "attention must be one of causal"),
+        (lambda: EngineOptions(pooling="max"), "pooling must be one of mean, cls, last"),
+        (lambda: ServerConfig(port=70000), r"port must be in \[0, 65535\]"),
+        (lambda: ServerConfig(max_batch_tokens=0), "max_batch_tokens"),
+        (lambda: ServerConfig(batch_wait_ms=-1), "batch_wait_ms must be >= 0"),
+        (lambda: GatewayConfig(replicas=()), "at least one --replica"),
+        (lambda: GatewayConfig(replicas=("nohost",)), "HOST:PORT"),
+        (lambda: GatewayConfig(replicas=("a:1",), chunk_tokens=0), "chunk_tokens must be positive"),
+        (lambda: ServeConfig(num_replicas=0), "--replicas must be positive"),
+    ],
+)
+def test_configs_refuse_bad_values(make: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()  # type: ignore[operator]
+
+
+def test_serve_shares_one_flag_set_between_its_servers_and_gateway() -> None:
+    args = build_parser().parse_args(
+        [
+            *("serve", "--model", "/m", "--port", "9000", "--host", "0.0.0.0", "--device", "cpu"),
+            *("--drain-seconds", "7", "--replicas", "2", "--attention", "bidirectional"),
+            *("--max-inputs", "10", "--max-queued-tokens", "5000", "--metrics-port", "9100"),
+        ]
+    )
+    servers, gateway = serve_configs(args)
+    # --host / --port are the gateway's; the servers listen on 127.0.0.1, any free port
+    assert (gateway.host, gateway.port, gateway.max_inputs) == ("0.0.0.0", 9000, 10)
+    assert gateway.replicas == ("127.0.0.1:0", "127.0.0.1:0")
+    assert gateway.model == "/m" and gateway.drain_seconds == 7
+    assert [s.to_argv() for s in servers] == [
+        [
+            *("--model", "/m", "--device", "cpu", "--attention", "bidirectional"),
+            *("--port", "0", "--max-queued-tokens", "5000", "--metrics-port", str(port)),
+            *("--drain-seconds", "7.0"),
+        ]
+        for port in (9100, 9101)
+    ]
+    assert set(SERVE_SERVER_FIXED) <= {f.name for f in dataclasses.fields(ServerConfig)}
+    assert set(SERVE_GATEWAY_FIXED) <= {f.name for f in dataclasses.fields(GatewayConfig)}
+
+
+def test_embed_serve_and_server_take_the_same_engine_flags() -> None:
+    engine = ["--model", "/m", "--attention", "causal", "--attention-backend", "sdpa_loop"]
+    for command in (["embed", "x"], ["serve"], ["server"]):
+        args = build_parser().parse_args([*command, *engine])
+        assert EngineOptions.from_args(args) == EngineOptions(
+            model="/m", attention="causal", attention_backend="sdpa_loop"
+        )

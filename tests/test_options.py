@@ -41,7 +41,7 @@ def test_server_flags_round_trip_through_argv() -> None:
         attention_backend="varlen",
     )
     assert (config.port, config.batch_wait_ms, config.metrics_port) == (0, 0.5, 9100)
-    assert config.scheduler == SchedulerConfig(4096, SchedulerConfig.max_queued_tokens)
+    assert config.scheduler(8192) == SchedulerConfig(4096, SchedulerConfig.max_queued_tokens)
     assert ServerConfig.from_args(parse(ServerConfig, config.to_argv())) == config
     assert ServerConfig().to_argv() == []  # defaults are not repeated on a command line
 
@@ -56,9 +56,10 @@ def test_gateway_flags_round_trip_through_argv() -> None:
         parse(GatewayConfig, [])
 
 
-def test_the_scheduler_defaults_are_the_servers() -> None:
+def test_the_batch_budget_defaults_to_the_engines() -> None:
     server = ServerConfig()
-    assert server.scheduler == SchedulerConfig()
+    assert server.scheduler(8192) == SchedulerConfig(8192, SchedulerConfig.max_queued_tokens)
+    assert server.scheduler(2048).max_batch_tokens == 2048
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
         "--batch-tokens",
         type=int,
         default=None,
-        help="tokens per engine batch (CPU 2048, GPU 16384)",
+        help="tokens per engine batch (default: the engine's largest CUDA-graph bucket, 8192, on a GPU; 2048 on the CPU)",
     )
     p.set_defaults(run=_run_embed)
 

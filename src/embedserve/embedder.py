@@ -21,12 +21,6 @@ from embedserve.inputs import InputPreparer, Truncate
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
 
-# Tokens per engine batch when the caller does not say. NOTE: on the CPU, small batches win: at
-# 16k tokens the [tokens, 1536] FFN activations fall out of cache and a 2-core run took 1.8x as
-# long as at 2k (measured on all-MiniLM-L6-v2). On a GPU, bigger batches fill the device.
-DEFAULT_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
-DEFAULT_CONTEXTUAL_BATCH_TOKENS = 16384
-
 
 class Embedder:
     """Embed texts (or token ids) with a local model folder or a bundled model name.
@@ -151,7 +145,7 @@ class Embedder:
         plans = self.inputs.plan_documents(
             self.inputs.read_documents(documents, max_chunks), separator
         )
-        budget = batch_tokens or DEFAULT_CONTEXTUAL_BATCH_TOKENS
+        budget = self._batch_tokens(batch_tokens)
         out: list[np.ndarray] = []
         # whole documents back to back in token-budget batches, one row per chunk span
         for group in budget_groups([len(p.ids) for p in plans], budget):
@@ -163,8 +157,8 @@ class Embedder:
         return out
 
     def _batch_tokens(self, batch_tokens: int | None) -> int:
-        if batch_tokens is None:
-            return DEFAULT_BATCH_TOKENS.get(self.engine.device.type, 2048)
+        if batch_tokens is None:  # what reaches the CUDA graphs (see `Engine.batch_tokens`)
+            return self.engine.batch_tokens
         if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens <= 0:
             raise ValueError(f"batch_tokens must be a positive integer, got {batch_tokens!r}")
         return batch_tokens

@@ -258,3 +258,20 @@ def test_qwen3_graphs_match_eager(qwen3_folder: Path, kind: str) -> None:
             batch = _batch(rng, seqlens, fast.vocab_size)
             _assert_close(fast.step(batch).wait(), eager.step(batch).wait())
     assert fast.stats.replays >= 5
+
+
+def test_a_default_bulk_encode_replays_graphs(minilm_folder: Path) -> None:
+    """The default batch budget is the largest captured bucket: a bulk encode never runs a
+    batch eagerly once its buckets are captured."""
+    from embedserve.embedder import Embedder
+
+    embedder = Embedder(minilm_folder, device="cuda")
+    assert embedder.engine.batch_tokens == embedder.engine.runner.config.max_tokens  # type: ignore[union-attr]
+    texts = [f"passage {i}: " + "words of a document " * (5 + i % 40) for i in range(600)]
+    embedder.encode(texts, truncate="end")  # first sight of each bucket: eager
+    embedder.encode(texts, truncate="end")  # second: captured
+    stats = embedder.engine.stats
+    replays, eager = stats.replays, stats.eager_runs
+    embedder.encode(texts, truncate="end")
+    assert stats.eager_runs == eager
+    assert stats.replays > replays

@@ -29,9 +29,10 @@ class ServerConfig(Options):
     engine: EngineOptions = field(default_factory=EngineOptions)
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50051, "gRPC port (0: any free port)")
-    max_batch_tokens: int = option(
-        SchedulerConfig.max_batch_tokens,
-        "token budget of one engine batch; a larger request runs alone",
+    max_batch_tokens: int | None = option(
+        None,
+        "token budget of one engine batch; a larger request runs alone (default: the engine's "
+        "largest CUDA-graph bucket, 8192, on a GPU; 2048 on the CPU)",
     )
     max_queued_tokens: int = option(
         SchedulerConfig.max_queued_tokens,
@@ -59,11 +60,12 @@ class ServerConfig(Options):
             raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms}")
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
-        self.scheduler  # noqa: B018  (validates the budgets)
+        self.scheduler(1)  # validates the budgets
 
-    @property
-    def scheduler(self) -> SchedulerConfig:
-        return SchedulerConfig(self.max_batch_tokens, self.max_queued_tokens)
+    def scheduler(self, engine_batch_tokens: int) -> SchedulerConfig:
+        """The queue's budgets; a batch budget left unset is the engine's own."""
+        budget = engine_batch_tokens if self.max_batch_tokens is None else self.max_batch_tokens
+        return SchedulerConfig(budget, self.max_queued_tokens)
 
 
 def load_engine(options: EngineOptions):  # type: ignore[no-untyped-def]
@@ -92,7 +94,7 @@ async def serve(config: ServerConfig) -> None:
         batch_wait_ms = 3.0 if engine.device.type == "cpu" else 0.0
     service = EmbedService(
         engine,
-        config.scheduler,
+        config.scheduler(engine.batch_tokens),
         batch_wait=batch_wait_ms / 1000,
         output_rules=engine.spec.output_rules,
         span_pooler=engine.embed_spans,

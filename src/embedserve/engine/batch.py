@@ -68,3 +68,17 @@ class PackedBatch:
         total = int(lens.sum())
         ids = np.fromiter((t for s in sequences for t in s), dtype=np.int64, count=total)
         return cls.from_packed(ids, lens)
+
+
+def check_spans(spans: np.ndarray, batch: PackedBatch) -> np.ndarray:
+    """[K, 2] int64 spans, each non-empty and inside one sequence of the batch."""
+    spans = np.ascontiguousarray(spans, dtype=np.int64)
+    if spans.ndim != 2 or spans.shape[1] != 2 or spans.shape[0] == 0:
+        raise ValueError("spans must be a non-empty [num_spans, 2] array of [start, end)")
+    starts, ends = spans[:, 0], spans[:, 1]
+    if (ends <= starts).any() or starts.min() < 0 or ends.max() > batch.num_tokens:
+        raise ValueError(f"every span must be non-empty and within [0, {batch.num_tokens})")
+    seq_of_start = batch.seq_ids[starts]
+    if (batch.seq_ids[ends - 1] != seq_of_start).any():
+        raise ValueError("a span must not cross a sequence boundary")
+    return spans

@@ -22,14 +22,14 @@ from embedserve.engine.attention import (
     choose_backend,
     sdpa_loop,
 )
-from embedserve.engine.batch import PackedBatch
+from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.fidelity import check_fidelity, make_probes
 from embedserve.engine.fused import EAGER_OPS, compile_limits, compiled_ops
 from embedserve.engine.graphs import GraphConfig, GraphRunner
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
-from embedserve.engine.spans import check_spans, pool_spans
+from embedserve.engine.spans import pool_spans
 from embedserve.engine.stats import EngineStats
 from embedserve.spec import ModelSpec, PoolingMethod, read_model_spec
 

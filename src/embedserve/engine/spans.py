@@ -7,10 +7,7 @@ whole documents is the engine's (`Engine.embed_spans`); these are pure functions
 
 from __future__ import annotations
 
-import numpy as np
 import torch
-
-from embedserve.engine.batch import PackedBatch
 
 
 def pool_spans(
@@ -28,17 +25,3 @@ def pool_spans(
     # NOTE: fp32 accumulation whatever the model dtype, as in `pooling.pool`
     sums.index_add_(0, span_ids, hidden[first + offsets].float())
     return sums / lengths[:, None].to(torch.float32)
-
-
-def check_spans(spans: np.ndarray, batch: PackedBatch) -> np.ndarray:
-    """[K, 2] int64 spans, each non-empty and inside one sequence of the batch."""
-    spans = np.ascontiguousarray(spans, dtype=np.int64)
-    if spans.ndim != 2 or spans.shape[1] != 2 or spans.shape[0] == 0:
-        raise ValueError("spans must be a non-empty [num_spans, 2] array of [start, end)")
-    starts, ends = spans[:, 0], spans[:, 1]
-    if (ends <= starts).any() or starts.min() < 0 or ends.max() > batch.num_tokens:
-        raise ValueError(f"every span must be non-empty and within [0, {batch.num_tokens})")
-    seq_of_start = batch.seq_ids[starts]
-    if (batch.seq_ids[ends - 1] != seq_of_start).any():
-        raise ValueError("a span must not cross a sequence boundary")
-    return spans

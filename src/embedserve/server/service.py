@@ -20,8 +20,7 @@ import grpc
 import numpy as np
 
 from embedserve.contract import EmbedResponse
-from embedserve.engine.batch import PackedBatch
-from embedserve.engine.spans import check_spans
+from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.inputs import Head, check_head
 from embedserve.server.scheduler import (
     Overloaded,

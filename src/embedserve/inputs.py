@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from embedserve.budget import split_rows
 from embedserve.chunking import (
     DEFAULT_SEPARATOR,
     MAX_CHUNKS_PER_DOCUMENT,
@@ -31,7 +30,13 @@ from embedserve.chunking import (
     split_windows,
 )
 from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong, InputTypeError
-from embedserve.outputs import apply_output, check_dimensions, check_output_dtype, min_dimensions
+from embedserve.outputs import (
+    OUTPUT_DTYPES,
+    apply_output,
+    check_dimensions,
+    check_output_dtype,
+    min_dimensions,
+)
 from embedserve.spec import ModelSpec
 from embedserve.tokenization import TextTokenizer
 
@@ -73,24 +78,14 @@ class PreparedInputs:
     windows_per_input: list[int] | None = None
     window_weights: list[int] | None = None
 
-    @property
-    def num_inputs(self) -> int:
-        return len(self.windows_per_input) if self.windows_per_input else len(self.seqs)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(map(len, self.seqs))
-
     def combine(self, pooled: np.ndarray) -> np.ndarray:
         """[num_seqs, hidden] pooled rows -> [num_inputs, hidden]: windows averaged."""
         if self.windows_per_input is None:
             return pooled
         weights = np.asarray(self.window_weights, dtype=np.float64)[:, None]
-        parts = split_rows(pooled * weights, self.windows_per_input)
-        totals = split_rows(weights, self.windows_per_input)
-        return np.stack([p.sum(0) / w.sum() for p, w in zip(parts, totals, strict=True)]).astype(
-            np.float32
-        )
+        firsts = np.cumsum([0, *self.windows_per_input[:-1]])  # each input's first window
+        sums = np.add.reduceat(pooled * weights, firsts, axis=0)
+        return (sums / np.add.reduceat(weights, firsts, axis=0)).astype(np.float32)
 
 
 def _is_sequence(x: Any) -> bool:
@@ -129,8 +124,8 @@ def check_head(
         )
     try:
         check_output_dtype(output_dtype, dims)
-    except ValueError as e:
-        param = "output_dtype" if "is not one of" in str(e) else "dimensions"
+    except ValueError as e:  # an unknown dtype, or binary with dimensions not a multiple of 8
+        param = "output_dtype" if output_dtype not in OUTPUT_DTYPES else "dimensions"
         raise InputError(str(e), param=param) from None
     return Head(dims, normalize, output_dtype, rules)
 
@@ -343,27 +338,42 @@ class InputPreparer:
             )
         limit = self.max_length
         prompt_ids = self.tokenizer.encode_plain(options.prompt) if options.prompt else []
+        wholes = self.tokenizer.encode_with_offsets(prompted)
+        too_long = [i for i, whole in enumerate(wholes) if len(whole.ids) > limit]
+        # an over-long text is cut into windows of its own tokens (without the prompt: see
+        # `chunking.split_windows`), all of them tokenized in one batch
+        alone = dict(
+            zip(
+                too_long,
+                self.tokenizer.encode_with_offsets([texts[i] for i in too_long]),
+                strict=True,
+            )
+        )
         seqs: list[list[int]] = []
         counts: list[int] = []
         weights: list[int] = []
-        for text, whole in zip(texts, self.tokenizer.encode_with_offsets(prompted), strict=True):
-            if len(whole.ids) <= limit:  # as truncate=False would embed it
-                parts, overhead = [list(whole.ids)], None
-            else:
-                alone = self.tokenizer.encode_with_offsets([text])[0]
-                parts, overhead = split_windows(alone, prompt_ids, limit)
+        for i, whole in enumerate(wholes):
+            if i not in alone:  # as truncate=False would embed it
+                seqs.append(list(whole.ids))
+                counts.append(1)
+                weights.append(1)
+                continue
+            parts, overhead = split_windows(alone[i], prompt_ids, limit)
             seqs += parts
             counts.append(len(parts))
-            weights += [1] if overhead is None else [len(p) - overhead for p in parts]
+            weights += [len(p) - overhead for p in parts]
         return PreparedInputs(seqs, single, counts, weights)
 
     # -- late chunking --------------------------------------------------------------------
 
     def plan_documents(
-        self, documents: list[list[str]], separator: str = DEFAULT_SEPARATOR
+        self, documents: list[list[str]], separator: Any = None
     ) -> list[DocumentPlan]:
-        """Each document (chunk strings, as `read_documents` checked them) joined and tokenized
-        once, with its chunks' token spans from the tokenizer's offsets (`chunking.plan_document`)."""
+        """Each document (chunk strings, as `read_documents` checked them) joined with
+        `separator` (None: `DEFAULT_SEPARATOR`) and tokenized once, with its chunks' token spans
+        from the tokenizer's offsets (`chunking.plan_document`)."""
+        if separator is None:
+            separator = DEFAULT_SEPARATOR
         if not isinstance(separator, str):
             raise InputTypeError(
                 f"separator must be a string, got {type(separator).__name__}", param="separator"

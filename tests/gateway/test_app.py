@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,8 +11,6 @@ import numpy as np
 from embedserve.gateway.app import GatewayApp
 from embedserve.gateway.requests import Limits
 from embedserve.inputs import InputPreparer
-from embedserve.spec import read_model_spec
-from embedserve.tokenization import TextTokenizer
 
 LIMITS = Limits(hidden_size=4, max_inputs=8, model_names=("m",))
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": []}
@@ -22,9 +19,8 @@ SCOPE = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": 
 class SlowPipeline:
     """`embed` waits for `release`; records whether it was cancelled."""
 
-    def __init__(self, model: Path) -> None:
-        spec = read_model_spec(model)
-        self.inputs = InputPreparer(spec, TextTokenizer(model / "tokenizer.json", 256))
+    def __init__(self, inputs: InputPreparer) -> None:
+        self.inputs = inputs
         self.release = asyncio.Event()
         self.started = asyncio.Event()
         self.cancelled = False
@@ -58,9 +54,9 @@ def client(disconnect: asyncio.Event) -> Any:
     return receive
 
 
-def test_a_client_that_goes_away_cancels_its_work(minilm_path: Path) -> None:
+def test_a_client_that_goes_away_cancels_its_work(inputs: InputPreparer) -> None:
     async def main() -> None:
-        pipeline = SlowPipeline(minilm_path)
+        pipeline = SlowPipeline(inputs)
         sent: list[dict[str, Any]] = []
         disconnect = asyncio.Event()
 
@@ -77,9 +73,9 @@ def test_a_client_that_goes_away_cancels_its_work(minilm_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_a_client_that_stays_gets_its_answer(minilm_path: Path) -> None:
+def test_a_client_that_stays_gets_its_answer(inputs: InputPreparer) -> None:
     async def main() -> None:
-        pipeline = SlowPipeline(minilm_path)
+        pipeline = SlowPipeline(inputs)
         sent: list[dict[str, Any]] = []
 
         async def send(message: dict[str, Any]) -> None:

@@ -4,39 +4,19 @@ spans from offsets, documents split over server calls and put back in order."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from embedserve.contract import EmbedResponse
-from embedserve.errors import InputError
-from embedserve.gateway.errors import ApiError, from_input_error
+from embedserve.gateway.errors import ApiError
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits, contextual_body
 from embedserve.gateway.requests import Limits, parse_contextual
 from embedserve.inputs import InputPreparer
-from embedserve.spec import read_model_spec
-from embedserve.tokenization import TextTokenizer
+from tests.gateway.conftest import api_error
 
 LIMITS = Limits(384, max_inputs=3, model_names=("minilm",), max_chunks=4)
-
-
-def api_error(call: Any) -> ApiError:
-    """What the app answers for the error `call()` raises."""
-    try:
-        call()
-    except InputError as e:
-        return from_input_error(e)
-    except ApiError as e:
-        return e
-    raise AssertionError("no error raised")
-
-
-@pytest.fixture(scope="module")
-def inputs(minilm_path: Path) -> InputPreparer:
-    spec = read_model_spec(minilm_path)
-    return InputPreparer(spec, TextTokenizer(minilm_path / "tokenizer.json", spec.max_seq_length))
 
 
 class SpanEcho:

@@ -4,7 +4,6 @@ come back in order, and a failed part cancels the rest."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,8 +14,6 @@ from embedserve.gateway.errors import ApiError
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.requests import EmbedJob
 from embedserve.inputs import Head, InputOptions, InputPreparer
-from embedserve.spec import read_model_spec
-from embedserve.tokenization import TextTokenizer
 
 
 class CountingReplicas:
@@ -49,12 +46,6 @@ class CountingReplicas:
         starts = np.cumsum([0, *request.seqlens[:-1]])
         rows = ids[starts].astype(np.float32)[:, None]
         return EmbedResponse(embeddings=rows.tobytes(), shape=list(rows.shape), dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def inputs(minilm_path: Path) -> InputPreparer:
-    spec = read_model_spec(minilm_path)
-    return InputPreparer(spec, TextTokenizer(minilm_path / "tokenizer.json", spec.max_seq_length))
 
 
 def job(num_inputs: int) -> EmbedJob:

@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from embedserve.errors import InputError
-from embedserve.gateway.errors import ApiError, from_input_error
 from embedserve.gateway.requests import Limits, parse_embeddings, parse_tokenize
 from embedserve.inputs import Head, InputOptions, InputPreparer
-from embedserve.spec import read_model_spec
-from embedserve.tokenization import TextTokenizer
+from tests.gateway.conftest import api_error
 
 LIMITS = Limits(hidden_size=384, max_inputs=4, model_names=("minilm", "alias"))
-
-
-@pytest.fixture(scope="module")
-def inputs(minilm_path: Path) -> InputPreparer:
-    spec = read_model_spec(minilm_path)
-    return InputPreparer(spec, TextTokenizer(minilm_path / "tokenizer.json", spec.max_seq_length))
-
-
-def api_error(call: Any) -> ApiError:
-    try:
-        call()
-    except InputError as e:
-        return from_input_error(e)
-    except ApiError as e:
-        return e
-    raise AssertionError("no error raised")
 
 
 def test_defaults(inputs: InputPreparer) -> None:

@@ -58,7 +58,8 @@ class Pipeline:
         self, inputs: InputPreparer, replicas: ReplicaPool, limits: PipelineLimits
     ) -> None:
         self.inputs = inputs
-        self.spec = inputs.spec
+        # windows are averaged before the head: for them, the servers answer pooled float32 rows
+        self.raw_head = Head(inputs.spec.hidden_size, False, "float32")
         self.replicas = replicas
         self.limits = limits
         self._threads = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
@@ -94,7 +95,6 @@ class Pipeline:
         lengths = [len(s) for s in prepared.seqs]
         num_tokens = sum(lengths)
         self._check_size(num_tokens)
-        # windows are averaged before the head: ask for the pooled vectors themselves
         head = job.head if prepared.windows_per_input is None else self.raw_head
         rows = await self._fan_out(
             [
@@ -131,11 +131,6 @@ class Pipeline:
         except BaseExceptionGroup as failed:  # the first part's error is the request's
             raise failed.exceptions[0] from None
         return np.concatenate(parts)  # type: ignore[arg-type]
-
-    @property
-    def raw_head(self) -> Head:
-        """Pooled float32 vectors, untouched."""
-        return Head(self.spec.hidden_size, False, "float32", "generic")
 
     async def _embed_part(
         self, seqs: list[list[int]], head: Head, spans: list[tuple[int, int]] | None = None

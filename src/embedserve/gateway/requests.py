@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from embedserve.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT
+from embedserve.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.inputs import Head, InputOptions, InputPreparer
 
@@ -50,7 +50,7 @@ class EmbedJob:
 @dataclass(frozen=True)
 class ContextualJob:
     documents: list[list[str]]  # checked: each an ordered list of non-blank chunk strings
-    separator: str
+    separator: Any  # as sent (None: the default); the core checks it
     head: Head
     encoding_format: str
 
@@ -138,12 +138,9 @@ def parse_contextual(body: Any, limits: Limits, inputs: InputPreparer) -> Contex
     check_model(body, limits)
     _optional_string(body, "user")
     encoding_format = _encoding_format(body)
-    separator = _optional_string(body, "separator")
     head = _head(body, inputs)
     documents = inputs.read_documents(_input(body, limits, "documents"), limits.max_chunks)
-    return ContextualJob(
-        documents, DEFAULT_SEPARATOR if separator is None else separator, head, encoding_format
-    )
+    return ContextualJob(documents, body.get("separator"), head, encoding_format)
 
 
 def parse_tokenize(body: Any, limits: Limits, inputs: InputPreparer) -> tuple[Any, InputOptions]:

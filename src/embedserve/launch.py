@@ -21,7 +21,7 @@ from embedserve.options import Options, option
 from embedserve.processes import Child
 from embedserve.server.main import ServerConfig
 
-SERVER_READY = re.compile(r"embedserve server: ready on (\S+):(\d+)")
+SERVER_READY = re.compile(r"embedserve server: ready on (\S+):(\d+) .*batch tokens (\d+)")
 MAX_RESTARTS_PER_MINUTE = 3
 GATEWAY_READY = re.compile(r"embedserve gateway: listening on (\S+) ")
 
@@ -121,17 +121,20 @@ def run_serve(args: argparse.Namespace) -> int:
     gateway_proc: Child | None = None
     try:
         servers = [start_server(i) for i in range(len(configs))]
-        addresses = []
+        addresses, budgets = [], []
         for s in servers:
             m = s.wait_for(SERVER_READY, 600, cancel=stop_requested)
             s.forget_output()
             addresses.append(f"{m.group(1)}:{m.group(2)}")
+            budgets.append(int(m.group(3)))
         # A restarted server takes the same port: the gateway's health checks take it back.
         configs = [
             replace(c, port=int(a.rsplit(":", 1)[1]))
             for c, a in zip(configs, addresses, strict=True)
         ]
         gateway = replace(gateway, replicas=tuple(addresses))
+        if gateway.chunk_tokens is None:  # a part of a request is one batch of the servers'
+            gateway = replace(gateway, chunk_tokens=min(budgets))
         gateway_proc = Child(
             [*cli, "gateway", *gateway.to_argv()], name="gateway", relay=sys.stderr
         )

@@ -34,6 +34,9 @@ from embedserve.processes import set_parent_death_signal
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
 
+# Tokens per server call of a gateway started on its own (`serve` passes its servers' budget).
+DEFAULT_CHUNK_TOKENS = 8192
+
 
 @dataclass(frozen=True)
 class GatewayConfig(Options):
@@ -56,7 +59,11 @@ class GatewayConfig(Options):
         MAX_CHUNKS_PER_DOCUMENT, "chunks per document of a contextualized-embeddings request"
     )
     max_tokens_per_request: int = option(300_000, "real tokens per request")
-    chunk_tokens: int = option(8192, "split requests into chunks of at most this many tokens")
+    chunk_tokens: int | None = option(
+        None,
+        "split requests into parts of at most this many tokens (default: with serve, the "
+        f"servers' batch budget; a gateway started alone, {DEFAULT_CHUNK_TOKENS})",
+    )
     request_timeout: float = option(30.0, "deadline of each server call (s)")
     health_interval: float = option(0.5, "replica health polling interval (s)")
     drain_seconds: float = drain_option()
@@ -77,7 +84,6 @@ class GatewayConfig(Options):
             "max_inputs",
             "max_chunks_per_document",
             "max_tokens_per_request",
-            "chunk_tokens",
             "request_timeout",
             "health_interval",
         ):
@@ -85,6 +91,8 @@ class GatewayConfig(Options):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
+        if self.chunk_tokens is not None and self.chunk_tokens <= 0:
+            raise ValueError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -115,7 +123,9 @@ def build_app(config: GatewayConfig) -> GatewayApp:
         return Pipeline(
             inputs,
             pool,
-            PipelineLimits(config.max_tokens_per_request, config.chunk_tokens),
+            PipelineLimits(
+                config.max_tokens_per_request, config.chunk_tokens or DEFAULT_CHUNK_TOKENS
+            ),
         )
 
     return GatewayApp(make_pipeline, limits, max_body_bytes=config.max_body_bytes)
@@ -224,7 +234,8 @@ def _supervise(config: GatewayConfig) -> int:
         return 1
     print(
         f"embedserve gateway: listening on {url} ({config.workers} worker"
-        f"{'s' if config.workers > 1 else ''}, replicas {', '.join(config.replicas)})",
+        f"{'s' if config.workers > 1 else ''}, replicas {', '.join(config.replicas)}, "
+        f"parts of {config.chunk_tokens or DEFAULT_CHUNK_TOKENS} tokens)",
         flush=True,
     )
     while any(w.is_alive() for w in workers):

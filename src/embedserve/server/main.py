@@ -131,7 +131,8 @@ async def serve(config: ServerConfig) -> None:
     print(
         f"embedserve server: ready on {config.host}:{port} "
         f"({config.engine.model}, {engine.device}, {engine.hidden_size} dims, "
-        f"{engine.spec.attention} attention, {engine.spec.pooling} pooling)",
+        f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
+        f"batch tokens {service.scheduler.config.max_batch_tokens})",
         flush=True,
     )
     await stop.wait()

@@ -6,6 +6,7 @@ the device in one copy per tensor. There is no padding and no attention mask.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -66,7 +67,8 @@ class PackedBatch:
     def from_token_lists(cls, sequences: Sequence[Sequence[int]]) -> PackedBatch:
         lens = np.fromiter((len(s) for s in sequences), dtype=np.int32, count=len(sequences))
         total = int(lens.sum())
-        ids = np.fromiter((t for s in sequences for t in s), dtype=np.int64, count=total)
+        # chain is C-level: ~2x faster than a generator over every token
+        ids = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total)
         return cls.from_packed(ids, lens)
 
 

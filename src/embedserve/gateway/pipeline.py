@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -141,7 +142,7 @@ class Pipeline:
         if len(seqs) == 1:  # one query: no generator over its tokens
             ids = np.asarray(seqs[0], dtype="<i4")
         else:
-            ids = np.fromiter((t for s in seqs for t in s), dtype="<i4", count=sum(lengths))
+            ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype="<i4", count=sum(lengths))
         request = EmbedRequest(
             input_ids=ids.tobytes(),
             seqlens=lengths,

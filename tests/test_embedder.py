@@ -173,26 +173,3 @@ def test_progress_bar_and_order(minilm: Embedder, capsys: pytest.CaptureFixture[
     np.testing.assert_allclose(a[:5], b, atol=1e-6)
     assert "embedding" in capsys.readouterr().err
 
-
-def test_errors_name_the_input_across_tokenization_slices(minilm: Embedder) -> None:
-    from embedserve.embedder import PREPARE_SLICE_INPUTS
-
-    texts = ["short"] * (PREPARE_SLICE_INPUTS + 50)
-    texts[PREPARE_SLICE_INPUTS + 7] = "word " * 400
-    texts[-1] = 3  # type: ignore[call-overload]  # every input's type is checked first
-    with pytest.raises(TypeError, match=rf"input\[{len(texts) - 1}\] is int"):
-        minilm.encode(texts)
-    texts[-1] = "short"
-    where = rf"input\[{PREPARE_SLICE_INPUTS + 7}\] has \d+ tokens"
-    with pytest.raises(ValueError, match=where):
-        minilm.encode(texts)
-
-
-def test_slices_give_the_vectors_of_one_batch(minilm: Embedder) -> None:
-    from embedserve.embedder import PREPARE_SLICE_INPUTS
-
-    texts = [f"text number {i} about things" for i in range(PREPARE_SLICE_INPUTS * 2 + 3)]
-    whole = minilm.encode(texts, show_progress=True)
-    parts = np.concatenate([minilm.encode(texts[i : i + 100]) for i in range(0, len(texts), 100)])
-    np.testing.assert_allclose(whole, parts, rtol=1e-5, atol=1e-6)
-    assert whole.shape == (len(texts), 384)

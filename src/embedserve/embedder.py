@@ -7,7 +7,6 @@ applies the output head. Results come back in input order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,6 @@ from embedserve.engine.engine import Engine
 from embedserve.inputs import InputPreparer, Truncate
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
-
-# Texts tokenized per slice while the engine runs the previous slice (see `encode`): large enough
-# for the tokenizer's own parallelism and a few engine batches, small enough to start soon.
-PREPARE_SLICE_INPUTS = 256
 
 
 class Embedder:
@@ -121,29 +116,12 @@ class Embedder:
             truncate=truncate,
         )
         batch_tokens = self._batch_tokens(batch_tokens)
-        slices = self.inputs.prepare_slices(inputs, options, slice_inputs=PREPARE_SLICE_INPUTS)
-        progress = None
-        if show_progress:
-            from tqdm.auto import tqdm
-
-            total = 1 if isinstance(inputs, str) else len(inputs)
-            progress = tqdm(total=total, unit="input", unit_scale=True, desc="embedding")
-        outs, single = [], False
-        # Tokenize slice k+1 on a thread while the engine runs slice k: the tokenizer and the
-        # device wait both release the GIL. NOTE: one slice at a time, in order.
-        with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as tokenizing:
-            upcoming = tokenizing.submit(next, slices, None)
-            while (prepared := upcoming.result()) is not None:
-                upcoming = tokenizing.submit(next, slices, None)
-                single = prepared.single
-                pooled = self.embed_ids(prepared.seqs, batch_tokens=batch_tokens)
-                outs.append(head.apply(prepared.combine(pooled)))
-                if progress is not None:
-                    progress.update(len(outs[-1]))
-        if progress is not None:
-            progress.close()
-        out = outs[0] if len(outs) == 1 else np.concatenate(outs)
-        return out[0] if single else out
+        prepared = self.inputs.prepare(inputs, options)
+        pooled = self.embed_ids(
+            prepared.seqs, batch_tokens=batch_tokens, show_progress=show_progress
+        )
+        out = head.apply(prepared.combine(pooled))
+        return out[0] if prepared.single else out
 
     def encode_contextual(
         self,
@@ -185,17 +163,35 @@ class Embedder:
             raise ValueError(f"batch_tokens must be a positive integer, got {batch_tokens!r}")
         return batch_tokens
 
-    def embed_ids(self, ids: Sequence[Sequence[int]], *, batch_tokens: int) -> np.ndarray:
+    def embed_ids(
+        self, ids: Sequence[Sequence[int]], *, batch_tokens: int, show_progress: bool = False
+    ) -> np.ndarray:
         """Pooled float32 vectors [num_inputs, hidden], before the output head."""
         lengths = [len(x) for x in ids]
         out = np.empty((len(ids), self.spec.hidden_size), dtype=np.float32)
+        progress = None
+        if show_progress:
+            from tqdm.auto import tqdm
+
+            progress = tqdm(total=sum(lengths), unit="tok", unit_scale=True, desc="embedding")
         # Launch batch N+1 before reading batch N, so on a GPU the host work overlaps the device.
-        pending: tuple[range, Any] | None = None
+        pending: tuple[range, Any, int] | None = None
         for group in budget_groups(lengths, batch_tokens):
-            handle = self.engine.step(PackedBatch.from_token_lists([ids[i] for i in group]))
+            batch = PackedBatch.from_token_lists([ids[i] for i in group])
+            handle = self.engine.step(batch)
             if pending is not None:
-                out[pending[0].start : pending[0].stop] = pending[1].wait()
-            pending = (group, handle)
+                self._collect(out, *pending, progress)
+            pending = (group, handle, batch.num_tokens)
         if pending is not None:
-            out[pending[0].start : pending[0].stop] = pending[1].wait()
+            self._collect(out, *pending, progress)
+        if progress is not None:
+            progress.close()
         return out
+
+    @staticmethod
+    def _collect(
+        out: np.ndarray, group: range, handle: Any, num_tokens: int, progress: Any
+    ) -> None:
+        out[group.start : group.stop] = handle.wait()
+        if progress is not None:
+            progress.update(num_tokens)

@@ -15,7 +15,7 @@ front end. No torch: the gateway runs this.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -240,29 +240,15 @@ class InputPreparer:
 
     def prepare(self, inputs: Any, options: InputOptions | None = None) -> PreparedInputs:
         """Checked token-id sequences for `inputs` (see the module docstring)."""
-        (prepared,) = self.prepare_slices(inputs, options, slice_inputs=None)
-        return prepared
-
-    def prepare_slices(
-        self, inputs: Any, options: InputOptions | None = None, *, slice_inputs: int | None
-    ) -> Iterator[PreparedInputs]:
-        """`prepare` in consecutive slices of at most `slice_inputs` texts (None: one slice),
-        tokenized as they are asked for, so a caller can run one slice on the engine while the
-        next is tokenized. Every input is type-checked before the first slice, so the error a
-        bad request raises is the one `prepare` raises; a tokenizer's error names the input by
-        its place in the whole request."""
         options = options or InputOptions()
         single = isinstance(inputs, str) or (
             _is_sequence(inputs) and len(inputs) > 0 and _is_int(inputs[0])
         )
         texts, id_lists = self.read_inputs(inputs)
-        if texts is None:
-            assert id_lists is not None  # read_inputs returns one of the two
-            yield self._prepare_ids(id_lists, options.truncate, single)
-            return
-        step = slice_inputs or len(texts)
-        for start in range(0, len(texts), step):
-            yield self._prepare_texts(texts[start : start + step], options, single, start)
+        if texts is not None:
+            return self._prepare_texts(texts, options, single)
+        assert id_lists is not None
+        return self._prepare_ids(id_lists, options.truncate, single)
 
     def read_inputs(self, inputs: Any) -> tuple[list[str] | None, list[list[int]] | None]:
         """`inputs` as (texts, None) or (None, token id lists), every item checked."""
@@ -343,14 +329,13 @@ class InputPreparer:
         return PreparedInputs(out, single)
 
     def _prepare_texts(
-        self, texts: list[str], options: InputOptions, single: bool, first_index: int = 0
+        self, texts: list[str], options: InputOptions, single: bool
     ) -> PreparedInputs:
         prompted = [options.prompt + t for t in texts] if options.prompt else texts
         if options.truncate != "chunk":
-            ids = self.tokenizer.encode(
-                prompted, truncate=options.truncate, first_index=first_index
+            return PreparedInputs(
+                self.tokenizer.encode(prompted, truncate=options.truncate), single
             )
-            return PreparedInputs(ids, single)
         limit = self.max_length
         prompt_ids = self.tokenizer.encode_plain(options.prompt) if options.prompt else []
         wholes = self.tokenizer.encode_with_offsets(prompted)

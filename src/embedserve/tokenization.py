@@ -46,11 +46,8 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return int(self._full.get_vocab_size(with_added_tokens=True))
 
-    def encode(
-        self, texts: Sequence[str], *, truncate: Cut = False, first_index: int = 0
-    ) -> list[list[int]]:
-        """Token ids per text, special tokens included; raises InputTooLong without `truncate`
-        (naming the input by its place in the request: `first_index` + its place here)."""
+    def encode(self, texts: Sequence[str], *, truncate: Cut = False) -> list[list[int]]:
+        """Token ids per text, special tokens included; raises InputTooLong without `truncate`."""
         encodings = self._full.encode_batch_fast(list(texts))
         ids = [e.ids for e in encodings]
         too_long = [i for i, seq in enumerate(ids) if len(seq) > self.max_length]
@@ -58,8 +55,7 @@ class TextTokenizer:
             return ids
         if truncate is False:
             i = too_long[0]
-            where = f"input[{first_index + i}]"
-            raise InputTooLong(where, len(ids[i]), self.max_length, TRUNCATE_ADVICE)
+            raise InputTooLong(f"input[{i}]", len(ids[i]), self.max_length, TRUNCATE_ADVICE)
         tok = self._keep_start if truncate == "end" else self._keep_end
         redone = tok.encode_batch_fast([texts[i] for i in too_long])
         for i, enc in zip(too_long, redone, strict=True):

@@ -48,18 +48,13 @@ class TextTokenizer:
 
     def encode(self, texts: Sequence[str], *, truncate: Cut = False) -> list[list[int]]:
         """Token ids per text, special tokens included; raises InputTooLong without `truncate`."""
-        encodings = self._full.encode_batch_fast(list(texts))
-        ids = [e.ids for e in encodings]
-        too_long = [i for i, seq in enumerate(ids) if len(seq) > self.max_length]
-        if not too_long:
-            return ids
-        if truncate is False:
-            i = too_long[0]
-            raise InputTooLong(f"input[{i}]", len(ids[i]), self.max_length, TRUNCATE_ADVICE)
-        tok = self._keep_start if truncate == "end" else self._keep_end
-        redone = tok.encode_batch_fast([texts[i] for i in too_long])
-        for i, enc in zip(too_long, redone, strict=True):
-            ids[i] = enc.ids
+        if truncate:  # one pass with the tokenizer that cuts on that side
+            tok = self._keep_start if truncate == "end" else self._keep_end
+            return [e.ids for e in tok.encode_batch_fast(list(texts))]
+        ids = [e.ids for e in self._full.encode_batch_fast(list(texts))]
+        for i, seq in enumerate(ids):
+            if len(seq) > self.max_length:
+                raise InputTooLong(f"input[{i}]", len(seq), self.max_length, TRUNCATE_ADVICE)
         return ids
 
     def encode_with_offsets(self, texts: Sequence[str]) -> list[Encoding]:

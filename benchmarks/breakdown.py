@@ -1,0 +1,221 @@
+"""Where one short query's time goes, stage by stage: a differential breakdown (suite 4's floor).
+
+Each row runs the same one-query requests (p50 of `--requests` sequential calls, one client) on a
+stack that differs from the previous one by one stage, so the differences are the stages:
+
+| measured                      | what it holds                                                  |
+|-------------------------------|----------------------------------------------------------------|
+| engine step                   | `Engine.step(batch).wait()` in process (host work + device)     |
+| gateway app in process        | ASGI call of the gateway: JSON, request core, tokenize, body    |
+| gRPC to a no-op server        | grpc.aio unary round trip + the service's queue, no model       |
+| gRPC to the real server       | the same + the engine                                           |
+| HTTP floor (uvicorn, no-op)   | http.client + uvicorn + a raw ASGI app answering a fixed body   |
+| HTTP gateway + no-op server   | everything but the model                                        |
+| HTTP end to end (`serve`)     | what a user waits                                               |
+
+Text: one-word to 12-word queries from Python docstrings (benchmarks/corpus.py). Writes
+`concurrency-<hw>-breakdown-YYYYMMDD.json` + `.md`.
+
+    PYTHONPATH=src python3 benchmarks/breakdown.py --model DIR --device cuda [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus
+import report
+from serving_cpu import CLI, SELF, asgi_overhead_us, sequential_us, start
+
+from embedserve.processes import Child
+
+
+def p50_us(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def grpc_round_trips_us(address: str, ids: list[list[int]], count: int) -> list[float]:
+    """Sequential Embed calls with packed ids, as the gateway sends them."""
+    import grpc
+
+    from embedserve.contract import EmbedRequest, embed_stub
+
+    requests = [
+        EmbedRequest(
+            input_ids=np.asarray(x, dtype="<i4").tobytes(),
+            seqlens=[len(x)],
+            dimensions=0,
+            normalize=True,
+            output_dtype="float32",
+        )
+        for x in ids
+    ]
+
+    async def run() -> list[float]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = embed_stub(channel)
+            out = []
+            for i in range(count):
+                t0 = time.perf_counter()
+                await call(requests[i % len(requests)], timeout=30)
+                out.append((time.perf_counter() - t0) * 1e6)
+            return out
+
+    return asyncio.run(run())
+
+
+def http_floor_us(count: int) -> list[float]:
+    """A raw ASGI app under uvicorn answering a fixed embedding body: HTTP + client floor."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server, _ = start([sys.executable, __file__, "--floor-server", str(port)], r"floor: ready")
+    try:
+        time.sleep(0.5)
+        return sequential_us(port, ["x"], count)
+    finally:
+        server.stop(10)
+
+
+def floor_server(port: int) -> None:
+    import uvicorn
+
+    body = json.dumps(
+        {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.05] * 384}]}
+    ).encode()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    print("floor: ready", flush=True)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--out", type=Path, default=report.RESULTS)
+    parser.add_argument("--floor-server", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.floor_server is not None:
+        floor_server(args.floor_server)
+        return 0
+    n = args.requests
+    skip = n // 10  # warm-up calls left out of every figure
+    texts = corpus.queries(256)
+
+    from embedserve.embedder import Embedder
+    from embedserve.engine.batch import PackedBatch
+
+    embedder = Embedder(args.model, device=args.device)
+    ids = embedder.tokenize(texts)
+    batches = [PackedBatch.from_token_lists([x]) for x in ids]
+    for b in batches[:64]:  # each bucket: eager, captured, replayed
+        for _ in range(3):
+            embedder.engine.step(b).wait()
+    steps = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        embedder.engine.step(batches[i % len(batches)]).wait()
+        steps.append((time.perf_counter() - t0) * 1e6)
+    hardware = embedder.engine.device.type
+    del embedder
+    rows: list[tuple[str, list[float]]] = [("engine step", steps[skip:])]
+    rows.append(("gateway app in process", asgi_overhead_us(texts, n)[skip:]))
+
+    noop, noop_ready = start([*SELF, "--noop-server"], r"ready on (\S+)")  # serving_cpu's
+    server = Child([*CLI, "server", "--model", args.model, "--device", args.device, "--port", "0"])
+    try:
+        address = server.wait_for(r"embedserve server: ready on (\S+:\d+)", 600).group(1)
+        server.forget_output()
+        rows.append(
+            ("gRPC to a no-op server", grpc_round_trips_us(noop_ready.group(1), ids, n)[skip:])
+        )
+        rows.append(("gRPC to the real server", grpc_round_trips_us(address, ids, n)[skip:]))
+        rows.append(("HTTP floor (uvicorn, no-op)", http_floor_us(n)[skip:]))
+        gateway = Child([*CLI, "gateway", "--replica", noop_ready.group(1), "--port", "0"])
+        try:
+            url = gateway.wait_for(r"embedserve gateway: listening on (\S+)", 120).group(1)
+            port = int(url.rsplit(":", 1)[1])
+            rows.append(("HTTP gateway + no-op server", sequential_us(port, texts, n)[skip:]))
+        finally:
+            gateway.stop(10)
+    finally:
+        server.stop(30)
+        noop.stop(10)
+    serve = Child([*CLI, "serve", "--model", args.model, "--device", args.device, "--port", "0"])
+    try:
+        url = serve.wait_for(r"embedserve: serving \S+ at (\S+)", 600).group(1)
+        serve.forget_output()
+        port = int(url.rsplit(":", 1)[1])
+        rows.append(("HTTP end to end (serve)", sequential_us(port, texts, n)[skip:]))
+    finally:
+        serve.stop(30)
+
+    import torch
+
+    name = torch.cuda.get_device_name() if hardware == "cuda" else report.cpu_hardware()
+    records = []
+    for stage, xs in rows:
+        for q in (50, 99):
+            records.append(
+                {
+                    "system": "embedserve",
+                    "model": Path(args.model).name,
+                    "weights": "real",
+                    "dtype": "bf16" if hardware == "cuda" else "float32",
+                    "batch": 1,
+                    "tokens": "3-12 words",
+                    "concurrency": 1,
+                    "metric": f"p{q}_ms",
+                    "value": float(np.percentile(xs, q)) / 1e3,
+                    "scope": stage,
+                }
+            )
+    p = {stage: p50_us(xs) for stage, xs in rows}
+    derived = {
+        "gRPC + server service (no model)": p["gRPC to a no-op server"],
+        "the engine inside the server": p["gRPC to the real server"] - p["gRPC to a no-op server"],
+        "HTTP + client (floor)": p["HTTP floor (uvicorn, no-op)"],
+        "gateway beyond the HTTP floor": p["HTTP gateway + no-op server"]
+        - p["HTTP floor (uvicorn, no-op)"]
+        - p["gRPC to a no-op server"],
+    }
+    notes = (
+        f"p50 of {n - skip} sequential one-query requests after {skip} warm-up ones, per stack. "
+        "Differences of p50s (µs): " + "; ".join(f"{k} {v:.0f}" for k, v in derived.items()) + "."
+    )
+    _, table = report.write(
+        "concurrency",
+        name,
+        ("h200" if "H200" in name else hardware) + "-breakdown",
+        records,
+        report.versions("torch", "grpcio", "uvicorn"),
+        notes,
+        args.out,
+    )
+    print(notes)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -139,7 +139,7 @@ def main() -> int:
     hardware = embedder.engine.device.type
     del embedder
     rows: list[tuple[str, list[float]]] = [("engine step", steps[skip:])]
-    rows.append(("gateway app in process", asgi_overhead_us(texts, n)[skip:]))
+    rows.append(("gateway app in process", asgi_overhead_us(texts, n, args.model)[skip:]))
 
     noop, noop_ready = start([*SELF, "--noop-server"], r"ready on (\S+)")  # serving_cpu's
     server = Child([*CLI, "server", "--model", args.model, "--device", args.device, "--port", "0"])

@@ -204,12 +204,12 @@ def sequential_us(port: int, texts: list[str], count: int) -> list[float]:
     return out
 
 
-def asgi_overhead_us(texts: list[str], count: int) -> list[float]:
+def asgi_overhead_us(texts: list[str], count: int, model: str = "minilm") -> list[float]:
     """The gateway app in process; the replica call answered at once with a prebuilt response."""
     from embedserve.contract import EmbedResponse
     from embedserve.gateway.main import GatewayConfig, build_app
 
-    app = build_app(GatewayConfig(replicas=("127.0.0.1:1",)))
+    app = build_app(GatewayConfig(replicas=("127.0.0.1:1",), model=model))
     row = np.full((1, 384), 0.05, dtype="<f4")
     response = EmbedResponse(embeddings=row.tobytes(), shape=[1, 384], dtype="float32")
 

@@ -151,7 +151,18 @@ def main() -> int:
         )
         rows.append(("gRPC to the real server", grpc_round_trips_us(address, ids, n)[skip:]))
         rows.append(("HTTP floor (uvicorn, no-op)", http_floor_us(n)[skip:]))
-        gateway = Child([*CLI, "gateway", "--replica", noop_ready.group(1), "--port", "0"])
+        gateway = Child(
+            [
+                *CLI,
+                "gateway",
+                "--model",
+                args.model,
+                "--replica",
+                noop_ready.group(1),
+                "--port",
+                "0",
+            ]
+        )
         try:
             url = gateway.wait_for(r"embedserve gateway: listening on (\S+)", 120).group(1)
             port = int(url.rsplit(":", 1)[1])

@@ -172,4 +172,3 @@ def test_progress_bar_and_order(minilm: Embedder, capsys: pytest.CaptureFixture[
     b = np.stack([minilm.encode(t) for t in texts[:5]])
     np.testing.assert_allclose(a[:5], b, atol=1e-6)
     assert "embedding" in capsys.readouterr().err
-

@@ -17,7 +17,7 @@ def test_a_large_request_enters_the_queue_progressively() -> None:
     # a queue of 5,000 tokens, a request of ~14,000: sent whole at once it would be refused (429)
     proc = Proc("serve", "--port", "0", "--device", "cpu", "--max-queued-tokens", "5000")
     try:
-        proc.wait_for(r"embedserve server: ready on \S+ .*batch tokens 2048\)")
+        proc.wait_for(r"embedserve server: ready on \S+ .*batch tokens 2048,")
         proc.wait_for(r"embedserve gateway: listening on .*parts of 2048 tokens\)")
         url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
         texts = [f"passage {i} " + "about the weather and the sea " * 8 for i in range(220)]

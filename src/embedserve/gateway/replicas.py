@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embedserve.contract import embed_stub
+from embedserve.contract.local import LocalEmbedClient, local_socket_for
 from embedserve.gateway.errors import ApiError
 
 log = logging.getLogger("embedserve.gateway")
@@ -54,8 +55,17 @@ class Replica:
 
     def open(self) -> None:
         self.channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-        self.embed = embed_stub(self.channel)
+        # a server on this host is called over its unix socket (`contract.local`); gRPC for
+        # the others, and for health everywhere
+        local = local_socket_for(self.address)
+        self.embed = LocalEmbedClient(local) if local else embed_stub(self.channel)
         self.check = health_pb2_grpc.HealthStub(self.channel).Check
+
+    async def close(self) -> None:
+        if isinstance(self.embed, LocalEmbedClient):
+            await self.embed.close()
+        if self.channel is not None:
+            await self.channel.close()
 
 
 def to_api_error(error: grpc.aio.AioRpcError, address: str) -> ApiError:
@@ -99,8 +109,7 @@ class ReplicaPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
         for r in self.replicas:
-            if r.channel is not None:
-                await r.channel.close()
+            await r.close()
 
     @property
     def num_healthy(self) -> int:

@@ -17,7 +17,9 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedserve.contract import SERVICE_NAME, add_embed_service
+from embedserve.contract.local import socket_path
 from embedserve.options import EngineOptions, Options, drain_option, option
+from embedserve.server.local import serve_local
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 
@@ -113,6 +115,9 @@ async def serve(config: ServerConfig) -> None:
         raise OSError(f"cannot listen on {config.host}:{config.port}")
     await service.start()
     await server.start()
+    # the same calls over a unix socket, for a gateway on this host (`contract.local`)
+    local_path = socket_path(port)
+    local = await serve_local(local_path, service.answer)
     if config.metrics_port is not None:
         from embedserve.server.metrics import start_metrics_server
 
@@ -132,13 +137,15 @@ async def serve(config: ServerConfig) -> None:
         f"embedserve server: ready on {config.host}:{port} "
         f"({config.engine.model}, {engine.device}, {engine.hidden_size} dims, "
         f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
-        f"batch tokens {service.scheduler.config.max_batch_tokens})",
+        f"batch tokens {service.scheduler.config.max_batch_tokens}, local socket {local_path})",
         flush=True,
     )
     await stop.wait()
     print("embedserve server: draining", flush=True)
     await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace=config.drain_seconds)
+    await asyncio.gather(
+        server.stop(grace=config.drain_seconds), local.stop(grace=config.drain_seconds)
+    )
     await service.stop()
     print("embedserve server: stopped", flush=True)
 

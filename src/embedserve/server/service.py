@@ -88,7 +88,9 @@ class EngineLike(Protocol):
 BATCH_WAIT_MAX_REQUESTS = 4
 
 
-class BatchFailed(Exception):
+class RequestFailed(Exception):
+    """A request's failure, with the status code every transport answers it with."""
+
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
@@ -170,6 +172,15 @@ class EmbedService:
         self._wait_thread.shutdown(wait=True)
 
     async def embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """The gRPC method: `answer`, its failure as the call's status."""
+        try:
+            return await self.answer(request)
+        except RequestFailed as e:
+            await context.abort(e.code, str(e))
+
+    async def answer(self, request: Any) -> Any:
+        """One EmbedRequest's EmbedResponse, whatever the transport; raises RequestFailed.
+        Cancelling the caller's task drops the request (before the engine if still queued)."""
         try:
             batch, head, spans = parse_request(request, self.engine.hidden_size, self.output_rules)
             if spans is not None and self.span_pooler is None:
@@ -177,21 +188,18 @@ class EmbedService:
             # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.
             self.engine.check(batch)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        pending = Pending(batch, head, spans, future)
         try:
-            self.scheduler.submit(pending)
+            self.scheduler.submit(Pending(batch, head, spans, future))
         except Overloaded as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
         self._wakeup.set()
         try:
             return await future
         except asyncio.CancelledError:
             future.cancel()  # the client went away: the batch loop drops it
             raise
-        except BatchFailed as e:
-            await context.abort(e.code, str(e))
 
     async def _next_batch(self) -> list[Pending]:
         """The next batch, once there is work.
@@ -301,10 +309,10 @@ class EmbedService:
 
     def _fail(self, batch: list[Pending], error: Exception) -> None:
         if isinstance(error, ValueError):
-            failure = BatchFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            failure = RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         else:
             log.exception("engine failure on a batch of %d requests", len(batch), exc_info=error)
-            failure = BatchFailed(
+            failure = RequestFailed(
                 grpc.StatusCode.INTERNAL, f"engine failure: {type(error).__name__}: {error}"
             )
         for request in batch:

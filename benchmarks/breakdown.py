@@ -9,8 +9,9 @@ stack that differs from the previous one by one stage, so the differences are th
 | gateway app in process        | ASGI call of the gateway: JSON, request core, tokenize, body    |
 | gRPC to a no-op server        | grpc.aio unary round trip + the service's queue, no model       |
 | gRPC to the real server       | the same + the engine                                           |
+| unix socket to the real server| the local transport a gateway on the server's host uses         |
 | HTTP floor (uvicorn, no-op)   | http.client + uvicorn + a raw ASGI app answering a fixed body   |
-| HTTP gateway + no-op server   | everything but the model                                        |
+| HTTP gateway + no-op server   | everything but the model (over gRPC: the no-op server has no socket) |
 | HTTP end to end (`serve`)     | what a user waits                                               |
 
 Text: one-word to 12-word queries from Python docstrings (benchmarks/corpus.py). Writes
@@ -71,6 +72,36 @@ def grpc_round_trips_us(address: str, ids: list[list[int]], count: int) -> list[
                 await call(requests[i % len(requests)], timeout=30)
                 out.append((time.perf_counter() - t0) * 1e6)
             return out
+
+    return asyncio.run(run())
+
+
+def local_round_trips_us(address: str, ids: list[list[int]], count: int) -> list[float]:
+    """The same calls over the server's unix socket (`contract.local`), as a local gateway."""
+    from embedserve.contract import EmbedRequest
+    from embedserve.contract.local import LocalEmbedClient, local_socket_for
+
+    path = local_socket_for(address)
+    assert path is not None, f"no local socket for {address}"
+    requests = [
+        EmbedRequest(
+            input_ids=np.asarray(x, dtype="<i4").tobytes(),
+            seqlens=[len(x)],
+            normalize=True,
+            output_dtype="float32",
+        )
+        for x in ids
+    ]
+
+    async def run() -> list[float]:
+        client = LocalEmbedClient(path)
+        out = []
+        for i in range(count):
+            t0 = time.perf_counter()
+            await client(requests[i % len(requests)], timeout=30)
+            out.append((time.perf_counter() - t0) * 1e6)
+        await client.close()
+        return out
 
     return asyncio.run(run())
 
@@ -150,6 +181,9 @@ def main() -> int:
             ("gRPC to a no-op server", grpc_round_trips_us(noop_ready.group(1), ids, n)[skip:])
         )
         rows.append(("gRPC to the real server", grpc_round_trips_us(address, ids, n)[skip:]))
+        rows.append(
+            ("unix socket to the real server", local_round_trips_us(address, ids, n)[skip:])
+        )
         rows.append(("HTTP floor (uvicorn, no-op)", http_floor_us(n)[skip:]))
         gateway = Child(
             [

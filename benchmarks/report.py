@@ -16,6 +16,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def commit() -> str:
+    """The measured code's commit: `EMBEDSERVE_COMMIT` when set (NOTE: on the GPU machine the
+    working tree arrives with the session's starting HEAD: pass the real one in the command),
+    else `git rev-parse` here."""
+    if os.environ.get("EMBEDSERVE_COMMIT"):
+        return os.environ["EMBEDSERVE_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True

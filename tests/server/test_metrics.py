@@ -8,25 +8,37 @@ import subprocess
 import sys
 import urllib.request
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from embedserve.engine.stats import EngineStats
 from embedserve.server.metrics import ENGINE_COUNTERS, start_metrics_server
+from embedserve.server.stages import StageTimes
+
+
+def families(port: int) -> list[Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        return list(text_string_to_metric_families(reply.read().decode()))
 
 
 def scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    """Unlabelled samples by name."""
+    return {s.name: s.value for f in families(port) for s in f.samples if not s.labels}
 
 
 def test_engine_counters_and_queue_are_scraped() -> None:
     stats = EngineStats(captures=3, replays=41, eager_runs=5, padding_tokens=700, real_tokens=9000)
     stats.capture_seconds = 1.25
     engine = SimpleNamespace(stats=stats)
-    service = SimpleNamespace(num_batches=49, scheduler=SimpleNamespace(num_queued_tokens=128))
+    stages = StageTimes()
+    for seconds in (40e-6, 60e-6, 3.0):
+        stages.observe("queue", seconds)
+    stages.observe("device", 1e-4)
+    service = SimpleNamespace(
+        num_batches=49, scheduler=SimpleNamespace(num_queued_tokens=128), stage_times=stages
+    )
     port = start_metrics_server("127.0.0.1", 0, engine, service)
     got = scrape(port)
     assert got["embedserve_engine_graph_captures_total"] == 3
@@ -37,6 +49,19 @@ def test_engine_counters_and_queue_are_scraped() -> None:
     assert got["embedserve_engine_capture_seconds_total"] == 1.25
     assert got["embedserve_server_batches_total"] == 49
     assert got["embedserve_server_queued_tokens"] == 128
+    histogram = {
+        (s.labels["stage"], s.name, s.labels.get("le")): s.value
+        for f in families(port)
+        if f.name == "embedserve_server_stage_seconds"
+        for s in f.samples
+    }
+    assert histogram["queue", "embedserve_server_stage_seconds_count", None] == 3
+    assert histogram["queue", "embedserve_server_stage_seconds_bucket", "5e-05"] == 1
+    assert histogram["queue", "embedserve_server_stage_seconds_bucket", "0.0001"] == 2
+    assert histogram["queue", "embedserve_server_stage_seconds_bucket", "+Inf"] == 3
+    assert histogram["queue", "embedserve_server_stage_seconds_sum", None] == pytest.approx(3.0001)
+    assert histogram["device", "embedserve_server_stage_seconds_count", None] == 1
+    assert histogram["deliver", "embedserve_server_stage_seconds_count", None] == 0
     # read at scrape time: a later change shows up without any bookkeeping
     stats.replays += 1
     service.scheduler.num_queued_tokens = 0

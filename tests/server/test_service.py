@@ -436,3 +436,24 @@ def test_span_requests_are_refused_without_a_span_pooler() -> None:
         assert "does not pool spans" in e.value.details()
 
     with_server(engine, body)
+
+
+def test_each_stage_of_the_request_path_is_timed() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        await asyncio.gather(*(stub(req([i]), timeout=10) for i in range(1, 4)))
+        lazy = threading.Event()
+        engine.lazy = [lazy]  # one batch answered through the results thread
+        later = asyncio.ensure_future(stub(req([9]), timeout=10))
+        await asyncio.sleep(0.05)
+        lazy.set()
+        await later
+        times = service.stage_times.snapshot()
+        assert times["queue"][0][-1] == 4  # per request
+        batches = service.num_batches
+        for stage in ("launch", "device", "encode", "deliver"):  # per batch
+            assert times[stage][0][-1] == batches, stage
+        assert times["device"][1] >= 0.04  # the wait for the lazy result is the device's
+
+    with_server(engine, body)

@@ -1,4 +1,5 @@
-"""Prometheus metrics of one server process: the engine's fast-path counters and the queue.
+"""Prometheus metrics of one server process: the engine's fast-path counters, the queue and the
+time per stage of the request path (`server/stages.py`).
 
 Read at scrape time from `EngineStats` and the scheduler (no bookkeeping on the hot path), and
 served on their own HTTP port (`--metrics-port`), since the gRPC port speaks only gRPC.
@@ -10,7 +11,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from embedserve.server.stages import BUCKETS
 
 # (EngineStats field, metric name, help); counters get Prometheus' `_total` suffix
 ENGINE_COUNTERS = (
@@ -53,6 +61,16 @@ class ServerCollector:
             "Tokens waiting in the queue",
             value=self.service.scheduler.num_queued_tokens,
         )
+        stages = HistogramMetricFamily(
+            "embedserve_server_stage_seconds",
+            "Seconds per stage of the request path: queue (per request); launch, device, "
+            "encode, deliver (per batch)",
+            labels=["stage"],
+        )
+        bounds = [*(repr(b) for b in BUCKETS), "+Inf"]
+        for stage, (cumulative, total) in self.service.stage_times.snapshot().items():
+            stages.add_metric([stage], list(zip(bounds, cumulative, strict=True)), total)
+        yield stages
 
 
 def start_metrics_server(host: str, port: int, engine: Any, service: Any) -> int:

@@ -8,9 +8,10 @@ client went away (`Pending.cancelled()`) are dropped there, before they reach th
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ class Pending:
     spans: np.ndarray | None
     # the answer; done once answered, failed or cancelled (the client went away)
     result: asyncio.Future[Any]
+    arrived: float = field(default_factory=time.perf_counter)  # when it was queued
 
     @property
     def num_tokens(self) -> int:
@@ -110,6 +112,13 @@ class Scheduler:
         batch = [r for r in taken if not r.cancelled()]
         self.num_dropped += len(taken) - len(batch)
         return batch
+
+    def drain(self) -> list[Pending]:
+        """Empty the queue; the requests that were in it."""
+        left = list(self._queue)
+        self._queue.clear()
+        self.num_queued_tokens = 0
+        return left
 
     def _pop(self) -> Pending:
         request = self._queue.popleft()

@@ -1,19 +1,28 @@
-"""The gRPC Embed service in front of one engine: queue, batch loop, per-request results.
+"""The Embed service in front of one engine: queue, batch loop, per-request results.
 
-The loop reads in three steps: form a batch (`Scheduler.next_batch`), launch it on the engine
-thread (`Engine.step` returns a `LazyTensor` without waiting for the device), and resolve each
-request of the batch when its handle is ready. Up to `max_in_flight` batches are launched and not
-yet resolved, so batch N+1 is formed and launched while batch N is still on the device. The event
-loop never runs the model: `step()` runs on one engine thread, waiting on a result on another.
-Span (late-chunking) requests take the same queue, in batches of their own, run by `span_pooler`.
+Requests arrive on the event loop (gRPC or the local socket), are checked once and queued
+(`Scheduler`). Two threads do the rest, so the loop never runs the model and never waits on the
+device: the engine thread forms a batch (`Scheduler.next_batch`) and launches it (`Engine.step`
+returns a `LazyTensor` without waiting for the device); the results thread waits on each launched
+batch in order, encodes each request's answer and posts them to the loop in one wake-up. Up to
+`max_in_flight` batches are launched and not yet answered, so batch N+1 is formed and launched
+while batch N is still on the device. Span (late-chunking) requests take the same queue, in
+batches of their own, run by `span_pooler`.
+
+NOTE: this replaced an asyncio batch loop that hopped loop -> engine thread -> loop -> wait thread
+-> loop per batch: four cross-thread wake-ups (each tens of microseconds under the GIL) where two
+suffice (`benchmarks/breakdown.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import queue
+import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import grpc
@@ -31,6 +40,7 @@ from embedserve.server.scheduler import (
     pack_spans,
     split_batch_rows,
 )
+from embedserve.server.stages import StageTimes
 
 log = logging.getLogger("embedserve.server")
 
@@ -58,20 +68,11 @@ class Ready:
         return self.rows
 
 
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():  # the batch loop was cancelled meanwhile
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
 def _is_ready(handle: ResultHandle) -> bool:
     try:
         return handle.ready()
     except Exception:
-        return False  # `_resolve` asks again and fails the batch
+        return False  # `_finish` asks again (`wait`) and fails the batch
 
 
 class EngineLike(Protocol):
@@ -150,26 +151,41 @@ class EmbedService:
         self.batch_wait = batch_wait
         self.output_rules = output_rules
         self.span_pooler = span_pooler
+        # Guards the scheduler, `_in_flight` and `_stopping`, shared by the event loop (which
+        # submits) and the engine and results threads (which take batches and free slots).
+        self._work = threading.Condition(threading.Lock())
+        self._in_flight = 0  # batches launched and not yet answered
+        self._stopping = False
         self._engine_free_at = 0.0
-        self._expected = 0  # requests likely waiting soon (see _next_batch)
-        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="engine")
-        self._wait_thread = ThreadPoolExecutor(1, thread_name_prefix="results")
-        self._loop_task: asyncio.Task[None] | None = None
-        self._resolving: set[asyncio.Task[None]] = set()
+        self._expected = 0  # requests likely waiting soon (see _gather)
+        self._launched: queue.SimpleQueue[tuple[list[Pending], ResultHandle, float] | None]
+        self._launched = queue.SimpleQueue()
+        self.stage_times = StageTimes()
+        self._threads: list[threading.Thread] = []
         self.num_batches = 0
 
     async def start(self) -> None:
-        self._wakeup = asyncio.Event()
-        self._slots = asyncio.Semaphore(self.max_in_flight)
-        self._loop_task = asyncio.create_task(self._run(), name="batch-loop")
+        self._loop = asyncio.get_running_loop()
+        self._threads = [
+            threading.Thread(target=self._launch_batches, name="engine", daemon=True),
+            threading.Thread(target=self._await_results, name="results", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     async def stop(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
-        await asyncio.gather(*self._resolving, return_exceptions=True)
-        self._engine_thread.shutdown(wait=True)
-        self._wait_thread.shutdown(wait=True)
+        """Finish the batches on the engine; requests still queued fail as UNAVAILABLE."""
+        with self._work:
+            self._stopping = True
+            self._work.notify_all()
+            left = self.scheduler.drain()
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join)
+        await asyncio.sleep(0)  # the answers the threads posted are delivered
+        gone = RequestFailed(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+        for request in left:
+            if not request.result.done():
+                request.result.set_exception(gone)
 
     async def embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """The gRPC method: `answer`, its failure as the call's status."""
@@ -189,87 +205,87 @@ class EmbedService:
             self.engine.check(batch)
         except ValueError as e:
             raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        try:
-            self.scheduler.submit(Pending(batch, head, spans, future))
-        except Overloaded as e:
-            raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
-        self._wakeup.set()
+        future: asyncio.Future[Any] = self._loop.create_future()
+        with self._work:
+            if self._stopping:
+                raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+            try:
+                self.scheduler.submit(Pending(batch, head, spans, future))
+            except Overloaded as e:
+                raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
+            self._work.notify()
         try:
             return await future
         except asyncio.CancelledError:
-            future.cancel()  # the client went away: the batch loop drops it
+            future.cancel()  # the client went away: the engine thread drops it
             raise
 
-    async def _next_batch(self) -> list[Pending]:
-        """The next batch, once there is work.
+    # The engine thread: take a batch, launch it, hand its handle to the results thread (or, when
+    # the result is complete at once as on the CPU, answer it here), take the next. The results
+    # thread waits on each handle in launch order and answers its requests. Each answer reaches
+    # the event loop with one `call_soon_threadsafe`: a request crosses threads twice (loop ->
+    # engine, results -> loop), and the wait for the device overlaps the next launch.
 
-        With `batch_wait` > 0, it also waits, at most `batch_wait` seconds after the engine took
-        the previous batch, until as many requests wait as were waiting then plus the previous
-        batch's (or BATCH_WAIT_MAX_REQUESTS): the clients just answered tend to come back at
-        once, and on a device where a forward has a large fixed cost (the CPU) one batch of them
-        all is much cheaper than a batch of the first and then another of the rest. One client
-        alone never waits.
-        """
-        loop = asyncio.get_running_loop()
-        while True:
-            while not len(self.scheduler):
-                self._wakeup.clear()
-                await self._wakeup.wait()
-            deadline = self._engine_free_at + self.batch_wait
-            budget = self.scheduler.config.max_batch_tokens
-            while (
-                len(self.scheduler) < min(self._expected, BATCH_WAIT_MAX_REQUESTS)
-                and self.scheduler.num_queued_tokens < budget
-                and (left := deadline - loop.time()) > 0
-            ):
-                self._wakeup.clear()
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), left)
-                except TimeoutError:
-                    break
-            batch = self.scheduler.next_batch()
-            if batch:  # else every waiting request had been cancelled
-                return batch
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._slots.acquire()
-            batch = await self._next_batch()
-            try:
-                handle = await self._on_engine_thread(batch)
-            except Exception as e:
-                self._slots.release()
-                self._fail(batch, e)
-                continue
-            finally:
-                self._engine_free_at = loop.time()
-                self._expected = len(self.scheduler) + len(batch)
-            self.num_batches += 1
-            if _is_ready(handle):  # the CPU engine: resolve now, without a task of its own
-                self._answer(batch, handle)
-                continue
-            task = asyncio.create_task(self._resolve(batch, handle))
-            self._resolving.add(task)
-            task.add_done_callback(self._resolving.discard)
-
-    def _on_engine_thread(self, batch: list[Pending]) -> asyncio.Future[ResultHandle]:
-        """`_launch(batch)` on the engine thread; its result posted straight back to the loop
-        (one `call_soon_threadsafe`, not `run_in_executor`'s chained futures)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[ResultHandle] = loop.create_future()
-
-        def work() -> None:
+    def _launch_batches(self) -> None:
+        observe = self.stage_times.observe
+        while (batch := self._take_batch()) is not None:
+            taken = time.perf_counter()
+            for request in batch:
+                observe("queue", taken - request.arrived)
             try:
                 handle = self._launch(batch)
-            except BaseException as e:
-                loop.call_soon_threadsafe(_settle, future, None, e)
+            except Exception as e:
+                self._release_slot()
+                self._post(self._fail, batch, e)
+                continue
+            finally:
+                self._engine_free_at = time.monotonic()
+                self._expected = len(self.scheduler) + len(batch)
+            launched = time.perf_counter()
+            observe("launch", launched - taken)
+            self.num_batches += 1
+            if _is_ready(handle):  # the CPU engine: no second thread hop
+                self._finish(batch, handle, launched)
             else:
-                loop.call_soon_threadsafe(_settle, future, handle, None)
+                self._launched.put((batch, handle, launched))
+        self._launched.put(None)
 
-        self._engine_thread.submit(work)
-        return future
+    def _await_results(self) -> None:
+        while (launched := self._launched.get()) is not None:
+            self._finish(*launched)
+
+    def _take_batch(self) -> list[Pending] | None:
+        """The next batch once there is work and a free slot; None once stopping."""
+        with self._work:
+            while True:
+                while not self._stopping and not (
+                    len(self.scheduler) and self._in_flight < self.max_in_flight
+                ):
+                    self._work.wait()
+                if self._stopping:
+                    return None
+                self._gather()
+                batch = self.scheduler.next_batch()
+                if batch:  # else every waiting request had been cancelled
+                    self._in_flight += 1
+                    return batch
+
+    def _gather(self) -> None:
+        """With `batch_wait` > 0, wait (holding the slot, releasing the lock), at most
+        `batch_wait` seconds after the engine took the previous batch, until as many requests
+        wait as were waiting then plus the previous batch's (or BATCH_WAIT_MAX_REQUESTS): the
+        clients just answered tend to come back at once, and on a device where a forward has a
+        large fixed cost (the CPU) one batch of them all is much cheaper than a batch of the
+        first and then another of the rest. One client alone never waits."""
+        deadline = self._engine_free_at + self.batch_wait
+        budget = self.scheduler.config.max_batch_tokens
+        while (
+            not self._stopping
+            and len(self.scheduler) < min(self._expected, BATCH_WAIT_MAX_REQUESTS)
+            and self.scheduler.num_queued_tokens < budget
+            and (left := deadline - time.monotonic()) > 0
+        ):
+            self._work.wait(left)
 
     def _launch(self, batch: list[Pending]) -> ResultHandle:
         packed = pack(batch)
@@ -279,35 +295,44 @@ class EmbedService:
             return Ready(self.span_pooler(packed, pack_spans(batch)))
         return self.engine.step(packed)
 
-    async def _resolve(self, batch: list[Pending], handle: ResultHandle) -> None:
+    def _finish(self, batch: list[Pending], handle: ResultHandle, launched: float) -> None:
+        """Wait for a batch's result, encode each request's answer (its head) and post them all
+        to the event loop; frees the batch's slot."""
         try:
-            if handle.ready():
-                pooled = handle.wait()
-            else:
-                loop = asyncio.get_running_loop()
-                pooled = await loop.run_in_executor(self._wait_thread, handle.wait)
+            pooled = handle.wait()
+            ready = time.perf_counter()
+            answers = [
+                None if request.cancelled() else build_response(rows, request.head)
+                for request, rows in zip(batch, split_batch_rows(pooled, batch), strict=True)
+            ]
         except Exception as e:
-            self._fail(batch, e)
-            self._slots.release()
-            return
-        self._answer(batch, handle, pooled)
+            self._release_slot()
+            self._post(self._fail, batch, e)
+        else:
+            self._release_slot()
+            encoded = time.perf_counter()
+            self.stage_times.observe("device", ready - launched)
+            self.stage_times.observe("encode", encoded - ready)
+            self._post(self._deliver, batch, answers, encoded)
 
-    def _answer(
-        self, batch: list[Pending], handle: ResultHandle, pooled: np.ndarray | None = None
-    ) -> None:
-        """Answer each request of a batch whose handle is ready; releases the batch's slot."""
-        try:
-            if pooled is None:
-                pooled = handle.wait()
-            for request, rows in zip(batch, split_batch_rows(pooled, batch), strict=True):
-                if not request.result.done():
-                    request.result.set_result(build_response(rows, request.head))
-        except Exception as e:
-            self._fail(batch, e)
-        finally:
-            self._slots.release()
+    def _release_slot(self) -> None:
+        with self._work:
+            self._in_flight -= 1
+            self._work.notify()
 
-    def _fail(self, batch: list[Pending], error: Exception) -> None:
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        # a closed loop (RuntimeError): nobody waits for these answers any more
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _deliver(self, batch: list[Pending], answers: list[Any], posted: float) -> None:
+        self.stage_times.observe("deliver", time.perf_counter() - posted)
+        for request, answer in zip(batch, answers, strict=True):
+            if not request.result.done():
+                request.result.set_result(answer)
+
+    @staticmethod
+    def _fail(batch: list[Pending], error: Exception) -> None:
         if isinstance(error, ValueError):
             failure = RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         else:

@@ -10,6 +10,7 @@ stack that differs from the previous one by one stage, so the differences are th
 | gRPC to a no-op server        | grpc.aio unary round trip + the service's queue, no model       |
 | gRPC to the real server       | the same + the engine                                           |
 | unix socket to the real server| the local transport a gateway on the server's host uses         |
+|   server stages (mean)        | inside that server: queue, launch, device, encode, deliver      |
 | HTTP floor (uvicorn, no-op)   | http.client + uvicorn + a raw ASGI app answering a fixed body   |
 | HTTP gateway + no-op server   | everything but the model (over gRPC: the no-op server has no socket) |
 | HTTP end to end (`serve`)     | what a user waits                                               |
@@ -106,6 +107,28 @@ def local_round_trips_us(address: str, ids: list[list[int]], count: int) -> list
     return asyncio.run(run())
 
 
+def stage_sums(metrics_port: int) -> dict[str, tuple[float, float]]:
+    """The server's `embedserve_server_stage_seconds` per stage: (sum, count)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "embedserve_server_stage_seconds":
+            continue
+        for sample in family.samples:
+            pair = out.setdefault(sample.labels["stage"], [0.0, 0.0])
+            if sample.name.endswith("_sum"):
+                pair[0] = sample.value
+            elif sample.name.endswith("_count"):
+                pair[1] = sample.value
+    return {stage: (total, count) for stage, (total, count) in out.items()}
+
+
 def http_floor_us(count: int) -> list[float]:
     """A raw ASGI app under uvicorn answering a fixed embedding body: HTTP + client floor."""
     with socket.socket() as s:
@@ -144,6 +167,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=report.RESULTS)
+    parser.add_argument("--tag", default="", help="suffix of the results' file name")
     parser.add_argument("--floor-server", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_server is not None:
@@ -173,17 +197,32 @@ def main() -> int:
     rows.append(("gateway app in process", asgi_overhead_us(texts, n, args.model)[skip:]))
 
     noop, noop_ready = start([*SELF, "--noop-server"], r"ready on (\S+)")  # serving_cpu's
-    server = Child([*CLI, "server", "--model", args.model, "--device", args.device, "--port", "0"])
+    server = Child(
+        [
+            *CLI,
+            "server",
+            *("--model", args.model, "--device", args.device, "--port", "0"),
+            *("--metrics-port", "0"),
+        ]
+    )
+    stages: dict[str, float] = {}
     try:
+        metrics_port = int(server.wait_for(r"metrics on http://\S+:(\d+)/metrics", 600).group(1))
         address = server.wait_for(r"embedserve server: ready on (\S+:\d+)", 600).group(1)
         server.forget_output()
         rows.append(
             ("gRPC to a no-op server", grpc_round_trips_us(noop_ready.group(1), ids, n)[skip:])
         )
         rows.append(("gRPC to the real server", grpc_round_trips_us(address, ids, n)[skip:]))
+        before = stage_sums(metrics_port)
         rows.append(
             ("unix socket to the real server", local_round_trips_us(address, ids, n)[skip:])
         )
+        after = stage_sums(metrics_port)
+        for stage, (total, count) in after.items():
+            done = count - before[stage][1]
+            if done:
+                stages[stage] = (total - before[stage][0]) / done * 1e6
         rows.append(("HTTP floor (uvicorn, no-op)", http_floor_us(n)[skip:]))
         gateway = Child(
             [
@@ -235,6 +274,21 @@ def main() -> int:
                     "scope": stage,
                 }
             )
+    for stage, mean_us in stages.items():  # inside the server, over the unix-socket run
+        records.append(
+            {
+                "system": "embedserve",
+                "model": Path(args.model).name,
+                "weights": "real",
+                "dtype": "bf16" if hardware == "cuda" else "float32",
+                "batch": 1,
+                "tokens": "3-12 words",
+                "concurrency": 1,
+                "metric": "mean_ms",
+                "value": mean_us / 1e3,
+                "scope": f"server stage: {stage}",
+            }
+        )
     p = {stage: p50_us(xs) for stage, xs in rows}
     derived = {
         "gRPC + server service (no model)": p["gRPC to a no-op server"],
@@ -246,12 +300,17 @@ def main() -> int:
     }
     notes = (
         f"p50 of {n - skip} sequential one-query requests after {skip} warm-up ones, per stack. "
-        "Differences of p50s (µs): " + "; ".join(f"{k} {v:.0f}" for k, v in derived.items()) + "."
+        "Differences of p50s (µs): "
+        + "; ".join(f"{k} {v:.0f}" for k, v in derived.items())
+        + ". Inside the server during the unix-socket run, mean µs per stage "
+        "(`embedserve_server_stage_seconds`): "
+        + "; ".join(f"{k} {v:.1f}" for k, v in stages.items())
+        + "."
     )
     _, table = report.write(
         "concurrency",
         name,
-        ("h200" if "H200" in name else hardware) + "-breakdown",
+        ("h200" if "H200" in name else hardware) + "-breakdown" + args.tag,
         records,
         report.versions("torch", "grpcio", "uvicorn"),
         notes,

@@ -8,8 +8,12 @@ bf16 by our engine), measures:
    and a 128-token passage, next to our engine's own time for the same ids in this process and
    sentence-transformers `encode` of the same single text (the baseline users run today);
 3. suite 4: 1, 2, 4, 8, 16 concurrent clients, one short query per request (requests/s, p50, p99);
-4. suite 3: four concurrent clients each sending 100 passages per request (base64 output), in
-   tokens/s, next to sentence-transformers `encode` of the same 100 passages in process.
+4. suite 3: four client processes each sending 100 passages per request (base64 output), in
+   tokens/s, next to sentence-transformers `encode` of the same 100 passages in process
+   (batch size 64, the folder's dtype);
+5. the clients' ceiling: the same 16 client processes against a no-op server (8 workers).
+
+Clients are processes (benchmarks/loadgen.py): one Python process tops out near 4,700 requests/s.
 
 Text: Python standard-library docstrings (benchmarks/corpus.py). Writes
 `concurrency-<gpu>-YYYYMMDD.json` + `.md` into --out (default benchmarks/results).
@@ -24,7 +28,6 @@ import base64
 import http.client
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,8 +36,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus
+import loadgen
 import report
-from serving_cpu import CLI, load, start, summarize
+from serving_cpu import CLI, start
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -68,37 +72,6 @@ def timed(fn: Any, count: int) -> list[float]:
     return out
 
 
-def throughput(port: int, batches: list[list[str]], clients: int, seconds: float) -> float:
-    """Tokens/s of `clients` threads each posting whole batches back to back."""
-    tokens = [0] * clients
-    stop_at = time.perf_counter() + seconds
-
-    def client(k: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        i = k
-        while time.perf_counter() < stop_at:
-            reply = post(
-                port,
-                {
-                    "input": batches[i % len(batches)],
-                    "encoding_format": "base64",
-                    "truncate": "end",
-                },
-                conn,
-            )
-            tokens[k] += reply["usage"]["prompt_tokens"]
-            i += clients
-        conn.close()
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(tokens) / (time.perf_counter() - t0)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", type=Path, required=True, help="all-MiniLM-L6-v2 folder")
@@ -106,6 +79,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--levels", default="1,2,4,8,16")
     ap.add_argument("--device", default="cuda", help="cpu only to try the script out")
+    ap.add_argument("--workers", type=int, default=None, help="gateway workers (default: serve's)")
+    ap.add_argument("--tag", default="", help="suffix of the results' file name")
     args = ap.parse_args()
 
     import torch
@@ -135,6 +110,7 @@ def main() -> None:
             "0",
             "--served-model-name",
             "minilm",
+            *(["--workers", str(args.workers)] if args.workers else []),
         ],
         r"serving \S+ at http://127\.0\.0\.1:(\d+)",
     )
@@ -210,8 +186,9 @@ def main() -> None:
             print(f"{name} ({len(ids)} tok): e2e {e2e}, engine {eng}, st {st_lat}", flush=True)
         conn.close()
 
+        query_bodies = [json.dumps({"input": q, "model": "minilm"}).encode() for q in queries]
         for clients in (int(x) for x in args.levels.split(",")):
-            s = summarize([load(port, queries, clients, args.seconds)])
+            s = loadgen.run(port, loadgen.split(query_bodies, clients), args.seconds).summary()
             for metric in ("requests_per_s", "p50_ms", "p99_ms"):
                 records.append(
                     {
@@ -228,10 +205,16 @@ def main() -> None:
             print(f"{clients} clients: {s}", flush=True)
 
         post(port, {"input": batches[0], "encoding_format": "base64", "truncate": "end"})
-        tps = throughput(port, batches, 4, args.seconds * 2)
+        batch_bodies = [
+            json.dumps({"input": b, "encoding_format": "base64", "truncate": "end"}).encode()
+            for b in batches
+        ]
+        bulk = loadgen.run(port, loadgen.split(batch_bodies, 4), args.seconds * 2)
+        tps = bulk.tokens_per_s
+        extra["throughput_errors"] = bulk.errors
         num_tokens = [sum(len(x) for x in tok.encode(b, truncate="end")) for b in batches]
-        st.encode(batches[0], batch_size=32)
-        st_times = [timed(lambda b=b: st.encode(b, batch_size=32), 1)[0] for b in batches * 2]
+        st.encode(batches[0], batch_size=64)
+        st_times = [timed(lambda b=b: st.encode(b, batch_size=64), 1)[0] for b in batches * 2]
         st_tps = sum(num_tokens) * 2 / sum(st_times)
         tp = {**base, "batch": 100, "tokens": "8-180 words", "metric": "tokens_per_s"}
         records.append(
@@ -266,10 +249,17 @@ def main() -> None:
         )
     finally:
         server.stop(60)
+    # the clients' ceiling: the same client processes against a no-op server of many workers
+    with loadgen.noop_server(workers=8) as noop_port:
+        ceiling = loadgen.run(noop_port, loadgen.split(query_bodies, 16), args.seconds).summary()
+    extra["client_ceiling_16_clients_noop_8_workers_req_per_s"] = round(ceiling["requests_per_s"])
+    print(f"client ceiling (16 client processes, no-op server): {ceiling}", flush=True)
 
     notes = (
-        "`embedserve serve --device cuda` (one server replica, one gateway worker) over HTTP on "
-        "loopback; clients are threads of the benchmark process on the same machine. "
+        f"`embedserve serve --device cuda` (one server replica, gateway workers: "
+        f"{args.workers or 'default'}) over HTTP on loopback; concurrency and throughput clients "
+        "are processes of their own (benchmarks/loadgen.py), one keep-alive connection each, "
+        "closed loop. "
         "end_to_end = HTTP request to parsed JSON reply; engine = `Engine.step(batch).wait()` "
         "wall time in this process for the same token ids (graph replay + host work); "
         f"sentence-transformers = `encode` in process on the same GPU ({st_dtype}). Text: Python "
@@ -281,7 +271,7 @@ def main() -> None:
     _, table = report.write(
         "concurrency",
         torch.cuda.get_device_name() if args.device == "cuda" else report.cpu_hardware(),
-        "h200" if args.device == "cuda" else "cpu-trial",
+        ("h200" if args.device == "cuda" else "cpu-trial") + args.tag,
         records,
         software,
         notes,

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call of this session's GPU measurements (docs/gpu.md, "Running"): carried wheels
+# installed, then the steps named as arguments, each writing under $OUT.
+#   bash benchmarks/gpu_run.sh tests breakdown breakdown-old serving serving-w4 encode
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+M=.carry/minilm-fp16
+for step in "$@"; do
+  echo "=== $step $(date +%T)"
+  case $step in
+    tests) EMBEDSERVE_MINILM=$M python3 -m pytest -q -m gpu tests/engine/test_graphs_gpu.py 2>&1 \
+             | tee $OUT/gpu-tests.txt | tail -3 ;;
+    breakdown) python3 benchmarks/breakdown.py --model $M --out $OUT --requests 2000 2>&1 | tail -30 ;;
+    breakdown-old) PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/breakdown.py --model $M \
+             --out $OUT --requests 2000 --tag -before 2>&1 | tail -30 ;;
+    serving) python3 benchmarks/serving_gpu.py --model $M --out $OUT 2>&1 | tail -40 ;;
+    serving-w4) python3 benchmarks/serving_gpu.py --model $M --out $OUT --workers 4 --tag -w4 \
+             2>&1 | tail -40 ;;
+    encode) python3 benchmarks/encode_gpu.py --model $M --out $OUT 2>&1 | tail -30 ;;
+  esac
+done

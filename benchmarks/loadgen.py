@@ -1,0 +1,203 @@
+"""A load generator of several processes, and a no-op HTTP server to show it is not the limit.
+
+One Python process tops out near 4,700 requests/s of client work on the H200 host, below the
+concurrency target (6,000): each client here is a process of its own with one keep-alive
+connection, sending its requests back to back (closed loop). The clients start together at a
+shared instant, stop together, and send back their latencies and the `prompt_tokens` of the
+replies (read from the reply's tail, not a full JSON parse: client CPU is what this saves).
+
+`noop_server(workers)` is the ceiling: a raw ASGI app under uvicorn answering a fixed
+embeddings body from `workers` processes on one port. A result is trustworthy when the same
+clients against it reach well above (at least 1.5x) the rate they are asked to show.
+
+    PYTHONPATH=src python3 benchmarks/loadgen.py --clients 16 --workers 8 --seconds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+
+
+@dataclass
+class LoadResult:
+    latencies: list[float]  # seconds, every request of every client
+    seconds: float  # the measured window
+    tokens: int  # sum of the replies' prompt_tokens
+    errors: int
+
+    @property
+    def requests_per_s(self) -> float:
+        return len(self.latencies) / self.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    def summary(self) -> dict[str, float]:
+        ms = np.array(self.latencies) * 1000 if self.latencies else np.zeros(1)
+        return {
+            "requests_per_s": self.requests_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)),
+            "requests": float(len(self.latencies)),
+            "errors": float(self.errors),
+        }
+
+
+def _client(
+    port: int, path: str, bodies: list[bytes], start_at: float, stop_at: float, out: Any
+) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"Content-Type": "application/json"}
+    latencies, tokens, errors, i = [], 0, 0, 0
+    conn.request("POST", path, body=bodies[0], headers=headers)  # connect before the start
+    conn.getresponse().read()
+    time.sleep(max(0.0, start_at - time.time()))
+    while time.time() < stop_at:
+        t0 = time.perf_counter()
+        conn.request("POST", path, body=bodies[i % len(bodies)], headers=headers)
+        reply = conn.getresponse()
+        data = reply.read()
+        latencies.append(time.perf_counter() - t0)
+        if reply.status != 200:
+            errors += 1
+        elif m := TOKENS.search(data, max(0, len(data) - 200)):
+            tokens += int(m.group(1))
+        i += 1
+    conn.close()
+    out.send((latencies, tokens, errors))
+
+
+def run(
+    port: int,
+    bodies: list[list[bytes]],
+    seconds: float,
+    path: str = "/v1/embeddings",
+) -> LoadResult:
+    """One client process per entry of `bodies` (its own request bodies, sent in turn), all
+    sending for `seconds` from one shared start."""
+    ctx = mp.get_context("spawn")
+    start_at = time.time() + 1.0 + 0.05 * len(bodies)  # after every process has started
+    stop_at = start_at + seconds
+    pipes, procs = [], []
+    for mine in bodies:
+        receive, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_client, args=(port, path, mine, start_at, stop_at, send))
+        p.start()
+        pipes.append(receive)
+        procs.append(p)
+    latencies: list[float] = []
+    tokens = errors = 0
+    for receive in pipes:
+        lat, tok, err = receive.recv()
+        latencies += lat
+        tokens += tok
+        errors += err
+    for p in procs:
+        p.join()
+    return LoadResult(latencies, seconds, tokens, errors)
+
+
+def split(bodies: list[bytes], clients: int) -> list[list[bytes]]:
+    """Each client's share of the bodies (round robin), so clients do not send in lockstep."""
+    return [bodies[k::clients] or bodies for k in range(clients)]
+
+
+def _noop_worker(fd: int, body: bytes) -> None:
+    import uvicorn
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    sock = socket.socket(fileno=fd)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def noop_server(workers: int, dims: int = 384) -> Iterator[int]:
+    """A no-op embeddings server of `workers` processes on one port; yields the port."""
+    body = json.dumps(
+        {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.05] * dims}],
+            "model": "noop",
+            "usage": {"prompt_tokens": 8, "total_tokens": 8},
+        }
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    ctx = mp.get_context("fork")  # the workers inherit the listening socket
+    procs = [ctx.Process(target=_noop_worker, args=(sock.fileno(), body)) for _ in range(workers)]
+    for p in procs:
+        p.start()
+    port = sock.getsockname()[1]
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("POST", "/v1/embeddings", body=b"{}")
+                conn.getresponse().read()
+                conn.close()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield port
+    finally:
+        for p in procs:
+            if p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+        for p in procs:
+            p.join(10)
+        sock.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    args = ap.parse_args()
+    body = json.dumps({"input": "a short query", "model": "noop"}).encode()
+    with noop_server(args.workers) as port:
+        result = run(port, split([body], args.clients), args.seconds)
+    print(json.dumps({"clients": args.clients, "workers": args.workers, **result.summary()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -168,6 +168,13 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=report.RESULTS)
     parser.add_argument("--tag", default="", help="suffix of the results' file name")
+    parser.add_argument("--weights", default="real", help="real, or random (an exact-shape folder)")
+    parser.add_argument(
+        "--lengths",
+        default=None,
+        metavar="LO-HI",
+        help="texts of LO to HI tokens (passages) instead of 3-12-word queries",
+    )
     parser.add_argument("--floor-server", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_server is not None:
@@ -175,12 +182,19 @@ def main() -> int:
         return 0
     n = args.requests
     skip = n // 10  # warm-up calls left out of every figure
-    texts = corpus.queries(256)
-
     from embedserve.embedder import Embedder
     from embedserve.engine.batch import PackedBatch
 
     embedder = Embedder(args.model, device=args.device)
+    texts, lengths = corpus.queries(256), "3-12 words"
+    if args.lengths:
+        lo, hi = (int(x) for x in args.lengths.split("-"))
+        candidates = corpus.passages(4000, min_words=lo // 2, max_words=hi)
+        counts = [len(x) for x in embedder.tokenize(candidates, truncate="end")]
+        texts = [t for t, n in zip(candidates, counts, strict=True) if lo <= n <= hi][:256]
+        lengths = f"{lo}-{hi} tokens"
+        if not texts:
+            raise SystemExit(f"no passage of {args.lengths} tokens")
     ids = embedder.tokenize(texts)
     batches = [PackedBatch.from_token_lists([x]) for x in ids]
     for b in batches[:64]:  # each bucket: eager, captured, replayed
@@ -264,10 +278,10 @@ def main() -> int:
                 {
                     "system": "embedserve",
                     "model": Path(args.model).name,
-                    "weights": "real",
+                    "weights": args.weights,
                     "dtype": "bf16" if hardware == "cuda" else "float32",
                     "batch": 1,
-                    "tokens": "3-12 words",
+                    "tokens": lengths,
                     "concurrency": 1,
                     "metric": f"p{q}_ms",
                     "value": float(np.percentile(xs, q)) / 1e3,
@@ -279,10 +293,10 @@ def main() -> int:
             {
                 "system": "embedserve",
                 "model": Path(args.model).name,
-                "weights": "real",
+                "weights": args.weights,
                 "dtype": "bf16" if hardware == "cuda" else "float32",
                 "batch": 1,
-                "tokens": "3-12 words",
+                "tokens": lengths,
                 "concurrency": 1,
                 "metric": "mean_ms",
                 "value": mean_us / 1e3,

@@ -14,10 +14,14 @@ for step in "$@"; do
              | tee $OUT/gpu-tests.txt | tail -3 ;;
     breakdown) python3 benchmarks/breakdown.py --model $M --out $OUT --requests 2000 2>&1 | tail -30 ;;
     breakdown-old) PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/breakdown.py --model $M \
-             --out $OUT --requests 2000 --tag -before 2>&1 | tail -30 ;;
+             --out $OUT --requests 2000 --tag=-before 2>&1 | tail -30 ;;
     serving) python3 benchmarks/serving_gpu.py --model $M --out $OUT 2>&1 | tail -40 ;;
     serving-w4) python3 benchmarks/serving_gpu.py --model $M --out $OUT --workers 4 --tag -w4 \
              2>&1 | tail -40 ;;
+    qwen3-ckpt) python3 -m embedserve.cli make-checkpoint --arch qwen3-0.6b --out /tmp/qwen3-0.6b \
+             --dtype bfloat16 2>&1 | tail -3 ;;
+    breakdown-qwen3) python3 benchmarks/breakdown.py --model /tmp/qwen3-0.6b --lengths 100-127 \
+             --weights random --out $OUT --requests 1000 --tag=-qwen3 2>&1 | tail -30 ;;
     encode) python3 benchmarks/encode_gpu.py --model $M --out $OUT 2>&1 | tail -30 ;;
   esac
 done

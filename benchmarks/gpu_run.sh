@@ -16,7 +16,7 @@ for step in "$@"; do
     breakdown-old) PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/breakdown.py --model $M \
              --out $OUT --requests 2000 --tag=-before 2>&1 | tail -30 ;;
     serving) python3 benchmarks/serving_gpu.py --model $M --out $OUT 2>&1 | tail -40 ;;
-    serving-w4) python3 benchmarks/serving_gpu.py --model $M --out $OUT --workers 4 --tag -w4 \
+    serving-w4) python3 benchmarks/serving_gpu.py --model $M --out $OUT --workers 4 --tag=-w4 \
              2>&1 | tail -40 ;;
     qwen3-ckpt) python3 -m embedserve.cli make-checkpoint --arch qwen3-0.6b --out /tmp/qwen3-0.6b \
              --dtype bfloat16 2>&1 | tail -3 ;;

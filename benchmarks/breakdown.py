@@ -42,6 +42,8 @@ from serving_cpu import CLI, SELF, asgi_overhead_us, sequential_us, start
 
 from embedserve.processes import Child
 
+NOOP_WIDTH = 384  # the width of the no-op server's rows (serving_cpu.noop_server)
+
 
 def p50_us(xs: list[float]) -> float:
     return float(statistics.median(xs))
@@ -142,6 +144,16 @@ def http_floor_us(count: int) -> list[float]:
         server.stop(10)
 
 
+def gateway_noop_us(model: str, noop_address: str, texts: list[str], count: int) -> list[float]:
+    """HTTP through a real gateway to the no-op server: everything but the model."""
+    gateway = Child([*CLI, "gateway", "--model", model, "--replica", noop_address, "--port", "0"])
+    try:
+        url = gateway.wait_for(r"embedserve gateway: listening on (\S+)", 120).group(1)
+        return sequential_us(int(url.rsplit(":", 1)[1]), texts, count)
+    finally:
+        gateway.stop(10)
+
+
 def floor_server(port: int) -> None:
     import uvicorn
 
@@ -206,11 +218,13 @@ def main() -> int:
         embedder.engine.step(batches[i % len(batches)]).wait()
         steps.append((time.perf_counter() - t0) * 1e6)
     hardware = embedder.engine.device.type
+    width = embedder.engine.hidden_size
     del embedder
     rows: list[tuple[str, list[float]]] = [("engine step", steps[skip:])]
     rows.append(("gateway app in process", asgi_overhead_us(texts, n, args.model)[skip:]))
 
-    noop, noop_ready = start([*SELF, "--noop-server"], r"ready on (\S+)")  # serving_cpu's
+    noop_server, noop_ready = start([*SELF, "--noop-server"], r"ready on (\S+)")  # serving_cpu's
+    noop = noop_ready.group(1)
     server = Child(
         [
             *CLI,
@@ -224,9 +238,7 @@ def main() -> int:
         metrics_port = int(server.wait_for(r"metrics on http://\S+:(\d+)/metrics", 600).group(1))
         address = server.wait_for(r"embedserve server: ready on (\S+:\d+)", 600).group(1)
         server.forget_output()
-        rows.append(
-            ("gRPC to a no-op server", grpc_round_trips_us(noop_ready.group(1), ids, n)[skip:])
-        )
+        rows.append(("gRPC to a no-op server", grpc_round_trips_us(noop, ids, n)[skip:]))
         rows.append(("gRPC to the real server", grpc_round_trips_us(address, ids, n)[skip:]))
         before = stage_sums(metrics_port)
         rows.append(
@@ -238,27 +250,13 @@ def main() -> int:
             if done:
                 stages[stage] = (total - before[stage][0]) / done * 1e6
         rows.append(("HTTP floor (uvicorn, no-op)", http_floor_us(n)[skip:]))
-        gateway = Child(
-            [
-                *CLI,
-                "gateway",
-                "--model",
-                args.model,
-                "--replica",
-                noop_ready.group(1),
-                "--port",
-                "0",
-            ]
-        )
-        try:
-            url = gateway.wait_for(r"embedserve gateway: listening on (\S+)", 120).group(1)
-            port = int(url.rsplit(":", 1)[1])
-            rows.append(("HTTP gateway + no-op server", sequential_us(port, texts, n)[skip:]))
-        finally:
-            gateway.stop(10)
+        if width == NOOP_WIDTH:  # the no-op server's rows: a gateway of another width refuses them
+            rows.append(
+                ("HTTP gateway + no-op server", gateway_noop_us(args.model, noop, texts, n)[skip:])
+            )
     finally:
         server.stop(30)
-        noop.stop(10)
+        noop_server.stop(10)
     serve = Child([*CLI, "serve", "--model", args.model, "--device", args.device, "--port", "0"])
     try:
         url = serve.wait_for(r"embedserve: serving \S+ at (\S+)", 600).group(1)
@@ -308,10 +306,13 @@ def main() -> int:
         "gRPC + server service (no model)": p["gRPC to a no-op server"],
         "the engine inside the server": p["gRPC to the real server"] - p["gRPC to a no-op server"],
         "HTTP + client (floor)": p["HTTP floor (uvicorn, no-op)"],
-        "gateway beyond the HTTP floor": p["HTTP gateway + no-op server"]
-        - p["HTTP floor (uvicorn, no-op)"]
-        - p["gRPC to a no-op server"],
     }
+    if "HTTP gateway + no-op server" in p:
+        derived["gateway beyond the HTTP floor"] = (
+            p["HTTP gateway + no-op server"]
+            - p["HTTP floor (uvicorn, no-op)"]
+            - p["gRPC to a no-op server"]
+        )
     notes = (
         f"p50 of {n - skip} sequential one-query requests after {skip} warm-up ones, per stack. "
         "Differences of p50s (µs): "

@@ -269,38 +269,25 @@ def main() -> int:
     import torch
 
     name = torch.cuda.get_device_name() if hardware == "cuda" else report.cpu_hardware()
-    records = []
-    for stage, xs in rows:
-        for q in (50, 99):
-            records.append(
-                {
-                    "system": "embedserve",
-                    "model": Path(args.model).name,
-                    "weights": args.weights,
-                    "dtype": "bf16" if hardware == "cuda" else "float32",
-                    "batch": 1,
-                    "tokens": lengths,
-                    "concurrency": 1,
-                    "metric": f"p{q}_ms",
-                    "value": float(np.percentile(xs, q)) / 1e3,
-                    "scope": stage,
-                }
-            )
-    for stage, mean_us in stages.items():  # inside the server, over the unix-socket run
-        records.append(
-            {
-                "system": "embedserve",
-                "model": Path(args.model).name,
-                "weights": args.weights,
-                "dtype": "bf16" if hardware == "cuda" else "float32",
-                "batch": 1,
-                "tokens": lengths,
-                "concurrency": 1,
-                "metric": "mean_ms",
-                "value": mean_us / 1e3,
-                "scope": f"server stage: {stage}",
-            }
-        )
+    base = {
+        "system": "embedserve",
+        "model": Path(args.model).name,
+        "weights": args.weights,
+        "dtype": "bf16" if hardware == "cuda" else "float32",
+        "batch": 1,
+        "tokens": lengths,
+        "concurrency": 1,
+    }
+    records = [
+        {**base, "metric": f"p{q}_ms", "value": float(np.percentile(xs, q)) / 1e3, "scope": stage}
+        for stage, xs in rows
+        for q in (50, 99)
+    ]
+    # inside the server, over the unix-socket run
+    records += [
+        {**base, "metric": "mean_ms", "value": mean_us / 1e3, "scope": f"server stage: {stage}"}
+        for stage, mean_us in stages.items()
+    ]
     p = {stage: p50_us(xs) for stage, xs in rows}
     derived = {
         "gRPC + server service (no model)": p["gRPC to a no-op server"],

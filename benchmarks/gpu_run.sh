@@ -22,6 +22,10 @@ for step in "$@"; do
              --dtype bfloat16 2>&1 | tail -3 ;;
     breakdown-qwen3) python3 benchmarks/breakdown.py --model /tmp/qwen3-0.6b --lengths 100-127 \
              --weights random --out $OUT --requests 1000 --tag=-qwen3 2>&1 | tail -30 ;;
+    host) python3 benchmarks/host_path_gpu.py --model $M --qwen3 /tmp/qwen3-0.6b --out $OUT 2>&1 \
+             | tail -40 ;;
+    host-old) PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/host_path_gpu.py --model $M \
+             --qwen3 /tmp/qwen3-0.6b --out $OUT --tag=-before 2>&1 | tail -40 ;;
     encode) python3 benchmarks/encode_gpu.py --model $M --out $OUT 2>&1 | tail -30 ;;
   esac
 done

@@ -210,13 +210,15 @@ def test_warm_up_captures_configured_buckets(minilm_path) -> None:  # type: igno
     assert runner.num_graphs == 2 and engine.stats.captures == 2
 
 
-def test_dense_plan_only_for_one_sequence_filling_the_bucket() -> None:
+def test_dense_plan_only_for_one_sequence_filling_the_bucket_solo_for_any_one_sequence() -> None:
     config = GraphConfig()
     dense = plan_bucket(np.array([128]), config, 512)
-    assert dense is not None and dense.dense and dense.key == "t128-s2-l128-d"
-    for seqlens in ([100], [64, 64], [127, 1]):
+    assert dense is not None and dense.dense and dense.solo and dense.key == "t128-s2-l128-d"
+    solo = plan_bucket(np.array([100]), config, 512)
+    assert solo is not None and solo.solo and not solo.dense and solo.key == "t128-s2-l128-1"
+    for seqlens, key in (([64, 64], "t128-s2-l64"), ([127, 1], "t128-s2-l128")):
         plan = plan_bucket(np.array(seqlens), config, 512)
-        assert plan is not None and not plan.dense and not plan.key.endswith("-d")
+        assert plan is not None and not plan.dense and not plan.solo and plan.key == key
 
 
 @torch.inference_mode()
@@ -238,8 +240,18 @@ def test_cudnn_backend_dense_and_masked_equal_per_sequence_attention(causal: boo
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     one = torch.tensor([0, t], dtype=torch.int32)
     want = BACKENDS["sdpa_loop"](q, k, v, RaggedLayout(one, t, (t,)), causal)
-    dense = RaggedLayout(one, t, (), torch.zeros(t, dtype=torch.int64), dense=True)
+    dense = RaggedLayout(one, t, (), torch.zeros(t, dtype=torch.int64), dense=True, solo=True)
     torch.testing.assert_close(BACKENDS["cudnn"](q, k, v, dense, causal), want)
+    # one real sequence of 14 tokens, then padding (two dummy sequences): its rows equal it alone
+    n, solo_ids = 14, torch.tensor([0] * 14 + [1] * 30 + [2] * 20)
+    cu = torch.tensor([0, 14, 44, 64], dtype=torch.int32)
+    alone = BACKENDS["sdpa_loop"](
+        q[:n], k[:n], v[:n], RaggedLayout(one.clamp(max=n), n, (n,)), causal
+    )
+    solo = RaggedLayout(cu, 64, (), solo_ids, solo=True)
+    got = BACKENDS["cudnn"](q, k, v, solo, causal)
+    torch.testing.assert_close(got[:n], alone, atol=1e-5, rtol=1e-5)
+    assert bool(torch.isfinite(got).all())  # padding rows are never read, but never NaN either
 
 
 @torch.inference_mode()
@@ -255,7 +267,13 @@ def test_runner_with_cudnn_candidate_matches_eager_dense_padded_and_many(minilm_
             want = torch.from_numpy(engine.step(batch).wait())
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     keys = set(engine.stats.attention_timings)
-    assert {"t128-s2-l128-d", "t64-s2-l64-d", "t64-s2-l64"} <= keys
+    assert {
+        "t128-s2-l128-d",
+        "t64-s2-l64-d",
+        "t64-s2-l64-1",
+        "t128-s2-l128-1",
+        "t64-s4-l64",
+    } <= keys
     assert all(set(t) == {"block_mask", "cudnn"} for t in engine.stats.attention_timings.values())
     assert not engine.stats.attention_errors
 

@@ -9,9 +9,11 @@ sequence boundaries in a `RaggedLayout`; none pads sequences to a common length.
 - `block_mask`: one SDPA over the whole batch with a block-diagonal boolean mask. Its cost grows
   with T², so it only wins for many tiny sequences.
 - `cudnn`: one SDPA over the whole bucket restricted to cuDNN's fused attention (on Hopper much
-  faster than FlashAttention-2 at long T). Without a mask where the layout is `dense` (exactly one
-  sequence filling every token: nothing to keep apart), else with the block-diagonal mask, so
-  padding and dummy sequences never mix with a real one. On the CPU plain SDPA (for tests).
+  faster than FlashAttention-2 at long T). With one real sequence (`solo`: a single text, the
+  latency case) no [T, T] mask: none when it fills the bucket (`dense`) or attention is causal
+  (the padding comes after it, so it never sees it), else a [T] mask of the padding keys. With
+  several sequences, the block-diagonal mask, so padding and dummy sequences never mix with a
+  real one. On the CPU plain SDPA (for tests).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class RaggedLayout:
     mask: torch.Tensor | None = None
     # per-forward values a backend derives once and every layer reuses (cuDNN's additive bias)
     cache: dict[str, torch.Tensor] = field(default_factory=dict, compare=False)
+    # exactly one real sequence, at the front (sequence 0), the rest padding; `dense` implies it
+    solo: bool = False
 
 
 # (q, k, v, layout, causal) -> [T, N, D]
@@ -165,16 +169,22 @@ def cudnn(
     with grouped heads, which is never inside a capture (a bucket's first hit runs eagerly, and
     every capture is preceded by a warm-up run)."""
     mask: torch.Tensor | None = None
-    if not layout.dense:
+    # NOTE: one real sequence with causal attention needs no mask either: its padding comes
+    # after it, so no real query sees a padding key (padding rows are never read)
+    if not (layout.dense or (layout.solo and causal)):
         key = f"cudnn-bias-{causal}-{q.dtype}"
         mask = layout.cache.get(key)
         if mask is None:
-            keep = layout_mask(layout, q.device)
-            if causal:
-                keep = keep & torch.ones_like(keep).tril_()
-            # an additive bias (0 / -inf), built once per forward: [1, 1, T, T]
             zero = torch.zeros((), dtype=q.dtype, device=q.device)
-            mask = torch.where(keep, zero, float("-inf"))[None, None]
+            if layout.solo:  # bidirectional: only the padding keys are hidden, [1, 1, 1, T]
+                assert layout.seq_ids is not None, "a solo layout carries seq_ids"
+                mask = torch.where(layout.seq_ids == 0, zero, float("-inf"))[None, None, None]
+            else:
+                keep = layout_mask(layout, q.device)
+                if causal:
+                    keep = keep & torch.ones_like(keep).tril_()
+                # an additive bias (0 / -inf), built once per forward: [1, 1, T, T]
+                mask = torch.where(keep, zero, float("-inf"))[None, None]
             layout.cache[key] = mask
     on_cuda = q.device.type == "cuda"
     grouped = k.shape[1] != q.shape[1]

@@ -48,7 +48,7 @@ class GraphConfig:
     max_seqs: int = 256  # largest sequence bucket (a power of two)
     # attention backends timed against each other when a bucket is captured; the fastest is kept
     attention: tuple[str, ...] = ("varlen", "block_mask", "cudnn")
-    # block_mask (and cudnn, unless the bucket is one dense sequence) materialize a [T, T] mask
+    # block_mask (and cudnn, unless the bucket holds one real sequence) materialize a [T, T] mask
     # and do T² work: only candidates up to here
     max_block_mask_tokens: int = 2048
     # (num_tokens, num_seqs) batches captured at start-up; off by default
@@ -100,15 +100,18 @@ class BucketPlan:
     num_seqs: int  # padded S, dummy and empty sequences included
     max_seqlen: int  # bound on every sequence, dummies included
     pad_seqlens: tuple[int, ...]  # lengths of the dummy sequences that hold the padding tokens
-    # exactly one real sequence and no padding: attention over the bucket needs no mask. Part of
-    # the key, so a graph captured for such a batch only ever replays for such batches.
+    # exactly one real sequence (padding after it or not): attention needs at most a mask of the
+    # padding keys, not a block-diagonal one, so the dense kernels serve real lengths too
+    solo: bool = False
+    # solo and no padding: attention over the bucket needs no mask at all
     dense: bool = False
 
     @property
     def key(self) -> str:
-        return f"t{self.num_tokens}-s{self.num_seqs}-l{self.max_seqlen}" + (
-            "-d" if self.dense else ""
-        )
+        # NOTE: the layout flags are part of the key, so a graph captured for a solo (or dense)
+        # batch only ever replays for such batches
+        suffix = "-d" if self.dense else "-1" if self.solo else ""
+        return f"t{self.num_tokens}-s{self.num_seqs}-l{self.max_seqlen}{suffix}"
 
     @property
     def staged_size(self) -> int:
@@ -132,7 +135,8 @@ def plan_bucket(
     seqs = seq_bucket(len(seqlens) + len(pads), config.max_seqs)
     if seqs is None:
         return None
-    return BucketPlan(tokens, seqs, max_seqlen, pads, dense=len(seqlens) == 1 and not pads)
+    solo = len(seqlens) == 1
+    return BucketPlan(tokens, seqs, max_seqlen, pads, solo=solo, dense=solo and not pads)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -356,7 +360,7 @@ class GraphRunner:
             for a in self.config.attention
             if a not in MASKED
             or plan.num_tokens <= self.config.max_block_mask_tokens
-            or (a == "cudnn" and plan.dense)
+            or (a == "cudnn" and plan.solo)  # a [T] key mask at most, not [T, T]
         )
         return names or self.config.attention[:1]
 
@@ -392,9 +396,12 @@ class GraphRunner:
         ids, pos, types, seq_ids = (static[i * t : (i + 1) * t] for i in range(4))
         cu_seqlens = static[4 * t :].to(torch.int32)
         mask = None
-        if attention in MASKED and not plan.dense:  # built once per forward, not per layer
+        # built once per forward, not per layer; cudnn needs none for one real sequence
+        if attention in MASKED and not plan.dense and not (plan.solo and attention == "cudnn"):
             mask = seq_ids[:, None] == seq_ids[None, :]
-        layout = RaggedLayout(cu_seqlens, plan.max_seqlen, (), seq_ids, plan.dense, mask)
+        layout = RaggedLayout(
+            cu_seqlens, plan.max_seqlen, (), seq_ids, plan.dense, mask, solo=plan.solo
+        )
         return self._forward(ids, pos, types, seq_ids, layout, self._backends[attention])
 
     def _capture(self, bucket: _Bucket, real_rows: int) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (docs/gpu.md, "Running"): carried wheels
 # installed, then the steps named as arguments, each writing under $OUT.
-#   bash benchmarks/gpu_run.sh tests breakdown breakdown-old serving serving-w4 encode
+#   OLD_COMMIT=abc1234 bash benchmarks/gpu_run.sh tests breakdown breakdown-old serving encode
+# (the *-old steps run the tree in .carry/old/src, the commit OLD_COMMIT names)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -13,7 +14,7 @@ for step in "$@"; do
     tests) EMBEDSERVE_MINILM=$M python3 -m pytest -q -m gpu tests/engine/test_graphs_gpu.py 2>&1 \
              | tee $OUT/gpu-tests.txt | tail -3 ;;
     breakdown) python3 benchmarks/breakdown.py --model $M --out $OUT --requests 2000 2>&1 | tail -30 ;;
-    breakdown-old) PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/breakdown.py --model $M \
+    breakdown-old) EMBEDSERVE_COMMIT=${OLD_COMMIT:-old} PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/breakdown.py --model $M \
              --out $OUT --requests 2000 --tag=-before 2>&1 | tail -30 ;;
     serving) python3 benchmarks/serving_gpu.py --model $M --out $OUT 2>&1 | tail -40 ;;
     serving-w4) python3 benchmarks/serving_gpu.py --model $M --out $OUT --workers 4 --tag=-w4 \
@@ -24,8 +25,11 @@ for step in "$@"; do
              --weights random --out $OUT --requests 1000 --tag=-qwen3 2>&1 | tail -30 ;;
     host) python3 benchmarks/host_path_gpu.py --model $M --qwen3 /tmp/qwen3-0.6b --out $OUT 2>&1 \
              | tail -40 ;;
-    host-old) PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/host_path_gpu.py --model $M \
+    host-old) EMBEDSERVE_COMMIT=${OLD_COMMIT:-old} PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/host_path_gpu.py --model $M \
              --qwen3 /tmp/qwen3-0.6b --out $OUT --tag=-before 2>&1 | tail -40 ;;
     encode) python3 benchmarks/encode_gpu.py --model $M --out $OUT 2>&1 | tail -30 ;;
+    encode-old) EMBEDSERVE_COMMIT=${OLD_COMMIT:-old} PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/encode_gpu.py --model $M \
+             --out $OUT 2>&1 | tail -30 ;;
+    workers) python3 benchmarks/workers_gpu.py --model $M --out $OUT 2>&1 | tail -30 ;;
   esac
 done

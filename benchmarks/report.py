@@ -62,7 +62,8 @@ def write(
     notes: str,
     out_dir: Path = RESULTS,
 ) -> tuple[Path, str]:
-    """Write `<suite>-<hardware_slug>-<yyyymmdd>.json` and `.md`; return the JSON path and table."""
+    """Write `<suite>-<hardware_slug>-<yyyymmdd>.json` and `.md` (with `-2`, `-3`, ... when that
+    day's file exists); return the JSON path and table."""
     today = dt.date.today()
     doc = {
         "suite": suite,
@@ -74,6 +75,11 @@ def write(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"{suite}-{hardware_slug}-{today:%Y%m%d}"
+    # NOTE: never over another run's results of the same day: -2, -3, ... after the date
+    for n in range(2, 1000):
+        if not stem.with_suffix(".json").exists():
+            break
+        stem = out_dir / f"{suite}-{hardware_slug}-{today:%Y%m%d}-{n}"
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     keys = [
         "system",

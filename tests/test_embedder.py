@@ -172,3 +172,28 @@ def test_progress_bar_and_order(minilm: Embedder, capsys: pytest.CaptureFixture[
     b = np.stack([minilm.encode(t) for t in texts[:5]])
     np.testing.assert_allclose(a[:5], b, atol=1e-6)
     assert "embedding" in capsys.readouterr().err
+
+
+def test_tokenizing_overlapped_with_the_engine_gives_the_same_rows_and_errors(
+    minilm: Embedder, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CUDA path (pieces tokenized on a thread while the engine runs the piece before),
+    forced on the CPU with pieces of 3 texts."""
+    from embedserve import embedder as embedder_module
+    from embedserve.errors import InputTooLong
+
+    texts = [f"passage {i}: " + "a few words " * (i % 7) for i in range(10)]
+    texts[4] = "a long one " * 300  # windows with truncate="chunk"
+    want = minilm.encode(texts, truncate="chunk")
+    monkeypatch.setattr(embedder_module, "OVERLAP_PIECE_TEXTS", 3)
+    monkeypatch.setattr(minilm, "overlap_tokenizing", True)
+    got = minilm.encode(texts, truncate="chunk", show_progress=True)
+    # other batches (text 9 is alone in its piece): equal up to float32 summation order
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert "embedding" in capsys.readouterr().err
+    texts[7] = texts[4]  # over the limit without truncation: the caller's index, not the piece's
+    with pytest.raises(InputTooLong, match=r"input\[4\] has \d+ tokens"):
+        minilm.encode(texts)
+    texts[4] = "short"
+    with pytest.raises(InputTooLong, match=r"input\[7\] has \d+ tokens"):
+        minilm.encode(texts)

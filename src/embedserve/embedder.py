@@ -7,19 +7,28 @@ applies the output head. Results come back in input order.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
 from embedserve.budget import budget_groups, split_rows
 from embedserve.bundled import DEFAULT_MODEL, resolve_model
 from embedserve.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
-from embedserve.inputs import InputPreparer, Truncate
+from embedserve.errors import InputError
+from embedserve.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
+
+# Texts per piece when tokenizing overlaps the engine (a list of more texts than this, on CUDA).
+# NOTE: measured on the H200 host (benchmarks/host_path_gpu.py): 1,000 passages took 17.6 ms to
+# tokenize and 10.7 ms in the engine, one after the other; tokenizing runs in Rust threads with
+# the GIL released, so piece k+1 is tokenized while the engine works on piece k.
+OVERLAP_PIECE_TEXTS = 256
 
 
 class Embedder:
@@ -48,6 +57,9 @@ class Embedder:
         self.engine = Engine(
             self.spec, device=device, dtype=dtype, attention_backend=attention_backend
         )
+        # tokenize long lists piece by piece on a thread while the engine runs the piece before;
+        # not on the CPU, where the tokenizer's threads would take the model's cores
+        self.overlap_tokenizing = self.engine.device.type == "cuda"
 
     @property
     def dimensions(self) -> int:
@@ -116,12 +128,60 @@ class Embedder:
             truncate=truncate,
         )
         batch_tokens = self._batch_tokens(batch_tokens)
+        pieces = self._overlap_pieces(inputs)
+        if pieces is not None:
+            pooled = self._encode_overlapped(inputs, pieces, options, batch_tokens, show_progress)
+            return head.apply(pooled)
         prepared = self.inputs.prepare(inputs, options)
         pooled = self.embed_ids(
             prepared.seqs, batch_tokens=batch_tokens, show_progress=show_progress
         )
         out = head.apply(prepared.combine(pooled))
         return out[0] if prepared.single else out
+
+    def _overlap_pieces(self, inputs: Any) -> list[Sequence[str]] | None:
+        """Pieces of a long list of texts whose tokenizing can overlap the engine, or None."""
+        n = OVERLAP_PIECE_TEXTS
+        if (
+            not self.overlap_tokenizing
+            or not isinstance(inputs, (list, tuple))
+            or len(inputs) <= n
+            or not all(isinstance(x, str) for x in inputs)
+        ):
+            return None
+        return [inputs[i : i + n] for i in range(0, len(inputs), n)]
+
+    def _encode_overlapped(
+        self,
+        inputs: Any,  # the whole input, for its errors
+        pieces: list[Sequence[str]],
+        options: InputOptions,
+        batch_tokens: int,
+        show_progress: bool,
+    ) -> np.ndarray:
+        """Pooled rows of every input (windows combined), tokenizing piece k+1 on a thread
+        while the engine runs piece k."""
+        rows: list[np.ndarray] = []
+        # the bar's total grows as pieces are tokenized
+        progress = _progress_bar(None) if show_progress else None
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
+            ahead: Future[PreparedInputs] = pool.submit(self.inputs.prepare, pieces[0], options)
+            for k in range(len(pieces)):
+                try:
+                    prepared = ahead.result()
+                except InputError:
+                    # raised again by one pass over the whole input: its index is the caller's
+                    self.inputs.prepare(inputs, options)
+                    raise
+                if k + 1 < len(pieces):
+                    ahead = pool.submit(self.inputs.prepare, pieces[k + 1], options)
+                if progress is not None:
+                    progress.total = (progress.total or 0) + sum(map(len, prepared.seqs))
+                    progress.refresh()
+                rows.append(prepared.combine(self._embed(prepared.seqs, batch_tokens, progress)))
+        if progress is not None:
+            progress.close()
+        return np.concatenate(rows)
 
     def encode_contextual(
         self,
@@ -167,13 +227,16 @@ class Embedder:
         self, ids: Sequence[Sequence[int]], *, batch_tokens: int, show_progress: bool = False
     ) -> np.ndarray:
         """Pooled float32 vectors [num_inputs, hidden], before the output head."""
+        progress = _progress_bar(sum(map(len, ids))) if show_progress else None
+        try:
+            return self._embed(ids, batch_tokens, progress)
+        finally:
+            if progress is not None:
+                progress.close()
+
+    def _embed(self, ids: Sequence[Sequence[int]], batch_tokens: int, progress: Any) -> np.ndarray:
         lengths = [len(x) for x in ids]
         out = np.empty((len(ids), self.spec.hidden_size), dtype=np.float32)
-        progress = None
-        if show_progress:
-            from tqdm.auto import tqdm
-
-            progress = tqdm(total=sum(lengths), unit="tok", unit_scale=True, desc="embedding")
         # Launch batch N+1 before reading batch N, so on a GPU the host work overlaps the device.
         pending: tuple[range, Any, int] | None = None
         for group in budget_groups(lengths, batch_tokens):
@@ -184,8 +247,6 @@ class Embedder:
             pending = (group, handle, batch.num_tokens)
         if pending is not None:
             self._collect(out, *pending, progress)
-        if progress is not None:
-            progress.close()
         return out
 
     @staticmethod
@@ -195,3 +256,9 @@ class Embedder:
         out[group.start : group.stop] = handle.wait()
         if progress is not None:
             progress.update(num_tokens)
+
+
+def _progress_bar(total: int | None) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="tok", unit_scale=True, desc="embedding")

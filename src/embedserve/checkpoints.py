@@ -15,6 +15,15 @@ the same loader a user's checkpoint takes. A folder holds:
   loads the folder as it is
 - `embedserve.json` for pplx-style folders: `"output_rules": "pplx"` and the native
   `"default_output_dtype"` (see docs/models.md)
+
+Rerankers (`--arch`):
+
+- `qwen3-reranker-0.6b` (`-tiny` for tests): Qwen3-Reranker-0.6B's config, a `Qwen3ForCausalLM`
+  folder (weights under `model.`, the output projection tied to the embeddings) with the real
+  tokenizer and no sentence-transformers modules, as the real one ships;
+- `ms-marco-minilm-l6`: cross-encoder/ms-marco-MiniLM-L-6-v2's config
+  (`BertForSequenceClassification`, one label, sentence-transformers' Identity activation) with
+  the real BERT uncased vocabulary of the bundled all-MiniLM-L6-v2.
 """
 
 from __future__ import annotations
@@ -89,10 +98,45 @@ ARCHS: dict[str, dict[str, Any]] = {
 }
 
 
+# Qwen3-Reranker: the Qwen3 base model's config (a causal LM), and a tiny one for tests
+RERANKERS: dict[str, dict[str, Any]] = {
+    "qwen3-reranker-0.6b": {**ARCHS["qwen3-0.6b"], "max_position_embeddings": 40960},
+    "qwen3-reranker-tiny": ARCHS["qwen3-tiny"],
+}
+
+# cross-encoder/ms-marco-MiniLM-L-6-v2's config.json
+CROSS_ENCODERS: dict[str, dict[str, Any]] = {
+    "ms-marco-minilm-l6": {
+        "architectures": ["BertForSequenceClassification"],
+        "model_type": "bert",
+        "attention_probs_dropout_prob": 0.1,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "hidden_size": 384,
+        "id2label": {"0": "LABEL_0"},
+        "label2id": {"LABEL_0": 0},
+        "initializer_range": 0.02,
+        "intermediate_size": 1536,
+        "layer_norm_eps": 1e-12,
+        "max_position_embeddings": 512,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 6,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity",
+        "type_vocab_size": 2,
+        "vocab_size": 30522,
+    },
+}
+ALL_ARCHS: tuple[str, ...] = (*ARCHS, *RERANKERS, *CROSS_ENCODERS)
+
+
 def qwen3_config(arch: str, attention: str) -> dict[str, Any]:
     """config.json for a named size; bidirectional models say `"is_causal": false`."""
+    if arch in RERANKERS:
+        return {**_COMMON, **RERANKERS[arch], "architectures": ["Qwen3ForCausalLM"]}
     if arch not in ARCHS:
-        raise ValueError(f"unknown --arch {arch!r}; choose from {', '.join(ARCHS)}")
+        raise ValueError(f"unknown --arch {arch!r}; choose from {', '.join(ALL_ARCHS)}")
     cfg = {**_COMMON, **ARCHS[arch]}
     if attention == "bidirectional":
         cfg["is_causal"] = False
@@ -147,6 +191,16 @@ def write_tokenizer(out: Path, *, append_eos: bool) -> None:
             shutil.copyfile(src / name, out / name)
 
 
+def write_bert_tokenizer(out: Path) -> None:
+    """The BERT uncased tokenizer files of the bundled all-MiniLM-L6-v2 (the vocabulary the
+    ms-marco cross-encoders share)."""
+    from embedserve.bundled import resolve_model
+
+    src = resolve_model("minilm")
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(src / name, out / name)
+
+
 def write_sentence_transformers(out: Path, *, hidden: int, pooling: str, max_len: int) -> None:
     """modules.json + 1_Pooling + sentence_bert_config + prompts, as Qwen3-Embedding ships."""
     modules = [
@@ -185,8 +239,57 @@ def write_sentence_transformers(out: Path, *, hidden: int, pooling: str, max_len
     (out / "config_sentence_transformers.json").write_text(json.dumps(cst, indent=2))
 
 
+def _bert_shapes(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor of a `BertForSequenceClassification` checkpoint (one label), by saved name."""
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    e = "bert.embeddings."
+    shapes: list[tuple[str, tuple[int, ...]]] = [
+        (e + "word_embeddings.weight", (cfg["vocab_size"], h)),
+        (e + "position_embeddings.weight", (cfg["max_position_embeddings"], h)),
+        (e + "token_type_embeddings.weight", (cfg["type_vocab_size"], h)),
+        (e + "LayerNorm.weight", (h,)),
+        (e + "LayerNorm.bias", (h,)),
+    ]
+    for n in range(cfg["num_hidden_layers"]):
+        p = f"bert.encoder.layer.{n}."
+        for w in ("query", "key", "value"):
+            shapes += [
+                (f"{p}attention.self.{w}.weight", (h, h)),
+                (f"{p}attention.self.{w}.bias", (h,)),
+            ]
+        shapes += [
+            (p + "attention.output.dense.weight", (h, h)),
+            (p + "attention.output.dense.bias", (h,)),
+            (p + "attention.output.LayerNorm.weight", (h,)),
+            (p + "attention.output.LayerNorm.bias", (h,)),
+            (p + "intermediate.dense.weight", (i, h)),
+            (p + "intermediate.dense.bias", (i,)),
+            (p + "output.dense.weight", (h, i)),
+            (p + "output.dense.bias", (h,)),
+            (p + "output.LayerNorm.weight", (h,)),
+            (p + "output.LayerNorm.bias", (h,)),
+        ]
+    shapes += [
+        ("bert.pooler.dense.weight", (h, h)),
+        ("bert.pooler.dense.bias", (h,)),
+        ("classifier.weight", (1, h)),
+        ("classifier.bias", (1,)),
+    ]
+    return shapes
+
+
 def _tensor_shapes(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor of a Hugging Face `Qwen3Model` checkpoint, by its saved name."""
+    """Every tensor of a Hugging Face checkpoint of this config, by its saved name: a
+    `Qwen3Model`, a `Qwen3ForCausalLM` (under `model.`, the output projection tied) or a
+    BERT cross-encoder."""
+    if cfg["architectures"] == ["BertForSequenceClassification"]:
+        return _bert_shapes(cfg)
+    if cfg["architectures"] == ["Qwen3ForCausalLM"]:
+        return [("model." + n, s) for n, s in _qwen3_shapes(cfg)]
+    return _qwen3_shapes(cfg)
+
+
+def _qwen3_shapes(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
     h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
     nq, nkv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
     shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (cfg["vocab_size"], h))]
@@ -224,9 +327,11 @@ def write_weights(
     used = 0
     total = 0
     for name, shape in tqdm(shapes, desc="random weights", unit="tensor", file=sys.stderr):
-        if len(shape) == 1:  # RMSNorm scales start at one, as Hugging Face initializes them
-            t = torch.ones(shape, dtype=torch_dtype)
-        else:
+        if name.endswith("norm.weight") or name.endswith("LayerNorm.weight"):
+            t = torch.ones(shape, dtype=torch_dtype)  # norm scales start at one, as in HF
+        elif name.endswith("LayerNorm.bias"):
+            t = torch.zeros(shape, dtype=torch_dtype)
+        else:  # matrices, and biases (random, so that a bias not loaded shows)
             t = torch.empty(shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
             t = t.to(torch_dtype)
         size = t.numel() * t.element_size()
@@ -264,12 +369,30 @@ def make_checkpoint(
     max_shard_gb: float = 4.0,
     overwrite: bool = False,
 ) -> Path:
-    """Write a complete Qwen3 embedder folder (see the module docstring) and return its path.
+    """Write a complete model folder (see the module docstring) and return its path.
 
-    Defaults follow the two model kinds: causal → last-token pooling, generic outputs
+    Embedders' defaults follow the two model kinds: causal → last-token pooling, generic outputs
     (Qwen3-Embedding); bidirectional → mean pooling, pplx output rules with int8 as the native
-    output (pplx-embed).
+    output (pplx-embed). A reranker `arch` writes that reranker (the embedder options do not
+    apply to it).
     """
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
+    path = Path(out)
+    if path.exists() and any(path.iterdir()) and not overwrite:
+        raise ValueError(f"{path} exists and is not empty; pass --overwrite to replace its files")
+    shard_bytes = int(max_shard_gb * 2**30)
+    if arch in CROSS_ENCODERS or arch in RERANKERS:
+        path.mkdir(parents=True, exist_ok=True)
+        if arch in CROSS_ENCODERS:
+            cfg = {**CROSS_ENCODERS[arch], "torch_dtype": dtype}
+            write_bert_tokenizer(path)
+        else:
+            cfg = {**qwen3_config(arch, "causal"), "torch_dtype": dtype}
+            write_tokenizer(path, append_eos=False)
+        (path / "config.json").write_text(json.dumps(cfg, indent=2))
+        write_weights(path, cfg, seed=seed, dtype=dtype, max_shard_bytes=shard_bytes)
+        return path
     if attention not in ("causal", "bidirectional"):
         raise ValueError(f"attention must be causal or bidirectional, got {attention!r}")
     pooling = pooling or ("last" if attention == "causal" else "mean")
@@ -278,12 +401,7 @@ def make_checkpoint(
     rules = output_rules or ("generic" if attention == "causal" else "pplx")
     if rules not in ("generic", "pplx"):
         raise ValueError(f"output rules must be generic or pplx, got {rules!r}")
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
     cfg = qwen3_config(arch, attention)
-    path = Path(out)
-    if path.exists() and any(path.iterdir()) and not overwrite:
-        raise ValueError(f"{path} exists and is not empty; pass --overwrite to replace its files")
     path.mkdir(parents=True, exist_ok=True)
     cfg["torch_dtype"] = dtype
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -293,7 +411,7 @@ def make_checkpoint(
     if rules == "pplx":
         extra = {"output_rules": "pplx", "default_output_dtype": "int8"}
         (path / "embedserve.json").write_text(json.dumps(extra, indent=2))
-    write_weights(path, cfg, seed=seed, dtype=dtype, max_shard_bytes=int(max_shard_gb * 2**30))
+    write_weights(path, cfg, seed=seed, dtype=dtype, max_shard_bytes=shard_bytes)
     return path
 
 
@@ -322,9 +440,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register the checkpoint subcommands."""
     p = sub.add_parser(
         "make-checkpoint",
-        help="write a Qwen3 embedder folder with an exact published config and random weights",
+        help="write a model folder (Qwen3 embedder or a reranker) with an exact published "
+        "config and random weights",
     )
-    p.add_argument("--arch", default="qwen3-0.6b", choices=sorted(ARCHS), help="model size")
+    p.add_argument(
+        "--arch",
+        default="qwen3-0.6b",
+        choices=sorted(ALL_ARCHS),
+        help="a Qwen3 embedder size, or a reranker (qwen3-reranker-*, ms-marco-minilm-l6)",
+    )
     p.add_argument("--attention", default="causal", choices=["causal", "bidirectional"])
     p.add_argument(
         "--pooling",

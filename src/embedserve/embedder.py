@@ -21,7 +21,7 @@ from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
 from embedserve.errors import InputError
 from embedserve.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
-from embedserve.spec import read_model_spec
+from embedserve.spec import ModelLoadError, read_model_spec
 from embedserve.tokenization import TextTokenizer
 
 # Texts per piece when tokenizing overlaps the engine (a list of more texts than this, on CUDA).
@@ -52,6 +52,12 @@ class Embedder:
         `pooling` overrides its pooling; `attention_backend` names the attention kernels."""
         folder = resolve_model(model)
         self.spec = read_model_spec(folder, pooling=pooling, attention=attention)
+        if self.spec.task != "embed":
+            raise ModelLoadError(
+                f"{folder}: a scoring model ({self.spec.architecture}), not an embedding model; "
+                "score with embedserve.scorer.Scorer (or add embedserve.json with "
+                '{"task": "embed"} to embed with it)'
+            )
         self.tokenizer = TextTokenizer(folder / "tokenizer.json", self.spec.max_seq_length)
         self.inputs = InputPreparer(self.spec, self.tokenizer)
         self.engine = Engine(
@@ -235,27 +241,40 @@ class Embedder:
                 progress.close()
 
     def _embed(self, ids: Sequence[Sequence[int]], batch_tokens: int, progress: Any) -> np.ndarray:
-        lengths = [len(x) for x in ids]
-        out = np.empty((len(ids), self.spec.hidden_size), dtype=np.float32)
-        # Launch batch N+1 before reading batch N, so on a GPU the host work overlaps the device.
-        pending: tuple[range, Any, int] | None = None
-        for group in budget_groups(lengths, batch_tokens):
-            batch = PackedBatch.from_token_lists([ids[i] for i in group])
-            handle = self.engine.step(batch)
-            if pending is not None:
-                self._collect(out, *pending, progress)
-            pending = (group, handle, batch.num_tokens)
-        if pending is not None:
-            self._collect(out, *pending, progress)
-        return out
+        return run_batches(self.engine, ids, batch_tokens, progress)
 
-    @staticmethod
-    def _collect(
-        out: np.ndarray, group: range, handle: Any, num_tokens: int, progress: Any
-    ) -> None:
-        out[group.start : group.stop] = handle.wait()
-        if progress is not None:
-            progress.update(num_tokens)
+
+def run_batches(
+    engine: Engine,
+    seqs: Sequence[Sequence[int]],
+    batch_tokens: int,
+    progress: Any = None,
+    second_segment: Sequence[int] | None = None,
+) -> np.ndarray:
+    """The engine's rows [len(seqs), width] for sequences in token-budget batches, in order.
+    `second_segment`: per sequence, where token type 1 begins (pairs; 0: none)."""
+    lengths = [len(x) for x in seqs]
+    out = np.empty((len(seqs), engine.output_width), dtype=np.float32)
+    # Launch batch N+1 before reading batch N, so on a GPU the host work overlaps the device.
+    pending: tuple[range, Any, int] | None = None
+    for group in budget_groups(lengths, batch_tokens):
+        batch = PackedBatch.from_token_lists(
+            [seqs[i] for i in group],
+            None if second_segment is None else [second_segment[i] for i in group],
+        )
+        handle = engine.step(batch)
+        if pending is not None:
+            _collect(out, *pending, progress)
+        pending = (group, handle, batch.num_tokens)
+    if pending is not None:
+        _collect(out, *pending, progress)
+    return out
+
+
+def _collect(out: np.ndarray, group: range, handle: Any, num_tokens: int, progress: Any) -> None:
+    out[group.start : group.stop] = handle.wait()
+    if progress is not None:
+        progress.update(num_tokens)
 
 
 def _progress_bar(total: int | None) -> Any:

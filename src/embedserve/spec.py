@@ -12,6 +12,17 @@ What decides attention and pooling for a Qwen3 folder (docs/models.md has the fu
   and `mean` for bidirectional; `read_model_spec(..., pooling=)` overrides.
 - native output (`embedserve.json`): `"output_rules": "pplx"` switches int8/binary to the
   Perplexity rules in `outputs`, `"default_output_dtype"` sets the default encoding.
+
+What makes a folder a scoring model (task "score": one relevance score per query/document pair):
+
+- `BertForSequenceClassification` with one label: a cross-encoder (`[CLS] query [SEP] document
+  [SEP]`, the pooler and classifier on CLS). Its activation is sentence-transformers
+  CrossEncoder's: config.json `sentence_transformers.activation_fn` (or the older
+  `sbert_ce_default_activation_function`), else sigmoid.
+- `Qwen3ForCausalLM` without sentence-transformers modules (as Qwen3-Reranker ships), or any
+  Qwen3 folder whose `embedserve.json` says `"task": "score"`: an LLM reranker, score = softmax
+  of the "yes" and "no" logits at the last token (only those two rows of the output projection
+  are loaded). `"task": "embed"` makes such a folder an embedder.
 """
 
 from __future__ import annotations
@@ -22,6 +33,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 PoolingMethod = Literal["mean", "cls", "last"]
+Task = Literal["embed", "score"]
+ScoreKind = Literal["classifier", "yes_no"]
+Activation = Literal["sigmoid", "identity"]
 AttentionKind = Literal["bidirectional", "causal"]
 OutputRules = Literal["generic", "pplx"]
 
@@ -31,8 +45,14 @@ OUTPUT_RULES: tuple[str, ...] = ("generic", "pplx")
 
 # config.json "architectures" / "model_type" values this engine can run, by family.
 BERT_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")
+BERT_SCORE_ARCHITECTURES = ("BertForSequenceClassification",)
 QWEN3_ARCHITECTURES = ("Qwen3Model", "Qwen3ForCausalLM")
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = BERT_ARCHITECTURES + QWEN3_ARCHITECTURES
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+    BERT_ARCHITECTURES + BERT_SCORE_ARCHITECTURES + QWEN3_ARCHITECTURES
+)
+TASKS: tuple[str, ...] = ("embed", "score")
+# the answer tokens of an LLM reranker (Qwen3-Reranker's prompt asks for "yes" or "no")
+YES_NO_TOKENS = ("yes", "no")
 
 # Our own optional file in a model folder, for what Hugging Face configs have no key for.
 EMBEDSERVE_CONFIG = "embedserve.json"
@@ -76,6 +96,15 @@ class Qwen3Config:
 
 
 @dataclass(frozen=True)
+class ScoreSpec:
+    """How a scoring model turns a pair into a relevance score."""
+
+    kind: ScoreKind  # "classifier": BERT pooler + classifier on CLS; "yes_no": an LLM's answer
+    activation: Activation  # applied to the raw score (logit; yes - no logits for "yes_no")
+    yes_no_ids: tuple[int, int] | None = None  # "yes_no": the token ids of "yes" and "no"
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Everything the engine and the tokenizer side need to know about one model folder."""
 
@@ -93,6 +122,13 @@ class ModelSpec:
     qwen3: Qwen3Config | None = None  # set for family "qwen3"
     output_rules: OutputRules = "generic"  # how int8/binary are computed (see outputs)
     default_output_dtype: str = "float32"  # the encoding when a request names none
+    task: Task = "embed"
+    score: ScoreSpec | None = None  # set for task "score"
+
+    @property
+    def output_width(self) -> int:
+        """Columns of a row the engine returns: the hidden size, or 1 (the raw score)."""
+        return 1 if self.task == "score" else self.hidden_size
 
     @property
     def vocab_size(self) -> int:
@@ -276,7 +312,7 @@ def read_model_spec(
     model_type = cfg.get("model_type")
     if model_type == "qwen3" or arch in QWEN3_ARCHITECTURES:
         family = "qwen3"
-    elif model_type == "bert" or arch in BERT_ARCHITECTURES:
+    elif model_type == "bert" or arch in BERT_ARCHITECTURES + BERT_SCORE_ARCHITECTURES:
         family = "bert"
     else:
         raise ModelLoadError(
@@ -292,6 +328,8 @@ def read_model_spec(
 
     bert: BertConfig | None = None
     qwen3: Qwen3Config | None = None
+    task = _task(path, family, arch, extra)
+    score: ScoreSpec | None = None
     if family == "bert":
         bert = _read_bert(cfg, config_path)
         kind: str = attention or "bidirectional"
@@ -299,13 +337,22 @@ def read_model_spec(
             raise ValueError("BERT models only run with bidirectional attention")
         hidden, max_len = bert.hidden_size, bert.max_position_embeddings
         default_pooling = "cls"
+        if task == "score":
+            score = ScoreSpec("classifier", _classifier_activation(cfg, config_path))
     else:
         qwen3 = _read_qwen3(cfg, config_path)
         kind = attention or _declared_attention(cfg, extra, config_path) or "causal"
         hidden, max_len = qwen3.hidden_size, qwen3.max_position_embeddings
         default_pooling = "last" if kind == "causal" else "mean"
+        if task == "score":
+            score = ScoreSpec("yes_no", "sigmoid", _yes_no_ids(path))
 
     declared = _pooling_from_folder(path)
+    if task == "score":
+        # the pair's score is read at one token: BERT's CLS (through its pooler), an LLM's last
+        declared, default_pooling = None, "cls" if family == "bert" else "last"
+        if pooling is not None and pooling != default_pooling:
+            raise ValueError(f"a scoring model pools {default_pooling!r}; got pooling {pooling!r}")
     method = pooling or declared or default_pooling
     if method not in POOLING_METHODS:
         raise ValueError(f"pooling {method!r} is not one of {', '.join(POOLING_METHODS)}")
@@ -351,4 +398,62 @@ def read_model_spec(
         qwen3=qwen3,
         output_rules=rules,
         default_output_dtype=default_dtype,
+        task=task,
+        score=score,
     )
+
+
+def _task(path: Path, family: str, arch: str, extra: dict[str, Any]) -> Task:
+    """embed or score (see the module docstring)."""
+    if "task" in extra:
+        task = extra["task"]
+        if task not in TASKS:
+            raise ModelLoadError(
+                f"{path / EMBEDSERVE_CONFIG}: task {task!r} is not one of {', '.join(TASKS)}"
+            )
+        if family == "bert" and (task == "score") != (arch in BERT_SCORE_ARCHITECTURES):
+            raise ModelLoadError(
+                f"{path / EMBEDSERVE_CONFIG}: task {task!r} does not fit architecture {arch!r}"
+            )
+        return task
+    if arch in BERT_SCORE_ARCHITECTURES:
+        return "score"
+    if arch == "Qwen3ForCausalLM" and not (path / "modules.json").exists():
+        return "score"
+    return "embed"
+
+
+def _classifier_activation(cfg: dict[str, Any], config_path: Path) -> Activation:
+    """A cross-encoder's activation, as sentence-transformers CrossEncoder reads it."""
+    labels = cfg.get("id2label")
+    num_labels = len(labels) if isinstance(labels, dict) else int(cfg.get("num_labels", 2))
+    if num_labels != 1:
+        raise ModelLoadError(
+            f"{config_path}: a sequence classifier with {num_labels} labels cannot rank; "
+            "a reranker has one (a relevance logit)"
+        )
+    name = (cfg.get("sentence_transformers") or {}).get("activation_fn") or cfg.get(
+        "sbert_ce_default_activation_function"
+    )
+    if name is None or str(name).endswith("Sigmoid"):
+        return "sigmoid"
+    if str(name).endswith("Identity"):
+        return "identity"
+    raise ModelLoadError(
+        f"{config_path}: activation {name!r} is not supported; expected Sigmoid or Identity"
+    )
+
+
+def _yes_no_ids(path: Path) -> tuple[int, int]:
+    """The token ids of "yes" and "no" in the folder's tokenizer (an LLM reranker's answers)."""
+    from tokenizers import Tokenizer  # no torch
+
+    tokenizer_path = path / "tokenizer.json"
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    except Exception as e:  # tokenizers raises a bare Exception
+        raise ModelLoadError(f"{tokenizer_path}: cannot read the tokenizer ({e})") from None
+    ids = [tokenizer.token_to_id(t) for t in YES_NO_TOKENS]
+    if None in ids:
+        raise ModelLoadError(f"{tokenizer_path}: no single token for 'yes' and 'no'")
+    return ids[0], ids[1]  # type: ignore[return-value]

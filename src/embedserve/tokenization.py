@@ -61,6 +61,16 @@ class TextTokenizer:
         """Whole encodings (character offsets, special-token masks), never truncated."""
         return list(self._full.encode_batch(list(texts)))
 
+    def encode_pairs(self, first: str, seconds: Sequence[str]) -> list[Encoding]:
+        """`first` paired with each of `seconds` by the tokenizer's pair template (special
+        tokens and token types included), never truncated."""
+        return list(self._full.encode_batch_fast([(first, s) for s in seconds]))
+
+    def encode_plain_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's ids with no special tokens, never truncated."""
+        encodings = self._full.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [e.ids for e in encodings]
+
     def encode_plain(self, text: str) -> list[int]:
         """A text's ids with no special tokens (a prompt on its own)."""
         return list(self._full.encode(text, add_special_tokens=False).ids)

@@ -24,11 +24,12 @@ from embedserve.engine.attention import (
 )
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.choices import KernelChoices
-from embedserve.engine.fidelity import check_fidelity, make_probes
+from embedserve.engine.fidelity import SCORE_MAX_DIFF, check_fidelity, make_probes
 from embedserve.engine.fused import EAGER_OPS, compile_limits, compiled_ops
 from embedserve.engine.graphs import GraphConfig, GraphRunner
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
+from embedserve.engine.scoring import build_score_head
 from embedserve.engine.spans import pool_spans
 from embedserve.engine.stats import EngineStats
 from embedserve.spec import ModelSpec, PoolingMethod, read_model_spec
@@ -87,6 +88,9 @@ class Engine:
         # the fidelity reference: fp32, eager ops (read from the folder a second time)
         reference = build_model(spec, EAGER_OPS).to(self.device) if check else None
         self.model = build_model(spec, self.ops).to(self.device, self.dtype)
+        # a scoring model's head, after pooling, in float32 (see `scoring`); None to embed
+        head = build_score_head(spec)
+        self.score_head = head.to(self.device) if head is not None else None
         self.runner: GraphRunner | None = None
         if graphs is None:
             # an explicitly named backend that a graph cannot hold (sdpa_loop) means eager
@@ -112,8 +116,10 @@ class Engine:
         if reference is not None:
             self.fidelity_cosine = check_fidelity(
                 lambda b: self.step(b).wait().copy(),
-                lambda b: _reference_run(reference, b, self.device, spec.pooling),
+                lambda b: _reference_run(reference, self.score_head, b, self.device, spec.pooling),
                 make_probes(self.vocab_size, self.max_positions),
+                # one raw score per row: compared by difference (a cosine of one number is ±1)
+                max_diff=SCORE_MAX_DIFF if self.score_head is not None else None,
             )
             del reference
 
@@ -140,6 +146,11 @@ class Engine:
     @property
     def hidden_size(self) -> int:
         return self.spec.hidden_size
+
+    @property
+    def output_width(self) -> int:
+        """Columns of each row `step()` returns: the hidden size, or 1 for a scoring model."""
+        return self.spec.output_width
 
     def check(self, batch: PackedBatch) -> None:
         """Reject a batch the model cannot run, before it reaches the device.
@@ -170,7 +181,8 @@ class Engine:
     ) -> torch.Tensor:  # [S, H] float32
         with self._compiling:
             hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
-            return self.ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
+            pooled = self.ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
+            return pooled if self.score_head is None else self.score_head(pooled)
 
     def _hidden(
         self,
@@ -186,7 +198,8 @@ class Engine:
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
-        """Run one packed batch; pooled float32 vectors [S, H] arrive in the returned handle.
+        """Run one packed batch; pooled float32 vectors [S, H] (a scoring model: raw scores
+        [S, 1]) arrive in the returned handle.
 
         With CUDA the batch is padded to a bucket and its graph replayed (see `graphs`); the
         handle's copy to the host is queued behind it, and this returns without waiting.
@@ -207,6 +220,8 @@ class Engine:
         (they may overlap); returns [K, H] float32. Runs eagerly, outside the graphs: documents
         are long and few, so launches do not dominate. Waits for the device.
         """
+        if self.score_head is not None:
+            raise ValueError("a scoring model does not pool spans (late chunking embeds)")
         self.check(batch)
         spans = check_spans(spans, batch)
         hidden = _eager_run(self._hidden, batch, self.device, self.attend)
@@ -236,12 +251,17 @@ def _eager_run(
 
 @torch.inference_mode()
 def _reference_run(
-    model: nn.Module, batch: PackedBatch, device: torch.device, pooling: PoolingMethod
+    model: nn.Module,
+    head: nn.Module | None,
+    batch: PackedBatch,
+    device: torch.device,
+    pooling: PoolingMethod,
 ) -> np.ndarray:
     """The fidelity reference: fp32, eager ops, per-sequence SDPA, no padding, no graph."""
 
     def forward(ids, positions, types, seq_ids, layout, attend):  # type: ignore[no-untyped-def]
         hidden = model(ids, positions, types, layout, attend)
-        return EAGER_OPS.pool(hidden, layout.cu_seqlens, seq_ids, pooling)
+        pooled = EAGER_OPS.pool(hidden, layout.cu_seqlens, seq_ids, pooling)
+        return pooled if head is None else head(pooled)
 
     return _eager_run(forward, batch, device, sdpa_loop).cpu().numpy()

@@ -16,6 +16,9 @@ import numpy as np
 from embedserve.engine.batch import PackedBatch
 
 MIN_COSINE = 0.999
+# a scoring model's raw scores (logits): the largest difference allowed, relative to the
+# reference's spread (at least 1), the tolerance bf16 scores are held to against transformers
+SCORE_MAX_DIFF = 1e-2
 PROBE_SEED = 20261129
 # name -> sequence lengths; lengths are capped at the model's positions
 PROBE_SHAPES: dict[str, tuple[int, ...]] = {
@@ -63,8 +66,13 @@ def check_fidelity(
     *,
     min_cosine: float = MIN_COSINE,
     runs: int = 3,
+    max_diff: float | None = None,
 ) -> float:
-    """The smallest cosine over every probe and run; raises FidelityError below `min_cosine`."""
+    """The smallest cosine over every probe and run; raises FidelityError below `min_cosine`.
+
+    With `max_diff` (one score per row), each probe's scores are held to within `max_diff`
+    times max(1, their largest magnitude) of the reference's instead, and the cosine of the
+    probe's score column is what is returned."""
     worst = 1.0
     for probe in probes:
         ref = reference(probe.batch)
@@ -75,6 +83,16 @@ def check_fidelity(
                     f"fidelity probe {probe.name!r} (run {run}): fast path returned shape "
                     f"{out.shape}, reference {ref.shape}; refusing to serve"
                 )
+            if max_diff is not None:
+                bound = max_diff * max(1.0, float(np.max(np.abs(ref))))
+                diff = float(np.max(np.abs(out - ref)))
+                if not diff <= bound:  # NaN fails too
+                    raise FidelityError(
+                        f"fidelity probe {probe.name!r} (run {run} of {runs}): scores differ by "
+                        f"{diff:.6f} from the eager fp32 reference (allowed {bound:.6f}); "
+                        "refusing to serve"
+                    )
+                out, ref = out.reshape(1, -1), ref.reshape(1, -1)
             cos = row_cosines(out, ref)
             low = float(np.min(cos)) if np.all(np.isfinite(cos)) else float("nan")
             if not low >= min_cosine:  # NaN fails too

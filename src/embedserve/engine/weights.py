@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from embedserve.spec import ModelLoadError
@@ -37,6 +38,27 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     )
     hint = f" (found {', '.join(others)}: convert them to safetensors)" if others else ""
     raise ModelLoadError(f"{folder}: no weights; expected {WEIGHT_FILE} or {INDEX_FILE}{hint}")
+
+
+def read_tensors(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """Only the named tensors that the checkpoint holds (a score head's few), not all of them."""
+    single, index = folder / WEIGHT_FILE, folder / INDEX_FILE
+    if single.exists():
+        where = dict.fromkeys(names, WEIGHT_FILE)
+    elif index.exists():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        where = {n: weight_map[n] for n in names if n in weight_map}
+    else:
+        read_state_dict(folder)  # raises with what was found instead
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(set(where.values())):
+        with safe_open(str(folder / file), framework="pt") as f:
+            keys = set(f.keys())
+            for name in names:
+                if where.get(name) == file and name in keys:
+                    out[name] = f.get_tensor(name)
+    return out
 
 
 def strip_prefix(

@@ -1,0 +1,91 @@
+"""Score heads: a pooled row [S, H] to one raw relevance score per pair [S, 1], on the device.
+
+- `ClassifierHead` (cross-encoders, `BertForSequenceClassification`): BERT's pooler (dense +
+  tanh) on the CLS row, then the one-label classifier: the logit.
+- `YesNoHead` (LLM rerankers, Qwen3-Reranker style): the two rows of the output projection for
+  the answer tokens "yes" and "no", sliced at load (never the vocabulary), on the last token's
+  normed hidden state: raw score = yes logit - no logit, so that sigmoid(raw) is the softmax of
+  the two logits' "yes" share, the reranker's probability.
+
+Both run in float32 after pooling (pooled rows are float32), inside the CUDA graph. The
+activation (sigmoid or identity) is the caller's: `spec.ScoreSpec.activation`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from embedserve.engine.weights import read_tensors
+from embedserve.spec import ModelLoadError, ModelSpec
+
+
+class ClassifierHead(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.pooler = nn.Linear(hidden, hidden)
+        self.classifier = nn.Linear(hidden, 1)
+
+    def forward(self, cls_rows: torch.Tensor) -> torch.Tensor:  # [S, H] fp32 -> [S, 1]
+        return self.classifier(torch.tanh(self.pooler(cls_rows)))
+
+
+class YesNoHead(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.rows = nn.Parameter(torch.empty(2, hidden))  # [yes, no] rows of the output projection
+
+    def forward(self, last_rows: torch.Tensor) -> torch.Tensor:  # [S, H] fp32 -> [S, 1]
+        logits = last_rows @ self.rows.T  # [S, 2]
+        return logits[:, :1] - logits[:, 1:]
+
+
+def _one(
+    tensors: dict[str, torch.Tensor], names: list[str], shape: tuple[int, ...], folder: Path
+) -> torch.Tensor:
+    """The first of `names` the checkpoint holds, checked against `shape`."""
+    for name in names:
+        if name in tensors:
+            t = tensors[name]
+            if tuple(t.shape) != shape:
+                raise ModelLoadError(
+                    f"{folder}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}"
+                )
+            return t.float()
+    raise ModelLoadError(f"{folder}: missing tensor {names[0]!r} (expected shape {list(shape)})")
+
+
+def build_score_head(spec: ModelSpec) -> nn.Module | None:
+    """The folder's score head (fp32, on the CPU), or None for an embedding model."""
+    if spec.score is None:
+        return None
+    folder, h = spec.path, spec.hidden_size
+    if spec.score.kind == "classifier":
+        # the checkpoint's names, with or without the "bert." wrapper
+        pooler_w = ["bert.pooler.dense.weight", "pooler.dense.weight"]
+        pooler_b = ["bert.pooler.dense.bias", "pooler.dense.bias"]
+        tensors = read_tensors(
+            folder, [*pooler_w, *pooler_b, "classifier.weight", "classifier.bias"]
+        )
+        head: nn.Module = ClassifierHead(h)
+        state = {
+            "pooler.weight": _one(tensors, pooler_w, (h, h), folder),
+            "pooler.bias": _one(tensors, pooler_b, (h,), folder),
+            "classifier.weight": _one(tensors, ["classifier.weight"], (1, h), folder),
+            "classifier.bias": _one(tensors, ["classifier.bias"], (1,), folder),
+        }
+    else:
+        assert spec.score.yes_no_ids is not None and spec.qwen3 is not None
+        vocab = spec.vocab_size
+        # an untied checkpoint has its own output projection; a tied one reuses the embeddings
+        names = ["lm_head.weight", "model.embed_tokens.weight", "embed_tokens.weight"]
+        if not spec.qwen3.tie_word_embeddings:
+            names = names[:1]
+        tensors = read_tensors(folder, names)
+        table = _one(tensors, [n for n in names if n in tensors] or names, (vocab, h), folder)
+        head = YesNoHead(h)
+        state = {"rows": table[list(spec.score.yes_no_ids)].clone()}
+    head.load_state_dict(state, strict=True)
+    return head.eval()

@@ -1,0 +1,216 @@
+"""The request core for scoring: a query and its documents, checked into one sequence per pair.
+
+Every front end that scores (`Scorer`, the gateway's rerank and score routes, `embedserve
+rerank`) hands the caller's values to one `PairPreparer`. No torch: the gateway runs this.
+
+- Cross-encoders (`spec.ScoreSpec.kind == "classifier"`): the tokenizer's pair template,
+  `[CLS] query [SEP] document [SEP]`, token type 1 from the document on.
+- LLM rerankers (`"yes_no"`): Qwen3-Reranker's prompt, the system line, then
+  `<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>: {document}`, then the assistant
+  suffix; no special tokens of the tokenizer's own.
+
+An over-long pair is an error naming the document, unless `truncate` is "end" (keep the
+document's beginning) or "start" (keep its end). The query is never cut: a query too long to
+pair with even one document token is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from embedserve.errors import InputError, InputTooLong, InputTypeError
+from embedserve.spec import ModelSpec
+from embedserve.tokenization import TextTokenizer
+
+# Qwen3-Reranker's prompt, as its model card gives it
+RERANK_SYSTEM = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+)
+RERANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+RERANK_BODY = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: "
+
+PAIR_TRUNCATE_ADVICE = (
+    'shorten it or pass truncate "end" (keep the document\'s beginning) or "start" (keep its '
+    "end); the query is never cut"
+)
+
+
+@dataclass(frozen=True)
+class PreparedPairs:
+    """One token sequence per (query, document) pair, in document order."""
+
+    seqs: list[list[int]]
+    # per pair, the offset where token type 1 (the document) begins; 0: one segment only
+    second_segment: list[int]
+
+
+def read_text(value: Any, param: str) -> str:
+    """A non-empty string, or an InputError naming `param`."""
+    if not isinstance(value, str):
+        raise InputTypeError(
+            f"{param} must be a string, got {type(value).__name__}", param=param.split("[")[0]
+        )
+    if not value.strip():
+        raise InputError(f"{param} is an empty string", param=param.split("[")[0])
+    return value
+
+
+def read_documents(documents: Any, param: str = "documents") -> list[str]:
+    """A non-empty list of documents, each a string or an object with a "text" string."""
+    if isinstance(documents, str) or not isinstance(documents, (list, tuple)):
+        raise InputTypeError(
+            f"{param} must be a list of strings, got {type(documents).__name__}", param=param
+        )
+    if not documents:
+        raise InputError(f"{param} is an empty list; pass at least one document", param=param)
+    out = []
+    for i, doc in enumerate(documents):
+        if isinstance(doc, dict):
+            if set(doc) - {"text"} or "text" not in doc:
+                raise InputError(
+                    f'{param}[{i}] must be a string or {{"text": string}}', param=param
+                )
+            doc = doc["text"]
+        out.append(read_text(doc, f"{param}[{i}]"))
+    return out
+
+
+class PairPreparer:
+    """One scoring model's request core: pairs, their checks and truncation, the activation."""
+
+    def __init__(self, spec: ModelSpec, tokenizer: TextTokenizer) -> None:
+        if spec.score is None:
+            raise ValueError(f"{spec.path}: not a scoring model")
+        self.spec = spec
+        self.score = spec.score
+        self.tokenizer = tokenizer
+        self.max_length = spec.max_seq_length
+
+    def activate(self, raw: np.ndarray) -> np.ndarray:
+        """Raw scores (logits) -> the model's relevance scores (its activation), float32."""
+        raw = np.asarray(raw, dtype=np.float64).reshape(-1)
+        if self.score.activation == "identity":
+            return raw.astype(np.float32)
+        return sigmoid(raw)
+
+    def prepare(
+        self,
+        query: Any,
+        documents: Any,
+        *,
+        truncate: Any = False,
+        instruction: Any = None,
+    ) -> PreparedPairs:
+        """One checked sequence per pair (see the module docstring)."""
+        query = read_text(query, "query")
+        docs = read_documents(documents)
+        if truncate is None:
+            truncate = False
+        if truncate not in (False, "end", "start"):
+            raise InputError(
+                f'truncate must be false, "end" or "start" for scoring; got {truncate!r}',
+                param="truncate",
+            )
+        if self.score.kind == "classifier":
+            if instruction is not None:
+                raise InputError(
+                    "instruction applies to LLM rerankers; this model is a cross-encoder",
+                    param="instruction",
+                )
+            return self._cross_encoder(query, docs, truncate)
+        if instruction is None:
+            instruction = RERANK_INSTRUCTION
+        instruction = read_text(instruction, "instruction")
+        return self._yes_no(query, docs, truncate, instruction)
+
+    def _too_long(self, i: int, n: int, truncate: Any) -> None:
+        if truncate is False:
+            raise InputTooLong(
+                f"the pair of the query and documents[{i}]",
+                n,
+                self.max_length,
+                PAIR_TRUNCATE_ADVICE,
+            )
+
+    def _query_too_long(self, n: int) -> InputError:
+        return InputError(
+            f"the query takes {n} of this model's {self.max_length} tokens with the special "
+            "tokens, leaving no room for a document; shorten it (a query is never truncated)",
+            param="query",
+            code="context_length_exceeded",
+        )
+
+    def _cross_encoder(self, query: str, docs: list[str], truncate: Any) -> PreparedPairs:
+        limit = self.max_length
+        encodings = self.tokenizer.encode_pairs(query, docs)
+        seqs, seconds = [], []
+        for i, e in enumerate(encodings):
+            ids, types = list(e.ids), list(e.type_ids)
+            if 1 not in types:  # a tokenizer without a pair template: nothing marks the document
+                raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
+            second = types.index(1)
+            if len(ids) > limit:
+                self._too_long(i, len(ids), truncate)
+                # the document's tokens sit between `second` and its closing special tokens
+                closing = sum(e.special_tokens_mask[second:])
+                room = limit - second - closing
+                if room < 1:
+                    raise self._query_too_long(second + closing)
+                body = ids[second : len(ids) - closing]
+                body = body[:room] if truncate == "end" else body[-room:]
+                ids = ids[:second] + body + ids[len(ids) - closing :]
+            seqs.append(ids)
+            seconds.append(second)
+        return PreparedPairs(seqs, seconds)
+
+    def _yes_no(
+        self, query: str, docs: list[str], truncate: Any, instruction: str
+    ) -> PreparedPairs:
+        limit = self.max_length
+        head = RERANK_BODY.format(instruction=instruction, query=query)
+        system = self.tokenizer.encode_plain(RERANK_SYSTEM)
+        suffix = self.tokenizer.encode_plain(RERANK_SUFFIX)
+        bodies = self.tokenizer.encode_plain_batch([head + d for d in docs])
+        room = limit - len(system) - len(suffix)
+        seqs = []
+        for i, body in enumerate(bodies):
+            n = len(system) + len(body) + len(suffix)
+            if n > limit:
+                self._too_long(i, n, truncate)
+                # NOTE: "end" cuts the joint text's tokens, as Qwen3-Reranker's own code does;
+                # "start" keeps the query part whole and the document's last tokens
+                query_part = self.tokenizer.encode_plain(head.rstrip(" "))
+                if len(query_part) >= room:
+                    raise self._query_too_long(len(system) + len(query_part) + len(suffix))
+                if truncate == "end":
+                    body = body[:room]
+                else:
+                    doc = self.tokenizer.encode_plain(" " + docs[i])
+                    body = query_part + doc[len(doc) - (room - len(query_part)) :]
+            seqs.append(system + body + suffix)
+        return PreparedPairs(seqs, [0] * len(seqs))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Elementwise logistic, stable for large |x|, as float32."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    pos = x >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
+    ex = np.exp(x[~pos])
+    out[~pos] = ex / (1.0 + ex)
+    return out.astype(np.float32)
+
+
+def cosine_scores(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """Cosine of one query vector [H] against each document vector [N, H] (bi-encoder scoring)."""
+    q = np.asarray(query, dtype=np.float64).reshape(-1)
+    d = np.asarray(documents, dtype=np.float64)
+    den = np.maximum(np.linalg.norm(d, axis=1) * np.linalg.norm(q), 1e-300)
+    return (d @ q / den).astype(np.float32)

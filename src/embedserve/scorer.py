@@ -1,0 +1,132 @@
+"""The offline scoring API: `Scorer(model).score(query, documents)` and `.rerank(...)`.
+
+A reranker folder (a cross-encoder or an LLM reranker, `spec.ScoreSpec`) scores each
+(query, document) pair in one forward; an embedding model scores by the cosine of the query's
+vector with each document's (a bi-encoder: the query embedded with the folder's query prompt,
+documents with its document prompt). Pairs go through the request core (`pairs`), token-budget
+batches and the engine's graphs like embeddings do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
+from embedserve.bundled import DEFAULT_MODEL, resolve_model
+from embedserve.embedder import Embedder, run_batches
+from embedserve.engine.engine import Engine
+from embedserve.errors import InputError
+from embedserve.pairs import PairPreparer, cosine_scores, read_documents, read_text
+from embedserve.spec import read_model_spec
+from embedserve.tokenization import TextTokenizer
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One document of a rerank: its place in the input, its score, and its text."""
+
+    index: int
+    relevance_score: float
+    document: str
+
+
+class Scorer:
+    """Relevance scores of documents for a query.
+
+    >>> Scorer("minilm").rerank("a query", ["a document", "another"], top_n=1)[0].index
+    0
+    """
+
+    def __init__(
+        self,
+        model: str | Path = DEFAULT_MODEL,
+        *,
+        device: str | None = "auto",
+        dtype: str | None = None,
+        attention_backend: str | None = None,
+    ) -> None:
+        folder = resolve_model(model)
+        spec = read_model_spec(folder)
+        self.spec = spec
+        self.embedder: Embedder | None = None
+        self.pairs: PairPreparer | None = None
+        if spec.task == "embed":  # a bi-encoder: cosine of embeddings
+            self.embedder = Embedder(
+                folder, device=device, dtype=dtype, attention_backend=attention_backend
+            )
+            self.engine = self.embedder.engine
+        else:
+            tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
+            self.pairs = PairPreparer(spec, tokenizer)
+            self.engine = Engine(
+                spec, device=device, dtype=dtype, attention_backend=attention_backend
+            )
+
+    @property
+    def kind(self) -> str:
+        """cross-encoder, llm-reranker or bi-encoder."""
+        if self.spec.score is None:
+            return "bi-encoder"
+        return "cross-encoder" if self.spec.score.kind == "classifier" else "llm-reranker"
+
+    def score(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: Any = False,
+        instruction: str | None = None,
+        raw: bool = False,
+        batch_tokens: int | None = None,
+    ) -> np.ndarray:
+        """One score per document [N] float32, in document order.
+
+        Rerankers: the model's activation of its logit (sentence-transformers CrossEncoder's
+        convention; an LLM reranker's probability of "yes"), or the logit itself with `raw`.
+        Embedding models: the cosine similarity. `truncate` ("end" | "start") cuts a document
+        whose pair is over the model's limit, never the query; `instruction`: the LLM
+        reranker's (or a Qwen3 embedder's query) instruction.
+        """
+        budget = batch_tokens or self.engine.batch_tokens
+        if self.pairs is None:
+            assert self.embedder is not None
+            if raw:
+                raise InputError(
+                    "raw scores are a reranker's logits; an embedding model has none", param="raw"
+                )
+            query = read_text(query, "query")
+            docs = read_documents(documents)
+            options: dict[str, Any] = {"truncate": truncate, "batch_tokens": budget}
+            q = self.embedder.encode(
+                [query], input_type="query", instruction=instruction, **options
+            )
+            d = self.embedder.encode(docs, input_type="document", **options)
+            return cosine_scores(q[0], d)
+        prepared = self.pairs.prepare(query, documents, truncate=truncate, instruction=instruction)
+        logits = run_batches(
+            self.engine, prepared.seqs, budget, second_segment=prepared.second_segment
+        )[:, 0]
+        return logits.astype(np.float32) if raw else self.pairs.activate(logits)
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        **options: Any,
+    ) -> list[Ranked]:
+        """The documents by descending score (ties in input order), the first `top_n`."""
+        if top_n is not None and (
+            isinstance(top_n, bool) or not isinstance(top_n, int) or top_n <= 0
+        ):
+            raise InputError(f"top_n must be a positive integer, got {top_n!r}", param="top_n")
+        docs = read_documents(documents)
+        scores = self.score(query, docs, **options)
+        order = sorted(range(len(docs)), key=lambda i: -float(scores[i]))[:top_n]
+        return [Ranked(i, float(scores[i]), docs[i]) for i in order]

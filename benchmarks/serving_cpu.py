@@ -71,7 +71,7 @@ def noop_server() -> None:
     from embedserve.server.service import EmbedService, Ready
 
     class NoopEngine:
-        hidden_size = 384
+        output_width = 384
 
         def check(self, batch: Any) -> None:
             pass

@@ -72,3 +72,24 @@ def test_read_texts_reports_bad_jsonl_line(tmp_path: Path) -> None:
     bad.write_text('{"text": "ok"}\n{broken\n', encoding="utf-8")
     with pytest.raises(ValueError, match="bad.jsonl:2: not valid JSON"):
         read_texts(bad)
+
+
+def test_rerank_prints_the_ranked_documents(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from embedserve.scorer import Scorer
+
+    docs = ["Rerankers score query and document pairs.", "The weather in Lisbon.", "Vectors."]
+    query = "how do rerankers work"
+    want = Scorer("minilm", device="cpu").score(query, docs)
+    assert main(["rerank", "--query", query, *docs, "--device", "cpu", "--top-n", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scoring"] == "bi-encoder"
+    assert [r["index"] for r in out["results"]] == list(np.argsort(-want)[:2])
+    assert out["results"][0]["relevance_score"] == pytest.approx(float(want.max()), abs=1e-5)
+    src = tmp_path / "docs.txt"
+    src.write_text("\n".join(docs), encoding="utf-8")
+    assert main(["rerank", "--query", query, "--input", str(src), "--device", "cpu"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["results"]) == 3
+    assert main(["rerank", "--query", "", "doc", "--device", "cpu"]) == 2
+    assert "query is an empty string" in capsys.readouterr().err

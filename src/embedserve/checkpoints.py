@@ -191,12 +191,12 @@ def write_tokenizer(out: Path, *, append_eos: bool) -> None:
             shutil.copyfile(src / name, out / name)
 
 
-def write_bert_tokenizer(out: Path) -> None:
-    """The BERT uncased tokenizer files of the bundled all-MiniLM-L6-v2 (the vocabulary the
-    ms-marco cross-encoders share)."""
+def write_bert_tokenizer(out: Path, source: Path | None = None) -> None:
+    """The BERT uncased tokenizer files of `source`, by default the bundled all-MiniLM-L6-v2
+    (the vocabulary the ms-marco cross-encoders share)."""
     from embedserve.bundled import resolve_model
 
-    src = resolve_model("minilm")
+    src = source or resolve_model("minilm")
     for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copyfile(src / name, out / name)
 
@@ -368,13 +368,15 @@ def make_checkpoint(
     max_seq_length: int | None = None,
     max_shard_gb: float = 4.0,
     overwrite: bool = False,
+    tokenizer_from: Path | None = None,
 ) -> Path:
     """Write a complete model folder (see the module docstring) and return its path.
 
     Embedders' defaults follow the two model kinds: causal → last-token pooling, generic outputs
     (Qwen3-Embedding); bidirectional → mean pooling, pplx output rules with int8 as the native
     output (pplx-embed). A reranker `arch` writes that reranker (the embedder options do not
-    apply to it).
+    apply to it). `tokenizer_from`: a folder whose BERT tokenizer a cross-encoder takes (default:
+    the bundled all-MiniLM-L6-v2's).
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
@@ -386,7 +388,7 @@ def make_checkpoint(
         path.mkdir(parents=True, exist_ok=True)
         if arch in CROSS_ENCODERS:
             cfg = {**CROSS_ENCODERS[arch], "torch_dtype": dtype}
-            write_bert_tokenizer(path)
+            write_bert_tokenizer(path, tokenizer_from)
         else:
             cfg = {**qwen3_config(arch, "causal"), "torch_dtype": dtype}
             write_tokenizer(path, append_eos=False)
@@ -427,6 +429,7 @@ def _run_make_checkpoint(args: argparse.Namespace) -> int:
         max_seq_length=args.max_seq_length,
         max_shard_gb=args.max_shard_gb,
         overwrite=args.overwrite,
+        tokenizer_from=args.tokenizer_from,
     )
     print(
         f"wrote {args.arch} ({args.attention}, pooling {args.pooling or 'default'}, "
@@ -470,4 +473,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-shard-gb", type=float, default=4.0, help="split weights past this size")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
+    p.add_argument(
+        "--tokenizer-from",
+        type=Path,
+        default=None,
+        help="a cross-encoder's BERT tokenizer folder (default: the bundled all-MiniLM-L6-v2's)",
+    )
     p.set_defaults(run=_run_make_checkpoint)

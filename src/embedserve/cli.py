@@ -1,5 +1,5 @@
-"""The `embedserve` command: `embed` here; `serve`, `server`, `gateway` in `launch`;
-`make-checkpoint` in `checkpoints`."""
+"""The `embedserve` command: `embed` and `rerank` here; `serve`, `server`, `gateway` in
+`launch`; `make-checkpoint` in `checkpoints`."""
 
 from __future__ import annotations
 
@@ -133,10 +133,65 @@ def _run_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_rerank(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rerank",
+        help="score documents against a query, offline (a reranker, or an embedding model's "
+        "cosine)",
+    )
+    p.add_argument("documents", nargs="*", help="documents to rank; results printed as JSON")
+    p.add_argument("--query", required=True, help="the query")
+    p.add_argument("--input", type=Path, help="documents from a .txt (one per line) or .jsonl file")
+    p.add_argument("--top-n", type=int, default=None, help="print only the best N")
+    p.add_argument(
+        "--truncate",
+        default=None,
+        choices=["end", "start"],
+        help="cut an over-long document (never the query) instead of failing",
+    )
+    p.add_argument("--instruction", default=None, help="an LLM reranker's instruction")
+    p.add_argument("--raw", action="store_true", help="a reranker's logits, not its activation")
+    EngineOptions.add_arguments(p)
+    p.set_defaults(run=_run_rerank)
+
+
+def _run_rerank(args: argparse.Namespace) -> int:
+    if bool(args.documents) == bool(args.input):
+        raise ValueError("give documents as arguments or --input FILE (one of the two)")
+    options = EngineOptions.from_args(args)
+    if options.pooling or options.attention:
+        raise ValueError("--pooling and --attention do not apply to rerank")
+    docs = read_texts(args.input) if args.input else list(args.documents)
+    from embedserve.scorer import Scorer
+
+    scorer = Scorer(
+        options.model,
+        device=options.device,
+        dtype=options.dtype,
+        attention_backend=options.attention_backend,
+    )
+    ranked = scorer.rerank(
+        args.query,
+        docs,
+        top_n=args.top_n,
+        truncate=args.truncate or False,
+        instruction=args.instruction,
+        raw=args.raw,
+    )
+    results = [
+        {"index": r.index, "relevance_score": r.relevance_score, "document": r.document}
+        for r in ranked
+    ]
+    json.dump({"model": str(options.model), "scoring": scorer.kind, "results": results}, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embedserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_embed(sub)
+    _add_rerank(sub)
     from embedserve import checkpoints, launch
 
     launch.add_commands(sub)

@@ -297,3 +297,34 @@ def test_a_default_bulk_encode_replays_graphs(minilm_folder: Path) -> None:
     embedder.encode(texts, truncate="end")
     assert stats.eager_runs == eager
     assert stats.replays > replays
+
+
+@pytest.mark.parametrize("arch", ["ms-marco-minilm-l6", "qwen3-reranker-0.6b"])
+def test_rerankers_on_graphs_match_eager_fp32(
+    arch: str, tmp_path: Path, minilm_folder: Path
+) -> None:
+    """A reranker's scores through the graphs in bf16 (the score head inside them) against the
+    eager fp32 engine on the same pairs: within 1e-2 (times the largest score, at least 1)."""
+    from embedserve.checkpoints import make_checkpoint
+    from embedserve.embedder import run_batches
+    from embedserve.scorer import Scorer
+
+    folder = make_checkpoint(
+        tmp_path / arch, arch=arch, dtype="float32", seed=2, tokenizer_from=minilm_folder
+    )
+    fast = Scorer(folder, device="cuda")  # the fidelity guard runs here
+    assert fast.engine.fidelity_cosine is not None and fast.engine.runner is not None
+    eager = Engine.from_folder(
+        folder, device="cuda", dtype="float32", graphs=False, fuse=False, fidelity=False
+    )
+    query = "how do vector databases rank documents?"
+    docs = [f"document {i}: " + "vector search ranks documents by similarity " * (1 + i % 7)
+            for i in range(25)]  # fmt: skip
+    assert fast.pairs is not None
+    prepared = fast.pairs.prepare(query, docs)
+    for _ in range(3):  # eager, capture, replay
+        got = fast.score(query, docs, raw=True)
+    want = run_batches(eager, prepared.seqs, 8192, second_segment=prepared.second_segment)[:, 0]
+    scale = max(1.0, float(np.abs(want).max()))
+    assert float(np.abs(got - want).max()) <= 1e-2 * scale, (got, want)
+    assert fast.engine.stats.replays >= 1

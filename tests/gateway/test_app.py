@@ -21,6 +21,7 @@ class SlowPipeline:
 
     def __init__(self, inputs: InputPreparer) -> None:
         self.inputs = inputs
+        self.pairs = None  # an embedding model
         self.release = asyncio.Event()
         self.started = asyncio.Event()
         self.cancelled = False

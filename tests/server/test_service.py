@@ -38,7 +38,7 @@ class Handle:
 class FakeEngine:
     """Row i of a batch = [first id of sequence i, its length, 1, 1, ...]: easy to check."""
 
-    hidden_size = HIDDEN
+    output_width = HIDDEN
 
     def __init__(self) -> None:
         self.batches: list[list[int]] = []  # first ids of the sequences of each batch

@@ -19,6 +19,7 @@ MESSAGES: dict[str, list[tuple[str, str, bool]]] = {
         ("normalize", "bool", False),
         ("output_dtype", "string", False),
         ("span_bounds", "uint32", True),
+        ("second_segment", "uint32", True),
     ],
     "EmbedResponse": [
         ("embeddings", "bytes", False),

@@ -26,6 +26,14 @@ from embedserve.gateway.requests import (
     parse_embeddings,
     parse_tokenize,
 )
+from embedserve.gateway.scoring import (
+    parse_rerank,
+    parse_score,
+    parse_tei_rerank,
+    rerank_body,
+    score_body,
+    tei_rerank_body,
+)
 from embedserve.inputs import InputError
 
 log = logging.getLogger("embedserve.gateway")
@@ -105,6 +113,10 @@ class GatewayApp:
             ("POST", "/embeddings"): self.embeddings,
             ("POST", "/v1/contextualizedembeddings"): self.contextualized,
             ("POST", "/contextualizedembeddings"): self.contextualized,
+            ("POST", "/v1/rerank"): self.rerank,
+            ("POST", "/rerank"): self.tei_rerank,
+            ("POST", "/v1/score"): self.score,
+            ("POST", "/score"): self.score,
             ("GET", "/v1/models"): self.models,
             ("POST", "/tokenize"): self.tokenize,
             ("GET", "/health"): self.health,
@@ -114,7 +126,13 @@ class GatewayApp:
         }
         self.paths = {path for _, path in self.routes}
         # the work a client's disconnect cancels (with its server calls)
-        self.cancellable = {self.embeddings, self.contextualized}
+        self.cancellable = {
+            self.embeddings,
+            self.contextualized,
+            self.rerank,
+            self.tei_rerank,
+            self.score,
+        }
         self._openapi = dumps(openapi_document(self.model_name, limits))
         self._metric_children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
@@ -267,8 +285,19 @@ class GatewayApp:
             raise ApiError(503, "the gateway is starting", code="starting")
         return self.pipeline
 
-    async def embeddings(self, body: bytes) -> tuple[int, bytes, bytes]:
+    def _embedding_pipeline(self) -> Pipeline:
         pipeline = self._ready_pipeline()
+        if pipeline.pairs is not None:
+            raise bad_request(
+                f"model {self.model_name!r} is a reranker: it scores query/document pairs and "
+                "does not embed; use /v1/rerank, /rerank or /v1/score",
+                param="model",
+                code="wrong_model_task",
+            )
+        return pipeline
+
+    async def embeddings(self, body: bytes) -> tuple[int, bytes, bytes]:
+        pipeline = self._embedding_pipeline()
         job = parse_embeddings(self._json(body), self.limits, pipeline.inputs)
         vectors, num_tokens = await pipeline.embed(job)
         self.metrics.prompt_tokens.inc(num_tokens)
@@ -280,7 +309,7 @@ class GatewayApp:
         )
 
     async def contextualized(self, body: bytes) -> tuple[int, bytes, bytes]:
-        pipeline = self._ready_pipeline()
+        pipeline = self._embedding_pipeline()
         job = parse_contextual(self._json(body), self.limits, pipeline.inputs)
         documents, num_tokens = await pipeline.contextual(job)
         self.metrics.prompt_tokens.inc(num_tokens)
@@ -290,6 +319,35 @@ class GatewayApp:
             JSON,
             dumps(contextual_body(documents, job.encoding_format, self.model_name, num_tokens)),
         )
+
+    async def rerank(self, body: bytes) -> tuple[int, bytes, bytes]:
+        pipeline = self._ready_pipeline()
+        job, top_n, return_documents = parse_rerank(self._json(body), self.limits)
+        scores, num_tokens = await pipeline.score(job)
+        self.metrics.prompt_tokens.inc(num_tokens)
+        self.metrics.inputs.inc(job.num_documents)
+        docs = job.groups[0][1]
+        return (
+            200,
+            JSON,
+            dumps(rerank_body(scores, docs, top_n, return_documents, self.model_name, num_tokens)),
+        )
+
+    async def tei_rerank(self, body: bytes) -> tuple[int, bytes, bytes]:
+        pipeline = self._ready_pipeline()
+        job, return_text = parse_tei_rerank(self._json(body), self.limits)
+        scores, num_tokens = await pipeline.score(job)
+        self.metrics.prompt_tokens.inc(num_tokens)
+        self.metrics.inputs.inc(job.num_documents)
+        return 200, JSON, dumps(tei_rerank_body(scores, job.groups[0][1], return_text))
+
+    async def score(self, body: bytes) -> tuple[int, bytes, bytes]:
+        pipeline = self._ready_pipeline()
+        job = parse_score(self._json(body), self.limits)
+        scores, num_tokens = await pipeline.score(job)
+        self.metrics.prompt_tokens.inc(num_tokens)
+        self.metrics.inputs.inc(job.num_documents)
+        return 200, JSON, dumps(score_body(scores, self.model_name, num_tokens))
 
     async def tokenize(self, body: bytes) -> tuple[int, bytes, bytes]:
         pipeline = self._ready_pipeline()
@@ -310,7 +368,16 @@ class GatewayApp:
         )
 
     async def models(self, body: bytes) -> tuple[int, bytes, bytes]:
-        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "embedserve"}
+        model = {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "embedserve",
+            # what the model does here: "embed" (embeddings, and rerank by cosine) or "score"
+            # (a reranker: /v1/rerank, /rerank and /v1/score only), and how it scores
+            "task": self.limits.task,
+            "scoring": self.limits.scoring,
+        }
         return 200, JSON, dumps({"object": "list", "data": [model]})
 
     async def health(self, body: bytes) -> tuple[int, bytes, bytes]:

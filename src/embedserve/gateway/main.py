@@ -30,6 +30,7 @@ from embedserve.gateway.requests import Limits
 from embedserve.inputs import InputPreparer
 from embedserve.options import Options, drain_option, model_option, option
 from embedserve.outputs import min_dimensions
+from embedserve.pairs import PairPreparer
 from embedserve.processes import set_parent_death_signal
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
@@ -117,7 +118,12 @@ class GatewayConfig(Options):
 def build_app(config: GatewayConfig) -> GatewayApp:
     folder = resolve_model(config.model)
     spec = read_model_spec(folder)
-    inputs = InputPreparer(spec, TextTokenizer(folder / "tokenizer.json", spec.max_seq_length))
+    tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
+    inputs = InputPreparer(spec, tokenizer)
+    pairs = PairPreparer(spec, tokenizer) if spec.score is not None else None
+    scoring = "bi-encoder"
+    if spec.score is not None:
+        scoring = "cross-encoder" if spec.score.kind == "classifier" else "llm-reranker"
     limits = Limits(
         spec.hidden_size,
         config.max_inputs,
@@ -125,6 +131,8 @@ def build_app(config: GatewayConfig) -> GatewayApp:
         min_dimensions=min_dimensions(spec.output_rules, spec.hidden_size),
         default_output_dtype=spec.default_output_dtype,
         max_chunks=config.max_chunks_per_document,
+        task=spec.task,
+        scoring=scoring,
     )
 
     def make_pipeline() -> Pipeline:  # inside the worker's event loop: grpc.aio channels
@@ -137,6 +145,7 @@ def build_app(config: GatewayConfig) -> GatewayApp:
             PipelineLimits(
                 config.max_tokens_per_request, config.chunk_tokens or DEFAULT_CHUNK_TOKENS
             ),
+            pairs,
         )
 
     return GatewayApp(make_pipeline, limits, max_body_bytes=config.max_body_bytes)

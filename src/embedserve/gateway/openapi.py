@@ -164,6 +164,57 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             },
         },
     }
+    document = {"oneOf": [{"type": "string", "minLength": 1}, {
+        "type": "object", "additionalProperties": False, "required": ["text"],
+        "properties": {"text": {"type": "string", "minLength": 1}}}]}  # fmt: skip
+    documents = {"type": "array", "items": document, "minItems": 1, "maxItems": limits.max_inputs}
+    model_name = {"type": "string", "enum": list(limits.model_names)}
+    pair_truncate = {"enum": [False, "end", "start"]}
+    rerank_request = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["query", "documents"],
+        "properties": {
+            "query": {"type": "string", "minLength": 1},
+            "documents": documents,
+            "top_n": {"type": "integer", "minimum": 1},
+            "return_documents": {"type": "boolean", "default": False},
+            "truncate": pair_truncate,
+            "instruction": {"type": "string", "minLength": 1},
+            "model": model_name,
+        },
+    }
+    tei_rerank_request = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["query", "texts"],
+        "properties": {
+            "query": {"type": "string", "minLength": 1},
+            "texts": {**documents, "items": {"type": "string", "minLength": 1}},
+            "raw_scores": {"type": "boolean", "default": False},
+            "return_text": {"type": "boolean", "default": False},
+            "truncate": {"type": "boolean", "default": False},
+            "truncation_direction": {"enum": ["Right", "Left"], "default": "Right"},
+            "model": model_name,
+        },
+    }
+    one_or_many = {
+        "oneOf": [{"type": "string", "minLength": 1}, {**texts, "maxItems": limits.max_inputs}]
+    }
+    score_request = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["text_1", "text_2"],
+        "properties": {
+            "text_1": one_or_many,
+            "text_2": one_or_many,
+            "truncate": pair_truncate,
+            "instruction": {"type": "string", "minLength": 1},
+            "model": model_name,
+            "user": {"type": "string"},
+        },
+    }
+    scoring_errors = _errors(400, 404, 413, 429, 500, 503)
     return {
         "openapi": "3.0.3",
         "info": {"title": "embedserve", "version": "0.1.0", "description": f"Serving {model}."},
@@ -187,6 +238,27 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
                         **_ok(contextual_response),
                         **_errors(400, 404, 413, 429, 500, 503),
                     },
+                }
+            },
+            "/v1/rerank": {
+                "post": {
+                    "summary": "Rerank documents for a query (Cohere / Jina shape), best first",
+                    "requestBody": _json_body(rerank_request),
+                    "responses": {**_ok(), **scoring_errors},
+                }
+            },
+            "/rerank": {
+                "post": {
+                    "summary": "Rerank texts for a query (text-embeddings-inference shape)",
+                    "requestBody": _json_body(tei_rerank_request),
+                    "responses": {**_ok({"type": "array"}), **scoring_errors},
+                }
+            },
+            "/v1/score": {
+                "post": {
+                    "summary": "Scores of text_1 against text_2 pairs (vLLM shape), in order",
+                    "requestBody": _json_body(score_request),
+                    "responses": {**_ok(), **scoring_errors},
                 }
             },
             "/v1/models": {"get": {"summary": "The served model", "responses": _ok()}},

@@ -30,8 +30,10 @@ from embedserve.contract import EmbedRequest
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob
+from embedserve.gateway.scoring import ScoreJob
 from embedserve.inputs import Head, InputOptions, InputPreparer
 from embedserve.outputs import to_base64
+from embedserve.pairs import PairPreparer, PreparedPairs, cosine_scores, sigmoid
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
 
@@ -56,11 +58,20 @@ def _num_chars(value: Any) -> int:
 
 class Pipeline:
     def __init__(
-        self, inputs: InputPreparer, replicas: ReplicaPool, limits: PipelineLimits
+        self,
+        inputs: InputPreparer,
+        replicas: ReplicaPool,
+        limits: PipelineLimits,
+        pairs: PairPreparer | None = None,
     ) -> None:
+        """`pairs`: a scoring model's request core (None: an embedding model, which scores by
+        cosine)."""
         self.inputs = inputs
+        self.pairs = pairs
         # windows are averaged before the head: for them, the servers answer pooled float32 rows
         self.raw_head = Head(inputs.spec.hidden_size, False, "float32")
+        # a scoring model's servers answer one raw float32 score per pair
+        self.raw_score_head = Head(1, False, "float32")
         self.replicas = replicas
         self.limits = limits
         self._threads = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
@@ -107,6 +118,65 @@ class Pipeline:
             rows = job.head.apply(prepared.combine(rows))
         return rows, num_tokens
 
+    async def score(self, job: ScoreJob) -> tuple[np.ndarray, int]:
+        """One score per document [N] float32 in the job's order, and the prompt tokens."""
+        if self.pairs is None:
+            return await self._cosine(job)
+        pairs = self.pairs
+        size = sum(_num_chars(q) + _num_chars(d) for q, d in job.groups)
+
+        def prepare() -> list[PreparedPairs]:
+            return [
+                pairs.prepare(q, d, truncate=job.truncate, instruction=job.instruction)
+                for q, d in job.groups
+            ]
+
+        prepared = await self._off_loop(size, prepare)
+        seqs = [s for p in prepared for s in p.seqs]
+        seconds = [x for p in prepared for x in p.second_segment]
+        lengths = [len(s) for s in seqs]
+        num_tokens = sum(lengths)
+        self._check_size(num_tokens)
+        # a query with many documents: token-budget parts across the replicas, back in order
+        rows = await self._fan_out(
+            [
+                functools.partial(
+                    self._embed_part,
+                    [seqs[i] for i in group],
+                    self.raw_score_head,
+                    second_segment=[seconds[i] for i in group],
+                )
+                for group in budget_groups(lengths, self.limits.chunk_tokens)
+            ]
+        )
+        raw = rows[:, 0]
+        if job.scores == "raw":
+            return raw.astype(np.float32), num_tokens
+        if job.scores == "sigmoid":
+            return sigmoid(raw), num_tokens
+        return pairs.activate(raw), num_tokens
+
+    async def _cosine(self, job: ScoreJob) -> tuple[np.ndarray, int]:
+        """An embedding model's scores: the query (its query prompt) against each document (the
+        document prompt), cosine of unit vectors."""
+        if job.scores == "raw":
+            raise bad_request(
+                "raw_scores are a reranker's logits; this embedding model scores by cosine",
+                param="raw_scores",
+            )
+        unit = Head(self.inputs.spec.hidden_size, True, "float32")
+        out, total = [], 0
+        for query, docs in job.groups:
+            q_options = self.inputs.options(
+                input_type="query", instruction=job.instruction, truncate=job.truncate
+            )
+            d_options = self.inputs.options(input_type="document", truncate=job.truncate)
+            q, q_tokens = await self.embed(EmbedJob([query], q_options, unit, "float"))
+            d, d_tokens = await self.embed(EmbedJob(docs, d_options, unit, "float"))
+            out.append(cosine_scores(q[0], d))
+            total += q_tokens + d_tokens
+        return np.concatenate(out), total
+
     async def _fan_out(self, calls: Sequence[Callable[[], Awaitable[np.ndarray]]]) -> np.ndarray:
         """The calls' rows concatenated in order, at most `parts_in_flight` outstanding at once.
 
@@ -134,10 +204,15 @@ class Pipeline:
         return np.concatenate(parts)  # type: ignore[arg-type]
 
     async def _embed_part(
-        self, seqs: list[list[int]], head: Head, spans: list[tuple[int, int]] | None = None
+        self,
+        seqs: list[list[int]],
+        head: Head,
+        spans: list[tuple[int, int]] | None = None,
+        second_segment: list[int] | None = None,
     ) -> np.ndarray:
         """One server call: rows [num_seqs, width], or [num_spans, width] with `spans` (token
-        offsets into these sequences packed back to back)."""
+        offsets into these sequences packed back to back); `second_segment`: pairs' token
+        types (see the contract)."""
         lengths = [len(s) for s in seqs]
         if len(seqs) == 1:  # one query: no generator over its tokens
             ids = np.asarray(seqs[0], dtype="<i4")
@@ -150,6 +225,7 @@ class Pipeline:
             normalize=head.normalize,
             output_dtype=head.output_dtype,
             span_bounds=[x for span in spans for x in span] if spans else [],
+            second_segment=second_segment or [],
         )
         response = await self.replicas.embed(request, sum(lengths))
         out = np.frombuffer(response.embeddings, dtype=np.dtype(response.dtype).newbyteorder("<"))

@@ -37,6 +37,8 @@ class Limits:
     min_dimensions: int = 1  # 128 under the pplx output rules (`outputs.min_dimensions`)
     default_output_dtype: str = "float32"  # the folder's native one (spec.default_output_dtype)
     max_chunks: int = MAX_CHUNKS_PER_DOCUMENT  # chunks per document (contextualized embeddings)
+    task: str = "embed"  # the model's: "embed" or "score" (spec.ModelSpec.task)
+    scoring: str = "bi-encoder"  # how it scores: bi-encoder (cosine), cross-encoder, llm-reranker
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class ContextualJob:
         return sum(map(len, self.documents))
 
 
-def _check_object(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
+def check_object(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_type")
     for key in body:
@@ -70,7 +72,7 @@ def _check_object(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
     return body
 
 
-def _optional_string(body: dict[str, Any], key: str) -> str | None:
+def optional_string(body: dict[str, Any], key: str) -> str | None:
     value = body.get(key)
     if value is not None and not isinstance(value, str):
         raise bad_request(
@@ -80,7 +82,7 @@ def _optional_string(body: dict[str, Any], key: str) -> str | None:
 
 
 def check_model(body: dict[str, Any], limits: Limits) -> None:
-    model = _optional_string(body, "model")
+    model = optional_string(body, "model")
     if model is not None and model not in limits.model_names:
         raise ApiError(
             404,
@@ -104,7 +106,7 @@ def _input(body: dict[str, Any], limits: Limits, what: str = "items") -> Any:
 
 
 def _encoding_format(body: dict[str, Any]) -> str:
-    value = _optional_string(body, "encoding_format") or "float"
+    value = optional_string(body, "encoding_format") or "float"
     if value not in ("float", "base64"):
         raise bad_request(
             f'\'encoding_format\' must be "float" or "base64"; got {value!r}',
@@ -123,9 +125,9 @@ def _options(body: dict[str, Any], inputs: InputPreparer) -> InputOptions:
 
 
 def parse_embeddings(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJob:
-    body = _check_object(body, EMBEDDINGS_FIELDS)
+    body = check_object(body, EMBEDDINGS_FIELDS)
     check_model(body, limits)
-    _optional_string(body, "user")
+    optional_string(body, "user")
     encoding_format = _encoding_format(body)
     head = _head(body, inputs)
     options = _options(body, inputs)
@@ -134,9 +136,9 @@ def parse_embeddings(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJ
 
 def parse_contextual(body: Any, limits: Limits, inputs: InputPreparer) -> ContextualJob:
     """A /v1/contextualizedembeddings body (see docs/serving.md)."""
-    body = _check_object(body, CONTEXTUAL_FIELDS)
+    body = check_object(body, CONTEXTUAL_FIELDS)
     check_model(body, limits)
-    _optional_string(body, "user")
+    optional_string(body, "user")
     encoding_format = _encoding_format(body)
     head = _head(body, inputs)
     documents = inputs.read_documents(_input(body, limits, "documents"), limits.max_chunks)
@@ -145,7 +147,7 @@ def parse_contextual(body: Any, limits: Limits, inputs: InputPreparer) -> Contex
 
 def parse_tokenize(body: Any, limits: Limits, inputs: InputPreparer) -> tuple[Any, InputOptions]:
     """(texts, options) of a /tokenize body; `input` must be text, `truncate` not "chunk"."""
-    body = _check_object(body, TOKENIZE_FIELDS)
+    body = check_object(body, TOKENIZE_FIELDS)
     check_model(body, limits)
     options = _options(body, inputs)
     if options.truncate == "chunk":

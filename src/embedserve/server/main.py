@@ -133,9 +133,14 @@ async def serve(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    what = (
+        f"{engine.output_width} dims"
+        if engine.spec.score is None
+        else f"scores pairs ({engine.spec.score.kind})"
+    )
     print(
         f"embedserve server: ready on {config.host}:{port} "
-        f"({config.engine.model}, {engine.device}, {engine.hidden_size} dims, "
+        f"({config.engine.model}, {engine.device}, {what}, "
         f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
         f"batch tokens {service.scheduler.config.max_batch_tokens}, local socket {local_path})",
         flush=True,

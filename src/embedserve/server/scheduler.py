@@ -133,6 +133,7 @@ def pack(batch: list[Pending]) -> PackedBatch:
     return PackedBatch.from_packed(
         np.concatenate([r.batch.input_ids for r in batch]),
         np.concatenate([r.batch.seqlens for r in batch]),
+        np.concatenate([r.batch.token_type_ids for r in batch]),  # a cross-encoder's pairs
     )
 
 

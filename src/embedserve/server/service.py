@@ -79,7 +79,7 @@ class EngineLike(Protocol):
     """What the service needs of `embedserve.engine.engine.Engine` (tests pass fakes)."""
 
     @property
-    def hidden_size(self) -> int: ...
+    def output_width(self) -> int: ...  # columns of a row step() returns (1: a scoring model)
     def check(self, batch: PackedBatch) -> None: ...
     def step(self, batch: PackedBatch) -> ResultHandle: ...
 
@@ -98,14 +98,18 @@ class RequestFailed(Exception):
 
 
 def parse_request(
-    request: Any, hidden_size: int, output_rules: str = "generic"
+    request: Any, output_width: int, output_rules: str = "generic"
 ) -> tuple[PackedBatch, Head, np.ndarray | None]:
     """Decode and check one EmbedRequest, once: its packed batch, its head and its spans (or
     None). Raises ValueError with a message for the client."""
     raw = request.input_ids
     if len(raw) % 4:
         raise ValueError(f"input_ids has {len(raw)} bytes, not a whole number of int32s")
-    batch = PackedBatch.from_packed(np.frombuffer(raw, dtype="<i4"), np.asarray(request.seqlens))
+    batch = PackedBatch.from_packed(
+        np.frombuffer(raw, dtype="<i4"),
+        np.asarray(request.seqlens),
+        second_segment=np.asarray(request.second_segment, dtype=np.int64),
+    )
     spans = None
     if len(request.span_bounds):
         bounds = np.asarray(request.span_bounds, dtype=np.int64)
@@ -113,7 +117,7 @@ def parse_request(
             raise ValueError(f"span_bounds has {bounds.size} entries, not [start, end) pairs")
         spans = check_spans(bounds.reshape(-1, 2), batch)
     head = check_head(
-        hidden_size,
+        output_width,
         output_rules,
         request.dimensions or None,
         bool(request.normalize),
@@ -198,7 +202,7 @@ class EmbedService:
         """One EmbedRequest's EmbedResponse, whatever the transport; raises RequestFailed.
         Cancelling the caller's task drops the request (before the engine if still queued)."""
         try:
-            batch, head, spans = parse_request(request, self.engine.hidden_size, self.output_rules)
+            batch, head, spans = parse_request(request, self.engine.output_width, self.output_rules)
             if spans is not None and self.span_pooler is None:
                 raise ValueError("this server does not pool spans (late chunking)")
             # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.

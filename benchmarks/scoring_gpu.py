@@ -1,0 +1,257 @@
+"""Suite 2, low-latency scoring, on a GPU: one query against 5 / 25 / 50 documents of ~512-token
+pairs, for the ms-marco MiniLM cross-encoder shape and the Qwen3-Reranker-0.6B shape (random
+weights from `embedserve make-checkpoint`, run in bf16), in one script run:
+
+- engine: `Engine.step()` of the packed pairs to scores on the host (graph replay; median of 30);
+- embedding forward: the same pairs through the same weights as an embedding model (no score
+  head): the per-token cost of scoring against embedding;
+- HTTP: `embedserve serve` on the folder, `POST /v1/rerank`, keep-alive client, p50 of 30;
+- transformers eager on the same weights in bf16 (`AutoModelForSequenceClassification`;
+  `Qwen3ForCausalLM` with only the last position's logits), tokenization included;
+- sentence-transformers `CrossEncoder.predict` in bf16 (the cross-encoder), batch = all pairs;
+- the score guard at warm-up: our bf16 scores against transformers fp32 on the same pairs;
+- the compute floor: the forward's FLOPs over the measured bf16 matrix rate (743 TFLOP/s).
+
+    PYTHONPATH=src python3 benchmarks/scoring_gpu.py --out DIR [--counts 5,25,50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.client
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus
+import report
+from serving_cpu import CLI, start
+
+MATRIX_FLOPS = 743e12  # measured bf16 matrix rate of the H200 (ARCHITECTURE.md)
+QUERY = "how do vector databases rank the documents they return for a search query?"
+PAIR_TOKENS = 512
+DEVICE = "cuda"  # --device cpu only to try the script out
+ARCHS = {"ms-marco-minilm-l6": "ms-marco-MiniLM-L-6-v2 shape", "qwen3-reranker-0.6b": "Qwen3-Reranker-0.6B shape"}  # fmt: skip
+
+
+def median_ms(fn: Any, reps: int = 30, warm: int = 3) -> float:
+    import torch
+
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+    for _ in range(warm):
+        fn()
+    out = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def documents(scorer: Any, count: int) -> list[str]:
+    """`count` documents whose pairs with QUERY are about PAIR_TOKENS tokens (real text)."""
+    tok = scorer.pairs.tokenizer
+    overhead = len(scorer.pairs.prepare(QUERY, ["x"]).seqs[0]) - 1
+    stream = [i for t in corpus.passages(400) for i in tok.encode_plain(t)]
+    room = PAIR_TOKENS - overhead - 4
+    return [tok._full.decode(stream[k * room : (k + 1) * room]) for k in range(count)]
+
+
+def flops(spec: Any, seqlens: list[int]) -> float:
+    """Matrix FLOPs of one forward: 2 x non-embedding weights x tokens, plus attention."""
+    if spec.bert is not None:
+        c = spec.bert
+        h, layers = c.hidden_size, c.num_layers
+        per_token = layers * (4 * h * h + 2 * h * c.intermediate_size)
+        q_width = h
+    else:
+        c = spec.qwen3
+        h, layers, d = c.hidden_size, c.num_layers, c.head_dim
+        qkv = h * (c.num_heads + 2 * c.num_kv_heads) * d
+        per_token = layers * (qkv + c.num_heads * d * h + 3 * h * c.intermediate_size)
+        q_width = c.num_heads * d
+    attention = sum(4 * n * n * q_width * layers for n in seqlens)
+    return 2.0 * per_token * sum(seqlens) + attention
+
+
+def hf_scores(folder: Path, spec: Any, scorer: Any, docs: list[str], dtype: Any) -> Any:
+    """transformers eager on the same pairs: a callable computing the scores, on the GPU."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen3ForCausalLM
+
+    from embedserve.pairs import RERANK_BODY, RERANK_INSTRUCTION, RERANK_SUFFIX, RERANK_SYSTEM
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    if spec.bert is not None:
+        model = AutoModelForSequenceClassification.from_pretrained(folder, torch_dtype=dtype)
+        model = model.to(DEVICE).eval()
+
+        @torch.inference_mode()
+        def run() -> np.ndarray:
+            enc = tok([QUERY] * len(docs), docs, padding=True, truncation="only_second",
+                      max_length=spec.max_seq_length, return_tensors="pt").to(DEVICE)  # fmt: skip
+            return model(**enc).logits[:, 0].float().cpu().numpy()
+
+        return run
+    model = Qwen3ForCausalLM.from_pretrained(folder, torch_dtype=dtype).to(DEVICE).eval()
+    tok.padding_side = "left"
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    head = RERANK_BODY.format(instruction=RERANK_INSTRUCTION, query=QUERY)
+    texts = [RERANK_SYSTEM + head + d + RERANK_SUFFIX for d in docs]
+
+    @torch.inference_mode()
+    def run_llm() -> np.ndarray:
+        enc = tok(texts, padding=True, add_special_tokens=False, return_tensors="pt").to(DEVICE)
+        logits = model(**enc, logits_to_keep=1).logits[:, -1]
+        return (logits[:, yes] - logits[:, no]).float().cpu().numpy()
+
+    return run_llm
+
+
+def http_ms(port: int, docs: list[str], reps: int = 30) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    body = json.dumps({"query": QUERY, "documents": docs})
+
+    def once() -> None:
+        conn.request("POST", "/v1/rerank", body=body, headers={"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        data = reply.read()
+        if reply.status != 200:
+            raise RuntimeError(f"HTTP {reply.status}: {data[:300]!r}")
+
+    for _ in range(5):
+        once()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        once()
+        times.append((time.perf_counter() - t0) * 1e3)
+    conn.close()
+    return statistics.median(times)
+
+
+def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
+    import torch
+
+    from embedserve.engine.batch import PackedBatch
+    from embedserve.engine.engine import Engine
+    from embedserve.scorer import Scorer
+
+    scorer = Scorer(folder, device=DEVICE)
+    spec = scorer.spec
+    embedder = Engine(dataclasses.replace(spec, task="embed", score=None), device=DEVICE)
+    all_docs = documents(scorer, max(counts))
+    hf_fp32 = hf_scores(folder, spec, scorer, all_docs, torch.float32)
+    reference = hf_fp32()
+    ours = scorer.score(QUERY, all_docs, raw=True)
+    guard = float(np.abs(ours - reference).max())
+    del hf_fp32
+    torch.cuda.empty_cache()
+    server, ready = start([*CLI, "serve", "--model", str(folder), "--device", DEVICE, "--port", "0"],
+                          r"serving \S+ at http://127\.0\.0\.1:(\d+)")  # fmt: skip
+    port = int(ready.group(1))
+    records: list[dict[str, Any]] = []
+    try:
+        for n in counts:
+            docs = all_docs[:n]
+            prepared = scorer.pairs.prepare(QUERY, docs)  # type: ignore[union-attr]
+            seqlens = [len(s) for s in prepared.seqs]
+            batch = PackedBatch.from_token_lists(prepared.seqs, prepared.second_segment)
+            engine = median_ms(lambda b=batch: scorer.engine.step(b).wait())
+            embed = median_ms(lambda b=batch: embedder.step(b).wait())
+            end_to_end = http_ms(port, docs)
+            hf = hf_scores(folder, spec, scorer, docs, torch.bfloat16)
+            hf_ms = median_ms(hf, reps=10)
+            del hf
+            st_ms = None
+            if spec.bert is not None:
+                from sentence_transformers import CrossEncoder
+
+                ce = CrossEncoder(
+                    str(folder), device=DEVICE, model_kwargs={"torch_dtype": torch.bfloat16}
+                )
+                pairs = [(QUERY, d) for d in docs]
+                st_ms = median_ms(lambda ce=ce, p=pairs, n=n: ce.predict(p, batch_size=n), reps=10)
+                del ce
+            floor = flops(spec, seqlens) / MATRIX_FLOPS * 1e3
+            common = {"model": ARCHS[arch], "weights": "random", "batch": n,
+                      "tokens": round(statistics.mean(seqlens)), "concurrency": 1, "metric": "p50_ms"}  # fmt: skip
+            row = {
+                "embedserve engine": (engine, "engine", "bf16"),
+                "embedserve embedding forward (same pairs, no score head)": (
+                    embed,
+                    "engine",
+                    "bf16",
+                ),
+                "embedserve HTTP /v1/rerank": (end_to_end, "end_to_end", "bf16"),
+                "transformers eager": (hf_ms, "end_to_end", "bf16"),
+                "compute floor (FLOPs / 743 TFLOP/s)": (floor, "floor", "bf16"),
+            }
+            if st_ms is not None:
+                row["sentence-transformers CrossEncoder.predict"] = (st_ms, "end_to_end", "bf16")
+            for system, (value, scope, dtype) in row.items():
+                records.append({**common, "system": system, "value": round(value, 4),
+                                "scope": scope, "dtype": dtype})  # fmt: skip
+            records[-len(row)]["score_max_abs_diff_vs_transformers_fp32"] = round(guard, 5)
+            print(f"{arch} x{n} ({sum(seqlens)} tok): engine {engine:.3f} ms, embed {embed:.3f}, "
+                  f"http {end_to_end:.3f}, hf {hf_ms:.3f}, st {st_ms}, floor {floor:.3f}; "
+                  f"guard {guard:.4f}", flush=True)  # fmt: skip
+    finally:
+        server.stop(60)
+    return records
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, default=report.RESULTS)
+    ap.add_argument("--counts", default="5,25,50")
+    ap.add_argument("--archs", default=",".join(ARCHS))
+    ap.add_argument("--bert-tokenizer", type=Path, default=None,
+                    help="a BERT uncased tokenizer folder (default: the bundled MiniLM's)")  # fmt: skip
+    ap.add_argument("--device", default="cuda", help="cpu only to try the script out")
+    args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
+
+    import torch
+
+    from embedserve.checkpoints import make_checkpoint
+
+    counts = [int(c) for c in args.counts.split(",")]
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in args.archs.split(","):
+            folder = make_checkpoint(Path(tmp) / arch, arch=arch, dtype="float32", seed=0,
+                                     tokenizer_from=args.bert_tokenizer)  # fmt: skip
+            records += bench(arch, folder, counts)
+    notes = (
+        "One query against N documents, pairs of about 512 tokens (real text: Python "
+        "standard-library docstrings), random weights in the published shapes "
+        "(make-checkpoint), bf16. engine = `Engine.step(batch).wait()` wall time (graph replay "
+        "after capture); embedding forward = the same batch through the same weights with no "
+        "score head; HTTP = `embedserve serve`, POST /v1/rerank, keep-alive, p50 of 30; "
+        "transformers eager and sentence-transformers in process on the same GPU, tokenization "
+        "included. The first record of each block carries the score guard: the largest "
+        "difference of our bf16 logits from transformers fp32 on the 50 pairs."
+    )
+    on_gpu = DEVICE == "cuda"
+    _, table = report.write(
+        "scoring", torch.cuda.get_device_name() if on_gpu else report.cpu_hardware(),
+        "h200" if on_gpu else "cpu-trial", records,
+        report.versions("torch", "transformers", "sentence-transformers"), notes, args.out,
+    )  # fmt: skip
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The scoring APIs in the shapes users already send, read into one `ScoreJob`, and their bodies.
+
+- `POST /v1/rerank` (Cohere / Jina): `query`, `documents` (strings or `{"text": ...}`),
+  `top_n`, `return_documents`; results sorted by `relevance_score` with their original `index`.
+- `POST /rerank` (text-embeddings-inference): `query`, `texts`, `raw_scores`, `return_text`,
+  `truncate` (a bool) and `truncation_direction`; a sorted list of `{index, score}`.
+- `POST /v1/score` (vLLM): `text_1` (one or many) against `text_2` (many): one pair per
+  `text_2` with a single `text_1`, else pairs in order; `data` of `{index, score}` in pair order.
+
+Scores: a reranker's activation of its logit (sentence-transformers CrossEncoder's convention,
+the folder's), TEI's sigmoid of it on `/rerank` (its raw logit with `raw_scores`); an embedding
+model's cosine similarity. Only what is particular to HTTP is checked here; the query and
+documents go to the request core (`pairs`) as sent.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from embedserve.gateway.errors import bad_request
+from embedserve.gateway.requests import Limits, check_model, check_object, optional_string
+from embedserve.pairs import read_documents
+
+RERANK_FIELDS = frozenset(
+    {"model", "query", "documents", "top_n", "return_documents", "truncate", "instruction"}
+)
+TEI_RERANK_FIELDS = frozenset(
+    {"query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "model"}
+)
+SCORE_FIELDS = frozenset({"model", "text_1", "text_2", "truncate", "instruction", "user"})
+
+
+@dataclass(frozen=True)
+class ScoreJob:
+    groups: list[tuple[Any, Any]]  # (query, documents) as sent, scored in this order
+    truncate: Any  # False | "end" | "start" (the core checks it)
+    instruction: Any  # an LLM reranker's (or a Qwen3 embedder's query) instruction
+    scores: str = "model"  # "model": the folder's activation; "sigmoid"; "raw": the logit
+
+    @property
+    def num_documents(self) -> int:
+        return sum(len(docs) for _, docs in self.groups)
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(
+            f"{key!r} must be true or false, got {type(value).__name__}",
+            param=key,
+            code="invalid_type",
+        )
+    return value
+
+
+def _documents(value: Any, param: str, limits: Limits) -> list[str]:
+    docs = read_documents(value, param)
+    if len(docs) > limits.max_inputs:
+        raise bad_request(
+            f"{param} has {len(docs)} items, over the limit of {limits.max_inputs}",
+            param=param,
+            code="too_many_inputs",
+        )
+    return docs
+
+
+def parse_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, int | None, bool]:
+    """`/v1/rerank`: the job, `top_n` (None: all) and `return_documents`."""
+    body = check_object(body, RERANK_FIELDS)
+    check_model(body, limits)
+    if "query" not in body:
+        raise bad_request("'query' is required", param="query", code="missing_required_parameter")
+    if "documents" not in body:
+        raise bad_request(
+            "'documents' is required", param="documents", code="missing_required_parameter"
+        )
+    top_n = body.get("top_n")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n <= 0):
+        raise bad_request(
+            f"top_n must be a positive integer, got {top_n!r}", param="top_n", code="invalid_value"
+        )
+    docs = _documents(body["documents"], "documents", limits)
+    job = ScoreJob([(body["query"], docs)], body.get("truncate"), body.get("instruction"))
+    return job, top_n, _flag(body, "return_documents")
+
+
+def parse_tei_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, bool]:
+    """`/rerank` (TEI's shape): the job and `return_text`."""
+    body = check_object(body, TEI_RERANK_FIELDS)
+    check_model(body, limits)
+    if "query" not in body:
+        raise bad_request("'query' is required", param="query", code="missing_required_parameter")
+    if "texts" not in body:
+        raise bad_request("'texts' is required", param="texts", code="missing_required_parameter")
+    direction = optional_string(body, "truncation_direction") or "Right"
+    if direction not in ("Right", "Left"):
+        raise bad_request(
+            f'truncation_direction must be "Right" or "Left", got {direction!r}',
+            param="truncation_direction",
+            code="invalid_value",
+        )
+    truncate = ("end" if direction == "Right" else "start") if _flag(body, "truncate") else False
+    scores = "raw" if _flag(body, "raw_scores") else "sigmoid"
+    docs = _documents(body["texts"], "texts", limits)
+    return ScoreJob([(body["query"], docs)], truncate, None, scores), _flag(body, "return_text")
+
+
+def parse_score(body: Any, limits: Limits) -> ScoreJob:
+    """`/v1/score` (vLLM's shape)."""
+    body = check_object(body, SCORE_FIELDS)
+    check_model(body, limits)
+    for key in ("text_1", "text_2"):
+        if key not in body:
+            raise bad_request(f"{key!r} is required", param=key, code="missing_required_parameter")
+    first, second = body["text_1"], body["text_2"]
+    seconds = _documents([second] if isinstance(second, str) else second, "text_2", limits)
+    if isinstance(first, list) and len(first) != 1:
+        if len(first) != len(seconds):
+            raise bad_request(
+                f"text_1 has {len(first)} items and text_2 {len(seconds)}: pass one text_1, "
+                "or as many as text_2",
+                param="text_1",
+                code="invalid_value",
+            )
+        firsts = _documents(first, "text_1", limits)
+        # consecutive pairs that share a text_1 go together
+        groups: list[tuple[Any, Any]] = []
+        for q, d in zip(firsts, seconds, strict=True):
+            if groups and groups[-1][0] == q:
+                groups[-1][1].append(d)
+            else:
+                groups.append((q, [d]))
+    else:
+        groups = [(first[0] if isinstance(first, list) else first, seconds)]
+    return ScoreJob(groups, body.get("truncate"), body.get("instruction"))
+
+
+def _usage(num_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": num_tokens, "total_tokens": num_tokens}
+
+
+def _order(scores: np.ndarray) -> list[int]:
+    """Indices by descending score, ties in input order."""
+    return [int(i) for i in np.argsort(-scores, kind="stable")]
+
+
+def rerank_body(
+    scores: np.ndarray,
+    docs: list[str],
+    top_n: int | None,
+    return_documents: bool,
+    model: str,
+    num_tokens: int,
+) -> dict[str, Any]:
+    results = []
+    for i in _order(scores)[:top_n]:
+        result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+        if return_documents:
+            result["document"] = {"text": docs[i]}
+        results.append(result)
+    return {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": model,
+        "results": results,
+        "usage": _usage(num_tokens),
+    }
+
+
+def tei_rerank_body(scores: np.ndarray, texts: list[str], return_text: bool) -> list[Any]:
+    out = []
+    for i in _order(scores):
+        item: dict[str, Any] = {"index": i, "score": float(scores[i])}
+        if return_text:
+            item["text"] = texts[i]
+        out.append(item)
+    return out
+
+
+def score_body(scores: np.ndarray, model: str, num_tokens: int) -> dict[str, Any]:
+    return {
+        "id": f"score-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)],
+        "usage": _usage(num_tokens),
+    }

@@ -14,15 +14,10 @@ from embedserve.checkpoints import make_checkpoint
 from embedserve.errors import InputError, InputTooLong
 from embedserve.pairs import RERANK_BODY, RERANK_INSTRUCTION, RERANK_SUFFIX, RERANK_SYSTEM
 from embedserve.scorer import Scorer
+from tests.data.texts import RERANK_DOCS, RERANK_QUERY
 
-QUERY = "how do vector databases rank documents?"
-DOCS = [
-    "A vector database stores embeddings and ranks documents by similarity to a query vector.",
-    "The weather in Lisbon is mild in winter.",
-    "Rerankers score each query and document pair with a cross-encoder after vector search.",
-    "ok",
-    "Late chunking embeds a whole document once and pools each chunk's tokens. " * 3,
-]
+QUERY = RERANK_QUERY
+DOCS = RERANK_DOCS
 
 
 @pytest.fixture(scope="module")

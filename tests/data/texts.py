@@ -88,3 +88,15 @@ def all_texts() -> list[str]:
         e + " " + p for e, p in zip(EMOJI, passages()[10:20], strict=True)
     ]
     return QUERIES + MULTILINGUAL + EMOJI + WHITESPACE + passages() + mixed
+
+
+# A query and documents to rank (scoring tests): relevant, unrelated, a near one, a tiny one,
+# a longer one.
+RERANK_QUERY = "how do vector databases rank documents?"
+RERANK_DOCS = [
+    "A vector database stores embeddings and ranks documents by similarity to a query vector.",
+    "The weather in Lisbon is mild in winter.",
+    "Rerankers score each query and document pair with a cross-encoder after vector search.",
+    "ok",
+    "Late chunking embeds a whole document once and pools each chunk's tokens. " * 3,
+]

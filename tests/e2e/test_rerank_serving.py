@@ -16,15 +16,11 @@ import pytest
 
 from embedserve.checkpoints import make_checkpoint
 from embedserve.scorer import Scorer
+from tests.data.texts import RERANK_DOCS, RERANK_QUERY
 from tests.e2e.conftest import Proc
 
-QUERY = "how do vector databases rank documents?"
-DOCS = [
-    "A vector database stores embeddings and ranks documents by similarity to a query vector.",
-    "The weather in Lisbon is mild in winter.",
-    "Rerankers score each query and document pair with a cross-encoder after vector search.",
-    "ok",
-]
+QUERY = RERANK_QUERY
+DOCS = RERANK_DOCS[:4]
 
 
 def post(url: str, path: str, body: Any) -> tuple[int, Any]:

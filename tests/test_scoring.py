@@ -161,3 +161,11 @@ def test_documents_as_objects_and_embedder_refuses_a_reranker(cross_encoder: Pat
     np.testing.assert_array_equal(a, scorer.score(QUERY, DOCS[:2]))
     with pytest.raises(ModelLoadError, match="scoring model"):
         Embedder(cross_encoder, device="cpu")
+
+
+@pytest.mark.parametrize("which", ["cross_encoder", "llm_reranker"])
+def test_the_fidelity_guard_runs_on_score_heads(which: str, request: pytest.FixtureRequest) -> None:
+    from embedserve.engine.engine import Engine
+
+    engine = Engine.from_folder(request.getfixturevalue(which), device="cpu", fidelity=True)
+    assert engine.fidelity_cosine is not None and engine.fidelity_cosine > 0.999

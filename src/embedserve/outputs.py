@@ -134,3 +134,14 @@ def to_base64(row: np.ndarray) -> str:
     return base64.b64encode(
         np.ascontiguousarray(row).astype(row.dtype.newbyteorder("<")).tobytes()
     ).decode("ascii")
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Elementwise logistic, stable for large |x|, as float32 (a reranker's activation)."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    pos = x >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
+    ex = np.exp(x[~pos])
+    out[~pos] = ex / (1.0 + ex)
+    return out.astype(np.float32)

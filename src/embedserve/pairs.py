@@ -94,10 +94,7 @@ class PairPreparer:
 
     def activate(self, raw: np.ndarray) -> np.ndarray:
         """Raw scores (logits) -> the model's relevance scores (its activation), float32."""
-        raw = np.asarray(raw, dtype=np.float64).reshape(-1)
-        if self.score.activation == "identity":
-            return raw.astype(np.float32)
-        return sigmoid(raw)
+        return np.asarray(self.score.activate(np.asarray(raw).reshape(-1)))
 
     def prepare(
         self,
@@ -195,17 +192,6 @@ class PairPreparer:
                     body = query_part + doc[len(doc) - (room - len(query_part)) :]
             seqs.append(system + body + suffix)
         return PreparedPairs(seqs, [0] * len(seqs))
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """Elementwise logistic, stable for large |x|, as float32."""
-    x = np.asarray(x, dtype=np.float64)
-    out = np.empty_like(x)
-    pos = x >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
-    ex = np.exp(x[~pos])
-    out[~pos] = ex / (1.0 + ex)
-    return out.astype(np.float32)
 
 
 def cosine_scores(query: np.ndarray, documents: np.ndarray) -> np.ndarray:

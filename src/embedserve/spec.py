@@ -103,6 +103,15 @@ class ScoreSpec:
     activation: Activation  # applied to the raw score (logit; yes - no logits for "yes_no")
     yes_no_ids: tuple[int, int] | None = None  # "yes_no": the token ids of "yes" and "no"
 
+    def activate(self, raw: Any) -> Any:
+        """Raw scores (logits) -> relevance scores, float32 (a NumPy array)."""
+        import numpy as np
+
+        from embedserve.outputs import sigmoid  # numpy only
+
+        raw = np.asarray(raw, dtype=np.float64)
+        return raw.astype(np.float32) if self.activation == "identity" else sigmoid(raw)
+
 
 @dataclass(frozen=True)
 class ModelSpec:

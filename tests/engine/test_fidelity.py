@@ -113,3 +113,24 @@ def test_engine_guard_on_cpu_passes_and_refuses_a_broken_model(minilm_path) -> N
 
     with pytest.raises(FidelityError, match=r"short-1x16.*below 0\.999; refusing to serve"):
         check_fidelity(lambda b: broken.step(b).wait().copy(), reference, probes)
+
+
+def test_guard_holds_scores_to_a_difference_not_a_cosine() -> None:
+    """One score per row: a cosine would only compare signs; the guard bounds the difference,
+    on every run (a bucket's eager run, its capture and a replay)."""
+    probes = make_probes(1000, 512)
+
+    def reference(batch):  # type: ignore[no-untyped-def]
+        return (np.arange(batch.num_seqs, dtype=np.float32)[:, None] - 0.5) * 1e-3
+
+    def close(batch):  # type: ignore[no-untyped-def]
+        return reference(batch) + 1e-3  # signs flip; within 1e-2
+
+    got = check_fidelity(close, reference, probes, max_diff=1e-2)
+    assert np.isfinite(got)
+
+    def far(batch):  # type: ignore[no-untyped-def]
+        return reference(batch) + 0.5
+
+    with pytest.raises(FidelityError, match=r"scores differ by 0\.5"):
+        check_fidelity(far, reference, probes, max_diff=1e-2)

@@ -118,8 +118,10 @@ class Engine:
                 lambda b: self.step(b).wait().copy(),
                 lambda b: _reference_run(reference, self.score_head, b, self.device, spec.pooling),
                 make_probes(self.vocab_size, self.max_positions),
-                # one raw score per row: compared by difference (a cosine of one number is ±1)
+                # one score per row: compared by difference (a cosine of one number is ±1),
+                # after the activation, as the scores are served
                 max_diff=SCORE_MAX_DIFF if self.score_head is not None else None,
+                activate=spec.score.activate if spec.score is not None else None,
             )
             del reference
 

@@ -16,8 +16,9 @@ import numpy as np
 from embedserve.engine.batch import PackedBatch
 
 MIN_COSINE = 0.999
-# a scoring model's raw scores (logits): the largest difference allowed, relative to the
-# reference's spread (at least 1), the tolerance bf16 scores are held to against transformers
+# a scoring model's scores (after its activation): the largest difference allowed, times the
+# reference's largest magnitude when over 1: the tolerance bf16 scores are held to against
+# transformers (the rerankers issue's acceptance)
 SCORE_MAX_DIFF = 1e-2
 PROBE_SEED = 20261129
 # name -> sequence lengths; lengths are capped at the model's positions
@@ -67,13 +68,16 @@ def check_fidelity(
     min_cosine: float = MIN_COSINE,
     runs: int = 3,
     max_diff: float | None = None,
+    activate: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> float:
     """The smallest cosine over every probe and run; raises FidelityError below `min_cosine`.
 
-    With `max_diff` (one score per row), each probe's scores are held to within `max_diff`
-    times max(1, their largest magnitude) of the reference's instead, and the cosine of the
-    probe's score column is what is returned."""
+    With `max_diff` (one score per row), each probe's scores, after `activate` (a reranker's
+    activation: sigmoid or identity), are held to within `max_diff` times max(1, their largest
+    magnitude) of the reference's instead, and what is returned is the cosine of all probes'
+    scores taken as one vector."""
     worst = 1.0
+    scores: list[tuple[np.ndarray, np.ndarray]] = []
     for probe in probes:
         ref = reference(probe.batch)
         for run in range(1, runs + 1):
@@ -84,15 +88,17 @@ def check_fidelity(
                     f"{out.shape}, reference {ref.shape}; refusing to serve"
                 )
             if max_diff is not None:
-                bound = max_diff * max(1.0, float(np.max(np.abs(ref))))
-                diff = float(np.max(np.abs(out - ref)))
+                got, want = (activate(out), activate(ref)) if activate else (out, ref)
+                bound = max_diff * max(1.0, float(np.max(np.abs(want))))
+                diff = float(np.max(np.abs(got - want)))
                 if not diff <= bound:  # NaN fails too
                     raise FidelityError(
                         f"fidelity probe {probe.name!r} (run {run} of {runs}): scores differ by "
                         f"{diff:.6f} from the eager fp32 reference (allowed {bound:.6f}); "
                         "refusing to serve"
                     )
-                out, ref = out.reshape(1, -1), ref.reshape(1, -1)
+                scores.append((np.reshape(got, -1), np.reshape(want, -1)))
+                continue
             cos = row_cosines(out, ref)
             low = float(np.min(cos)) if np.all(np.isfinite(cos)) else float("nan")
             if not low >= min_cosine:  # NaN fails too
@@ -101,4 +107,7 @@ def check_fidelity(
                     f"against the eager fp32 reference is below {min_cosine}; refusing to serve"
                 )
             worst = min(worst, low)
+    if scores:  # every probe's scores as one vector (a cosine of one score is only its sign)
+        got, want = (np.concatenate(x)[None] for x in zip(*scores, strict=True))
+        worst = float(row_cosines(got, want)[0])
     return worst

@@ -32,8 +32,8 @@ from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob
 from embedserve.gateway.scoring import ScoreJob
 from embedserve.inputs import Head, InputOptions, InputPreparer
-from embedserve.outputs import to_base64
-from embedserve.pairs import PairPreparer, PreparedPairs, cosine_scores, sigmoid
+from embedserve.outputs import sigmoid, to_base64
+from embedserve.pairs import PairPreparer, PreparedPairs, cosine_scores
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
 

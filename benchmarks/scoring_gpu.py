@@ -2,7 +2,8 @@
 pairs, for the ms-marco MiniLM cross-encoder shape and the Qwen3-Reranker-0.6B shape (random
 weights from `embedserve make-checkpoint`, run in bf16), in one script run:
 
-- engine: `Engine.step()` of the packed pairs to scores on the host (graph replay; median of 30);
+- engine: the packed pairs to scores on the host in batches of the largest captured bucket (8,192
+  tokens), as `Scorer` runs them (graph replays; median of 30);
 - embedding forward: the same pairs through the same weights as an embedding model (no score
   head): the per-token cost of scoring against embedding;
 - HTTP: `embedserve serve` on the folder, `POST /v1/rerank`, keep-alive client, p50 of 30;
@@ -143,7 +144,7 @@ def http_ms(port: int, docs: list[str], reps: int = 30) -> float:
 def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
     import torch
 
-    from embedserve.engine.batch import PackedBatch
+    from embedserve.embedder import run_batches
     from embedserve.engine.engine import Engine
     from embedserve.scorer import Scorer
 
@@ -151,6 +152,7 @@ def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
     spec = scorer.spec
     embedder = Engine(dataclasses.replace(spec, task="embed", score=None), device=DEVICE)
     all_docs = documents(scorer, max(counts))
+    budget = scorer.engine.batch_tokens
     hf_fp32 = hf_scores(folder, spec, scorer, all_docs, torch.float32)
     reference = hf_fp32()
     ours = scorer.score(QUERY, all_docs, raw=True)
@@ -168,9 +170,14 @@ def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
             docs = all_docs[:n]
             prepared = scorer.pairs.prepare(QUERY, docs)  # type: ignore[union-attr]
             seqlens = [len(s) for s in prepared.seqs]
-            batch = PackedBatch.from_token_lists(prepared.seqs, prepared.second_segment)
-            engine = median_ms(lambda b=batch: scorer.engine.step(b).wait())
-            embed = median_ms(lambda b=batch: embedder.step(b).wait())
+            # as `Scorer` runs them: batches of the largest captured bucket, replayed graphs
+            seqs, second = prepared.seqs, prepared.second_segment
+            engine = median_ms(
+                lambda s=seqs, c=second: run_batches(scorer.engine, s, budget, second_segment=c)
+            )
+            embed = median_ms(
+                lambda s=seqs, c=second: run_batches(embedder, s, budget, second_segment=c)
+            )
             end_to_end = http_ms(port, docs)
             hf = hf_scores(folder, spec, scorer, docs, torch.bfloat16)
             hf_ms = median_ms(hf, reps=10)
@@ -240,8 +247,8 @@ def main() -> None:
     notes = (
         "One query against N documents, pairs of about 512 tokens (real text: Python "
         "standard-library docstrings), random weights in the published shapes "
-        "(make-checkpoint), bf16. engine = `Engine.step(batch).wait()` wall time (graph replay "
-        "after capture); embedding forward = the same batch through the same weights with no "
+        "(make-checkpoint), bf16. engine = the pairs in batches of at most 8,192 tokens (graph "
+        "replays, as `Scorer` runs them), wall time to scores on the host; embedding forward = the same batch through the same weights with no "
         "score head; HTTP = `embedserve serve`, POST /v1/rerank, keep-alive, p50 of 30; "
         "transformers eager and sentence-transformers in process on the same GPU, tokenization "
         "included. The first record of each block carries the score guard: the largest "

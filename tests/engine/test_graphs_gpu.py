@@ -316,8 +316,9 @@ def test_rerankers_on_graphs_match_eager_fp32(
     fast = Scorer(folder, device="cuda")  # the fidelity guard runs here
     assert fast.engine.fidelity_cosine is not None and fast.engine.runner is not None
     eager = Engine.from_folder(
-        folder, device="cuda", dtype="float32", graphs=False, fuse=False, fidelity=False
-    )
+        folder, device="cuda", dtype="float32", graphs=False, fuse=False, fidelity=False,
+        attention_backend="sdpa_loop",  # FlashAttention takes no fp32
+    )  # fmt: skip
     query = "how do vector databases rank documents?"
     docs = [f"document {i}: " + "vector search ranks documents by similarity " * (1 + i % 7)
             for i in range(25)]  # fmt: skip

@@ -31,6 +31,8 @@ for step in "$@"; do
     encode-old) EMBEDSERVE_COMMIT=${OLD_COMMIT:-old} PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/encode_gpu.py --model $M \
              --out $OUT 2>&1 | tail -30 ;;
     scoring) python3 benchmarks/scoring_gpu.py --bert-tokenizer $M --out $OUT 2>&1 | tail -30 ;;
+    scoring-order) python3 benchmarks/scoring_gpu.py --bert-tokenizer $M --order-only --out $OUT \
+             2>&1 | tail -8 ;;
     workers) python3 benchmarks/workers_gpu.py --model $M --out $OUT 2>&1 | tail -30 ;;
   esac
 done

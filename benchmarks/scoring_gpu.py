@@ -85,7 +85,12 @@ def flops(spec: Any, seqlens: list[int]) -> float:
     return 2.0 * per_token * sum(seqlens) + attention
 
 
-def hf_scores(folder: Path, spec: Any, scorer: Any, docs: list[str], dtype: Any) -> Any:
+_HF: dict[tuple[str, str], Any] = {}  # transformers models loaded once per (folder, dtype)
+
+
+def hf_scores(
+    folder: Path, spec: Any, scorer: Any, docs: list[str], dtype: Any, query: str = QUERY
+) -> Any:
     """transformers eager on the same pairs: a callable computing the scores, on the GPU."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen3ForCausalLM
@@ -93,21 +98,31 @@ def hf_scores(folder: Path, spec: Any, scorer: Any, docs: list[str], dtype: Any)
     from embedserve.pairs import RERANK_BODY, RERANK_INSTRUCTION, RERANK_SUFFIX, RERANK_SYSTEM
 
     tok = AutoTokenizer.from_pretrained(folder)
+    key = (str(folder), str(dtype))
     if spec.bert is not None:
-        model = AutoModelForSequenceClassification.from_pretrained(folder, torch_dtype=dtype)
-        model = model.to(DEVICE).eval()
+        model = (
+            _HF.get(key)
+            or AutoModelForSequenceClassification.from_pretrained(folder, torch_dtype=dtype)
+            .to(DEVICE)
+            .eval()
+        )
+        _HF[key] = model
 
         @torch.inference_mode()
         def run() -> np.ndarray:
-            enc = tok([QUERY] * len(docs), docs, padding=True, truncation="only_second",
+            enc = tok([query] * len(docs), docs, padding=True, truncation="only_second",
                       max_length=spec.max_seq_length, return_tensors="pt").to(DEVICE)  # fmt: skip
             return model(**enc).logits[:, 0].float().cpu().numpy()
 
         return run
-    model = Qwen3ForCausalLM.from_pretrained(folder, torch_dtype=dtype).to(DEVICE).eval()
+    model = (
+        _HF.get(key)
+        or Qwen3ForCausalLM.from_pretrained(folder, torch_dtype=dtype).to(DEVICE).eval()
+    )
+    _HF[key] = model
     tok.padding_side = "left"
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
-    head = RERANK_BODY.format(instruction=RERANK_INSTRUCTION, query=QUERY)
+    head = RERANK_BODY.format(instruction=RERANK_INSTRUCTION, query=query)
     texts = [RERANK_SYSTEM + head + d + RERANK_SUFFIX for d in docs]
 
     @torch.inference_mode()
@@ -141,6 +156,32 @@ def http_ms(port: int, docs: list[str], reps: int = 30) -> float:
     return statistics.median(times)
 
 
+def top10_agreement(folder: Path, queries: int = 50, docs_per_query: int = 20) -> dict[str, Any]:
+    """Our bf16 scores against transformers fp32 on `queries` x `docs_per_query` pairs: how many
+    queries keep the same top-10 order, and the largest score difference (as served)."""
+    import torch
+
+    from embedserve.scorer import Scorer
+
+    scorer = Scorer(folder, device=DEVICE)
+    spec = scorer.spec
+    texts = corpus.passages(queries * docs_per_query, max_words=60, seed=7)
+    same, worst, gaps = 0, 0.0, []
+    for q, query in enumerate(corpus.queries(queries, seed=3)):
+        docs = texts[q * docs_per_query : (q + 1) * docs_per_query]
+        ours = scorer.score(query, docs)
+        ref = scorer.pairs.activate(hf_scores(folder, spec, scorer, docs, torch.float32, query)())  # type: ignore[union-attr]
+        worst = max(worst, float(np.abs(ours - ref).max()))
+        top_ours = list(np.argsort(-ours, kind="stable")[:10])
+        top_ref = list(np.argsort(-ref, kind="stable")[:10])
+        same += top_ours == top_ref
+        ranked = np.sort(ref)[::-1][:11]
+        gaps.append(float(np.min(ranked[:-1] - ranked[1:])))  # the closest neighbours in the top 10
+    return {"queries": queries, "documents_per_query": docs_per_query,
+            "same_top10_order": same, "score_max_abs_diff": round(worst, 5),
+            "median_smallest_gap_in_reference_top10": round(statistics.median(gaps), 6)}  # fmt: skip
+
+
 def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
     import torch
 
@@ -160,6 +201,7 @@ def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
     act = scorer.pairs.activate  # type: ignore[union-attr]
     guard_score = float(np.abs(act(ours) - act(reference)).max())  # as served
     del hf_fp32
+    _HF.clear()
     torch.cuda.empty_cache()
     server, ready = start([*CLI, "serve", "--model", str(folder), "--device", DEVICE, "--port", "0"],
                           r"serving \S+ at http://127\.0\.0\.1:(\d+)")  # fmt: skip
@@ -182,6 +224,7 @@ def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
             hf = hf_scores(folder, spec, scorer, docs, torch.bfloat16)
             hf_ms = median_ms(hf, reps=10)
             del hf
+            _HF.clear()
             st_ms = None
             if spec.bert is not None:
                 from sentence_transformers import CrossEncoder
@@ -229,6 +272,8 @@ def main() -> None:
     ap.add_argument("--bert-tokenizer", type=Path, default=None,
                     help="a BERT uncased tokenizer folder (default: the bundled MiniLM's)")  # fmt: skip
     ap.add_argument("--device", default="cuda", help="cpu only to try the script out")
+    ap.add_argument("--order-only", action="store_true",
+                    help="only the top-10 agreement with transformers (50 queries x 20 documents)")  # fmt: skip
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -243,6 +288,14 @@ def main() -> None:
         for arch in args.archs.split(","):
             folder = make_checkpoint(Path(tmp) / arch, arch=arch, dtype="float32", seed=0,
                                      tokenizer_from=args.bert_tokenizer)  # fmt: skip
+            if args.order_only:
+                agreement = top10_agreement(folder)
+                print(arch, agreement, flush=True)
+                records.append({"system": "embedserve bf16 vs transformers fp32", "model": ARCHS[arch],
+                                "weights": "random", "dtype": "bf16", "batch": 20, "tokens": "passages",
+                                "concurrency": 1, "metric": "same_top10_order_of_50",
+                                "value": agreement["same_top10_order"], "scope": "scores", **agreement})  # fmt: skip
+                continue
             records += bench(arch, folder, counts)
     notes = (
         "One query against N documents, pairs of about 512 tokens (real text: Python "
@@ -257,7 +310,7 @@ def main() -> None:
     )
     on_gpu = DEVICE == "cuda"
     _, table = report.write(
-        "scoring", torch.cuda.get_device_name() if on_gpu else report.cpu_hardware(),
+        "scoring-order" if args.order_only else "scoring", torch.cuda.get_device_name() if on_gpu else report.cpu_hardware(),
         "h200" if on_gpu else "cpu-trial", records,
         report.versions("torch", "transformers", "sentence-transformers"), notes, args.out,
     )  # fmt: skip

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from embedserve.gateway.main import GatewayConfig
 from embedserve.options import Options, option
-from embedserve.processes import Child
+from embedserve.processes import Child, say
 from embedserve.server.main import ServerConfig
 
 SERVER_READY = re.compile(r"embedserve server: ready on (\S+):(\d+) .*batch tokens (\d+)")
@@ -140,29 +140,27 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         url = gateway_proc.wait_for(GATEWAY_READY, 120, cancel=stop_requested).group(1)
         gateway_proc.forget_output()
-        print(f"embedserve: serving {gateway.model} at {url}", flush=True)
+        say(f"embedserve: serving {gateway.model} at {url}")
         restarts: list[list[float]] = [[] for _ in servers]
         while not stop_requested.wait(0.2):
             if gateway_proc.proc.poll() is not None:
                 code = gateway_proc.proc.returncode
-                print(f"embedserve: the gateway exited ({code}); shutting down", flush=True)
+                say(f"embedserve: the gateway exited ({code}); shutting down")
                 return 1
             for i, s in enumerate(servers):
                 if s.proc.poll() is not None:
                     now = time.monotonic()
                     restarts[i] = [t for t in restarts[i] if now - t < 60] + [now]
                     if len(restarts[i]) > MAX_RESTARTS_PER_MINUTE:
-                        print(f"embedserve: {s.name} keeps exiting; shutting down", flush=True)
+                        say(f"embedserve: {s.name} keeps exiting; shutting down")
                         return 1
-                    print(
-                        f"embedserve: {s.name} exited ({s.proc.returncode}); restarting", flush=True
-                    )
+                    say(f"embedserve: {s.name} exited ({s.proc.returncode}); restarting")
                     servers[i] = start_server(i)
                     servers[i].forget_output()
-        print("embedserve: stopping (draining in-flight requests)", flush=True)
+        say("embedserve: stopping (draining in-flight requests)")
         return 0
     except (RuntimeError, TimeoutError) as e:  # a child exited or hung before it was ready
-        print(f"embedserve serve: error: {e}", file=sys.stderr, flush=True)
+        say(f"embedserve serve: error: {e}", err=True)
         return 1
     finally:
         # The gateway first: it finishes its requests while the servers still answer.

@@ -15,10 +15,24 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from typing import TextIO
+
+
+def say(message: str, *, err: bool = False) -> None:
+    """Print a status line, flushed; never raise.
+
+    NOTE: our output is often a pipe read by the process that started us. When that process is
+    killed, printing raises BrokenPipeError: in a signal handler that stopped a gateway from
+    signalling its workers, which then held the port forever (an orphan). Saying nothing must
+    never stop a shutdown.
+    """
+    stream = sys.stderr if err else sys.stdout
+    with contextlib.suppress(OSError, ValueError):  # a broken pipe, or a closed stream
+        print(message, file=stream, flush=True)
 
 
 def set_parent_death_signal() -> None:

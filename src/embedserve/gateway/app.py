@@ -108,6 +108,10 @@ class GatewayApp:
         self.model_name = limits.model_names[0]
         self.metrics = Metrics()
         self.pipeline: Pipeline | None = None
+        # set on SIGTERM (gateway.main.DrainingServer): every new request but /health gets 503
+        # at once while the ones in flight (counted here) finish
+        self.draining = False
+        self.in_flight = 0
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/embeddings"): self.embeddings,
             ("POST", "/embeddings"): self.embeddings,
@@ -162,11 +166,20 @@ class GatewayApp:
                 return
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.in_flight += 1
+        try:
+            await self._http(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         method, path = scope["method"], scope["path"]
         handler = self.routes.get((method, path))
         route = path if path in self.paths else "other"
         try:
+            if self.draining and path != "/health":
+                raise ApiError(503, "the gateway is shutting down", code="shutting_down")
             if handler is None:
                 raise self._no_route(method, path)
             body = await self._read_body(scope, receive) if method == "POST" else b""

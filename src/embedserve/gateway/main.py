@@ -13,13 +13,14 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from embedserve.bundled import BUNDLED, resolve_model
 from embedserve.chunking import MAX_CHUNKS_PER_DOCUMENT
@@ -31,7 +32,7 @@ from embedserve.inputs import InputPreparer
 from embedserve.options import Options, drain_option, model_option, option
 from embedserve.outputs import min_dimensions
 from embedserve.pairs import PairPreparer
-from embedserve.processes import set_parent_death_signal
+from embedserve.processes import say, set_parent_death_signal
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
 
@@ -177,9 +178,12 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         http = "httptools"
     except ImportError:
         http = "h11"
-    server = uvicorn.Server(
+    app = build_app(config)
+    server = draining_server(
+        app,
+        config.drain_seconds,
         uvicorn.Config(
-            build_app(config),
+            app,
             loop=loop,
             http=http,
             lifespan="on",
@@ -187,9 +191,33 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
             log_level="warning",
             timeout_graceful_shutdown=int(config.drain_seconds),
             timeout_keep_alive=30,
-        )
+        ),
     )
     server.run(sockets=[sock])
+
+
+def draining_server(app: GatewayApp, drain_seconds: float, config: Any) -> Any:
+    """A uvicorn server whose first SIGTERM / Ctrl-C makes the app answer every new request 503
+    (with Retry-After) and fail `/ready` at once, while the requests in flight finish (up to
+    `drain_seconds`); then uvicorn shuts down. A second signal is uvicorn's own (exit now).
+    uvicorn is imported here, in the worker processes only."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if app.draining:
+                super().handle_exit(sig, frame)
+                return
+            app.draining = True
+            threading.Thread(target=self._exit_when_idle, daemon=True).start()
+
+        def _exit_when_idle(self) -> None:
+            deadline = time.monotonic() + drain_seconds
+            while app.in_flight and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.should_exit = True
+
+    return DrainingServer(config)
 
 
 def wait_until_up(url: str, processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
@@ -235,7 +263,7 @@ def _supervise(config: GatewayConfig) -> int:
         nonlocal stopping
         if not stopping:
             stopping = True
-            print("embedserve gateway: draining", flush=True)
+            say("embedserve gateway: draining")
             for w in workers:
                 if w.pid is not None and w.is_alive():
                     os.kill(w.pid, signal.SIGTERM)
@@ -250,20 +278,21 @@ def _supervise(config: GatewayConfig) -> int:
         stop(signal.SIGTERM, None)
         for w in workers:
             w.join(10)
-        print(f"embedserve gateway: error: {e}", file=sys.stderr, flush=True)
+        say(f"embedserve gateway: error: {e}", err=True)
         return 1
-    print(
+    # NOTE: the workers hold the listening socket now. Our copy would keep the port open after
+    # they have all gone (connections piling up unanswered): once they exit, the port is free.
+    sock.close()
+    say(
         f"embedserve gateway: listening on {url} ({config.workers} worker"
         f"{'s' if config.workers > 1 else ''}, replicas {', '.join(config.replicas)}, "
         f"parts of {config.chunk_tokens or DEFAULT_CHUNK_TOKENS} tokens)",
-        flush=True,
     )
     while any(w.is_alive() for w in workers):
         for w in workers:
             w.join(0.2)
         if not stopping and not all(w.is_alive() for w in workers):
-            print("embedserve gateway: a worker died; stopping", file=sys.stderr, flush=True)
+            say("embedserve gateway: a worker died; stopping", err=True)
             stop(signal.SIGTERM, None)
-    sock.close()
-    print("embedserve gateway: stopped", flush=True)
+    say("embedserve gateway: stopped")
     return 0 if all(w.exitcode == 0 for w in workers) else 1

@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from embedserve.contract import SERVICE_NAME, add_embed_service
 from embedserve.contract.local import socket_path
 from embedserve.options import EngineOptions, Options, drain_option, option
+from embedserve.processes import say
 from embedserve.server.local import serve_local
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
@@ -122,9 +123,8 @@ async def serve(config: ServerConfig) -> None:
         from embedserve.server.metrics import start_metrics_server
 
         metrics_port = start_metrics_server(config.host, config.metrics_port, engine, service)
-        print(
+        say(
             f"embedserve server: metrics on http://{config.host}:{metrics_port}/metrics",
-            flush=True,
         )
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -138,21 +138,20 @@ async def serve(config: ServerConfig) -> None:
         if engine.spec.score is None
         else f"scores pairs ({engine.spec.score.kind})"
     )
-    print(
+    say(
         f"embedserve server: ready on {config.host}:{port} "
         f"({config.engine.model}, {engine.device}, {what}, "
         f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
         f"batch tokens {service.scheduler.config.max_batch_tokens}, local socket {local_path})",
-        flush=True,
     )
     await stop.wait()
-    print("embedserve server: draining", flush=True)
+    say("embedserve server: draining")
     await health_servicer.enter_graceful_shutdown()
     await asyncio.gather(
         server.stop(grace=config.drain_seconds), local.stop(grace=config.drain_seconds)
     )
     await service.stop()
-    print("embedserve server: stopped", flush=True)
+    say("embedserve server: stopped")
 
 
 def run(config: ServerConfig) -> int:

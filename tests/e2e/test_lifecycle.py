@@ -1,0 +1,102 @@
+"""`embedserve serve` stopping: SIGTERM drains (new requests 503 at once, in-flight ones finish),
+and `kill -9` of the top process leaves no process of it and a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.e2e.conftest import Proc
+from tests.e2e.test_replica_failure import call, call_with_headers
+
+pytestmark = pytest.mark.slow
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_sigterm_answers_new_requests_503_at_once_while_in_flight_ones_finish() -> None:
+    proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "1")
+    url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
+    try:
+        results: list[int] = []
+        big = {"input": ["a somewhat longer sentence to embed " * 6] * 300}
+        worker = threading.Thread(
+            target=lambda: results.append(call(url, "POST", "/v1/embeddings", big)[0])
+        )
+        worker.start()
+        deadline = time.monotonic() + 20
+        while call(url, "GET", "/ready")[1]["replicas"][0]["outstanding_tokens"] == 0:
+            assert time.monotonic() < deadline, "the request never reached the server"
+            time.sleep(0.01)
+        proc.signal(signal.SIGTERM)
+        time.sleep(0.05)
+        start = time.monotonic()
+        status, body, headers = call_with_headers(url, "POST", "/v1/embeddings", {"input": "hi"})
+        took = time.monotonic() - start
+        assert status == 503 and body["error"]["code"] == "shutting_down", body
+        assert headers.get("retry-after") == "1" and took < 0.1, (headers, took)
+        assert call(url, "GET", "/ready")[0] == 503
+        worker.join(60)
+        assert results == [200]  # the request in flight finished
+        assert proc.proc.wait(30) == 0
+    finally:
+        proc.stop()
+
+
+def test_kill_9_of_serve_leaves_no_process_and_frees_the_port() -> None:
+    proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "2")
+    url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
+    port = urlparse(url).port
+    assert port is not None
+    assert call(url, "POST", "/v1/embeddings", {"input": "warm"})[0] == 200
+    below = descendants(proc.proc.pid)
+    assert len(below) >= 4, below  # a server, the gateway supervisor and its two workers
+    os.kill(proc.proc.pid, signal.SIGKILL)
+    proc.proc.wait(5)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (any(map(alive, below)) or not port_is_free(port)):
+        time.sleep(0.05)
+    left = [p for p in below if alive(p)]
+    assert not left, f"still running after 5 s: {left}"
+    assert port_is_free(port)

@@ -115,10 +115,16 @@ def run_serve(args: argparse.Namespace) -> int:
         argv = [*cli, "server", *configs[i].to_argv()]
         return Child(argv, name=f"server-{i}", relay=sys.stderr)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     servers: list[Child] = []
     gateway_proc: Child | None = None
+
+    def forward_reload(signum: int, frame: object) -> None:  # API keys read again
+        if gateway_proc is not None:
+            gateway_proc.signal(signal.SIGHUP)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, forward_reload)
     try:
         servers = [start_server(i) for i in range(len(configs))]
         addresses, budgets = [], []

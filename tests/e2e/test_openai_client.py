@@ -161,7 +161,10 @@ def test_models_and_tokenize(served: str, client: openai.OpenAI, minilm: Any) ->
     import urllib.request
 
     request = urllib.request.Request(
-        f"{served}/tokenize", data=json.dumps({"input": TEXTS[:2]}).encode(), method="POST"
+        f"{served}/tokenize",
+        data=json.dumps({"input": TEXTS[:2]}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},  # urllib's default (a form) is a 415
     )
     with urllib.request.urlopen(request, timeout=10) as reply:
         body = json.load(reply)

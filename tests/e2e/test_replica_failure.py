@@ -87,8 +87,11 @@ def test_killed_server_gives_fast_503s_and_a_restart_brings_ready_back(
     wait_ready(url, 503, timeout=5)
     assert call(url, "GET", "/health")[0] == 200  # the gateway itself is alive
 
-    replica = call(url, "GET", "/ready")[1]["replicas"][0]["address"]
-    procs.append(start_server(int(replica.rsplit(":", 1)[1])))
+    # /ready names replicas by index, not address: the port is the one the fixture chose
+    assert call(url, "GET", "/ready")[1]["replicas"][0]["replica"] == 0
+    assert "127.0.0.1" not in json.dumps(reply)  # no internal address in the 503 either
+    port = procs[0].argv[procs[0].argv.index("--port") + 1]
+    procs.append(start_server(int(port)))
     wait_ready(url, 200, timeout=10)
     status, reply = call(url, "POST", "/v1/embeddings", body)
     assert status == 200, reply

@@ -7,6 +7,7 @@ machine can run (it has no FastAPI) and the least work per request.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import time
@@ -101,8 +102,15 @@ class GatewayApp:
         limits: Limits,
         *,
         max_body_bytes: int,
+        api_keys: Callable[[], frozenset[bytes]] = frozenset,
+        metrics_auth: bool = False,
     ) -> None:
+        """`api_keys`: the keys a client must send as `Authorization: Bearer <key>` (read on
+        every request, so a reload takes effect at once; empty: no authentication)."""
         self.make_pipeline = make_pipeline
+        self.api_keys = api_keys
+        # routes open without a key: liveness always, metrics unless `metrics_auth`
+        self.open_paths = {"/health"} | (set() if metrics_auth else {"/metrics"})
         self.limits = limits
         self.max_body_bytes = max_body_bytes
         self.model_name = limits.model_names[0]
@@ -177,11 +185,16 @@ class GatewayApp:
         method, path = scope["method"], scope["path"]
         handler = self.routes.get((method, path))
         route = path if path in self.paths else "other"
+        extra: tuple[tuple[bytes, bytes], ...] = ()
         try:
+            if path not in self.open_paths:
+                self._authenticate(scope)
             if self.draining and path != "/health":
                 raise ApiError(503, "the gateway is shutting down", code="shutting_down")
             if handler is None:
                 raise self._no_route(method, path)
+            if method == "POST":
+                self._check_content_type(scope)
             body = await self._read_body(scope, receive) if method == "POST" else b""
             if handler in self.cancellable:
                 status, content_type, payload = await self._unless_disconnected(
@@ -194,6 +207,7 @@ class GatewayApp:
             return
         except ApiError as e:
             status, content_type, payload = e.status, JSON, dumps(e.body())
+            extra = e.headers
         except InputError as e:  # the request core's: the same message as the offline API's
             status, content_type, payload = 400, JSON, dumps(from_input_error(e).body())
         except Exception:
@@ -201,6 +215,7 @@ class GatewayApp:
             error = ApiError(500, "internal error in the gateway", code="server_error")
             status, content_type, payload = 500, JSON, dumps(error.body())
         headers = [(b"content-type", content_type), (b"content-length", str(len(payload)).encode())]
+        headers += extra
         if status in RETRYABLE_STATUSES:  # full queues and restarting replicas clear quickly
             headers.append((b"retry-after", RETRY_AFTER_SECONDS))
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -252,11 +267,55 @@ class GatewayApp:
             watch.remove_done_callback(on_message)
             watch.cancel()
 
+    def _authenticate(self, scope: Scope) -> None:
+        keys = self.api_keys()
+        if not keys:
+            return
+        sent = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, sent = value.partition(b" ")
+                if scheme.lower() != b"bearer":
+                    sent = b""
+                break
+        # NOTE: compare_digest against every key, always: the time to reject a key depends
+        # neither on how much of it matches nor on which key it was close to
+        matched = False
+        for key in keys:
+            matched |= hmac.compare_digest(sent.strip(), key)
+        if not matched:
+            raise ApiError(
+                401,
+                "a valid API key is required: send Authorization: Bearer <key>"
+                if not sent
+                else "the API key is not valid",
+                code="invalid_api_key",
+                headers=((b"www-authenticate", b"Bearer"),),
+            )
+
+    @staticmethod
+    def _check_content_type(scope: Scope) -> None:
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                media = value.split(b";", 1)[0].strip().lower()
+                if media == b"application/json" or media.endswith(b"+json"):
+                    return
+                raise ApiError(
+                    415,
+                    f"Content-Type {value.decode('latin-1')!r} is not JSON; send application/json",
+                    code="unsupported_media_type",
+                )
+        # no Content-Type at all: curl -d and many clients send JSON without one; it is read as
+        # JSON (and a body that is not gets a 400)
+
     def _no_route(self, method: str, path: str) -> ApiError:
         if path in self.paths:
             allowed = ", ".join(m for m, p in self.routes if p == path)
             return ApiError(
-                405, f"{method} is not allowed on {path}; use {allowed}", code="method_not_allowed"
+                405,
+                f"{method} is not allowed on {path}; use {allowed}",
+                code="method_not_allowed",
+                headers=((b"allow", allowed.encode()),),
             )
         return ApiError(404, f"no route {method} {path}", code="not_found")
 
@@ -398,9 +457,10 @@ class GatewayApp:
 
     async def ready(self, body: bytes) -> tuple[int, bytes, bytes]:
         pool = self._ready_pipeline().replicas
+        # by index, never by address: internal addresses stay out of client answers
         replicas = [
-            {"address": r.address, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
-            for r in pool.replicas
+            {"replica": i, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
+            for i, r in enumerate(pool.replicas)
         ]
         if pool.num_healthy == 0:
             error = ApiError(503, "no healthy server replica", code="no_healthy_replica")
@@ -409,9 +469,9 @@ class GatewayApp:
 
     async def prometheus(self, body: bytes) -> tuple[int, bytes, bytes]:
         if self.pipeline is not None:
-            for r in self.pipeline.replicas.replicas:
-                self.metrics.healthy.labels(r.address).set(float(r.healthy))
-                self.metrics.outstanding.labels(r.address).set(r.outstanding_tokens)
+            for i, r in enumerate(self.pipeline.replicas.replicas):  # by index, as /ready
+                self.metrics.healthy.labels(str(i)).set(float(r.healthy))
+                self.metrics.outstanding.labels(str(i)).set(r.outstanding_tokens)
         registry = self.metrics.registry
         if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files
             registry = prom.CollectorRegistry()

@@ -25,6 +25,7 @@ from typing import Any
 from embedserve.bundled import BUNDLED, resolve_model
 from embedserve.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.gateway.app import MULTIPROCESS_DIR, GatewayApp
+from embedserve.gateway.auth import KeyRing
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import Limits
@@ -77,6 +78,17 @@ class GatewayConfig(Options):
         "split requests into parts of at most this many tokens (default: with serve, the "
         f"servers' batch budget; a gateway started alone, {DEFAULT_CHUNK_TOKENS})",
     )
+    api_keys: tuple[str, ...] = option(
+        (),
+        "a key clients must send as Authorization: Bearer KEY, repeatable (visible in the "
+        "process list: prefer --api-key-file)",
+        flag="api-key",
+        metavar="KEY",
+    )
+    api_key_file: str | None = option(
+        None, "a file of API keys, one per line; read again on SIGHUP", metavar="PATH"
+    )
+    metrics_auth: bool = option(False, "/metrics needs a key too (with --api-key / -file)")
     request_timeout: float = option(30.0, "deadline of each server call (s)")
     health_interval: float = option(0.5, "replica health polling interval (s)")
     drain_seconds: float = drain_option()
@@ -116,7 +128,8 @@ class GatewayConfig(Options):
         return (Path(self.model).expanduser().resolve().name,)
 
 
-def build_app(config: GatewayConfig) -> GatewayApp:
+def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
+    keys = keys or KeyRing(config.api_keys, config.api_key_file)
     folder = resolve_model(config.model)
     spec = read_model_spec(folder)
     tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
@@ -149,7 +162,13 @@ def build_app(config: GatewayConfig) -> GatewayApp:
             pairs,
         )
 
-    return GatewayApp(make_pipeline, limits, max_body_bytes=config.max_body_bytes)
+    return GatewayApp(
+        make_pipeline,
+        limits,
+        max_body_bytes=config.max_body_bytes,
+        api_keys=keys,
+        metrics_auth=config.metrics_auth,
+    )
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -178,7 +197,9 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         http = "httptools"
     except ImportError:
         http = "h11"
-    app = build_app(config)
+    keys = KeyRing(config.api_keys, config.api_key_file)
+    signal.signal(signal.SIGHUP, lambda signum, frame: keys.reload())
+    app = build_app(config, keys)
     server = draining_server(
         app,
         config.drain_seconds,
@@ -268,8 +289,14 @@ def _supervise(config: GatewayConfig) -> int:
                 if w.pid is not None and w.is_alive():
                     os.kill(w.pid, signal.SIGTERM)
 
+    def reload_keys(signum: int, frame: object) -> None:
+        for w in workers:
+            if w.pid is not None and w.is_alive():
+                os.kill(w.pid, signal.SIGHUP)
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload_keys)
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"http://{host}:{port}"
     try:

@@ -68,17 +68,21 @@ class Replica:
             await self.channel.close()
 
 
-def to_api_error(error: grpc.aio.AioRpcError, address: str) -> ApiError:
+def to_api_error(error: grpc.aio.AioRpcError, replica: Replica, index: int) -> ApiError:
+    """The client's error for a failed server call. NOTE: replicas are named by their index: a
+    client never sees an internal address (the log keeps it), nor the transport's details,
+    which carry addresses too."""
     code, details = error.code(), error.details() or ""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return ApiError(400, details, param="input", code="invalid_value")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return ApiError(429, f"server overloaded: {details}", code="overloaded")
+    log.warning("replica %d (%s): %s %s", index, replica.address, code.name, details)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return ApiError(
-            503, f"replica {address} unavailable: {code.name} {details}", code="unavailable"
-        )
-    return ApiError(500, f"replica {address} failed: {code.name} {details}", code="server_error")
+        return ApiError(503, f"server replica {index} unavailable: {code.name}", code="unavailable")
+    return ApiError(
+        500, f"server replica {index} failed: {code.name} {details}", code="server_error"
+    )
 
 
 class ReplicaPool:
@@ -156,12 +160,12 @@ class ReplicaPool:
         except grpc.aio.AioRpcError as e:
             other = self.choose(exclude=replica) if e.code() in RETRYABLE else None
             if other is None:
-                raise to_api_error(e, replica.address) from None
+                raise to_api_error(e, replica, self.replicas.index(replica)) from None
             log.warning("retrying on %s after %s from %s", other.address, e.code(), replica.address)
             try:
                 return await self._call(other, request, num_tokens)
             except grpc.aio.AioRpcError as e2:
-                raise to_api_error(e2, other.address) from None
+                raise to_api_error(e2, other, self.replicas.index(other)) from None
 
     async def _call(self, replica: Replica, request: Any, num_tokens: int) -> Any:
         replica.outstanding_tokens += num_tokens

@@ -1,0 +1,104 @@
+"""What the gateway lets in: API keys (every route but /health, /metrics unless asked), the
+methods a route takes (405 with Allow), JSON bodies only (415), and no internal addresses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from embedserve.gateway.app import GatewayApp
+from embedserve.gateway.auth import KeyRing
+from embedserve.inputs import InputPreparer
+from tests.gateway.test_app import LIMITS, SlowPipeline
+
+KEY = "sk-test-0123456789abcdef"
+
+
+def request(
+    app: GatewayApp, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes = b""
+) -> tuple[int, dict[bytes, bytes], Any]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": headers}
+    asyncio.run(app(scope, receive, send))
+    reply = sent[1]["body"]
+    payload = json.loads(reply) if reply[:1] in (b"{", b"[") else reply
+    return sent[0]["status"], dict(sent[0]["headers"]), payload
+
+
+def make_app(inputs: InputPreparer, keys: KeyRing | None = None, **kw: Any) -> GatewayApp:
+    pipeline = SlowPipeline(inputs)
+    pipeline.release.set()
+    pipeline.replicas = SimpleNamespace(replicas=[])  # type: ignore[attr-defined]
+    app = GatewayApp(lambda: pipeline, LIMITS, max_body_bytes=10_000, api_keys=keys or (lambda: frozenset()), **kw)  # type: ignore[arg-type,return-value]  # fmt: skip
+    app.pipeline = pipeline  # type: ignore[assignment]
+    return app
+
+
+JSON = [(b"content-type", b"application/json")]
+BODY = b'{"input": "hi"}'
+
+
+def bearer(key: str) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", f"Bearer {key}".encode())]
+
+
+def test_keys_are_required_on_every_route_but_health_and_metrics(inputs: InputPreparer) -> None:
+    app = make_app(inputs, KeyRing([KEY], None))
+    for method, path in [(m, p) for m, p in app.routes if p not in ("/health", "/metrics")]:
+        for headers in ([], bearer("wrong"), [(b"authorization", f"Basic {KEY}".encode())]):
+            status, head, body = request(app, method, path, headers + JSON, BODY)
+            assert status == 401, (method, path, headers)
+            assert body["error"]["type"] == "authentication_error"
+            assert head[b"www-authenticate"] == b"Bearer"
+    status, _, body = request(app, "POST", "/v1/embeddings", bearer(KEY) + JSON, BODY)
+    assert status == 200, body
+    assert request(app, "GET", "/health", [])[0] == 200
+    assert request(app, "GET", "/metrics", [])[0] == 200
+    locked = make_app(inputs, KeyRing([KEY], None), metrics_auth=True)
+    assert request(locked, "GET", "/metrics", [])[0] == 401
+    assert request(locked, "GET", "/metrics", bearer(KEY))[0] == 200
+
+
+def test_a_key_file_is_read_again_on_reload(inputs: InputPreparer, tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("# rotated monthly\nfirst-key\n\nsecond-key\n")
+    ring = KeyRing([], str(keys_file))
+    app = make_app(inputs, ring)
+    assert request(app, "POST", "/v1/embeddings", bearer("second-key") + JSON, BODY)[0] == 200
+    keys_file.write_text("third-key\n")
+    ring.reload()
+    assert request(app, "POST", "/v1/embeddings", bearer("second-key") + JSON, BODY)[0] == 401
+    assert request(app, "POST", "/v1/embeddings", bearer("third-key") + JSON, BODY)[0] == 200
+    keys_file.write_text("")  # an empty file would lock everyone out: the keys in force stay
+    ring.reload()
+    assert request(app, "POST", "/v1/embeddings", bearer("third-key") + JSON, BODY)[0] == 200
+    with pytest.raises(ValueError, match="no keys"):
+        KeyRing([], str(keys_file))
+
+
+def test_405_lists_the_allowed_methods_and_415_refuses_non_json(inputs: InputPreparer) -> None:
+    app = make_app(inputs)
+    status, head, body = request(app, "GET", "/v1/embeddings", [])
+    assert (
+        status == 405
+        and head[b"allow"] == b"POST"
+        and body["error"]["code"] == "method_not_allowed"
+    )
+    for media in (b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"):
+        status, _, body = request(app, "POST", "/v1/embeddings", [(b"content-type", media)], BODY)
+        assert status == 415 and body["error"]["code"] == "unsupported_media_type", media
+    for media in (b"application/json; charset=utf-8", b"Application/JSON"):
+        assert request(app, "POST", "/v1/embeddings", [(b"content-type", media)], BODY)[0] == 200
+    assert request(app, "POST", "/v1/embeddings", [], BODY)[0] == 200  # none: read as JSON

@@ -102,6 +102,7 @@ class GatewayApp:
         limits: Limits,
         *,
         max_body_bytes: int,
+        body_timeout: float = 30.0,
         api_keys: Callable[[], frozenset[bytes]] = frozenset,
         metrics_auth: bool = False,
     ) -> None:
@@ -113,6 +114,7 @@ class GatewayApp:
         self.open_paths = {"/health"} | (set() if metrics_auth else {"/metrics"})
         self.limits = limits
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout  # s for a body to arrive after its headers
         self.model_name = limits.model_names[0]
         self.metrics = Metrics()
         self.pipeline: Pipeline | None = None
@@ -325,8 +327,18 @@ class GatewayApp:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 raise self._too_large()
         chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + self.body_timeout
         while True:
-            message = await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise ApiError(
+                    408,
+                    f"the request body did not arrive within {self.body_timeout:g} s",
+                    code="body_timeout",
+                    headers=((b"connection", b"close"),),  # the rest of it is not awaited
+                ) from None
             if message["type"] == "http.disconnect":
                 raise asyncio.CancelledError
             chunk = message.get("body", b"")

@@ -6,6 +6,7 @@
 | 401    | authentication_error  | `--api-key` set and no or a wrong `Authorization: Bearer` key |
 | 404    | not_found_error       | unknown model or route                                        |
 | 405    | invalid_request_error | a known route with the wrong method (`Allow` lists the right) |
+| 408    | invalid_request_error | a body slower than `--body-timeout` (headers: `--header-timeout`) |
 | 413    | invalid_request_error | body over `--max-body-bytes`                                  |
 | 415    | invalid_request_error | a POST body whose `Content-Type` is not JSON                  |
 | 429    | rate_limit_error      | every replica's queue is full (the server refused)            |
@@ -24,6 +25,7 @@ TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",

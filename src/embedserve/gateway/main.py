@@ -26,6 +26,7 @@ from embedserve.bundled import BUNDLED, resolve_model
 from embedserve.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.gateway.app import MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
+from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import Limits
@@ -68,6 +69,20 @@ class GatewayConfig(Options):
         "else 1)",
     )
     max_body_bytes: int = option(16 << 20, "larger request bodies get HTTP 413")
+    max_header_bytes: int = option(
+        ConnectionLimits.max_header_bytes, "a request line and headers over this get HTTP 431"
+    )
+    max_headers: int = option(ConnectionLimits.max_headers, "more header lines get HTTP 431")
+    header_timeout: float = option(
+        ConnectionLimits.header_timeout,
+        "seconds from a request's first byte to the end of its headers; past it HTTP 408",
+    )
+    body_timeout: float = option(
+        30.0, "seconds the body may take to arrive after the headers; past it HTTP 408"
+    )
+    max_connections: int = option(
+        1024, "open connections (and requests) per gateway worker; past it HTTP 503"
+    )
     max_inputs: int = option(2048, "inputs (documents) per request")
     max_chunks_per_document: int = option(
         MAX_CHUNKS_PER_DOCUMENT, "chunks per document of a contextualized-embeddings request"
@@ -106,6 +121,11 @@ class GatewayConfig(Options):
         for name in (
             "workers",
             "max_body_bytes",
+            "max_header_bytes",
+            "max_headers",
+            "header_timeout",
+            "body_timeout",
+            "max_connections",
             "max_inputs",
             "max_chunks_per_document",
             "max_tokens_per_request",
@@ -166,6 +186,7 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
         make_pipeline,
         limits,
         max_body_bytes=config.max_body_bytes,
+        body_timeout=config.body_timeout,
         api_keys=keys,
         metrics_auth=config.metrics_auth,
     )
@@ -191,11 +212,13 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         loop = "uvloop"
     except ImportError:
         loop = "asyncio"
+    limits = ConnectionLimits(config.max_header_bytes, config.max_headers, config.header_timeout)
+    http: Any
     try:
         import httptools  # noqa: F401
 
-        http = "httptools"
-    except ImportError:
+        http = bounded_protocol(limits)
+    except ImportError:  # h11 bounds the headers itself (no header timeout there)
         http = "h11"
     keys = KeyRing(config.api_keys, config.api_key_file)
     signal.signal(signal.SIGHUP, lambda signum, frame: keys.reload())
@@ -212,6 +235,8 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
             log_level="warning",
             timeout_graceful_shutdown=int(config.drain_seconds),
             timeout_keep_alive=30,
+            limit_concurrency=config.max_connections,
+            h11_max_incomplete_event_size=config.max_header_bytes,
         ),
     )
     server.run(sockets=[sock])

@@ -1,0 +1,96 @@
+"""Bounded connections on a real `embedserve serve`: oversized or too many headers get 431 at
+once, headers or a body that trickle get 408 when their timeout passes, and everyone else is
+still served meanwhile."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.e2e.conftest import Proc
+from tests.e2e.test_replica_failure import call
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bounded() -> Iterator[tuple[str, int]]:
+    proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "1",
+                "--header-timeout", "1", "--body-timeout", "1")  # fmt: skip
+    try:
+        url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
+        port = urlparse(url).port
+        assert port is not None
+        yield url, port
+    finally:
+        proc.stop()
+
+
+def exchange(
+    port: int, data: bytes, *, pause: float = 0.0, tail: bytes = b""
+) -> tuple[bytes, float]:
+    """Send `data`, wait `pause`, send `tail`; the whole answer until the server closes, and the
+    seconds from the first byte sent to the close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        start = time.monotonic()
+        try:
+            s.sendall(data)
+            if pause:
+                time.sleep(pause)
+            if tail:
+                s.sendall(tail)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server may close while we still send: read what it answered
+        chunks = []
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks), time.monotonic() - start
+
+
+def test_oversized_headers_get_431_at_once(bounded: tuple[str, int]) -> None:
+    url, port = bounded
+    big = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n"
+    answer, took = exchange(port, big)
+    assert answer.startswith(b"HTTP/1.1 431") and took < 1.0, (answer[:200], took)
+    many = (
+        b"GET /health HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-%d: y\r\n" % i for i in range(150))
+        + b"\r\n"
+    )
+    answer, _ = exchange(port, many)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert call(url, "POST", "/v1/embeddings", {"input": "still served"})[0] == 200
+
+
+def test_trickling_headers_and_bodies_get_408(bounded: tuple[str, int]) -> None:
+    url, port = bounded
+    answer, took = exchange(port, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n", pause=3.0)
+    assert answer.startswith(b"HTTP/1.1 408") and 0.9 < took < 3.5, (answer[:200], took)
+    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    answer, took = exchange(port, head + b'Content-Length: 100\r\n\r\n{"inp', pause=3.0)
+    assert b" 408 " in answer.split(b"\r\n", 1)[0] and b"body_timeout" in answer, answer[:300]
+    assert call(url, "POST", "/v1/embeddings", {"input": "still served"})[0] == 200
+
+
+def test_a_keep_alive_connection_gets_the_header_timeout_for_each_request(
+    bounded: tuple[str, int],
+) -> None:
+    """Idle between requests is keep-alive's business; a second request's headers are timed."""
+    _, port = bounded
+    body = b'{"input": "hi"}'
+    first = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+    answer, _ = exchange(
+        port, first, pause=2.0, tail=b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n"
+    )
+    assert answer.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 408" in answer, answer[-300:]

@@ -102,3 +102,41 @@ def test_405_lists_the_allowed_methods_and_415_refuses_non_json(inputs: InputPre
     for media in (b"application/json; charset=utf-8", b"Application/JSON"):
         assert request(app, "POST", "/v1/embeddings", [(b"content-type", media)], BODY)[0] == 200
     assert request(app, "POST", "/v1/embeddings", [], BODY)[0] == 200  # none: read as JSON
+
+
+def test_only_the_allowed_hosts_are_answered(inputs: InputPreparer) -> None:
+    from embedserve.gateway.main import LOOPBACK_HOSTS
+
+    app = make_app(inputs, allowed_hosts=frozenset(LOOPBACK_HOSTS))
+    for host in (b"127.0.0.1:8000", b"localhost", b"LOCALHOST:1", b"[::1]:8000", b"::1"):
+        status, _, _ = request(app, "POST", "/v1/embeddings", [(b"host", host), *JSON], BODY)
+        assert status == 200, host
+    for host in (b"evil.example", b"evil.example:8000", b"127.0.0.1.evil.example"):
+        status, _, body = request(app, "POST", "/v1/embeddings", [(b"host", host), *JSON], BODY)
+        assert status == 421 and body["error"]["code"] == "host_not_allowed", host
+    assert request(app, "GET", "/health", [])[0] == 421  # no Host at all
+    assert request(make_app(inputs), "GET", "/health", [(b"host", b"anything")])[0] == 200
+
+
+def test_request_ids_and_one_log_line_per_request_without_text(
+    inputs: InputPreparer, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    app = make_app(inputs, log_requests=True)
+    with caplog.at_level(logging.INFO, logger="embedserve.gateway.requests"):
+        _, head, _ = request(
+            app, "POST", "/v1/embeddings", [(b"x-request-id", b"abc-123"), *JSON], BODY
+        )
+        _, fresh, _ = request(app, "POST", "/v1/embeddings", JSON, b'{"input": "secret text"}')
+        _, odd, _ = request(app, "GET", "/health", [(b"x-request-id", b"bad id\n")])
+    assert head[b"x-request-id"] == b"abc-123"
+    assert len(fresh[b"x-request-id"]) == 32 and odd[b"x-request-id"] != b"bad id\n"
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name.endswith(".requests")]
+    assert [line["request_id"] for line in lines[:2]] == [
+        "abc-123",
+        fresh[b"x-request-id"].decode(),
+    ]
+    assert lines[0]["route"] == "/v1/embeddings" and lines[0]["status"] == 200
+    assert lines[0]["prompt_tokens"] == 3 and lines[0]["inputs"] == 1 and lines[0]["ms"] >= 0
+    assert "secret" not in caplog.text

@@ -7,10 +7,12 @@ machine can run (it has no FastAPI) and the least work per request.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import logging
 import os
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,6 +40,13 @@ from embedserve.gateway.scoring import (
 from embedserve.inputs import InputError
 
 log = logging.getLogger("embedserve.gateway")
+# one JSON line per request with `--log-requests` (no input text, ever)
+request_log = logging.getLogger("embedserve.gateway.requests")
+# the current request's [prompt tokens, inputs], for its log line
+_REQUEST_COUNTS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "embedserve_request_counts", default=None
+)
+REQUEST_ID_MAX = 128  # longer (or unprintable) X-Request-Id values are replaced by our own
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -105,9 +114,14 @@ class GatewayApp:
         body_timeout: float = 30.0,
         api_keys: Callable[[], frozenset[bytes]] = frozenset,
         metrics_auth: bool = False,
+        allowed_hosts: frozenset[str] = frozenset(),
+        log_requests: bool = False,
     ) -> None:
         """`api_keys`: the keys a client must send as `Authorization: Bearer <key>` (read on
-        every request, so a reload takes effect at once; empty: no authentication)."""
+        every request, so a reload takes effect at once; empty: no authentication).
+        `allowed_hosts`: the Host header values (without port) served; empty: any."""
+        self.allowed_hosts = allowed_hosts
+        self.log_requests = log_requests
         self.make_pipeline = make_pipeline
         self.api_keys = api_keys
         # routes open without a key: liveness always, metrics unless `metrics_auth`
@@ -188,7 +202,12 @@ class GatewayApp:
         handler = self.routes.get((method, path))
         route = path if path in self.paths else "other"
         extra: tuple[tuple[bytes, bytes], ...] = ()
+        request_id = _request_id(scope)
+        counts = [0, 0]
+        _REQUEST_COUNTS.set(counts)
         try:
+            if self.allowed_hosts:
+                self._check_host(scope)
             if path not in self.open_paths:
                 self._authenticate(scope)
             if self.draining and path != "/health":
@@ -216,7 +235,11 @@ class GatewayApp:
             log.exception("unhandled error on %s %s", method, path)
             error = ApiError(500, "internal error in the gateway", code="server_error")
             status, content_type, payload = 500, JSON, dumps(error.body())
-        headers = [(b"content-type", content_type), (b"content-length", str(len(payload)).encode())]
+        headers = [
+            (b"content-type", content_type),
+            (b"content-length", str(len(payload)).encode()),
+            (b"x-request-id", request_id),
+        ]
         headers += extra
         if status in RETRYABLE_STATUSES:  # full queues and restarting replicas clear quickly
             headers.append((b"retry-after", RETRY_AFTER_SECONDS))
@@ -224,7 +247,30 @@ class GatewayApp:
         await send({"type": "http.response.body", "body": payload})
         count, latency = self._route_metrics(route, status)
         count.inc()
-        latency.observe(time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        latency.observe(seconds)
+        if self.log_requests:
+            request_log.info(
+                dumps(
+                    {
+                        "request_id": request_id.decode("ascii"),
+                        "method": method,
+                        "route": route,
+                        "status": status,
+                        "ms": round(seconds * 1e3, 3),
+                        "prompt_tokens": counts[0],
+                        "inputs": counts[1],
+                    }
+                ).decode()
+            )
+
+    def _count(self, num_tokens: int, num_inputs: int) -> None:
+        """A request's work: into the metrics, and into its log line."""
+        self.metrics.prompt_tokens.inc(num_tokens)
+        self.metrics.inputs.inc(num_inputs)
+        counts = _REQUEST_COUNTS.get()
+        if counts is not None:
+            counts[:] = [num_tokens, num_inputs]
 
     def _route_metrics(self, route: str, status: int) -> tuple[Any, Any]:
         """The request counter and latency histogram of a route and status, looked up once."""
@@ -268,6 +314,23 @@ class GatewayApp:
         finally:
             watch.remove_done_callback(on_message)
             watch.cancel()
+
+    def _check_host(self, scope: Scope) -> None:
+        """A page on another site cannot reach a local server through DNS rebinding: its
+        requests carry that site's Host."""
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value.decode("latin-1").strip().lower()
+                host = host[1 : host.index("]")] if host.startswith("[") and "]" in host else host
+                host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+                if host in self.allowed_hosts:
+                    return
+                break
+        raise ApiError(
+            421,
+            "the Host of this request is not one this server answers to (see --allowed-host)",
+            code="host_not_allowed",
+        )
 
     def _authenticate(self, scope: Scope) -> None:
         keys = self.api_keys()
@@ -384,8 +447,7 @@ class GatewayApp:
         pipeline = self._embedding_pipeline()
         job = parse_embeddings(self._json(body), self.limits, pipeline.inputs)
         vectors, num_tokens = await pipeline.embed(job)
-        self.metrics.prompt_tokens.inc(num_tokens)
-        self.metrics.inputs.inc(len(vectors))
+        self._count(num_tokens, len(vectors))
         return (
             200,
             JSON,
@@ -396,8 +458,7 @@ class GatewayApp:
         pipeline = self._embedding_pipeline()
         job = parse_contextual(self._json(body), self.limits, pipeline.inputs)
         documents, num_tokens = await pipeline.contextual(job)
-        self.metrics.prompt_tokens.inc(num_tokens)
-        self.metrics.inputs.inc(job.num_chunks)
+        self._count(num_tokens, job.num_chunks)
         return (
             200,
             JSON,
@@ -408,8 +469,7 @@ class GatewayApp:
         pipeline = self._ready_pipeline()
         job, top_n, return_documents = parse_rerank(self._json(body), self.limits)
         scores, num_tokens = await pipeline.score(job)
-        self.metrics.prompt_tokens.inc(num_tokens)
-        self.metrics.inputs.inc(job.num_documents)
+        self._count(num_tokens, job.num_documents)
         docs = job.groups[0][1]
         return (
             200,
@@ -421,16 +481,14 @@ class GatewayApp:
         pipeline = self._ready_pipeline()
         job, return_text = parse_tei_rerank(self._json(body), self.limits)
         scores, num_tokens = await pipeline.score(job)
-        self.metrics.prompt_tokens.inc(num_tokens)
-        self.metrics.inputs.inc(job.num_documents)
+        self._count(num_tokens, job.num_documents)
         return 200, JSON, dumps(tei_rerank_body(scores, job.groups[0][1], return_text))
 
     async def score(self, body: bytes) -> tuple[int, bytes, bytes]:
         pipeline = self._ready_pipeline()
         job = parse_score(self._json(body), self.limits)
         scores, num_tokens = await pipeline.score(job)
-        self.metrics.prompt_tokens.inc(num_tokens)
-        self.metrics.inputs.inc(job.num_documents)
+        self._count(num_tokens, job.num_documents)
         return 200, JSON, dumps(score_body(scores, self.model_name, num_tokens))
 
     async def tokenize(self, body: bytes) -> tuple[int, bytes, bytes]:
@@ -493,3 +551,13 @@ class GatewayApp:
 
     async def openapi(self, body: bytes) -> tuple[int, bytes, bytes]:
         return 200, JSON, self._openapi
+
+
+def _request_id(scope: Scope) -> bytes:
+    """The client's X-Request-Id when it is short and printable, else a new one."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            if 0 < len(value) <= REQUEST_ID_MAX and all(33 <= c < 127 for c in value):
+                return bytes(value)
+            break
+    return uuid.uuid4().hex.encode()

@@ -9,6 +9,7 @@
 | 408    | invalid_request_error | a body slower than `--body-timeout` (headers: `--header-timeout`) |
 | 413    | invalid_request_error | body over `--max-body-bytes`                                  |
 | 415    | invalid_request_error | a POST body whose `Content-Type` is not JSON                  |
+| 421    | invalid_request_error | a `Host` outside `--allowed-host` (default on loopback: local names) |
 | 429    | rate_limit_error      | every replica's queue is full (the server refused)            |
 | 500    | server_error          | an engine failure                                             |
 | 503    | service_unavailable   | no healthy replica, or a replica did not answer in time       |
@@ -28,6 +29,7 @@ TYPES = {
     408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    421: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable",

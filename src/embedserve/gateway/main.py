@@ -8,11 +8,13 @@ supervisor and every worker gets exactly one stop signal.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -46,6 +48,7 @@ DEFAULT_CHUNK_TOKENS = 8192
 # 2 workers answered 16 clients at 3,894 req/s against 3,563 with 1 (4: 3,989) and moved
 # 100-passage requests at 3.02M against 2.71M tokens/s (4: 2.96M). On a small machine a second
 # worker would take the cores the engine runs on.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_WORKERS = 2 if (os.cpu_count() or 1) >= 8 else 1
 
 
@@ -104,6 +107,16 @@ class GatewayConfig(Options):
         None, "a file of API keys, one per line; read again on SIGHUP", metavar="PATH"
     )
     metrics_auth: bool = option(False, "/metrics needs a key too (with --api-key / -file)")
+    allowed_hosts: tuple[str, ...] = option(
+        (),
+        "a Host name this gateway answers to, repeatable; others get HTTP 421 (default: when "
+        "bound to loopback, localhost, 127.0.0.1 and ::1; else any)",
+        flag="allowed-host",
+        metavar="NAME",
+    )
+    log_requests: bool = option(
+        False, "one JSON line per request on stderr (id, route, status, ms, tokens; no text)"
+    )
     request_timeout: float = option(30.0, "deadline of each server call (s)")
     health_interval: float = option(0.5, "replica health polling interval (s)")
     drain_seconds: float = drain_option()
@@ -138,6 +151,15 @@ class GatewayConfig(Options):
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
         if self.chunk_tokens is not None and self.chunk_tokens <= 0:
             raise ValueError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
+
+    @property
+    def host_names(self) -> frozenset[str]:
+        """The Host names served (empty: any): as given, else the local names on loopback."""
+        if self.allowed_hosts:
+            return frozenset(h.lower() for h in self.allowed_hosts)
+        if self.host in LOOPBACK_HOSTS:
+            return frozenset(LOOPBACK_HOSTS)
+        return frozenset()
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -189,6 +211,8 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
         body_timeout=config.body_timeout,
         api_keys=keys,
         metrics_auth=config.metrics_auth,
+        allowed_hosts=config.host_names,
+        log_requests=config.log_requests,
     )
 
 
@@ -222,6 +246,13 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         http = "h11"
     keys = KeyRing(config.api_keys, config.api_key_file)
     signal.signal(signal.SIGHUP, lambda signum, frame: keys.reload())
+    if config.log_requests:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        requests_log = logging.getLogger("embedserve.gateway.requests")
+        requests_log.addHandler(handler)
+        requests_log.setLevel(logging.INFO)
+        requests_log.propagate = False
     app = build_app(config, keys)
     server = draining_server(
         app,

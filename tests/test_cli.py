@@ -93,3 +93,64 @@ def test_rerank_prints_the_ranked_documents(
     assert len(json.loads(capsys.readouterr().out)["results"]) == 3
     assert main(["rerank", "--query", "", "doc", "--device", "cpu"]) == 2
     assert "query is an empty string" in capsys.readouterr().err
+
+
+def test_output_and_input_are_checked_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from embedserve import embedder as embedder_module
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(embedder_module.Embedder, "__init__", no_model)
+    src = tmp_path / "in.txt"
+    src.write_text("a text\n", encoding="utf-8")
+    cases = [
+        (["--input", str(src), "--output", str(tmp_path / "nope" / "v.npy")], "does not exist"),
+        (["--input", str(src), "--output", str(tmp_path)], "must end in .npy or .parquet"),
+        (["--input", str(tmp_path), "--output", str(tmp_path / "v.npy")], "is a folder"),
+        (["--input", str(tmp_path / "missing.txt")], "no such file"),
+    ]
+    for argv, words in cases:
+        assert main(["embed", *argv]) == 2, argv
+        assert words in capsys.readouterr().err, argv
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # not installed
+    assert main(["embed", "--input", str(src), "--output", str(tmp_path / "v.parquet")]) == 2
+    assert "pip install 'embedserve[parquet]'" in capsys.readouterr().err
+
+
+def test_serve_on_a_taken_port_says_so_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"embedserve serve: error: port {port} on 127.0.0.1 is already in use (another "
+        "server?): stop it, or pick another with --port (--port 0: any free port)"
+    ]
+
+
+def test_version_and_help_for_users(capsys: pytest.CaptureFixture[str]) -> None:
+    from embedserve import __version__
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"embedserve {__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "embedserve serve " in out and "rerank" in out and "launch" not in out
+
+
+def test_a_too_long_input_gets_the_flag_to_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["embed", "word " * 400, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "input[0] has 402 tokens, over this model's limit of 256" in err
+    assert "--truncate end (keep the beginning) or --truncate start" in err and "truncate=" not in err

@@ -44,6 +44,9 @@ def test_bad_options(minilm: Embedder) -> None:
         minilm.encode(["x"], dimensions=100, output_dtype="binary")
     with pytest.raises(ValueError, match="truncate must be"):
         minilm.encode(["x"], truncate="middle")  # type: ignore[arg-type]
+    # the value as the HTTP client wrote it (JSON), not Python's True
+    with pytest.raises(ValueError, match=r'or "chunk"; got true$'):
+        minilm.encode(["x"], truncate=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown prompt_name 'query'"):
         minilm.encode(["x"], prompt_name="query")
 

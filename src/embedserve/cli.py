@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from embedserve.errors import InputTooLong
 from embedserve.options import EngineOptions
 from embedserve.outputs import OUTPUT_DTYPES
 
@@ -91,14 +94,45 @@ def write_vectors(path: Path, vectors: object) -> None:
         raise ValueError(f"--output must end in .npy or .parquet, got {path.name!r}")
 
 
+def check_output(path: Path, overwrite: bool) -> None:
+    """Everything about `--output` that can fail, checked before any work (an hour of
+    embedding must not end in "no such folder")."""
+    if path.suffix not in (".npy", ".parquet"):
+        raise ValueError(f"--output must end in .npy or .parquet, got {path.name!r}")
+    if path.is_dir():
+        raise ValueError(
+            f"--output {path} is a folder; give a file name ending in .npy or .parquet"
+        )
+    if path.exists() and not overwrite:
+        raise ValueError(f"{path} exists; pass --overwrite to replace it")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ValueError(f"--output {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--output {path}: the folder {folder} is not writable")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "writing .parquet needs pyarrow: pip install 'embedserve[parquet]' (or write .npy)"
+            ) from None
+
+
+def check_input(path: Path) -> None:
+    if path.is_dir():
+        raise ValueError(f"--input {path} is a folder; give a .txt or .jsonl file")
+    if not path.exists():
+        raise ValueError(f"--input {path}: no such file")
+
+
 def _run_embed(args: argparse.Namespace) -> int:
     if bool(args.texts) == bool(args.input):
         raise ValueError("give texts as arguments or --input FILE (one of the two)")
+    if args.input is not None:
+        check_input(args.input)
     if args.output is not None:
-        if args.output.suffix not in (".npy", ".parquet"):
-            raise ValueError(f"--output must end in .npy or .parquet, got {args.output.name!r}")
-        if args.output.exists() and not args.overwrite:
-            raise ValueError(f"{args.output} exists; pass --overwrite to replace it")
+        check_output(args.output, args.overwrite)
     texts = read_texts(args.input) if args.input else list(args.texts)
     from embedserve.embedder import Embedder
 
@@ -111,16 +145,14 @@ def _run_embed(args: argparse.Namespace) -> int:
         attention=options.attention,
         attention_backend=options.attention_backend,
     )
-    vectors = embedder.encode(
-        texts,
-        prompt_name=args.prompt_name,
-        dimensions=args.dimensions,
-        normalize=not args.no_normalize,
-        output_dtype=args.output_dtype,
-        truncate=args.truncate or False,
-        batch_tokens=args.batch_tokens,
-        show_progress=args.output is not None,
-    )
+    try:
+        vectors = embed_texts(embedder, texts, args)
+    except InputTooLong as e:  # the advice in this command's terms
+        raise ValueError(
+            f"{e.where} has {e.num_tokens} tokens, over this model's limit of {e.max_length}; "
+            "shorten it or pass --truncate end (keep the beginning) or --truncate start (keep "
+            "the end)"
+        ) from None
     if args.output is not None:
         write_vectors(args.output, vectors)
         print(
@@ -161,6 +193,8 @@ def _run_rerank(args: argparse.Namespace) -> int:
     options = EngineOptions.from_args(args)
     if options.pooling or options.attention:
         raise ValueError("--pooling and --attention do not apply to rerank")
+    if args.input is not None:
+        check_input(args.input)
     docs = read_texts(args.input) if args.input else list(args.documents)
     from embedserve.scorer import Scorer
 
@@ -187,8 +221,36 @@ def _run_rerank(args: argparse.Namespace) -> int:
     return 0
 
 
+USAGE = """Embeddings and reranking with small Transformer models, fast, on GPUs or the CPU.
+
+  embedserve serve                      serve the bundled all-MiniLM-L6-v2 over HTTP (OpenAI API)
+  embedserve serve --model DIR          any supported Hugging Face / sentence-transformers folder
+  embedserve embed "a text" "another"   embed offline, JSON out (--input FILE --output v.npy)
+  embedserve rerank --query Q DOC ...   rank documents for a query, offline
+
+Each command's --help lists its flags and their defaults. Docs: README.md, docs/serving.md."""
+
+
+def embed_texts(embedder: Any, texts: list[str], args: argparse.Namespace) -> Any:
+    return embedder.encode(
+        texts,
+        prompt_name=args.prompt_name,
+        dimensions=args.dimensions,
+        normalize=not args.no_normalize,
+        output_dtype=args.output_dtype,
+        truncate=args.truncate or False,
+        batch_tokens=args.batch_tokens,
+        show_progress=args.output is not None,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="embedserve", description=__doc__)
+    from embedserve import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="embedserve", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"embedserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_embed(sub)
     _add_rerank(sub)

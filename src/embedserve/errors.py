@@ -43,3 +43,14 @@ TRUNCATE_ADVICE = (
     'shorten it or pass truncate "end" (keep the beginning), "start" (keep the end) or '
     '"chunk" (average of windows)'
 )
+
+
+def shown(value: object) -> str:
+    """A value as the caller wrote it: JSON where it is JSON (`true`, `"x"`, `null`), so an HTTP
+    client reads its own value back; Python's repr otherwise."""
+    import json
+
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)

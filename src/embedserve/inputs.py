@@ -29,7 +29,7 @@ from embedserve.chunking import (
     plan_document,
     split_windows,
 )
-from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong, InputTypeError
+from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong, InputTypeError, shown
 from embedserve.outputs import (
     OUTPUT_DTYPES,
     apply_output,
@@ -168,7 +168,7 @@ class InputPreparer:
             truncate = False
         if truncate is not False and truncate not in ("end", "start", "chunk"):
             raise InputError(
-                f'truncate must be false, "end", "start" or "chunk"; got {truncate!r}',
+                f'truncate must be false, "end", "start" or "chunk"; got {shown(truncate)}',
                 param="truncate",
             )
         return InputOptions(self.prompt(prompt_name, prompt, input_type, instruction), truncate)
@@ -208,7 +208,7 @@ class InputPreparer:
             )
         if input_type is not None and input_type not in INPUT_TYPES:
             raise InputError(
-                f'input_type must be "query" or "document"; got {input_type!r}',
+                f'input_type must be "query" or "document"; got {shown(input_type)}',
                 param="input_type",
             )
         if instruction is not None:

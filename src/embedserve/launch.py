@@ -105,6 +105,10 @@ def serve_configs(args: argparse.Namespace) -> tuple[list[ServerConfig], Gateway
 
 def run_serve(args: argparse.Namespace) -> int:
     configs, gateway = serve_configs(args)
+    if gateway.port:  # the HTTP port, before any model loads: a taken port fails in a second
+        from embedserve.gateway.main import bind
+
+        bind(gateway.host, gateway.port).close()
     cli = [sys.executable, "-m", "embedserve.cli"]
     stop_requested = threading.Event()
 

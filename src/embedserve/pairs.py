@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.errors import InputError, InputTooLong, InputTypeError
+from embedserve.errors import InputError, InputTooLong, InputTypeError, shown
 from embedserve.spec import ModelSpec
 from embedserve.tokenization import TextTokenizer
 
@@ -111,7 +111,7 @@ class PairPreparer:
             truncate = False
         if truncate not in (False, "end", "start"):
             raise InputError(
-                f'truncate must be false, "end" or "start" for scoring; got {truncate!r}',
+                f'truncate must be false, "end" or "start" for scoring; got {shown(truncate)}',
                 param="truncate",
             )
         if self.score.kind == "classifier":

@@ -8,6 +8,7 @@ supervisor and every worker gets exactly one stop signal.
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import os
@@ -217,10 +218,26 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
 
 
 def bind(host: str, port: int) -> socket.socket:
+    """The listening socket; a clear ValueError (one line: what, where, what to do) when the
+    address cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"port {port} on {host} is already in use (another server?): stop it, or pick "
+                "another with --port (--port 0: any free port)"
+            ) from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(
+                f"{host} is not an address of this machine: use --host 127.0.0.1 (this machine "
+                "only) or 0.0.0.0 (every interface)"
+            ) from None
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
     sock.set_inheritable(True)
     return sock
 

@@ -153,4 +153,6 @@ def test_a_too_long_input_gets_the_flag_to_pass(capsys: pytest.CaptureFixture[st
     assert main(["embed", "word " * 400, "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "input[0] has 402 tokens, over this model's limit of 256" in err
-    assert "--truncate end (keep the beginning) or --truncate start" in err and "truncate=" not in err
+    assert (
+        "--truncate end (keep the beginning) or --truncate start" in err and "truncate=" not in err
+    )

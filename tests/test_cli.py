@@ -36,14 +36,42 @@ def test_embed_file_to_npy_and_parquet(minilm: Embedder, tmp_path: Path) -> None
     pq_path = tmp_path / "v.parquet"
     txt = tmp_path / "corpus.txt"
     txt.write_text("first doc\nsecond doc\n\nthird\n", encoding="utf-8")
+    argv = ["embed", "--input", str(txt), "--output", str(pq_path), "--output-dtype", "int8"]
+    assert main(argv) == 2  # line 3 is empty: an error naming it
+    assert main([*argv, "--skip-empty"]) == 0
+    table = pq.read_table(pq_path)
+    assert table.column("id").to_pylist() == [1, 2, 4]  # the line numbers: rows line up
+    np.testing.assert_array_equal(
+        np.array(table.column("embedding").to_pylist(), dtype=np.int8),
+        np.round(vectors * 127).clip(-127, 127),
+    )
+
+
+def test_every_line_is_one_row_and_jsonl_ids_are_kept(
+    minilm: Embedder, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pyarrow.parquet as pq
+
+    txt = tmp_path / "lines.txt"
+    txt.write_text("first\n   \nthird\n", encoding="utf-8")  # whitespace-only text is embedded
+    out = tmp_path / "v.npy"
+    assert main(["embed", "--input", str(txt), "--output", str(out)]) == 0
+    np.testing.assert_allclose(np.load(out), minilm.encode(["first", "   ", "third"]), atol=1e-6)
+    txt.write_text("first\n\nthird\n", encoding="utf-8")
+    assert main(["embed", "--input", str(txt), "--output", str(out), "--overwrite"]) == 2
+    assert "lines.txt:2: an empty text" in capsys.readouterr().err
     assert (
-        main(["embed", "--input", str(txt), "--output", str(pq_path), "--output-dtype", "int8"])
+        main(["embed", "--input", str(txt), "--output", str(out), "--overwrite", "--skip-empty"])
         == 0
     )
-    column = pq.read_table(pq_path).column("embedding").to_pylist()
-    np.testing.assert_array_equal(
-        np.array(column, dtype=np.int8), np.round(vectors * 127).clip(-127, 127)
+    assert "skipped 1 empty lines: [2]" in capsys.readouterr().err
+    src = tmp_path / "docs.jsonl"
+    src.write_text(
+        '{"id": "doc-a", "text": "alpha"}\n{"id": "doc-b", "text": "beta"}\n', encoding="utf-8"
     )
+    pq_path = tmp_path / "v.parquet"
+    assert main(["embed", "--input", str(src), "--output", str(pq_path)]) == 0
+    assert pq.read_table(pq_path).column("id").to_pylist() == ["doc-a", "doc-b"]
 
 
 def test_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

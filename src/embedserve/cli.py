@@ -8,12 +8,14 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from embedserve.errors import InputTooLong
 from embedserve.options import EngineOptions
 from embedserve.outputs import OUTPUT_DTYPES
+from embedserve.processes import say
 
 
 def _add_embed(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +26,12 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--output", type=Path, help="where to write vectors: .npy or .parquet")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    p.add_argument(
+        "--skip-empty",
+        action="store_true",
+        help="leave out empty lines of --input (reported) instead of failing; every other line "
+        "is one row",
+    )
     EngineOptions.add_arguments(p)
     p.add_argument("--dimensions", type=int, default=None, help="truncate to this many dimensions")
     p.add_argument("--no-normalize", action="store_true", help="return un-normalized vectors")
@@ -51,30 +59,58 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_embed)
 
 
-def read_texts(path: Path) -> list[str]:
-    """Texts from a .txt file (one per non-empty line) or a .jsonl file ('text' field)."""
-    if path.suffix == ".jsonl":
-        texts = []
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-                text = record.get("text") if isinstance(record, dict) else record
-                if not isinstance(text, str):
-                    raise ValueError(
-                        f"{path}:{n}: expected a string or an object with a 'text' string"
-                    )
-                texts.append(text)
-        return texts
+@dataclass
+class Records:
+    """The texts of an input file, one per record, with each record's id (the jsonl `id`, else
+    its line number) and the line numbers skipped as empty (only with `--skip-empty`)."""
+
+    ids: list[Any] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+
+
+def read_records(path: Path, *, skip_empty: bool = False) -> Records:
+    """A .txt file (every line one text: whitespace-only text is embedded, an empty line is an
+    error naming it unless `skip_empty`) or a .jsonl file (a string or an object with a 'text'
+    string and an optional 'id' per line; blank lines are not records)."""
+    out = Records()
     with path.open(encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f if line.strip()]
+        lines = f.read().splitlines()
+    for n, line in enumerate(lines, 1):
+        if path.suffix == ".jsonl":
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            text = record.get("text") if isinstance(record, dict) else record
+            if not isinstance(text, str):
+                raise ValueError(f"{path}:{n}: expected a string or an object with a 'text' string")
+            record_id = record.get("id", n) if isinstance(record, dict) else n
+        else:
+            text, record_id = line, n
+        if not text:
+            if not skip_empty:
+                raise ValueError(
+                    f"{path}:{n}: an empty text; remove the line, or pass --skip-empty to leave "
+                    "it out (the skipped line numbers are reported)"
+                )
+            out.skipped.append(n)
+            continue
+        out.ids.append(record_id)
+        out.texts.append(text)
+    return out
 
 
-def write_vectors(path: Path, vectors: object) -> None:
+def read_texts(path: Path) -> list[str]:
+    """The texts of an input file (see `read_records`)."""
+    return read_records(path).texts
+
+
+def write_vectors(path: Path, vectors: object, ids: list[Any] | None = None) -> None:
+    """.npy: the vectors, row i for input i; .parquet: an `id` column (the records' ids, else
+    0, 1, ...) beside the `embedding` column."""
     import numpy as np
 
     arr = np.asarray(vectors)
@@ -89,7 +125,10 @@ def write_vectors(path: Path, vectors: object) -> None:
                 "writing .parquet needs pyarrow: pip install 'embedserve[parquet]'"
             ) from None
         column = pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), arr.shape[1])
-        pq.write_table(pa.table({"embedding": column}), path)
+        id_values = ids if ids is not None else list(range(len(arr)))
+        if len({type(i) for i in id_values}) > 1:  # mixed ids (some records without one)
+            id_values = [str(i) for i in id_values]
+        pq.write_table(pa.table({"id": pa.array(id_values), "embedding": column}), path)
     else:
         raise ValueError(f"--output must end in .npy or .parquet, got {path.name!r}")
 
@@ -133,7 +172,17 @@ def _run_embed(args: argparse.Namespace) -> int:
         check_input(args.input)
     if args.output is not None:
         check_output(args.output, args.overwrite)
-    texts = read_texts(args.input) if args.input else list(args.texts)
+    records = (
+        read_records(args.input, skip_empty=args.skip_empty)
+        if args.input
+        else Records(list(range(len(args.texts))), list(args.texts))
+    )
+    if records.skipped:
+        say(
+            f"embedserve embed: skipped {len(records.skipped)} empty lines: {records.skipped}",
+            err=True,
+        )
+    texts = records.texts
     from embedserve.embedder import Embedder
 
     options = EngineOptions.from_args(args)
@@ -154,7 +203,7 @@ def _run_embed(args: argparse.Namespace) -> int:
             "the end)"
         ) from None
     if args.output is not None:
-        write_vectors(args.output, vectors)
+        write_vectors(args.output, vectors, records.ids)
         print(
             f"wrote {vectors.shape[0]} vectors of {vectors.shape[1]} to {args.output}",
             file=sys.stderr,

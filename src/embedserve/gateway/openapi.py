@@ -39,6 +39,20 @@ def _ok(schema: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"200": {"description": "OK", "content": content}}
 
 
+def _optional_nullable(request: dict[str, Any]) -> dict[str, Any]:
+    """Every optional property of a request object may be null: the server reads null as
+    absent (tests/gateway/test_openapi_exact.py checks both against the running app)."""
+    required = set(request.get("required", ()))
+    for name, prop in request["properties"].items():
+        if name not in required:
+            prop["nullable"] = True
+    return request
+
+
+# a string with something in it: blank queries, documents and chunks are refused
+NOT_BLANK = {"type": "string", "minLength": 1, "pattern": r"\S"}
+
+
 def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
     ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
     texts = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
@@ -52,7 +66,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
                     {"type": "string", "minLength": 1},
                     {**texts, "maxItems": limits.max_inputs},
                     ids,
-                    {"type": "array", "items": ids, "maxItems": limits.max_inputs},
+                    {"type": "array", "items": ids, "minItems": 1, "maxItems": limits.max_inputs},
                 ]
             },
             "model": {"type": "string", "enum": list(limits.model_names)},
@@ -111,7 +125,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
     }
     chunks = {
         "type": "array",
-        "items": {"type": "string", "minLength": 1},
+        "items": NOT_BLANK,
         "minItems": 1,
         "maxItems": limits.max_chunks,
         "description": "one document: its chunks in order (joined with `separator`)",
@@ -155,7 +169,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
         "additionalProperties": False,
         "required": ["input"],
         "properties": {
-            "input": {"oneOf": [{"type": "string"}, texts]},
+            "input": {"oneOf": [{"type": "string", "minLength": 1}, texts]},
             "model": {"type": "string"},
             "truncate": {"enum": [False, "end", "start"]},
             **{
@@ -164,9 +178,9 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             },
         },
     }
-    document = {"oneOf": [{"type": "string", "minLength": 1}, {
+    document = {"oneOf": [NOT_BLANK, {
         "type": "object", "additionalProperties": False, "required": ["text"],
-        "properties": {"text": {"type": "string", "minLength": 1}}}]}  # fmt: skip
+        "properties": {"text": NOT_BLANK}}]}  # fmt: skip
     documents = {"type": "array", "items": document, "minItems": 1, "maxItems": limits.max_inputs}
     model_name = {"type": "string", "enum": list(limits.model_names)}
     pair_truncate = {"enum": [False, "end", "start"]}
@@ -175,7 +189,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
         "additionalProperties": False,
         "required": ["query", "documents"],
         "properties": {
-            "query": {"type": "string", "minLength": 1},
+            "query": NOT_BLANK,
             "documents": documents,
             "top_n": {"type": "integer", "minimum": 1},
             "return_documents": {"type": "boolean", "default": False},
@@ -189,8 +203,8 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
         "additionalProperties": False,
         "required": ["query", "texts"],
         "properties": {
-            "query": {"type": "string", "minLength": 1},
-            "texts": {**documents, "items": {"type": "string", "minLength": 1}},
+            "query": NOT_BLANK,
+            "texts": {**documents, "items": NOT_BLANK},
             "raw_scores": {"type": "boolean", "default": False},
             "return_text": {"type": "boolean", "default": False},
             "truncate": {"type": "boolean", "default": False},
@@ -214,7 +228,59 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             "user": {"type": "string"},
         },
     }
+    usage = embeddings_response["properties"]["usage"]  # type: ignore[index]
+    rerank_response = {
+        "type": "object",
+        "required": ["id", "model", "results", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "model": {"type": "string"},
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "relevance_score"],
+                    "properties": {
+                        "index": {"type": "integer", "minimum": 0},
+                        "relevance_score": {"type": "number"},
+                        "document": {"type": "object", "properties": {"text": {"type": "string"}}},
+                    },
+                },
+            },
+            "usage": usage,
+        },
+    }
+    tei_rerank_response = {"type": "array", "items": {
+        "type": "object", "required": ["index", "score"],
+        "properties": {"index": {"type": "integer", "minimum": 0}, "score": {"type": "number"},
+                       "text": {"type": "string"}}}}  # fmt: skip
+    score_response = {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "data", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["list"]},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "object", "score"],
+                    "properties": {
+                        "index": {"type": "integer", "minimum": 0},
+                        "object": {"type": "string", "enum": ["score"]},
+                        "score": {"type": "number"},
+                    },
+                },
+            },
+            "usage": usage,
+        },
+    }
     scoring_errors = _errors(400, 404, 413, 429, 500, 503)
+    for request in (embeddings_request, contextual_request, tokenize_request, rerank_request,
+                    tei_rerank_request, score_request):  # fmt: skip
+        _optional_nullable(request)
     return {
         "openapi": "3.0.3",
         "info": {"title": "embedserve", "version": "0.1.0", "description": f"Serving {model}."},
@@ -244,21 +310,21 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
                 "post": {
                     "summary": "Rerank documents for a query (Cohere / Jina shape), best first",
                     "requestBody": _json_body(rerank_request),
-                    "responses": {**_ok(), **scoring_errors},
+                    "responses": {**_ok(rerank_response), **scoring_errors},
                 }
             },
             "/rerank": {
                 "post": {
                     "summary": "Rerank texts for a query (text-embeddings-inference shape)",
                     "requestBody": _json_body(tei_rerank_request),
-                    "responses": {**_ok({"type": "array"}), **scoring_errors},
+                    "responses": {**_ok(tei_rerank_response), **scoring_errors},
                 }
             },
             "/v1/score": {
                 "post": {
                     "summary": "Scores of text_1 against text_2 pairs (vLLM shape), in order",
                     "requestBody": _json_body(score_request),
-                    "responses": {**_ok(), **scoring_errors},
+                    "responses": {**_ok(score_response), **scoring_errors},
                 }
             },
             "/v1/models": {"get": {"summary": "The served model", "responses": _ok()}},

@@ -33,7 +33,7 @@ from embedserve.gateway.requests import ContextualJob, EmbedJob
 from embedserve.gateway.scoring import ScoreJob
 from embedserve.inputs import Head, InputOptions, InputPreparer
 from embedserve.outputs import sigmoid, to_base64
-from embedserve.pairs import PairPreparer, PreparedPairs, cosine_scores
+from embedserve.pairs import PairPreparer, PreparedPairs, cosine_scores, read_text
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
 
@@ -167,6 +167,7 @@ class Pipeline:
         unit = Head(self.inputs.spec.hidden_size, True, "float32")
         out, total = [], 0
         for query, docs in job.groups:
+            query = read_text(query, "query")  # as a reranker's pairs check it
             q_options = self.inputs.options(
                 input_type="query", instruction=job.instruction, truncate=job.truncate
             )

@@ -116,6 +116,7 @@ def parse_score(body: Any, limits: Limits) -> ScoreJob:
     """`/v1/score` (vLLM's shape)."""
     body = check_object(body, SCORE_FIELDS)
     check_model(body, limits)
+    optional_string(body, "user")
     for key in ("text_1", "text_2"):
         if key not in body:
             raise bad_request(f"{key!r} is required", param=key, code="missing_required_parameter")

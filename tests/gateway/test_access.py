@@ -140,3 +140,20 @@ def test_request_ids_and_one_log_line_per_request_without_text(
     assert lines[0]["route"] == "/v1/embeddings" and lines[0]["status"] == 200
     assert lines[0]["prompt_tokens"] == 3 and lines[0]["inputs"] == 1 and lines[0]["ms"] >= 0
     assert "secret" not in caplog.text
+
+
+def test_a_key_sent_twice_is_a_400_not_the_last_one_silently(inputs: InputPreparer) -> None:
+    from embedserve.gateway.jsonio import duplicate_key, loads
+
+    app = make_app(inputs)
+    body = b'{"input": "first", "input": "second"}'
+    status, _, reply = request(app, "POST", "/v1/embeddings", JSON, body)
+    assert status == 400 and reply["error"]["code"] == "duplicate_key"
+    assert reply["error"]["param"] == "input"
+    # the quoted key inside a text, or twice in nested objects, is not a top-level duplicate
+    for ok in (
+        b'{"input": "say \\"input\\" twice: \\"input\\""}',
+        b'{"input": [{"a": 1}, {"a": 2}]}',
+    ):
+        assert duplicate_key(ok, loads(ok)) is None, ok
+    assert duplicate_key(b'{"a": {"b": 1, "b": 2}}', {"a": {"b": 2}}) is None

@@ -20,7 +20,7 @@ import prometheus_client as prom
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from embedserve.gateway.errors import ApiError, bad_request, from_input_error
-from embedserve.gateway.jsonio import JSONDecodeError, dumps, loads
+from embedserve.gateway.jsonio import JSONDecodeError, dumps, duplicate_key, loads
 from embedserve.gateway.openapi import openapi_document
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
 from embedserve.gateway.requests import (
@@ -423,9 +423,17 @@ class GatewayApp:
         if not body:
             raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
         try:
-            return loads(body)
+            parsed = loads(body)
         except JSONDecodeError as e:
             raise bad_request(f"the body is not valid JSON: {e}", code="invalid_json") from None
+        key = duplicate_key(body, parsed)
+        if key is not None:
+            raise bad_request(
+                f"the key {key!r} appears twice in the request; send it once",
+                param=key,
+                code="duplicate_key",
+            )
+        return parsed
 
     def _ready_pipeline(self) -> Pipeline:
         if self.pipeline is None:

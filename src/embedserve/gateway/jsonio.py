@@ -40,3 +40,31 @@ except ImportError:  # the GPU machine has no orjson
 
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj, default=_default, separators=(",", ":")).encode()
+
+
+def duplicate_key(data: bytes, parsed: Any) -> str | None:
+    """A key that appears twice in the top-level object of `data` (a JSON parser keeps the last
+    one silently), or None. NOTE: cheap first: only a key whose quoted name occurs more than once
+    in the raw bytes sends the body through a second, checking parse."""
+    if not isinstance(parsed, dict) or not any(
+        data.count(b'"' + k.encode() + b'"') > 1 for k in parsed
+    ):
+        return None
+    per_object: list[list[str]] = []  # the hook sees inner objects first, the top one last
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        twice = []
+        for key, _ in items:
+            if key in seen:
+                twice.append(key)
+            seen.add(key)
+        per_object.append(twice)
+        return dict(items)
+
+    try:
+        json.loads(data.decode("utf-8"), object_pairs_hook=pairs)
+    except ValueError:
+        return None
+    top = per_object[-1] if per_object else []
+    return top[0] if top else None

@@ -457,3 +457,28 @@ def test_each_stage_of_the_request_path_is_timed() -> None:
         assert times["device"][1] >= 0.04  # the wait for the lazy result is the device's
 
     with_server(engine, body)
+
+
+def test_an_idle_engine_thread_gives_freed_memory_back_after_much_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from embedserve.server import service as service_module
+
+    trims: list[float] = []
+    monkeypatch.setattr(service_module, "TRIM_AFTER_TOKENS", 20)
+    monkeypatch.setattr(service_module, "release_free_memory", lambda: trims.append(1.0))
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        await stub(req([1, 2, 3]), timeout=10)  # 3 tokens: not yet
+        await asyncio.sleep(0.1)
+        assert trims == []
+        for _ in range(8):  # 24 tokens in all, then idle
+            await stub(req([1, 2, 3]), timeout=10)
+        deadline = asyncio.get_running_loop().time() + 5
+        while not trims and asyncio.get_running_loop().time() < deadline:
+            await stub(req([4]), timeout=10)  # the loop comes round once more
+            await asyncio.sleep(0.05)
+        assert len(trims) == 1
+
+    with_server(engine, body)

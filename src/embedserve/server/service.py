@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import queue
 import threading
@@ -82,6 +83,20 @@ class EngineLike(Protocol):
     def output_width(self) -> int: ...  # columns of a row step() returns (1: a scoring model)
     def check(self, batch: PackedBatch) -> None: ...
     def step(self, batch: PackedBatch) -> ResultHandle: ...
+
+
+# After this many tokens since the last time, an idle engine thread hands freed memory back to
+# the OS (`release_free_memory`).
+TRIM_AFTER_TOKENS = 1 << 17
+
+
+def release_free_memory() -> None:
+    """glibc keeps freed heap memory for reuse, so a server's resident memory stayed at its
+    high-water mark after a large request: a 1,200-passage request on the 2-core CPU left the
+    server at 931 MB (386 idle); with this called once the engine thread is idle again, 433 MB.
+    The next large request takes the memory again. A no-op where there is no glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 # Past this many queued requests a batch goes without waiting: the fixed cost of a forward is
@@ -167,6 +182,7 @@ class EmbedService:
         self.stage_times = StageTimes()
         self._threads: list[threading.Thread] = []
         self.num_batches = 0
+        self._tokens_since_trim = 0  # the engine thread's (see TRIM_AFTER_TOKENS)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -232,10 +248,16 @@ class EmbedService:
 
     def _launch_batches(self) -> None:
         observe = self.stage_times.observe
-        while (batch := self._take_batch()) is not None:
+        while True:
+            if self._tokens_since_trim >= TRIM_AFTER_TOKENS and not len(self.scheduler):
+                self._tokens_since_trim = 0
+                release_free_memory()  # idle after much work: outside the lock
+            if (batch := self._take_batch()) is None:
+                break
             taken = time.perf_counter()
             for request in batch:
                 observe("queue", taken - request.arrived)
+            self._tokens_since_trim += sum(r.num_tokens for r in batch)
             try:
                 handle = self._launch(batch)
             except Exception as e:

@@ -59,11 +59,11 @@ def exchange(
 
 def test_oversized_headers_get_431_at_once(bounded: tuple[str, int]) -> None:
     url, port = bounded
-    big = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n"
+    big = b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n"
     answer, took = exchange(port, big)
     assert answer.startswith(b"HTTP/1.1 431") and took < 1.0, (answer[:200], took)
     many = (
-        b"GET /health HTTP/1.1\r\nHost: x\r\n"
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         + b"".join(b"X-%d: y\r\n" % i for i in range(150))
         + b"\r\n"
     )
@@ -74,9 +74,9 @@ def test_oversized_headers_get_431_at_once(bounded: tuple[str, int]) -> None:
 
 def test_trickling_headers_and_bodies_get_408(bounded: tuple[str, int]) -> None:
     url, port = bounded
-    answer, took = exchange(port, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n", pause=3.0)
+    answer, took = exchange(port, b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\n", pause=3.0)
     assert answer.startswith(b"HTTP/1.1 408") and 0.9 < took < 3.5, (answer[:200], took)
-    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     answer, took = exchange(port, head + b'Content-Length: 100\r\n\r\n{"inp', pause=3.0)
     assert b" 408 " in answer.split(b"\r\n", 1)[0] and b"body_timeout" in answer, answer[:300]
     assert call(url, "POST", "/v1/embeddings", {"input": "still served"})[0] == 200
@@ -88,9 +88,9 @@ def test_a_keep_alive_connection_gets_the_header_timeout_for_each_request(
     """Idle between requests is keep-alive's business; a second request's headers are timed."""
     _, port = bounded
     body = b'{"input": "hi"}'
-    first = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    first = (b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
     answer, _ = exchange(
-        port, first, pause=2.0, tail=b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n"
+        port, first, pause=2.0, tail=b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     )
     assert answer.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 408" in answer, answer[-300:]

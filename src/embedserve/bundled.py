@@ -13,7 +13,8 @@ BUNDLED: dict[str, tuple[str, str]] = {
 
 
 def resolve_model(model: str | Path) -> Path:
-    """A bundled name or a folder path -> the model folder. Raises ValueError for neither."""
+    """A bundled name, a folder path or a Hugging Face Hub id (`org/name[@revision]`, see
+    `hub`) -> the model folder. Raises ValueError for none of them."""
     text = str(model)
     if text in BUNDLED:
         package, _ = BUNDLED[text]
@@ -28,5 +29,12 @@ def resolve_model(model: str | Path) -> Path:
     path = Path(text).expanduser()
     if path.is_dir():
         return path
+    from embedserve import hub
+
+    if hub.is_hub_id(text):
+        return hub.fetch(text)
     known = ", ".join(sorted(BUNDLED))
-    raise ValueError(f"model {text!r} is neither a bundled name ({known}) nor an existing folder")
+    raise ValueError(
+        f"model {text!r} is neither a bundled name ({known}), an existing folder, nor a Hugging "
+        "Face Hub id (org/name)"
+    )

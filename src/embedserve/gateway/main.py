@@ -33,6 +33,7 @@ from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import Limits
+from embedserve.hub import is_hub_id
 from embedserve.inputs import InputPreparer
 from embedserve.options import Options, drain_option, model_option, option
 from embedserve.outputs import min_dimensions
@@ -168,7 +169,10 @@ class GatewayConfig(Options):
             return self.served_model_names
         if self.model in BUNDLED:
             return (self.model,)
-        return (Path(self.model).expanduser().resolve().name,)
+        path = Path(self.model).expanduser()
+        if not path.is_dir() and is_hub_id(self.model):  # clients send the Hub id as `model`
+            return (self.model.partition("@")[0],)
+        return (path.resolve().name,)
 
 
 def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:

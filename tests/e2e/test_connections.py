@@ -59,7 +59,11 @@ def exchange(
 
 def test_oversized_headers_get_431_at_once(bounded: tuple[str, int]) -> None:
     url, port = bounded
-    big = b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n"
+    big = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
+        + b"a" * (4 << 20)
+        + b"\r\n\r\n"
+    )
     answer, took = exchange(port, big)
     assert answer.startswith(b"HTTP/1.1 431") and took < 1.0, (answer[:200], took)
     many = (

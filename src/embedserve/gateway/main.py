@@ -27,6 +27,7 @@ from typing import Any
 
 from embedserve.bundled import BUNDLED, resolve_model
 from embedserve.chunking import MAX_CHUNKS_PER_DOCUMENT
+from embedserve.contract.secret import read_secret
 from embedserve.gateway.app import MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
 from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
@@ -119,6 +120,11 @@ class GatewayConfig(Options):
     log_requests: bool = option(
         False, "one JSON line per request on stderr (id, route, status, ms, tokens; no text)"
     )
+    link_secret_file: str | None = option(
+        None,
+        "the servers' link secret (their --link-secret-file), sent with each call",
+        metavar="PATH",
+    )
     request_timeout: float = option(30.0, "deadline of each server call (s)")
     health_interval: float = option(0.5, "replica health polling interval (s)")
     drain_seconds: float = drain_option()
@@ -177,6 +183,7 @@ class GatewayConfig(Options):
 
 def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
     keys = keys or KeyRing(config.api_keys, config.api_key_file)
+    secret = read_secret(config.link_secret_file) if config.link_secret_file else None
     folder = resolve_model(config.model)
     spec = read_model_spec(folder)
     tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
@@ -198,7 +205,10 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
 
     def make_pipeline() -> Pipeline:  # inside the worker's event loop: grpc.aio channels
         pool = ReplicaPool(
-            config.replicas, timeout=config.request_timeout, health_interval=config.health_interval
+            config.replicas,
+            secret=secret,
+            timeout=config.request_timeout,
+            health_interval=config.health_interval,
         )
         return Pipeline(
             inputs,

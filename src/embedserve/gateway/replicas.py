@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embedserve.contract import embed_stub
 from embedserve.contract.local import LocalEmbedClient, local_socket_for
+from embedserve.contract.secret import call_metadata
 from embedserve.gateway.errors import ApiError
 
 log = logging.getLogger("embedserve.gateway")
@@ -45,8 +47,9 @@ RETRYABLE = {
 
 
 class Replica:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, secret: str | None = None) -> None:
         self.address = address
+        self.secret = secret  # the link secret sent with each gRPC call (`contract.secret`)
         self.healthy = False
         self.outstanding_tokens = 0
         self.channel: Any = None
@@ -58,7 +61,12 @@ class Replica:
         # a server on this host is called over its unix socket (`contract.local`); gRPC for
         # the others, and for health everywhere
         local = local_socket_for(self.address)
-        self.embed = LocalEmbedClient(local) if local else embed_stub(self.channel)
+        if local:
+            self.embed = LocalEmbedClient(local)
+        else:
+            self.embed = functools.partial(
+                embed_stub(self.channel), metadata=call_metadata(self.secret)
+            )
         self.check = health_pb2_grpc.HealthStub(self.channel).Check
 
     async def close(self) -> None:
@@ -90,12 +98,13 @@ class ReplicaPool:
         self,
         addresses: Sequence[str],
         *,
+        secret: str | None = None,
         timeout: float = 30.0,
         health_interval: float = 0.5,
     ) -> None:
         if not addresses:
             raise ValueError("a gateway needs at least one --replica HOST:PORT")
-        self.replicas = [Replica(a) for a in addresses]
+        self.replicas = [Replica(a, secret) for a in addresses]
         self.timeout = timeout
         self.health_interval = health_interval
         self._poller: asyncio.Task[None] | None = None

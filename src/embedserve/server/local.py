@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -88,4 +89,5 @@ async def serve_local(path: Path, answer: Answer) -> LocalServer:
             writer.close()
 
     local.server = await asyncio.start_unix_server(connection, path=str(path))
+    os.chmod(path, 0o600)  # this user's alone: the socket takes calls without any secret
     return local

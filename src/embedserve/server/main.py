@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedserve.contract import SERVICE_NAME, add_embed_service
 from embedserve.contract.local import socket_path
+from embedserve.contract.secret import LOOPBACK, LinkSecretInterceptor, read_secret
 from embedserve.options import EngineOptions, Options, drain_option, option
 from embedserve.processes import say
 from embedserve.server.local import serve_local
@@ -52,9 +53,24 @@ class ServerConfig(Options):
         "this port; 0 picks a free one; with serve, replica i uses PORT+i (default: off)",
     )
     drain_seconds: float = drain_option()
+    link_secret_file: str | None = option(
+        None,
+        "a file with the secret gateways must send (the same file on the gateway): needed when "
+        "--host is not loopback",
+        metavar="PATH",
+    )
+    insecure_link: bool = option(
+        False, "serve a non-loopback --host without a link secret (a trusted network only)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.host not in LOOPBACK and not self.link_secret_file and not self.insecure_link:
+            raise ValueError(
+                f"--host {self.host} exposes this server's gRPC port beyond this machine: pass "
+                "--link-secret-file PATH (and the same to the gateway), or --insecure-link on a "
+                "network you trust"
+            )
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
@@ -102,11 +118,13 @@ async def serve(config: ServerConfig) -> None:
         output_rules=engine.spec.output_rules,
         span_pooler=engine.embed_spans,
     )
+    secret = read_secret(config.link_secret_file) if config.link_secret_file else None
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 256 << 20),
-        ]
+        ],
+        interceptors=[LinkSecretInterceptor(secret)] if secret else None,
     )
     add_embed_service(server, service.embed)
     health_servicer = health.aio.HealthServicer()

@@ -98,3 +98,18 @@ def test_a_keep_alive_connection_gets_the_header_timeout_for_each_request(
         port, first, pause=2.0, tail=b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     )
     assert answer.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 408" in answer, answer[-300:]
+
+
+def test_request_log_lines_name_the_route_tokens_and_replica() -> None:
+    import json as json_module
+
+    proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "1", "--log-requests")
+    try:
+        url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
+        assert call(url, "POST", "/v1/embeddings", {"input": "a logged request"})[0] == 200
+        line = proc.wait_for(r'(\{"request_id".*"route":"/v1/embeddings".*\})', timeout=10).group(1)
+        record = json_module.loads(line)
+        assert record["status"] == 200 and record["inputs"] == 1 and record["replicas"] == [0]
+        assert record["prompt_tokens"] > 0 and "logged" not in line
+    finally:
+        proc.stop()

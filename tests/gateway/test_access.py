@@ -139,6 +139,7 @@ def test_request_ids_and_one_log_line_per_request_without_text(
     ]
     assert lines[0]["route"] == "/v1/embeddings" and lines[0]["status"] == 200
     assert lines[0]["prompt_tokens"] == 3 and lines[0]["inputs"] == 1 and lines[0]["ms"] >= 0
+    assert lines[0]["replicas"] == []  # the fake pipeline calls none
     assert "secret" not in caplog.text
 
 

@@ -23,6 +23,7 @@ from embedserve.gateway.errors import ApiError, bad_request, from_input_error
 from embedserve.gateway.jsonio import JSONDecodeError, dumps, duplicate_key, loads
 from embedserve.gateway.openapi import openapi_document
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
+from embedserve.gateway.replicas import REPLICAS_CALLED
 from embedserve.gateway.requests import (
     Limits,
     parse_contextual,
@@ -40,7 +41,8 @@ from embedserve.gateway.scoring import (
 from embedserve.inputs import InputError
 
 log = logging.getLogger("embedserve.gateway")
-# one JSON line per request with `--log-requests` (no input text, ever)
+# one JSON line per request with `--log-requests` (no input text, ever): its id, route, status,
+# time, prompt tokens, inputs and the server replicas (by index) its calls went to
 request_log = logging.getLogger("embedserve.gateway.requests")
 # the current request's [prompt tokens, inputs], for its log line
 _REQUEST_COUNTS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
@@ -205,6 +207,8 @@ class GatewayApp:
         request_id = _request_id(scope)
         counts = [0, 0]
         _REQUEST_COUNTS.set(counts)
+        replicas: set[int] = set()
+        REPLICAS_CALLED.set(replicas)
         try:
             if self.allowed_hosts:
                 self._check_host(scope)
@@ -260,6 +264,7 @@ class GatewayApp:
                         "ms": round(seconds * 1e3, 3),
                         "prompt_tokens": counts[0],
                         "inputs": counts[1],
+                        "replicas": sorted(replicas),
                     }
                 ).decode()
             )

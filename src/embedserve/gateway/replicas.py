@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 from collections.abc import Sequence
@@ -25,6 +26,10 @@ from embedserve.contract.secret import call_metadata
 from embedserve.gateway.errors import ApiError
 
 log = logging.getLogger("embedserve.gateway")
+# the replicas (by index) the current request's calls went to, for its log line (set by the app)
+REPLICAS_CALLED: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar(
+    "embedserve_replicas_called", default=None
+)
 
 CHANNEL_OPTIONS = [
     # NOTE: the default reconnect backoff grows to two minutes; a restarted server must be
@@ -177,6 +182,9 @@ class ReplicaPool:
                 raise to_api_error(e2, other, self.replicas.index(other)) from None
 
     async def _call(self, replica: Replica, request: Any, num_tokens: int) -> Any:
+        called = REPLICAS_CALLED.get()
+        if called is not None:
+            called.add(self.replicas.index(replica))
         replica.outstanding_tokens += num_tokens
         try:
             return await replica.embed(request, timeout=self.timeout)

@@ -463,7 +463,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         choices=sorted(ALL_ARCHS),
         help="a Qwen3 embedder size, or a reranker (qwen3-reranker-*, ms-marco-minilm-l6)",
     )
-    p.add_argument("--attention", default="causal", choices=["causal", "bidirectional"])
+    p.add_argument(
+        "--attention",
+        default="causal",
+        choices=["causal", "bidirectional"],
+        help="the model's attention, written to config.json: causal (Qwen3-Embedding) or "
+        "bidirectional (pplx-embed); the same choices as serve's --attention override",
+    )
     p.add_argument(
         "--pooling",
         default=None,

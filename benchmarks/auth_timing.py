@@ -7,14 +7,23 @@ byte). Rounds interleave the candidates; the figure is the median over rounds of
 median. In process, no network (which would only add noise on top).
 
     PYTHONPATH=src python3 benchmarks/auth_timing.py [--rounds 30] [--per-round 2000]
+
+Writes auth-timing-<machine>-YYYYMMDD.json (hardware, commit, date) into --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report
 
 from embedserve.gateway.app import GatewayApp
 from embedserve.gateway.auth import KeyRing
@@ -27,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--per-round", type=int, default=2000)
+    ap.add_argument("--out", type=Path, default=report.RESULTS)
     args = ap.parse_args()
     app = GatewayApp(lambda: None, Limits(4, 8, ("m",)), max_body_bytes=1, api_keys=KeyRing([KEY], None))  # type: ignore[arg-type,return-value]  # fmt: skip
     candidates = {
@@ -46,11 +56,18 @@ def main() -> None:
             for _ in range(args.per_round):
                 t0 = time.perf_counter()
                 with contextlib.suppress(Exception):
-                    app._authenticate(scope)
+                    app._authenticate(dict(scope["headers"]))
                 times.append(time.perf_counter() - t0)
             results[name].append(statistics.median(times))
-    for name, medians in results.items():
-        print(f"{name:38s} {statistics.median(medians) * 1e6:7.3f} us")
+    us = {name: round(statistics.median(m) * 1e6, 3) for name, m in results.items()}
+    for name, value in us.items():
+        print(f"{name:38s} {value:7.3f} us")
+    doc = {"hardware": report.cpu_hardware(), "commit": report.commit(),
+           "date": time.strftime("%Y-%m-%d"), "rounds": args.rounds,
+           "per_round": args.per_round, "median_us_per_check": us}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"auth-timing-cpu{os.cpu_count()}-{time.strftime('%Y%m%d')}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

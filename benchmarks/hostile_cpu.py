@@ -34,23 +34,7 @@ import loadgen
 import report
 from serving_cpu import CLI, start
 
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
+from embedserve.processes import alive, descendants
 
 
 def rss_mb(pids: set[int]) -> float:
@@ -62,14 +46,6 @@ def rss_mb(pids: set[int]) -> float:
         except (OSError, StopIteration):
             continue
     return total / 1024
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def gateway_pids(serve_pid: int) -> set[int]:

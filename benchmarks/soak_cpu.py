@@ -19,8 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus
 import loadgen
 import report
-from hostile_cpu import descendants, rss_mb
+from hostile_cpu import rss_mb
 from serving_cpu import CLI, start
+
+from embedserve.processes import descendants
 
 
 def main() -> None:

@@ -6,8 +6,9 @@ on 2 CPU cores, all-MiniLM-L6-v2, offline encode of 192 passages beside one busy
 stayed ahead of sentence-transformers either way (1.18x to 1.70x). Quiet, the two policies were
 within the machine's noise. So the offline API waits passively.
 
-The server does not: it runs batches back to back, and with OpenMP's default it answered 16
-clients at 109-113 requests/s against 101-105 waiting passively (same 2 cores, alternating runs).
+The server keeps OpenMP's default: for `serve` at 16 clients the two were within this machine's
+noise (benchmarks/omp_serve_cpu.py: spinning 125-129 requests/s, passive 118-146, alternating
+rounds), so the server's behaviour was left as it was.
 
 OpenMP reads the policy once, when torch is loaded: it only counts before that. A value the
 user set is kept (an empty one means OpenMP's default).

@@ -194,6 +194,18 @@ class PairPreparer:
         return PreparedPairs(seqs, [0] * len(seqs))
 
 
+def check_top_n(top_n: Any) -> int | None:
+    """`top_n` of a rerank: None (all) or a positive integer."""
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n <= 0):
+        raise InputError(f"top_n must be a positive integer, got {shown(top_n)}", param="top_n")
+    return top_n
+
+
+def ranked(scores: np.ndarray, top_n: int | None = None) -> list[int]:
+    """Indices by descending score, ties in input order; the first `top_n` (None: all)."""
+    return [int(i) for i in np.argsort(-np.asarray(scores), kind="stable")[:top_n]]
+
+
 def cosine_scores(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
     """Cosine of one query vector [H] against each document vector [N, H] (bi-encoder scoring)."""
     q = np.asarray(query, dtype=np.float64).reshape(-1)

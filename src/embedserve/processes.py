@@ -160,3 +160,31 @@ class Child:
             with contextlib.suppress(ProcessLookupError):  # exited meanwhile
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (Linux, from /proc): what must be gone after it is."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (Linux, from /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -21,7 +21,14 @@ from embedserve.bundled import DEFAULT_MODEL, resolve_model
 from embedserve.embedder import Embedder, run_batches
 from embedserve.engine.engine import Engine
 from embedserve.errors import InputError
-from embedserve.pairs import PairPreparer, cosine_scores, read_documents, read_text
+from embedserve.pairs import (
+    PairPreparer,
+    check_top_n,
+    cosine_scores,
+    ranked,
+    read_documents,
+    read_text,
+)
 from embedserve.spec import read_model_spec
 from embedserve.tokenization import TextTokenizer
 
@@ -122,11 +129,8 @@ class Scorer:
         **options: Any,
     ) -> list[Ranked]:
         """The documents by descending score (ties in input order), the first `top_n`."""
-        if top_n is not None and (
-            isinstance(top_n, bool) or not isinstance(top_n, int) or top_n <= 0
-        ):
-            raise InputError(f"top_n must be a positive integer, got {top_n!r}", param="top_n")
+        top_n = check_top_n(top_n)
         docs = read_documents(documents)
         scores = self.score(query, docs, **options)
-        order = sorted(range(len(docs)), key=lambda i: -float(scores[i]))[:top_n]
+        order = ranked(scores, top_n)
         return [Ranked(i, float(scores[i]), docs[i]) for i in order]

@@ -12,37 +12,11 @@ from urllib.parse import urlparse
 
 import pytest
 
+from embedserve.processes import alive, descendants
 from tests.e2e.conftest import Proc
 from tests.e2e.test_replica_failure import call, call_with_headers
 
 pytestmark = pytest.mark.slow
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def port_is_free(port: int) -> bool:

@@ -48,6 +48,7 @@ request_log = logging.getLogger("embedserve.gateway.requests")
 _REQUEST_COUNTS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
     "embedserve_request_counts", default=None
 )
+BODY_TIMEOUT = 30.0  # s for a body to arrive after its headers (`--body-timeout`)
 REQUEST_ID_MAX = 128  # longer (or unprintable) X-Request-Id values are replaced by our own
 
 Scope = dict[str, Any]
@@ -113,7 +114,7 @@ class GatewayApp:
         limits: Limits,
         *,
         max_body_bytes: int,
-        body_timeout: float = 30.0,
+        body_timeout: float = BODY_TIMEOUT,
         api_keys: Callable[[], frozenset[bytes]] = frozenset,
         metrics_auth: bool = False,
         allowed_hosts: frozenset[str] = frozenset(),
@@ -204,22 +205,23 @@ class GatewayApp:
         handler = self.routes.get((method, path))
         route = path if path in self.paths else "other"
         extra: tuple[tuple[bytes, bytes], ...] = ()
-        request_id = _request_id(scope)
+        headers_in = dict(scope["headers"])  # read once: the checks below all look in it
+        request_id = _request_id(headers_in)
         counts = [0, 0]
         _REQUEST_COUNTS.set(counts)
         replicas: set[int] = set()
         REPLICAS_CALLED.set(replicas)
         try:
             if self.allowed_hosts:
-                self._check_host(scope)
+                self._check_host(headers_in)
             if path not in self.open_paths:
-                self._authenticate(scope)
+                self._authenticate(headers_in)
             if self.draining and path != "/health":
                 raise ApiError(503, "the gateway is shutting down", code="shutting_down")
             if handler is None:
                 raise self._no_route(method, path)
             if method == "POST":
-                self._check_content_type(scope)
+                self._check_content_type(headers_in)
             body = await self._read_body(scope, receive) if method == "POST" else b""
             if handler in self.cancellable:
                 status, content_type, payload = await self._unless_disconnected(
@@ -320,34 +322,26 @@ class GatewayApp:
             watch.remove_done_callback(on_message)
             watch.cancel()
 
-    def _check_host(self, scope: Scope) -> None:
+    def _check_host(self, headers: dict[bytes, bytes]) -> None:
         """A page on another site cannot reach a local server through DNS rebinding: its
         requests carry that site's Host."""
-        for name, value in scope["headers"]:
-            if name == b"host":
-                host = value.decode("latin-1").strip().lower()
-                host = host[1 : host.index("]")] if host.startswith("[") and "]" in host else host
-                host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-                if host in self.allowed_hosts:
-                    return
-                break
-        raise ApiError(
-            421,
-            "the Host of this request is not one this server answers to (see --allowed-host)",
-            code="host_not_allowed",
-        )
+        host = headers.get(b"host", b"").decode("latin-1").strip().lower()
+        host = host[1 : host.index("]")] if host.startswith("[") and "]" in host else host
+        host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        if host not in self.allowed_hosts:
+            raise ApiError(
+                421,
+                "the Host of this request is not one this server answers to (see --allowed-host)",
+                code="host_not_allowed",
+            )
 
-    def _authenticate(self, scope: Scope) -> None:
+    def _authenticate(self, headers: dict[bytes, bytes]) -> None:
         keys = self.api_keys()
         if not keys:
             return
-        sent = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, sent = value.partition(b" ")
-                if scheme.lower() != b"bearer":
-                    sent = b""
-                break
+        scheme, _, sent = headers.get(b"authorization", b"").partition(b" ")
+        if scheme.lower() != b"bearer":
+            sent = b""
         # NOTE: compare_digest against every key, always: the time to reject a key depends
         # neither on how much of it matches nor on which key it was close to
         matched = False
@@ -364,19 +358,19 @@ class GatewayApp:
             )
 
     @staticmethod
-    def _check_content_type(scope: Scope) -> None:
-        for name, value in scope["headers"]:
-            if name == b"content-type":
-                media = value.split(b";", 1)[0].strip().lower()
-                if media == b"application/json" or media.endswith(b"+json"):
-                    return
-                raise ApiError(
-                    415,
-                    f"Content-Type {value.decode('latin-1')!r} is not JSON; send application/json",
-                    code="unsupported_media_type",
-                )
-        # no Content-Type at all: curl -d and many clients send JSON without one; it is read as
-        # JSON (and a body that is not gets a 400)
+    def _check_content_type(headers: dict[bytes, bytes]) -> None:
+        value = headers.get(b"content-type")
+        # none at all: curl -d and many clients send JSON without one; it is read as JSON (and a
+        # body that is not gets a 400)
+        if value is None:
+            return
+        media = value.split(b";", 1)[0].strip().lower()
+        if media != b"application/json" and not media.endswith(b"+json"):
+            raise ApiError(
+                415,
+                f"Content-Type {value.decode('latin-1')!r} is not JSON; send application/json",
+                code="unsupported_media_type",
+            )
 
     def _no_route(self, method: str, path: str) -> ApiError:
         if path in self.paths:
@@ -566,11 +560,9 @@ class GatewayApp:
         return 200, JSON, self._openapi
 
 
-def _request_id(scope: Scope) -> bytes:
+def _request_id(headers: dict[bytes, bytes]) -> bytes:
     """The client's X-Request-Id when it is short and printable, else a new one."""
-    for name, value in scope["headers"]:
-        if name == b"x-request-id":
-            if 0 < len(value) <= REQUEST_ID_MAX and all(33 <= c < 127 for c in value):
-                return bytes(value)
-            break
+    value = headers.get(b"x-request-id", b"")
+    if 0 < len(value) <= REQUEST_ID_MAX and all(33 <= c < 127 for c in value):
+        return bytes(value)
     return uuid.uuid4().hex.encode()

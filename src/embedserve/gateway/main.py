@@ -28,7 +28,7 @@ from typing import Any
 from embedserve.bundled import BUNDLED, resolve_model
 from embedserve.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.contract.secret import read_secret
-from embedserve.gateway.app import MULTIPROCESS_DIR, GatewayApp
+from embedserve.gateway.app import BODY_TIMEOUT, MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
 from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
@@ -84,7 +84,7 @@ class GatewayConfig(Options):
         "seconds from a request's first byte to the end of its headers; past it HTTP 408",
     )
     body_timeout: float = option(
-        30.0, "seconds the body may take to arrive after the headers; past it HTTP 408"
+        BODY_TIMEOUT, "seconds the body may take to arrive after the headers; past it HTTP 408"
     )
     max_connections: int = option(
         1024, "open connections (and requests) per gateway worker; past it HTTP 503"

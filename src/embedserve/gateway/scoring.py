@@ -24,7 +24,7 @@ import numpy as np
 
 from embedserve.gateway.errors import bad_request
 from embedserve.gateway.requests import Limits, check_model, check_object, optional_string
-from embedserve.pairs import read_documents
+from embedserve.pairs import check_top_n, ranked, read_documents
 
 RERANK_FIELDS = frozenset(
     {"model", "query", "documents", "top_n", "return_documents", "truncate", "instruction"}
@@ -81,11 +81,7 @@ def parse_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, int | None, bool]
         raise bad_request(
             "'documents' is required", param="documents", code="missing_required_parameter"
         )
-    top_n = body.get("top_n")
-    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n <= 0):
-        raise bad_request(
-            f"top_n must be a positive integer, got {top_n!r}", param="top_n", code="invalid_value"
-        )
+    top_n = check_top_n(body.get("top_n"))
     docs = _documents(body["documents"], "documents", limits)
     job = ScoreJob([(body["query"], docs)], body.get("truncate"), body.get("instruction"))
     return job, top_n, _flag(body, "return_documents")
@@ -147,11 +143,6 @@ def _usage(num_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": num_tokens, "total_tokens": num_tokens}
 
 
-def _order(scores: np.ndarray) -> list[int]:
-    """Indices by descending score, ties in input order."""
-    return [int(i) for i in np.argsort(-scores, kind="stable")]
-
-
 def rerank_body(
     scores: np.ndarray,
     docs: list[str],
@@ -161,7 +152,7 @@ def rerank_body(
     num_tokens: int,
 ) -> dict[str, Any]:
     results = []
-    for i in _order(scores)[:top_n]:
+    for i in ranked(scores, top_n):
         result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
         if return_documents:
             result["document"] = {"text": docs[i]}
@@ -176,7 +167,7 @@ def rerank_body(
 
 def tei_rerank_body(scores: np.ndarray, texts: list[str], return_text: bool) -> list[Any]:
     out = []
-    for i in _order(scores):
+    for i in ranked(scores):
         item: dict[str, Any] = {"index": i, "score": float(scores[i])}
         if return_text:
             item["text"] = texts[i]

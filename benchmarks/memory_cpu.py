@@ -1,0 +1,79 @@
+"""A server's resident memory around one large request, on the CPU: idle, at its peak while a
+1,200-passage request runs (sampled every 50 ms), and once idle again, after the engine thread
+has handed freed memory back (`server.service.release_free_memory`).
+
+    PYTHONPATH=src python3 benchmarks/memory_cpu.py
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus
+import report
+from hostile_cpu import rss_mb
+from serving_cpu import CLI, start
+
+from embedserve.processes import descendants
+
+
+def post(port: int, body: object) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/embeddings", json.dumps(body), {"Content-Type": "application/json"})
+    reply = conn.getresponse()
+    reply.read()
+    conn.close()
+    return reply.status
+
+
+def main() -> None:
+    server, ready = start([*CLI, "serve", "--device", "cpu", "--port", "0"],
+                          r"serving \S+ at http://127\.0\.0\.1:(\d+)")  # fmt: skip
+    port = int(ready.group(1))
+    try:
+        servers = set()
+        for pid in descendants(server.proc.pid):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"\0server\0" in f.read():
+                    servers.add(pid)
+        post(port, {"input": "warm"})
+        time.sleep(1)
+        idle = rss_mb(servers)
+        peak, done = idle, threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not done.wait(0.05):
+                peak = max(peak, rss_mb(servers))
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        texts = corpus.passages(1200, min_words=150, max_words=180)
+        status = post(port, {"input": texts, "truncate": "end"})
+        done.set()
+        sampler.join()
+        time.sleep(1)
+        post(port, {"input": "after"})  # the engine thread comes round once more
+        time.sleep(1)
+        after = rss_mb(servers)
+    finally:
+        server.stop(30)
+    doc = {"hardware": report.cpu_hardware(), "commit": report.commit(),
+           "date": time.strftime("%Y-%m-%d"), "request": "1,200 passages of 150-180 words",
+           "status": status, "server_rss_mb": {"idle": round(idle), "peak during the request":
+           round(peak), "idle again after it": round(after)}}  # fmt: skip
+    report.RESULTS.mkdir(parents=True, exist_ok=True)
+    path = report.RESULTS / f"memory-cpu{os.cpu_count()}-{time.strftime('%Y%m%d')}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -32,6 +32,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from embedserve.families import (
+    FAMILIES,
+    SUPPORTED_ARCHITECTURES,
+    BertConfig,
+    FamilyConfig,
+    ModelLoadError,
+    Qwen3Config,
+    family_of,
+    read_family_config,
+)
+
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "BertConfig",
+    "ModelLoadError",
+    "ModelSpec",
+    "Qwen3Config",
+    "read_model_spec",
+]
+
 PoolingMethod = Literal["mean", "cls", "last"]
 Task = Literal["embed", "score"]
 ScoreKind = Literal["classifier", "yes_no"]
@@ -43,56 +63,16 @@ POOLING_METHODS: tuple[str, ...] = ("mean", "cls", "last")
 ATTENTION_KINDS: tuple[str, ...] = ("causal", "bidirectional")
 OUTPUT_RULES: tuple[str, ...] = ("generic", "pplx")
 
-# config.json "architectures" / "model_type" values this engine can run, by family.
-BERT_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")
-BERT_SCORE_ARCHITECTURES = ("BertForSequenceClassification",)
-QWEN3_ARCHITECTURES = ("Qwen3Model", "Qwen3ForCausalLM")
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
-    BERT_ARCHITECTURES + BERT_SCORE_ARCHITECTURES + QWEN3_ARCHITECTURES
-)
 TASKS: tuple[str, ...] = ("embed", "score")
+# the encoder architectures that score pairs (cross-encoders with a one-label classifier)
+SCORE_ARCHITECTURES: tuple[str, ...] = tuple(
+    a for f in FAMILIES if f.name != "qwen3" for a in f.score_architectures
+)
 # the answer tokens of an LLM reranker (Qwen3-Reranker's prompt asks for "yes" or "no")
 YES_NO_TOKENS = ("yes", "no")
 
 # Our own optional file in a model folder, for what Hugging Face configs have no key for.
 EMBEDSERVE_CONFIG = "embedserve.json"
-
-
-class ModelLoadError(ValueError):
-    """A model folder that cannot be served; the message names the file and what was expected."""
-
-
-@dataclass(frozen=True)
-class BertConfig:
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_position_embeddings: int
-    type_vocab_size: int
-    layer_norm_eps: float
-    hidden_act: str
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-
-@dataclass(frozen=True)
-class Qwen3Config:
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int  # query heads
-    num_kv_heads: int  # key/value heads (grouped-query attention)
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,51 +94,63 @@ class ScoreSpec:
 
 
 @dataclass(frozen=True)
+class DenseLayer:
+    """A sentence-transformers `Dense` module after pooling: y = act(x W^T + b)."""
+
+    path: str  # the module's folder inside the model folder
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: Literal["identity", "tanh"]
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Everything the engine and the tokenizer side need to know about one model folder."""
 
     path: Path
-    family: Literal["bert", "qwen3"]
+    family: str  # a `families.FAMILIES` name
     architecture: str
-    bert: BertConfig | None  # set for family "bert"
-    hidden_size: int
+    config: FamilyConfig  # the family's config (shapes, positions, norms)
+    hidden_size: int  # the width of an embedding: the model's, or the last Dense module's
     pooling: PoolingMethod
     attention: AttentionKind
     normalize: bool  # the folder ends in a Normalize module: outputs are unit vectors by default
     max_seq_length: int  # tokens per sequence, special tokens included
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
-    qwen3: Qwen3Config | None = None  # set for family "qwen3"
     output_rules: OutputRules = "generic"  # how int8/binary are computed (see outputs)
     default_output_dtype: str = "float32"  # the encoding when a request names none
     task: Task = "embed"
     score: ScoreSpec | None = None  # set for task "score"
+    dense: tuple[DenseLayer, ...] = ()  # sentence-transformers Dense modules, in order
 
     @property
     def output_width(self) -> int:
-        """Columns of a row the engine returns: the hidden size, or 1 (the raw score)."""
+        """Columns of a row the engine returns: the embedding width, or 1 (the raw score)."""
         return 1 if self.task == "score" else self.hidden_size
 
     @property
+    def bert(self) -> BertConfig | None:
+        return self.config if isinstance(self.config, BertConfig) else None
+
+    @property
+    def qwen3(self) -> Qwen3Config | None:
+        return self.config if isinstance(self.config, Qwen3Config) else None
+
+    @property
     def vocab_size(self) -> int:
-        return self.bert.vocab_size if self.bert else self._qwen3.vocab_size
+        return self.config.vocab_size
 
     @property
     def max_position_embeddings(self) -> int:
-        return (
-            self.bert.max_position_embeddings if self.bert else self._qwen3.max_position_embeddings
-        )
+        """Tokens per sequence the model has positions for (after any offset)."""
+        return self.config.max_positions
 
     @property
     def type_vocab_size(self) -> int:
         """Segment ids the model has embeddings for (1 for models without token types)."""
-        return self.bert.type_vocab_size if self.bert else 1
-
-    @property
-    def _qwen3(self) -> Qwen3Config:
-        if self.qwen3 is None:
-            raise ValueError(f"{self.path}: spec has neither a BERT nor a Qwen3 config")
-        return self.qwen3
+        return int(getattr(self.config, "type_vocab_size", 1))
 
 
 def _read_json(path: Path) -> Any:
@@ -169,12 +161,6 @@ def _read_json(path: Path) -> Any:
         raise ModelLoadError(f"{path}: file not found") from None
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
-
-
-def _require(cfg: dict[str, Any], key: str, path: Path) -> Any:
-    if key not in cfg:
-        raise ModelLoadError(f"{path}: missing required key {key!r}")
-    return cfg[key]
 
 
 def _pooling_from_folder(folder: Path) -> PoolingMethod | None:
@@ -217,71 +203,6 @@ def _has_normalize(folder: Path) -> bool:
     return any(m.get("type", "").endswith("Normalize") for m in _read_json(modules_path))
 
 
-def _read_bert(cfg: dict[str, Any], config_path: Path) -> BertConfig:
-    if cfg.get("position_embedding_type", "absolute") != "absolute":
-        raise ModelLoadError(
-            f"{config_path}: position_embedding_type {cfg['position_embedding_type']!r} "
-            "is not supported; expected 'absolute'"
-        )
-    bert = BertConfig(
-        vocab_size=int(_require(cfg, "vocab_size", config_path)),
-        hidden_size=int(_require(cfg, "hidden_size", config_path)),
-        num_layers=int(_require(cfg, "num_hidden_layers", config_path)),
-        num_heads=int(_require(cfg, "num_attention_heads", config_path)),
-        intermediate_size=int(_require(cfg, "intermediate_size", config_path)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 512)),
-        type_vocab_size=int(cfg.get("type_vocab_size", 2)),
-        layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
-        hidden_act=str(cfg.get("hidden_act", "gelu")),
-    )
-    if bert.hidden_size % bert.num_heads:
-        raise ModelLoadError(
-            f"{config_path}: hidden_size {bert.hidden_size} is not divisible by "
-            f"num_attention_heads {bert.num_heads}"
-        )
-    if bert.hidden_act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu"):
-        raise ModelLoadError(f"{config_path}: unsupported hidden_act {bert.hidden_act!r}")
-    return bert
-
-
-def _read_qwen3(cfg: dict[str, Any], config_path: Path) -> Qwen3Config:
-    # transformers 5 writes rope settings under "rope_parameters"; older configs at the top level.
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ModelLoadError(
-            f"{config_path}: rope_type {rope_type!r} is not supported; expected 'default'"
-        )
-    if cfg.get("use_sliding_window"):
-        raise ModelLoadError(f"{config_path}: use_sliding_window is not supported")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ModelLoadError(f"{config_path}: unsupported hidden_act {cfg['hidden_act']!r}")
-    hidden = int(_require(cfg, "hidden_size", config_path))
-    heads = int(_require(cfg, "num_attention_heads", config_path))
-    qwen3 = Qwen3Config(
-        vocab_size=int(_require(cfg, "vocab_size", config_path)),
-        hidden_size=hidden,
-        num_layers=int(_require(cfg, "num_hidden_layers", config_path)),
-        num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        intermediate_size=int(_require(cfg, "intermediate_size", config_path)),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-        attention_bias=bool(cfg.get("attention_bias", False)),
-    )
-    if qwen3.num_heads % qwen3.num_kv_heads:
-        raise ModelLoadError(
-            f"{config_path}: num_attention_heads {qwen3.num_heads} is not a multiple of "
-            f"num_key_value_heads {qwen3.num_kv_heads}"
-        )
-    if qwen3.head_dim % 2:
-        raise ModelLoadError(f"{config_path}: head_dim {qwen3.head_dim} must be even for rotary")
-    return qwen3
-
-
 def _declared_attention(
     cfg: dict[str, Any], extra: dict[str, Any], config_path: Path
 ) -> AttentionKind | None:
@@ -316,18 +237,7 @@ def read_model_spec(
         raise ModelLoadError(f"{path}: not a directory (expected a model folder with config.json)")
     config_path = path / "config.json"
     cfg = _read_json(config_path)
-    architectures = cfg.get("architectures") or []
-    arch = architectures[0] if architectures else cfg.get("model_type", "<none>")
-    model_type = cfg.get("model_type")
-    if model_type == "qwen3" or arch in QWEN3_ARCHITECTURES:
-        family = "qwen3"
-    elif model_type == "bert" or arch in BERT_ARCHITECTURES + BERT_SCORE_ARCHITECTURES:
-        family = "bert"
-    else:
-        raise ModelLoadError(
-            f"{config_path}: unsupported architecture {arch!r} (model_type {model_type!r}); "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} (model_type bert or qwen3)"
-        )
+    family, arch = family_of(cfg, config_path)
     if attention is not None and attention not in ATTENTION_KINDS:
         raise ValueError(f"attention {attention!r} is not one of {', '.join(ATTENTION_KINDS)}")
     extra_path = path / EMBEDSERVE_CONFIG
@@ -335,31 +245,32 @@ def read_model_spec(
     if not isinstance(extra, dict):
         raise ModelLoadError(f"{extra_path}: expected a JSON object")
 
-    bert: BertConfig | None = None
-    qwen3: Qwen3Config | None = None
-    task = _task(path, family, arch, extra)
+    config = read_family_config(family.name, cfg, config_path)
+    task = _task(path, family.name, arch, extra)
     score: ScoreSpec | None = None
-    if family == "bert":
-        bert = _read_bert(cfg, config_path)
-        kind: str = attention or "bidirectional"
-        if kind != "bidirectional":
-            raise ValueError("BERT models only run with bidirectional attention")
-        hidden, max_len = bert.hidden_size, bert.max_position_embeddings
-        default_pooling = "cls"
-        if task == "score":
-            score = ScoreSpec("classifier", _classifier_activation(cfg, config_path))
-    else:
-        qwen3 = _read_qwen3(cfg, config_path)
-        kind = attention or _declared_attention(cfg, extra, config_path) or "causal"
-        hidden, max_len = qwen3.hidden_size, qwen3.max_position_embeddings
+    hidden, max_len = config.hidden_size, config.max_positions
+    if family.name == "qwen3":
+        kind: str = attention or _declared_attention(cfg, extra, config_path) or "causal"
         default_pooling = "last" if kind == "causal" else "mean"
         if task == "score":
             score = ScoreSpec("yes_no", "sigmoid", _yes_no_ids(path))
+    else:
+        kind = attention or "bidirectional"
+        if kind != "bidirectional":
+            raise ValueError(f"{family.name} models only run with bidirectional attention")
+        if family.name == "gemma3" and _declared_attention(cfg, extra, config_path) == "causal":
+            raise ModelLoadError(
+                f"{config_path}: a causal Gemma 3 is a language model; embedserve runs Gemma 3 "
+                'as EmbeddingGemma does ("use_bidirectional_attention": true)'
+            )
+        default_pooling = family.default_pooling
+        if task == "score":
+            score = ScoreSpec("classifier", _classifier_activation(cfg, config_path))
 
     declared = _pooling_from_folder(path)
     if task == "score":
         # the pair's score is read at one token: BERT's CLS (through its pooler), an LLM's last
-        declared, default_pooling = None, "cls" if family == "bert" else "last"
+        declared, default_pooling = None, "last" if family.name == "qwen3" else "cls"
         if pooling is not None and pooling != default_pooling:
             raise ValueError(f"a scoring model pools {default_pooling!r}; got pooling {pooling!r}")
     method = pooling or declared or default_pooling
@@ -392,24 +303,64 @@ def read_model_spec(
             f"{', '.join(OUTPUT_DTYPES)}"
         )
 
+    dense = _dense_layers(path, hidden)
+    if dense and task == "score":
+        raise ModelLoadError(f"{path / 'modules.json'}: a scoring model has no Dense modules")
     return ModelSpec(
         path=path,
-        family=family,  # type: ignore[arg-type]
+        family=family.name,
         architecture=arch,
-        bert=bert,
-        hidden_size=hidden,
+        config=config,
+        hidden_size=dense[-1].out_features if dense else hidden,
         pooling=method,  # type: ignore[arg-type]
         attention=kind,  # type: ignore[arg-type]
         normalize=_has_normalize(path),
         max_seq_length=max_len,
         prompts=prompts,
         default_prompt_name=default_prompt_name,
-        qwen3=qwen3,
         output_rules=rules,
         default_output_dtype=default_dtype,
         task=task,
         score=score,
+        dense=dense,
     )
+
+
+def _dense_layers(folder: Path, hidden: int) -> tuple[DenseLayer, ...]:
+    """The sentence-transformers Dense modules of the folder, in order, their widths chained
+    from the model's hidden size."""
+    modules_path = folder / "modules.json"
+    if not modules_path.exists():
+        return ()
+    layers: list[DenseLayer] = []
+    width = hidden
+    for module in _read_json(modules_path):
+        if not str(module.get("type", "")).endswith(".Dense"):
+            continue
+        sub = str(module.get("path", ""))
+        cfg_path = folder / sub / "config.json"
+        cfg = _read_json(cfg_path)
+        act = str(cfg.get("activation_function", "torch.nn.modules.linear.Identity"))
+        activation = (
+            "identity" if act.endswith("Identity") else "tanh" if act.endswith("Tanh") else None
+        )
+        if activation is None:
+            raise ModelLoadError(f"{cfg_path}: activation_function {act!r} is not supported")
+        layer = DenseLayer(
+            path=sub,
+            in_features=int(cfg.get("in_features", 0)),
+            out_features=int(cfg.get("out_features", 0)),
+            bias=bool(cfg.get("bias", True)),
+            activation=activation,  # type: ignore[arg-type]
+        )
+        if layer.in_features != width or layer.out_features <= 0:
+            raise ModelLoadError(
+                f"{cfg_path}: in_features {layer.in_features} / out_features "
+                f"{layer.out_features} do not follow a width of {width}"
+            )
+        layers.append(layer)
+        width = layer.out_features
+    return tuple(layers)
 
 
 def _task(path: Path, family: str, arch: str, extra: dict[str, Any]) -> Task:
@@ -420,12 +371,13 @@ def _task(path: Path, family: str, arch: str, extra: dict[str, Any]) -> Task:
             raise ModelLoadError(
                 f"{path / EMBEDSERVE_CONFIG}: task {task!r} is not one of {', '.join(TASKS)}"
             )
-        if family == "bert" and (task == "score") != (arch in BERT_SCORE_ARCHITECTURES):
+        scores = arch in SCORE_ARCHITECTURES
+        if family != "qwen3" and (task == "score") != scores:
             raise ModelLoadError(
                 f"{path / EMBEDSERVE_CONFIG}: task {task!r} does not fit architecture {arch!r}"
             )
         return task
-    if arch in BERT_SCORE_ARCHITECTURES:
+    if arch in SCORE_ARCHITECTURES and family != "qwen3":
         return "score"
     if arch == "Qwen3ForCausalLM" and not (path / "modules.json").exists():
         return "score"

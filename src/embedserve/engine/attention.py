@@ -14,14 +14,20 @@ sequence boundaries in a `RaggedLayout`; none pads sequences to a common length.
   (the padding comes after it, so it never sees it), else a [T] mask of the padding keys. With
   several sequences, the block-diagonal mask, so padding and dummy sequences never mix with a
   real one. On the CPU plain SDPA (for tests).
+
+Every backend also takes `window`: None (every key of the sequence), or a sliding window, the
+largest distance |query - key| a query may attend over (ModernBERT's local layers: 64; a
+bidirectional Gemma3's sliding layers: `sliding_window // 2`). Within one packed sequence the
+distance of positions is the distance of token indices, so the window is a band on the packed
+dimension intersected with the sequence's block.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -49,8 +55,24 @@ class RaggedLayout:
     solo: bool = False
 
 
-# (q, k, v, layout, causal) -> [T, N, D]
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, RaggedLayout, bool], torch.Tensor]
+class AttentionFn(Protocol):
+    """(q, k, v, layout, causal, window) -> [T, N, D]; see the module docstring."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layout: RaggedLayout,
+        causal: bool,
+        window: int | None = None,
+    ) -> torch.Tensor: ...
+
+
+def band(n: int, window: int, device: torch.device) -> torch.Tensor:
+    """[n, n] bool, True where |i - j| <= window (a sliding window over token indices)."""
+    i = torch.arange(n, device=device)
+    return (i[:, None] - i[None, :]).abs() <= window
 
 
 def _expand_kv(k: torch.Tensor, num_q_heads: int) -> torch.Tensor:
@@ -62,7 +84,12 @@ def _expand_kv(k: torch.Tensor, num_q_heads: int) -> torch.Tensor:
 
 
 def sdpa_loop(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: RaggedLayout, causal: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: RaggedLayout,
+    causal: bool,
+    window: int | None = None,
 ) -> torch.Tensor:
     k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
     out = torch.empty_like(q)
@@ -72,7 +99,13 @@ def sdpa_loop(
         # [1, N, n, D] views of this sequence only. NOTE: 4-D inputs matter: with 3-D ones
         # PyTorch's CPU dispatcher falls back to the unfused math kernel, 4x slower.
         qs, ks, vs = (t[None, start:end].transpose(1, 2) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
+        if window is not None and n - 1 > window:
+            keep = band(n, window, q.device)
+            if causal:
+                keep = keep.tril_()
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=keep)
+        else:
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
         out[start:end] = o[0].transpose(0, 1)
         start = end
     return out
@@ -92,11 +125,18 @@ def layout_mask(layout: RaggedLayout, device: torch.device) -> torch.Tensor:
 
 
 def block_mask(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: RaggedLayout, causal: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: RaggedLayout,
+    causal: bool,
+    window: int | None = None,
 ) -> torch.Tensor:
     mask = layout_mask(layout, q.device)
     if causal:  # NOTE: not in place: the mask may be shared by every layer
         mask = mask & torch.ones_like(mask).tril_()
+    if window is not None:
+        mask = mask & band(mask.shape[0], window, q.device)
     gqa: dict[str, bool] = {}
     if k.shape[1] != q.shape[1]:
         if q.device.type == "cuda":
@@ -134,8 +174,15 @@ def _causal_kwargs(causal: bool) -> dict[str, object]:
 
 
 def varlen(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: RaggedLayout, causal: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: RaggedLayout,
+    causal: bool,
+    window: int | None = None,
 ) -> torch.Tensor:
+    if window is not None:
+        return _flash_window(q, k, v, layout, causal, window)
     from torch.nn.attention.varlen import varlen_attn
 
     gqa = (
@@ -156,12 +203,44 @@ def varlen(
     return out
 
 
+def _flash_window(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: RaggedLayout,
+    causal: bool,
+    window: int,
+) -> torch.Tensor:
+    """FlashAttention over the ragged batch with a sliding window, through the ATen op that
+    `varlen_attn` wraps (its window arguments exist on every release; varlen_attn's own keyword
+    only on newer ones). Flash windows count keys left and right of the query, inclusive."""
+    if k.shape[1] != q.shape[1]:
+        k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    out = torch.ops.aten._flash_attention_forward(
+        q,
+        k,
+        v,
+        layout.cu_seqlens,
+        layout.cu_seqlens,
+        layout.max_seqlen,
+        layout.max_seqlen,
+        0.0,
+        causal,
+        False,
+        window_size_left=window,
+        window_size_right=0 if causal else window,
+    )[0]
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
 def cudnn(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     layout: RaggedLayout,
     causal: bool,
+    window: int | None = None,
     *,
     choices: KernelChoices,
 ) -> torch.Tensor:
@@ -169,14 +248,23 @@ def cudnn(
     with grouped heads, which is never inside a capture (a bucket's first hit runs eagerly, and
     every capture is preceded by a warm-up run)."""
     mask: torch.Tensor | None = None
+    t = q.shape[0]
+    windowed = window is not None and t - 1 > window
     # NOTE: one real sequence with causal attention needs no mask either: its padding comes
     # after it, so no real query sees a padding key (padding rows are never read)
-    if not (layout.dense or (layout.solo and causal)):
-        key = f"cudnn-bias-{causal}-{q.dtype}"
+    if windowed or not (layout.dense or (layout.solo and causal)):
+        key = f"cudnn-bias-{causal}-{q.dtype}-{window if windowed else None}"
         mask = layout.cache.get(key)
         if mask is None:
             zero = torch.zeros((), dtype=q.dtype, device=q.device)
-            if layout.solo:  # bidirectional: only the padding keys are hidden, [1, 1, 1, T]
+            if windowed:
+                keep = band(t, window, q.device)  # type: ignore[arg-type]
+                if not layout.dense:
+                    keep = keep & layout_mask(layout, q.device)
+                if causal:
+                    keep = keep.tril_()
+                mask = torch.where(keep, zero, float("-inf"))[None, None]
+            elif layout.solo:  # bidirectional: only the padding keys are hidden, [1, 1, 1, T]
                 assert layout.seq_ids is not None, "a solo layout carries seq_ids"
                 mask = torch.where(layout.seq_ids == 0, zero, float("-inf"))[None, None, None]
             else:

@@ -24,6 +24,7 @@ from embedserve.engine.attention import (
 )
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.choices import KernelChoices
+from embedserve.engine.dense import build_dense
 from embedserve.engine.fidelity import SCORE_MAX_DIFF, check_fidelity, make_probes
 from embedserve.engine.fused import EAGER_OPS, compile_limits, compiled_ops
 from embedserve.engine.graphs import GraphConfig, GraphRunner
@@ -91,6 +92,11 @@ class Engine:
         # a scoring model's head, after pooling, in float32 (see `scoring`); None to embed
         head = build_score_head(spec)
         self.score_head = head.to(self.device) if head is not None else None
+        # a sentence-transformers folder's Dense modules after pooling, in float32; None if none
+        dense = build_dense(spec)
+        self.dense = dense.to(self.device) if dense is not None else None
+        # what follows pooling on the device: the Dense modules or the score head (never both)
+        self.after_pooling = self.score_head if self.score_head is not None else self.dense
         self.runner: GraphRunner | None = None
         if graphs is None:
             # an explicitly named backend that a graph cannot hold (sdpa_loop) means eager
@@ -116,7 +122,9 @@ class Engine:
         if reference is not None:
             self.fidelity_cosine = check_fidelity(
                 lambda b: self.step(b).wait().copy(),
-                lambda b: _reference_run(reference, self.score_head, b, self.device, spec.pooling),
+                lambda b: _reference_run(
+                    reference, self.after_pooling, b, self.device, spec.pooling
+                ),
                 make_probes(self.vocab_size, self.max_positions),
                 # one score per row: compared by difference (a cosine of one number is ±1),
                 # after the activation, as the scores are served
@@ -184,7 +192,7 @@ class Engine:
         with self._compiling:
             hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
             pooled = self.ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
-            return pooled if self.score_head is None else self.score_head(pooled)
+            return pooled if self.after_pooling is None else self.after_pooling(pooled)
 
     def _hidden(
         self,
@@ -228,7 +236,8 @@ class Engine:
         spans = check_spans(spans, batch)
         hidden = _eager_run(self._hidden, batch, self.device, self.attend)
         spans_dev = torch.from_numpy(spans).to(self.device, non_blocking=True)
-        return pool_spans(hidden, spans_dev).cpu().numpy()
+        pooled = pool_spans(hidden, spans_dev)
+        return (pooled if self.dense is None else self.dense(pooled)).cpu().numpy()
 
 
 def _eager_run(

@@ -50,11 +50,44 @@ def bert_embed(
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+def add_layer_norm_residual(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(LayerNorm(x + residual), x + residual): a pre-norm encoder's next block input and its
+    residual stream (ModernBERT)."""
+    total = x + residual
+    return F.layer_norm(total, (x.shape[-1],), weight, bias, eps), total
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm in fp32, cast back, then scaled (the Hugging Face Qwen3 order of operations)."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: scaled by (1 + weight), all in fp32, then cast (Hugging Face's order)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (x32 * (1.0 + weight.float())).to(x.dtype)
+
+
+def gemma_norm_add_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    post_weight: torch.Tensor,
+    pre_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gemma 3's seam between blocks: the block's output normed and added to the residual
+    stream, then the next block's pre-norm: (pre_norm(total), total)."""
+    total = residual + gemma_rms_norm(x, post_weight, eps)
+    return gemma_rms_norm(total, pre_weight, eps), total
 
 
 def add_rms_norm(
@@ -69,6 +102,26 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2I] (gate | up) -> [T, I]: SiLU(gate) × up."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_mul(gate_up: torch.Tensor, approximate: str) -> torch.Tensor:
+    """[T, 2I] (gate | up) -> [T, I]: GELU(gate) × up (GeGLU; `approximate` "none" or "tanh")."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate=approximate) * up
+
+
+def rope(
+    q: torch.Tensor,  # [T, Nq, D]
+    k: torch.Tensor,  # [T, Nk, D]
+    cos: torch.Tensor,  # [T, 1, D] float32
+    sin: torch.Tensor,  # [T, 1, D]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of q and k, computed in float32 and cast back (the order of
+    ModernBERT's Hugging Face code; for fp32 inputs any order is the same)."""
+    return (
+        _rotate(q.float(), cos, sin).to(q.dtype),
+        _rotate(k.float(), cos, sin).to(k.dtype),
+    )
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -100,22 +153,32 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 @dataclass(frozen=True)
 class Ops:
     add_layer_norm: Callable[..., torch.Tensor]
+    add_layer_norm_residual: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     bert_embed: Callable[..., torch.Tensor]
     rms_norm: Callable[..., torch.Tensor]
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    gemma_rms_norm: Callable[..., torch.Tensor]
+    gemma_norm_add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_mul: Callable[..., torch.Tensor]
+    gelu_mul: Callable[..., torch.Tensor]
     qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     pool: Callable[..., torch.Tensor]
     linear: Callable[..., torch.Tensor] = linear
 
 
 EAGER_OPS = Ops(
     add_layer_norm=add_layer_norm,
+    add_layer_norm_residual=add_layer_norm_residual,
     bert_embed=bert_embed,
     rms_norm=rms_norm,
     add_rms_norm=add_rms_norm,
+    gemma_rms_norm=gemma_rms_norm,
+    gemma_norm_add_norm=gemma_norm_add_norm,
     silu_mul=silu_mul,
+    gelu_mul=gelu_mul,
     qk_norm_rope=qk_norm_rope,
+    rope=rope,
     pool=pool,
 )
 

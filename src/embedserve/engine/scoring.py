@@ -1,7 +1,9 @@
 """Score heads: a pooled row [S, H] to one raw relevance score per pair [S, 1], on the device.
 
 - `ClassifierHead` (cross-encoders, `BertForSequenceClassification`): BERT's pooler (dense +
-  tanh) on the CLS row, then the one-label classifier: the logit.
+  tanh) on the CLS row, then the one-label classifier: the logit. An XLM-RoBERTa cross-encoder
+  (bge-reranker-v2-m3) has the same computation under other names (`classifier.dense`, then
+  `classifier.out_proj`).
 - `YesNoHead` (LLM rerankers, Qwen3-Reranker style): the two rows of the output projection for
   the answer tokens "yes" and "no", sliced at load (never the vocabulary), on the last token's
   normed hidden state: raw score = yes logit - no logit, so that sigmoid(raw) is the softmax of
@@ -63,18 +65,23 @@ def build_score_head(spec: ModelSpec) -> nn.Module | None:
         return None
     folder, h = spec.path, spec.hidden_size
     if spec.score.kind == "classifier":
-        # the checkpoint's names, with or without the "bert." wrapper
-        pooler_w = ["bert.pooler.dense.weight", "pooler.dense.weight"]
-        pooler_b = ["bert.pooler.dense.bias", "pooler.dense.bias"]
-        tensors = read_tensors(
-            folder, [*pooler_w, *pooler_b, "classifier.weight", "classifier.bias"]
-        )
+        if spec.family == "xlm-roberta":
+            # RoBERTa's classification head: its own dense + tanh, then `out_proj`, on <s>
+            dense, out = "classifier.dense.", "classifier.out_proj."
+            pooler_w, pooler_b = [dense + "weight"], [dense + "bias"]
+            out_w, out_b = [out + "weight"], [out + "bias"]
+        else:
+            # BERT's pooler, with or without the "bert." wrapper, then the classifier
+            pooler_w = ["bert.pooler.dense.weight", "pooler.dense.weight"]
+            pooler_b = ["bert.pooler.dense.bias", "pooler.dense.bias"]
+            out_w, out_b = ["classifier.weight"], ["classifier.bias"]
+        tensors = read_tensors(folder, [*pooler_w, *pooler_b, *out_w, *out_b])
         head: nn.Module = ClassifierHead(h)
         state = {
             "pooler.weight": _one(tensors, pooler_w, (h, h), folder),
             "pooler.bias": _one(tensors, pooler_b, (h,), folder),
-            "classifier.weight": _one(tensors, ["classifier.weight"], (1, h), folder),
-            "classifier.bias": _one(tensors, ["classifier.bias"], (1,), folder),
+            "classifier.weight": _one(tensors, out_w, (1, h), folder),
+            "classifier.bias": _one(tensors, out_b, (1,), folder),
         }
     else:
         assert spec.score.yes_no_ids is not None and spec.qwen3 is not None

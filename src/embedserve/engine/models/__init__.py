@@ -10,22 +10,38 @@ from __future__ import annotations
 from torch import nn
 
 from embedserve.engine.fused import Ops
+from embedserve.families import (
+    BertConfig,
+    Gemma3Config,
+    ModernBertConfig,
+    NomicBertConfig,
+    Qwen3Config,
+)
 from embedserve.spec import ModelSpec
 
 
 def build_model(spec: ModelSpec, ops: Ops) -> nn.Module:
     """Instantiate the model family named by the spec, computing through `ops` (`fused.EAGER_OPS`
     or `fused.compiled_ops()`), and load its checkpoint (fp32, on the CPU)."""
-    if spec.family == "bert":
+    cfg = spec.config
+    if isinstance(cfg, BertConfig):  # BERT and XLM-RoBERTa
         from embedserve.engine.models.bert import BertEncoder
 
-        assert spec.bert is not None  # read_model_spec sets it for this family
-        return BertEncoder.from_folder(spec.path, spec.bert, ops)
-    if spec.family == "qwen3":
+        return BertEncoder.from_folder(spec.path, cfg, ops)
+    if isinstance(cfg, NomicBertConfig):
+        from embedserve.engine.models.nomic_bert import NomicBertEncoder
+
+        return NomicBertEncoder.from_folder(spec.path, cfg, ops)
+    if isinstance(cfg, ModernBertConfig):
+        from embedserve.engine.models.modernbert import ModernBertEncoder
+
+        return ModernBertEncoder.from_folder(spec.path, cfg, ops)
+    if isinstance(cfg, Gemma3Config):
+        from embedserve.engine.models.gemma3 import Gemma3Encoder
+
+        return Gemma3Encoder.from_folder(spec.path, cfg, ops)
+    if isinstance(cfg, Qwen3Config):
         from embedserve.engine.models.qwen3 import Qwen3Encoder
 
-        assert spec.qwen3 is not None  # read_model_spec sets it for this family
-        return Qwen3Encoder.from_folder(
-            spec.path, spec.qwen3, ops, causal=spec.attention == "causal"
-        )
+        return Qwen3Encoder.from_folder(spec.path, cfg, ops, causal=spec.attention == "causal")
     raise ValueError(f"no model definition for family {spec.family!r}")

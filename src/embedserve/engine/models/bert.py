@@ -1,5 +1,10 @@
 """BERT-family encoder on a packed ragged batch: no padding, fused QKV, post-layer-norm.
 
+It also runs XLM-RoBERTa / RoBERTa, which differ only in their checkpoint's prefix and in where
+positions start (`padding_idx + 1`, `BertConfig.position_offset`); Hugging Face derives
+RoBERTa's positions from the non-padding tokens, which for a sequence without padding inside it
+is the same offset plus the index.
+
 Shapes: T = tokens in the batch, S = sequences, H = hidden, N = heads, D = head dim.
 """
 
@@ -75,6 +80,8 @@ class BertEncoder(nn.Module):
         attend: AttentionFn,
     ) -> torch.Tensor:  # [T, H]
         norm = self.embed_norm
+        if self.cfg.position_offset:
+            positions = positions + self.cfg.position_offset
         x = self.ops.bert_embed(
             input_ids,
             positions,
@@ -94,7 +101,7 @@ class BertEncoder(nn.Module):
     def from_folder(cls, folder: Path, cfg: BertConfig, ops: Ops) -> BertEncoder:
         """Build the encoder and copy the checkpoint in, fusing Q, K and V into one matrix."""
         source = folder
-        sd = strip_prefix(read_state_dict(folder), ("bert.", "model."))
+        sd = strip_prefix(read_state_dict(folder), ("bert.", "roberta.", "model."))
         h, i = cfg.hidden_size, cfg.intermediate_size
         with torch.device("meta"):
             model = cls(cfg, ops)

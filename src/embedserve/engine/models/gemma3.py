@@ -1,0 +1,166 @@
+"""Gemma 3 as a bidirectional encoder (EmbeddingGemma) on a packed ragged batch.
+
+Embeddings scaled by sqrt(hidden); per layer RMSNorm (scaled by 1 + weight) before and after
+attention and before and after the MLP; grouped-query attention with q/k RMSNorm and rotary,
+five sliding-window layers (|query - key| <= `sliding_window // 2`) to one global, each type with its
+own rotary base; GeGLU (tanh GELU). The sentence-transformers Dense projections after pooling
+are the engine's (`engine/dense.py`).
+
+Shapes: T = tokens in the batch, H = hidden, Nq / Nkv = query / key-value heads, D = head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from embedserve.engine.attention import AttentionFn, RaggedLayout
+from embedserve.engine.fused import Ops
+from embedserve.engine.models.linear import Linear
+from embedserve.engine.models.rotary import Rotary
+from embedserve.engine.weights import read_state_dict, strip_prefix, take
+from embedserve.families import Gemma3Config
+
+
+class GemmaNorm(nn.Module):
+    """A Gemma RMSNorm's weight (the scale is 1 + weight); computed by `ops.gemma_*`."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+
+class Gemma3Layer(nn.Module):
+    def __init__(self, cfg: Gemma3Config, ops: Ops, index: int) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.ops = ops
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.window = None if cfg.global_layers[index] else cfg.window
+        # the attention kernels scale by D^-0.5; Gemma by query_pre_attn_scalar^-0.5
+        self.q_scale = math.sqrt(d / cfg.query_pre_attn_scalar)
+        self.approximate = "tanh" if cfg.hidden_act == "gelu_pytorch_tanh" else "none"
+        eps = cfg.rms_norm_eps
+        self.input_norm = GemmaNorm(h, eps)
+        self.qkv = Linear(h, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, ops, bias=False)
+        self.q_norm, self.k_norm = GemmaNorm(d, eps), GemmaNorm(d, eps)
+        self.out = Linear(cfg.num_heads * d, h, ops, bias=False)
+        self.post_attn_norm = GemmaNorm(h, eps)
+        self.pre_mlp_norm = GemmaNorm(h, eps)
+        self.gate_up = Linear(h, 2 * cfg.intermediate_size, ops, bias=False)
+        self.down = Linear(cfg.intermediate_size, h, ops, bias=False)
+        self.post_mlp_norm = GemmaNorm(h, eps)
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, H]: this layer's normed input
+        residual: torch.Tensor,  # [T, H]
+        cos: torch.Tensor,  # [T, 1, D]
+        sin: torch.Tensor,
+        layout: RaggedLayout,
+        attend: AttentionFn,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output before its post-norm, residual)
+        t, d, ops = h.shape[0], self.head_dim, self.ops
+        nq, nkv = self.num_heads, self.num_kv_heads
+        q, k, v = self.qkv(h).split([nq * d, nkv * d, nkv * d], -1)
+        q = ops.gemma_rms_norm(q.view(t, nq, d), self.q_norm.weight, self.q_norm.eps)
+        k = ops.gemma_rms_norm(k.view(t, nkv, d), self.k_norm.weight, self.k_norm.eps)
+        q, k = ops.rope(q, k, cos, sin)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
+        a = attend(q, k, v.view(t, nkv, d), layout, False, self.window).reshape(t, -1)
+        h, residual = ops.gemma_norm_add_norm(
+            self.out(a),
+            residual,
+            self.post_attn_norm.weight,
+            self.pre_mlp_norm.weight,
+            self.post_attn_norm.eps,
+        )
+        return self.down(ops.gelu_mul(self.gate_up(h), self.approximate)), residual
+
+
+class Gemma3Encoder(nn.Module):
+    def __init__(self, cfg: Gemma3Config, ops: Ops) -> None:
+        super().__init__()
+        self.cfg, self.ops = cfg, ops
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Gemma3Layer(cfg, ops, n) for n in range(cfg.num_layers))
+        self.norm = GemmaNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = {
+            True: Rotary(cfg.global_rope_theta, cfg.head_dim),
+            False: Rotary(cfg.local_rope_theta, cfg.head_dim),
+        }
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T], restarting at 0 for each sequence
+        token_type_ids: torch.Tensor,  # [T], unused
+        layout: RaggedLayout,
+        attend: AttentionFn,
+    ) -> torch.Tensor:  # [T, H]
+        x = self.embed(input_ids)
+        # NOTE: Hugging Face scales by sqrt(hidden) rounded to the model dtype
+        x = x * float(torch.tensor(math.sqrt(self.cfg.hidden_size)).to(x.dtype))
+        angles = {kind: rotary(positions, x.dtype) for kind, rotary in self.rotary.items()}
+        if not self.layers:
+            return self.ops.gemma_rms_norm(x, self.norm.weight, self.norm.eps)
+        layers: list[Gemma3Layer] = list(self.layers)  # type: ignore[arg-type]
+        first = layers[0].input_norm
+        h, residual = self.ops.gemma_rms_norm(x, first.weight, first.eps), x
+        for n, layer in enumerate(layers):
+            cos, sin = angles[self.cfg.global_layers[n]]
+            h, residual = layer(h, residual, cos, sin, layout, attend)
+            following = layers[n + 1].input_norm if n + 1 < len(layers) else self.norm
+            h, residual = self.ops.gemma_norm_add_norm(
+                h, residual, layer.post_mlp_norm.weight, following.weight, following.eps
+            )
+        return h
+
+    @classmethod
+    def from_folder(cls, folder: Path, cfg: Gemma3Config, ops: Ops) -> Gemma3Encoder:
+        """Build the model and copy a Hugging Face Gemma 3 text checkpoint in (`lm_head` is
+        ignored); Q, K, V fused into one matrix and gate, up into another."""
+        source = folder
+        sd = strip_prefix(read_state_dict(folder), ("model.language_model.", "model."))
+        h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+        nq, nkv = cfg.num_heads * d, cfg.num_kv_heads * d
+        with torch.device("meta"):
+            model = cls(cfg, ops)
+        new: dict[str, torch.Tensor] = {
+            "embed.weight": take(sd, "embed_tokens.weight", (cfg.vocab_size, h), source),
+            "norm.weight": take(sd, "norm.weight", (h,), source),
+        }
+        norms = {
+            "input_norm": "input_layernorm",
+            "post_attn_norm": "post_attention_layernorm",
+            "pre_mlp_norm": "pre_feedforward_layernorm",
+            "post_mlp_norm": "post_feedforward_layernorm",
+        }
+        for n in range(cfg.num_layers):
+            p, a, m = f"layers.{n}.", f"layers.{n}.self_attn.", f"layers.{n}.mlp."
+            new[p + "qkv.weight"] = torch.cat(
+                [
+                    take(sd, a + "q_proj.weight", (nq, h), source),
+                    take(sd, a + "k_proj.weight", (nkv, h), source),
+                    take(sd, a + "v_proj.weight", (nkv, h), source),
+                ]
+            )
+            new[p + "q_norm.weight"] = take(sd, a + "q_norm.weight", (d,), source)
+            new[p + "k_norm.weight"] = take(sd, a + "k_norm.weight", (d,), source)
+            new[p + "out.weight"] = take(sd, a + "o_proj.weight", (h, nq), source)
+            for ours, theirs in norms.items():
+                new[f"{p}{ours}.weight"] = take(sd, f"{p}{theirs}.weight", (h,), source)
+            new[p + "gate_up.weight"] = torch.cat(
+                [
+                    take(sd, m + "gate_proj.weight", (i, h), source),
+                    take(sd, m + "up_proj.weight", (i, h), source),
+                ]
+            )
+            new[p + "down.weight"] = take(sd, m + "down_proj.weight", (h, i), source)
+        model.load_state_dict({k: v.float() for k, v in new.items()}, strict=True, assign=True)
+        return model.eval()

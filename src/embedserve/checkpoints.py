@@ -16,6 +16,10 @@ the same loader a user's checkpoint takes. A folder holds:
 - `embedserve.json` for pplx-style folders: `"output_rules": "pplx"` and the native
   `"default_output_dtype"` (see docs/models.md)
 
+Encoder families (`--arch` multilingual-e5-base, bge-reranker-v2-m3, nomic-embed-text-v1.5,
+modernbert-embed-base, embeddinggemma-300m, and a `-tiny` of each for tests): see
+`family_checkpoints`.
+
 Rerankers (`--arch`):
 
 - `qwen3-reranker-0.6b` (`-tiny` for tests): Qwen3-Reranker-0.6B's config, a `Qwen3ForCausalLM`
@@ -36,6 +40,8 @@ import shutil
 import sys
 from pathlib import Path
 from typing import Any
+
+from embedserve.family_checkpoints import ENCODER_ARCHS, make_family_checkpoint
 
 QUERY_PROMPT = (
     "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
@@ -129,7 +135,7 @@ CROSS_ENCODERS: dict[str, dict[str, Any]] = {
         "vocab_size": 30522,
     },
 }
-ALL_ARCHS: tuple[str, ...] = (*ARCHS, *RERANKERS, *CROSS_ENCODERS)
+ALL_ARCHS: tuple[str, ...] = (*ARCHS, *RERANKERS, *CROSS_ENCODERS, *ENCODER_ARCHS)
 
 
 def qwen3_config(arch: str, attention: str) -> dict[str, Any]:
@@ -395,6 +401,11 @@ def make_checkpoint(
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise ValueError(f"{path} exists and is not empty; pass --overwrite to replace its files")
     shard_bytes = int(max_shard_gb * 2**30)
+    if arch in ENCODER_ARCHS:
+        make_family_checkpoint(path, arch, seed=seed, dtype=dtype)
+        for weights in path.rglob("*.safetensors"):
+            _readable(weights)
+        return path
     if arch in CROSS_ENCODERS or arch in RERANKERS:
         path.mkdir(parents=True, exist_ok=True)
         if arch in CROSS_ENCODERS:
@@ -442,11 +453,13 @@ def _run_make_checkpoint(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         tokenizer_from=args.tokenizer_from,
     )
-    print(
-        f"wrote {args.arch} ({args.attention}, pooling {args.pooling or 'default'}, "
-        f"seed {args.seed}, {args.dtype}) to {path}",
-        file=sys.stderr,
-    )
+    if args.arch in ENCODER_ARCHS or args.arch in CROSS_ENCODERS or args.arch in RERANKERS:
+        what = f"seed {args.seed}, {args.dtype}"  # the embedder options do not apply
+    else:
+        what = (
+            f"{args.attention}, pooling {args.pooling or 'default'}, seed {args.seed}, {args.dtype}"
+        )
+    print(f"wrote {args.arch} ({what}) to {path}", file=sys.stderr)
     return 0
 
 
@@ -454,14 +467,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register the checkpoint subcommands."""
     p = sub.add_parser(
         "make-checkpoint",
-        help="write a model folder (Qwen3 embedder or a reranker) with an exact published "
-        "config and random weights",
+        help="write a model folder (an embedder or a reranker of any supported family) with an "
+        "exact published config and random weights",
     )
     p.add_argument(
         "--arch",
         default="qwen3-0.6b",
         choices=sorted(ALL_ARCHS),
-        help="a Qwen3 embedder size, or a reranker (qwen3-reranker-*, ms-marco-minilm-l6)",
+        help="a Qwen3 embedder size, a reranker (qwen3-reranker-*, ms-marco-minilm-l6, "
+        "bge-reranker-v2-m3), or another family's published model (multilingual-e5-base, "
+        "nomic-embed-text-v1.5, modernbert-embed-base, embeddinggemma-300m; *-tiny for tests)",
     )
     p.add_argument(
         "--attention",

@@ -299,6 +299,24 @@ def embed_texts(embedder: Any, texts: list[str], args: argparse.Namespace) -> An
     )
 
 
+def _add_models(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "models",
+        help="the supported model families: architectures, tasks, attention, pooling",
+        description="The model families embedserve runs with its own model code, as a Markdown "
+        "table (the same as in docs/models.md). A folder or Hub id of one of these architectures "
+        "loads with --model; `embedserve make-checkpoint --arch` writes one with random weights.",
+    )
+    p.set_defaults(run=_run_models)
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    from embedserve.families import models_table
+
+    print(models_table())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from embedserve import __version__
 
@@ -309,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_embed(sub)
     _add_rerank(sub)
+    _add_models(sub)
     from embedserve import checkpoints, launch
 
     launch.add_commands(sub)

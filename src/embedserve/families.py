@@ -48,6 +48,8 @@ class BertConfig:
     hidden_act: str
     # RoBERTa's positions start after the padding index (`padding_idx + 1`); BERT's at 0
     position_offset: int = 0
+    # MPNet: buckets of its relative position bias (0: none, BERT and RoBERTa)
+    relative_buckets: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -190,7 +192,12 @@ def _rope(cfg: dict[str, Any], path: Path, layer_type: str | None = None) -> dic
     return dict(params)
 
 
-def read_bert(cfg: dict[str, Any], path: Path, *, roberta: bool = False) -> BertConfig:
+def read_bert(
+    cfg: dict[str, Any], path: Path, *, roberta: bool = False, mpnet: bool = False
+) -> BertConfig:
+    """BERT; `roberta`: positions after the padding index, no token types; `mpnet`: RoBERTa's
+    positions plus a relative position bias, and no token type embeddings at all."""
+    roberta = roberta or mpnet
     if cfg.get("position_embedding_type", "absolute") != "absolute":
         raise ModelLoadError(
             f"{path}: position_embedding_type {cfg['position_embedding_type']!r} "
@@ -203,10 +210,11 @@ def read_bert(cfg: dict[str, Any], path: Path, *, roberta: bool = False) -> Bert
         num_heads=int(require(cfg, "num_attention_heads", path)),
         intermediate_size=int(require(cfg, "intermediate_size", path)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 512)),
-        type_vocab_size=int(cfg.get("type_vocab_size", 1 if roberta else 2)),
+        type_vocab_size=1 if mpnet else int(cfg.get("type_vocab_size", 1 if roberta else 2)),
         layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12 if not roberta else 1e-5)),
         hidden_act=str(cfg.get("hidden_act", "gelu")),
         position_offset=int(cfg.get("pad_token_id", 1)) + 1 if roberta else 0,
+        relative_buckets=int(cfg.get("relative_attention_num_buckets", 32)) if mpnet else 0,
     )
     _heads_divide(bert.hidden_size, bert.num_heads, path)
     if bert.hidden_act not in GELU_ACTS:
@@ -377,6 +385,8 @@ class Family:
     default_pooling: str  # without a sentence-transformers Pooling module
     examples: str
     notes: str = ""
+    # FlashAttention can run it (no additive score bias): the `varlen` backend is a candidate
+    flash_attention: bool = True
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -387,7 +397,8 @@ FAMILIES: tuple[Family, ...] = (
         ("BertForSequenceClassification",),
         "bidirectional",
         "cls",
-        "all-MiniLM-L6-v2, bge-*-en-v1.5, e5-*-v2, gte-small, ms-marco-MiniLM cross-encoders",
+        "all-MiniLM-L6-v2, bge-*-en-v1.5, e5-*-v2, gte-small, multilingual-e5-small, "
+        "ms-marco-MiniLM cross-encoders",
     ),
     Family(
         "xlm-roberta",
@@ -396,8 +407,19 @@ FAMILIES: tuple[Family, ...] = (
         ("XLMRobertaForSequenceClassification", "RobertaForSequenceClassification"),
         "bidirectional",
         "cls",
-        "multilingual-e5-*, bge-m3 (dense), bge-reranker-v2-m3, roberta-base",
+        "multilingual-e5-base / -large, bge-m3 (dense), bge-reranker-v2-m3, roberta-base",
         "positions start at padding_idx + 1; no token types",
+    ),
+    Family(
+        "mpnet",
+        ("mpnet",),
+        ("MPNetModel", "MPNetForMaskedLM"),
+        (),
+        "bidirectional",
+        "mean",
+        "all-mpnet-base-v2, multi-qa-mpnet-base-dot-v1",
+        "relative position bias (no FlashAttention: cuDNN / masked SDPA)",
+        flash_attention=False,
     ),
     Family(
         "nomic-bert",
@@ -441,6 +463,8 @@ FAMILIES: tuple[Family, ...] = (
     ),
 )
 
+FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
+
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(
     a for f in FAMILIES for a in dict.fromkeys(f.embed_architectures + f.score_architectures)
 )
@@ -470,6 +494,8 @@ def read_family_config(family: str, cfg: dict[str, Any], path: Path) -> FamilyCo
         return read_bert(cfg, path)
     if family == "xlm-roberta":
         return read_bert(cfg, path, roberta=True)
+    if family == "mpnet":
+        return read_bert(cfg, path, mpnet=True)
     if family == "nomic-bert":
         return read_nomic_bert(cfg, path)
     if family == "modernbert":

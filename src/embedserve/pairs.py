@@ -4,7 +4,8 @@ Every front end that scores (`Scorer`, the gateway's rerank and score routes, `e
 rerank`) hands the caller's values to one `PairPreparer`. No torch: the gateway runs this.
 
 - Cross-encoders (`spec.ScoreSpec.kind == "classifier"`): the tokenizer's pair template,
-  `[CLS] query [SEP] document [SEP]`, token type 1 from the document on.
+  `[CLS] query [SEP] document [SEP]`, token type 1 from the document on (XLM-RoBERTa:
+  `<s> query </s></s> document </s>`, no token types).
 - LLM rerankers (`"yes_no"`): Qwen3-Reranker's prompt, the system line, then
   `<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>: {document}`, then the assistant
   suffix; no special tokens of the tokenizer's own.
@@ -147,11 +148,14 @@ class PairPreparer:
         limit = self.max_length
         encodings = self.tokenizer.encode_pairs(query, docs)
         seqs, seconds = [], []
+        # token type 1 from the document on, for models with segment embeddings (BERT); an
+        # XLM-RoBERTa pair (`<s> q </s></s> d </s>`) is all type 0
+        typed = self.spec.type_vocab_size > 1
         for i, e in enumerate(encodings):
-            ids, types = list(e.ids), list(e.type_ids)
-            if 1 not in types:  # a tokenizer without a pair template: nothing marks the document
+            ids, which = list(e.ids), list(e.sequence_ids)
+            if 1 not in which:  # a tokenizer without a pair template: nothing marks the document
                 raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
-            second = types.index(1)
+            second = which.index(1)
             if len(ids) > limit:
                 self._too_long(i, len(ids), truncate)
                 # the document's tokens sit between `second` and its closing special tokens
@@ -163,7 +167,7 @@ class PairPreparer:
                 body = body[:room] if truncate == "end" else body[-room:]
                 ids = ids[:second] + body + ids[len(ids) - closing :]
             seqs.append(ids)
-            seconds.append(second)
+            seconds.append(second if typed else 0)
         return PreparedPairs(seqs, seconds)
 
     def _yes_no(

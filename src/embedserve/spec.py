@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from embedserve.families import (
     FAMILIES,
+    FAMILY_BY_NAME,
     SUPPORTED_ARCHITECTURES,
     BertConfig,
     FamilyConfig,
@@ -129,6 +130,11 @@ class ModelSpec:
     def output_width(self) -> int:
         """Columns of a row the engine returns: the embedding width, or 1 (the raw score)."""
         return 1 if self.task == "score" else self.hidden_size
+
+    @property
+    def flash_attention(self) -> bool:
+        """Whether FlashAttention (`varlen`) can run the model (MPNet's score bias: no)."""
+        return FAMILY_BY_NAME[self.family].flash_attention
 
     @property
     def bert(self) -> BertConfig | None:

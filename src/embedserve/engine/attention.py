@@ -20,6 +20,10 @@ largest distance |query - key| a query may attend over (ModernBERT's local layer
 bidirectional Gemma3's sliding layers: `sliding_window // 2`). Within one packed sequence the
 distance of positions is the distance of token indices, so the window is a band on the packed
 dimension intersected with the sequence's block.
+
+And `bias`: None, or a per-head additive score bias by distance (MPNet's relative positions):
+[N, 2R + 1], the entry for key - query distance d at column clamp(d, -R, R) + R. FlashAttention
+takes no such bias, so `varlen` refuses it; the SDPA backends add it to their mask.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class AttentionFn(Protocol):
         layout: RaggedLayout,
         causal: bool,
         window: int | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -73,6 +78,32 @@ def band(n: int, window: int, device: torch.device) -> torch.Tensor:
     """[n, n] bool, True where |i - j| <= window (a sliding window over token indices)."""
     i = torch.arange(n, device=device)
     return (i[:, None] - i[None, :]).abs() <= window
+
+
+def distance_bias(bias: torch.Tensor, n: int) -> torch.Tensor:
+    """[N, n, n]: bias[h, clamp(j - i, -R, R) + R] for query i, key j (see the docstring)."""
+    reach = (bias.shape[1] - 1) // 2
+    i = torch.arange(n, device=bias.device)
+    return bias[:, (i[None, :] - i[:, None]).clamp(-reach, reach) + reach]
+
+
+def _additive(
+    keep: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    n: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """An SDPA float mask [1, N or 1, n or 1, n or 1]: 0 where `keep` (None: everywhere), -inf
+    elsewhere, plus the distance bias."""
+    if keep is None:
+        mask = torch.zeros((1, 1, 1, 1), dtype=dtype, device=device)
+    else:
+        zero = torch.zeros((), dtype=dtype, device=device)
+        mask = torch.where(keep, zero, float("-inf"))[None, None]
+    if bias is not None:
+        mask = mask + distance_bias(bias, n).to(dtype)[None]
+    return mask
 
 
 def _expand_kv(k: torch.Tensor, num_q_heads: int) -> torch.Tensor:
@@ -90,6 +121,7 @@ def sdpa_loop(
     layout: RaggedLayout,
     causal: bool,
     window: int | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
     out = torch.empty_like(q)
@@ -99,13 +131,16 @@ def sdpa_loop(
         # [1, N, n, D] views of this sequence only. NOTE: 4-D inputs matter: with 3-D ones
         # PyTorch's CPU dispatcher falls back to the unfused math kernel, 4x slower.
         qs, ks, vs = (t[None, start:end].transpose(1, 2) for t in (q, k, v))
-        if window is not None and n - 1 > window:
-            keep = band(n, window, q.device)
-            if causal:
-                keep = keep.tril_()
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=keep)
-        else:
+        windowed = window is not None and n - 1 > window
+        if bias is None and not windowed:
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
+        else:
+            keep = band(n, window, q.device) if windowed else None  # type: ignore[arg-type]
+            if causal:
+                ones = torch.ones(n, n, dtype=torch.bool, device=q.device)
+                keep = ones.tril_() if keep is None else keep.tril_()
+            mask = keep if bias is None else _additive(keep, bias, n, q.dtype, q.device)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
         out[start:end] = o[0].transpose(0, 1)
         start = end
     return out
@@ -131,12 +166,18 @@ def block_mask(
     layout: RaggedLayout,
     causal: bool,
     window: int | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     mask = layout_mask(layout, q.device)
     if causal:  # NOTE: not in place: the mask may be shared by every layer
         mask = mask & torch.ones_like(mask).tril_()
     if window is not None:
         mask = mask & band(mask.shape[0], window, q.device)
+    if bias is not None:  # built once per forward, as the mask
+        key = f"block-bias-{causal}-{window}-{q.dtype}"
+        if key not in layout.cache:
+            layout.cache[key] = _additive(mask, bias, mask.shape[0], q.dtype, q.device)
+        mask = layout.cache[key]
     gqa: dict[str, bool] = {}
     if k.shape[1] != q.shape[1]:
         if q.device.type == "cuda":
@@ -180,7 +221,10 @@ def varlen(
     layout: RaggedLayout,
     causal: bool,
     window: int | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    if bias is not None:
+        raise ValueError("varlen (FlashAttention) takes no score bias; use cudnn or block_mask")
     if window is not None:
         return _flash_window(q, k, v, layout, causal, window)
     from torch.nn.attention.varlen import varlen_attn
@@ -241,6 +285,7 @@ def cudnn(
     layout: RaggedLayout,
     causal: bool,
     window: int | None = None,
+    bias: torch.Tensor | None = None,
     *,
     choices: KernelChoices,
 ) -> torch.Tensor:
@@ -252,12 +297,21 @@ def cudnn(
     windowed = window is not None and t - 1 > window
     # NOTE: one real sequence with causal attention needs no mask either: its padding comes
     # after it, so no real query sees a padding key (padding rows are never read)
-    if windowed or not (layout.dense or (layout.solo and causal)):
-        key = f"cudnn-bias-{causal}-{q.dtype}-{window if windowed else None}"
+    if bias is not None or windowed or not (layout.dense or (layout.solo and causal)):
+        key = f"cudnn-bias-{causal}-{q.dtype}-{window if windowed else None}-{bias is not None}"
         mask = layout.cache.get(key)
         if mask is None:
             zero = torch.zeros((), dtype=q.dtype, device=q.device)
-            if windowed:
+            if bias is not None:
+                keep: torch.Tensor | None = None if layout.dense else layout_mask(layout, q.device)
+                if windowed:
+                    w = band(t, window, q.device)  # type: ignore[arg-type]
+                    keep = w if keep is None else keep & w
+                if causal:
+                    c = torch.ones(t, t, dtype=torch.bool, device=q.device).tril_()
+                    keep = c if keep is None else keep & c
+                mask = _additive(keep, bias, t, q.dtype, q.device)  # [1, N, T, T]
+            elif windowed:
                 keep = band(t, window, q.device)  # type: ignore[arg-type]
                 if not layout.dense:
                     keep = keep & layout_mask(layout, q.device)

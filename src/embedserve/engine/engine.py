@@ -78,6 +78,13 @@ class Engine:
         # what this engine measured on its device: attention per bucket, GEMM kernel per shape,
         # whether cuDNN takes grouped heads; filled in as shapes are first seen
         self.choices = KernelChoices()
+        if not spec.flash_attention and attention_backend == "varlen":
+            raise ValueError(f"{spec.family} models add a score bias FlashAttention cannot take")
+        # a model with a score bias (MPNet) runs the SDPA backends that take one: masked SDPA
+        # eagerly and first among the graph candidates (it runs everywhere), cuDNN timed beside
+        no_flash = not spec.flash_attention and attention_backend in (None, "auto") and on_cuda
+        if no_flash:
+            attention_backend = "block_mask"
         self.attend: AttentionFn = choose_backend(attention_backend, self.device, self.choices)
         fused = on_cuda if fuse is None else fuse
         # the ops first, then the model built with them (it calls them for every chain)
@@ -105,7 +112,12 @@ class Engine:
             )
         if graphs is not False:
             config = graphs if isinstance(graphs, GraphConfig) else GraphConfig()
-            if attention_backend not in (None, "auto"):
+            if no_flash:
+                candidates = tuple(a for a in ("block_mask", "cudnn") if a in config.attention)
+                config = GraphConfig(
+                    **{**config.__dict__, "attention": candidates or ("block_mask",)}
+                )
+            elif attention_backend not in (None, "auto"):
                 config = GraphConfig(**{**config.__dict__, "attention": (attention_backend,)})
             self.runner = GraphRunner(
                 self._forward,

@@ -24,6 +24,10 @@ def build_model(spec: ModelSpec, ops: Ops) -> nn.Module:
     """Instantiate the model family named by the spec, computing through `ops` (`fused.EAGER_OPS`
     or `fused.compiled_ops()`), and load its checkpoint (fp32, on the CPU)."""
     cfg = spec.config
+    if isinstance(cfg, BertConfig) and cfg.relative_buckets:
+        from embedserve.engine.models.mpnet import MPNetEncoder
+
+        return MPNetEncoder.from_folder(spec.path, cfg, ops)
     if isinstance(cfg, BertConfig):  # BERT and XLM-RoBERTa
         from embedserve.engine.models.bert import BertEncoder
 

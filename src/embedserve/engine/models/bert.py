@@ -47,10 +47,16 @@ class BertLayer(nn.Module):
         self.down = Linear(i, h, ops)
         self.ffn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, layout: RaggedLayout, attend: AttentionFn) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        layout: RaggedLayout,
+        attend: AttentionFn,
+        bias: torch.Tensor | None = None,  # MPNet's relative position bias [N, 2R + 1]
+    ) -> torch.Tensor:
         t, ops = x.shape[0], self.ops
         q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)  # [T, N, D] each
-        a = attend(q, k, v, layout, False).reshape(t, -1)  # [T, H]
+        a = attend(q, k, v, layout, False, None, bias).reshape(t, -1)  # [T, H]
         norm = self.attn_norm
         x = ops.add_layer_norm(self.out(a), x, norm.weight, norm.bias, norm.eps)
         norm = self.ffn_norm

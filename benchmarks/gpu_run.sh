@@ -8,6 +8,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 M=.carry/minilm-fp16
+# a newer transformers when carried (.carry/tfwhl: the CI's version, which has NomicBertModel),
+# used only if it imports against the image's packages
+if ls .carry/tfwhl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tf .carry/tfwhl/*.whl \
+    && PYTHONPATH=/tmp/tf:$PYTHONPATH python3 -c "import transformers; transformers.NomicBertModel" \
+    && export PYTHONPATH=/tmp/tf:$PYTHONPATH
+  python3 -c "import transformers; print('transformers', transformers.__version__)"
+fi
 for step in "$@"; do
   echo "=== $step $(date +%T)"
   case $step in
@@ -34,5 +42,9 @@ for step in "$@"; do
     scoring-order) python3 benchmarks/scoring_gpu.py --bert-tokenizer $M --order-only --out $OUT \
              2>&1 | tail -8 ;;
     workers) python3 benchmarks/workers_gpu.py --model $M --out $OUT 2>&1 | tail -30 ;;
+    families-tests) EMBEDSERVE_MINILM=.carry/tok-bert python3 -m pytest -q -m gpu \
+             tests/engine/test_families_gpu.py 2>&1 | tee $OUT/gpu-tests-families.txt | tail -15 ;;
+    families) python3 benchmarks/families_gpu.py --tokenizer-from .carry/tok-bert --out $OUT 2>&1 \
+             | grep -v "it/s" | tail -40 ;;
   esac
 done

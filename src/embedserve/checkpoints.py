@@ -402,7 +402,7 @@ def make_checkpoint(
         raise ValueError(f"{path} exists and is not empty; pass --overwrite to replace its files")
     shard_bytes = int(max_shard_gb * 2**30)
     if arch in ENCODER_ARCHS:
-        make_family_checkpoint(path, arch, seed=seed, dtype=dtype)
+        make_family_checkpoint(path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from)
         for weights in path.rglob("*.safetensors"):
             _readable(weights)
         return path
@@ -509,6 +509,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--tokenizer-from",
         type=Path,
         default=None,
-        help="a cross-encoder's BERT tokenizer folder (default: the bundled all-MiniLM-L6-v2's)",
+        help="a folder whose BERT uncased tokenizer a cross-encoder (or, instead of its own, an "
+        "encoder family's folder) takes; default: the bundled all-MiniLM-L6-v2's",
     )
     p.set_defaults(run=_run_make_checkpoint)

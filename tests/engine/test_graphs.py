@@ -287,7 +287,7 @@ def test_candidates_that_fail_or_disagree_are_dropped_and_recorded(
     def broken(*args):  # type: ignore[no-untyped-def]
         raise RuntimeError("no kernel for this shape")
 
-    def wrong(q, k, v, layout, causal):  # type: ignore[no-untyped-def]
+    def wrong(q, k, v, layout, causal, window=None, bias=None):  # type: ignore[no-untyped-def]
         return torch.zeros_like(q) + 1.0
 
     def with_cudnn(fake):  # type: ignore[no-untyped-def]

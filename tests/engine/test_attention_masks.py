@@ -1,0 +1,78 @@
+"""Sliding windows and distance biases on every SDPA backend (CPU), against attention written
+out in float64 per sequence: the masks the GPU graphs use (block-diagonal, solo with padding,
+dense) are built by the same code here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from embedserve.engine.attention import RaggedLayout, attention_backends, distance_bias
+from embedserve.engine.choices import KernelChoices
+
+BACKENDS = attention_backends(KernelChoices())
+
+
+def reference(q, k, v, lens, causal, window, bias):  # type: ignore[no-untyped-def]
+    out, start = [], 0
+    for n in lens:
+        qs, ks, vs = (t[start : start + n].double().transpose(0, 1) for t in (q, k, v))
+        scores = qs @ ks.transpose(1, 2) / q.shape[-1] ** 0.5  # [N, n, n]
+        i = torch.arange(n)
+        d = i[None, :] - i[:, None]  # key - query
+        keep = torch.ones(n, n, dtype=torch.bool)
+        if window is not None:
+            keep &= d.abs() <= window
+        if causal:
+            keep &= d <= 0
+        if bias is not None:
+            scores = scores + distance_bias(bias.double(), n)
+        scores = scores.masked_fill(~keep, float("-inf"))
+        out.append((scores.softmax(-1) @ vs).transpose(0, 1))
+        start += n
+    return torch.cat(out)
+
+
+def layout(lens: list[int], **flags):  # type: ignore[no-untyped-def]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_ids = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    return RaggedLayout(cu, max(lens), tuple(lens), seq_ids, **flags)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("window", "with_bias"), [(4, False), (None, True), (3, True)])
+@pytest.mark.parametrize("name", ["sdpa_loop", "block_mask", "cudnn"])
+def test_windows_and_biases_match_the_written_out_attention(
+    name: str, causal: bool, window: int | None, with_bias: bool
+) -> None:
+    torch.manual_seed(0)
+    lens = [5, 40, 1, 13]
+    t = sum(lens)
+    q, k, v = (torch.randn(t, 4, 16) for _ in range(3))
+    bias = torch.randn(4, 2 * 6 + 1) if with_bias else None  # distances clamped to +-6
+    want = reference(q, k, v, lens, causal, window, bias)
+    got = BACKENDS[name](q, k, v, layout(lens), causal, window, bias)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("window", "with_bias"), [(4, False), (None, True), (2, True)])
+def test_one_real_sequence_with_padding_and_dense(window: int | None, with_bias: bool) -> None:
+    """The graph layouts of one text: `solo` (padding after it) and `dense` (no padding)."""
+    torch.manual_seed(1)
+    n, t = 23, 32
+    q, k, v = (torch.randn(t, 4, 16) for _ in range(3))
+    bias = torch.randn(4, 9) if with_bias else None
+    want = reference(q[:n], k[:n], v[:n], [n], False, window, bias)
+    solo = layout([n, t - n], solo=True)
+    got = BACKENDS["cudnn"](q, k, v, solo, False, window, bias)[:n]
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    dense_want = reference(q, k, v, [t], False, window, bias)
+    dense = layout([t], solo=True, dense=True)
+    got = BACKENDS["cudnn"](q, k, v, dense, False, window, bias)
+    torch.testing.assert_close(got.double(), dense_want, atol=1e-5, rtol=1e-5)
+
+
+def test_flash_refuses_a_bias() -> None:
+    q = torch.randn(4, 2, 8)
+    with pytest.raises(ValueError, match="no score bias"):
+        BACKENDS["varlen"](q, q, q, layout([4]), False, None, torch.zeros(2, 3))

@@ -41,7 +41,7 @@ def layout(lens: list[int], **flags):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("window", "with_bias"), [(4, False), (None, True), (3, True)])
-@pytest.mark.parametrize("name", ["sdpa_loop", "block_mask", "cudnn"])
+@pytest.mark.parametrize("name", ["sdpa_loop", "block_mask", "padded", "cudnn"])
 def test_windows_and_biases_match_the_written_out_attention(
     name: str, causal: bool, window: int | None, with_bias: bool
 ) -> None:
@@ -76,3 +76,20 @@ def test_flash_refuses_a_bias() -> None:
     q = torch.randn(4, 2, 8)
     with pytest.raises(ValueError, match="no score bias"):
         BACKENDS["varlen"](q, q, q, layout([4]), False, None, torch.zeros(2, 3))
+
+
+def test_padded_in_a_graph_layout() -> None:
+    """As a bucket hands it over: a bound above the longest sequence, dummy and empty
+    sequences after the real ones."""
+    torch.manual_seed(2)
+    lens = [5, 40, 13]
+    t = 64
+    q, k, v = (torch.randn(t, 4, 16) for _ in range(3))
+    bias = torch.randn(4, 2 * 6 + 1)
+    want = reference(q[:58], k[:58], v[:58], lens, False, 3, bias)
+    cu = torch.tensor([0, 5, 45, 58, 64, 64, 64, 64], dtype=torch.int32)  # a dummy, then empty
+    seq_ids = torch.repeat_interleave(torch.arange(7), cu[1:] - cu[:-1])
+    bucket = RaggedLayout(cu, 64, (), seq_ids)
+    got = BACKENDS["padded"](q, k, v, bucket, False, 3, bias)
+    assert bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got[:58].double(), want, atol=1e-5, rtol=1e-5)

@@ -8,6 +8,10 @@ sequence boundaries in a `RaggedLayout`; none pads sequences to a common length.
   2-core CPU for mixed lengths, see docs/architecture.md).
 - `block_mask`: one SDPA over the whole batch with a block-diagonal boolean mask. Its cost grows
   with T², so it only wins for many tiny sequences.
+- `padded`: the sequences gathered into [S, L] rows (L: the layout's max_seqlen), one SDPA with
+  a key-padding mask, scattered back. Padding inside attention only (never in the GEMMs): the
+  backend for models whose score bias FlashAttention cannot take (MPNet), where a [T, T] mask
+  over a whole bucket would cost T² instead of S L².
 - `cudnn`: one SDPA over the whole bucket restricted to cuDNN's fused attention (on Hopper much
   faster than FlashAttention-2 at long T). With one real sequence (`solo`: a single text, the
   latency case) no [T, T] mask: none when it fills the bucket (`dense`) or attention is causal
@@ -247,6 +251,56 @@ def varlen(
     return out
 
 
+def padded(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: RaggedLayout,
+    causal: bool,
+    window: int | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    t, length = q.shape[0], layout.max_seqlen
+    key = f"padded-{causal}-{window}-{bias is not None}-{q.dtype}"
+    if key not in layout.cache:
+        cu = layout.cu_seqlens.long()
+        starts, lens = cu[:-1], cu[1:] - cu[:-1]  # [S]
+        offsets = torch.arange(length, device=q.device)
+        rows = (starts[:, None] + offsets[None, :]).clamp_max(t - 1)  # [S, L] token indices
+        keep = (offsets[None, :] < lens[:, None])[:, None, None, :]  # [S, 1, 1, L] real keys
+        if window is not None or causal:
+            d = offsets[None, :] - offsets[:, None]  # key - query
+            near = torch.ones_like(d, dtype=torch.bool)
+            if window is not None:
+                near &= d.abs() <= window
+            if causal:
+                near &= d <= 0
+            keep = keep & near
+        mask = keep  # [S, 1, L or 1, L]
+        if bias is not None:  # [S, N, L, L]: -inf off the keys, plus the distance bias
+            zero = torch.zeros((), dtype=q.dtype, device=q.device)
+            mask = (
+                torch.where(keep, zero, float("-inf"))
+                + distance_bias(bias, length).to(q.dtype)[None]
+            )
+        seq_ids = layout.seq_ids
+        if seq_ids is None:
+            seq_ids = torch.repeat_interleave(
+                torch.arange(len(layout.seqlens), device=q.device), lens
+            )
+        back = (seq_ids, torch.arange(t, device=q.device) - starts[seq_ids])  # token -> (s, l)
+        # built once per forward, every layer reuses them
+        layout.cache.update(
+            {key: rows, key + "-mask": mask, key + "-s": back[0], key + "-l": back[1]}
+        )
+    rows, mask = layout.cache[key], layout.cache[key + "-mask"]
+    back = (layout.cache[key + "-s"], layout.cache[key + "-l"])
+    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    qp, kp, vp = (x[rows].transpose(1, 2) for x in (q, k, v))  # [S, N, L, D]
+    out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
+    return out.transpose(1, 2)[back]  # [T, N, D]
+
+
 def _flash_window(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -357,7 +411,7 @@ def cudnn(
     return out[0].transpose(0, 1)
 
 
-BACKEND_NAMES: tuple[str, ...] = ("varlen", "sdpa_loop", "block_mask", "cudnn")
+BACKEND_NAMES: tuple[str, ...] = ("varlen", "sdpa_loop", "block_mask", "padded", "cudnn")
 
 
 def attention_backends(choices: KernelChoices) -> dict[str, AttentionFn]:
@@ -366,13 +420,14 @@ def attention_backends(choices: KernelChoices) -> dict[str, AttentionFn]:
         "varlen": varlen,
         "sdpa_loop": sdpa_loop,
         "block_mask": block_mask,
+        "padded": padded,
         "cudnn": functools.partial(cudnn, choices=choices),
     }
 
 
 # Backends that read no host value that changes between batches once `seq_ids` is set: the
 # only ones a CUDA graph may capture.
-CAPTURE_SAFE: tuple[str, ...] = ("varlen", "block_mask", "cudnn")
+CAPTURE_SAFE: tuple[str, ...] = ("varlen", "block_mask", "padded", "cudnn")
 
 # Backends whose work is quadratic in the whole bucket unless the layout is dense
 MASKED: tuple[str, ...] = ("block_mask", "cudnn")

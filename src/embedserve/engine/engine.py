@@ -80,11 +80,12 @@ class Engine:
         self.choices = KernelChoices()
         if not spec.flash_attention and attention_backend == "varlen":
             raise ValueError(f"{spec.family} models add a score bias FlashAttention cannot take")
-        # a model with a score bias (MPNet) runs the SDPA backends that take one: masked SDPA
-        # eagerly and first among the graph candidates (it runs everywhere), cuDNN timed beside
+        # a model with a score bias (MPNet) runs the SDPA backends that take one: the padded
+        # one eagerly and first among the graph candidates (it runs at any size), the masked
+        # ones (whole-bucket masks, T² work) timed beside it where a bucket is small or solo
         no_flash = not spec.flash_attention and attention_backend in (None, "auto") and on_cuda
         if no_flash:
-            attention_backend = "block_mask"
+            attention_backend = "padded"
         self.attend: AttentionFn = choose_backend(attention_backend, self.device, self.choices)
         fused = on_cuda if fuse is None else fuse
         # the ops first, then the model built with them (it calls them for every chain)

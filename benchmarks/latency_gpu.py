@@ -66,6 +66,10 @@ def token_stream(tokenizer_file: Path, text: str) -> np.ndarray:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_file))
+    # NOTE: a tokenizer.json may carry fixed padding and truncation (all-MiniLM-L6-v2's pads
+    # and cuts every text at 128): without these two calls the stream held runs of [PAD] ids
+    tok.no_padding()
+    tok.no_truncation()
     ids = [tok.encode(chunk, add_special_tokens=False).ids for chunk in text.split("\n\n")]
     return np.fromiter((i for chunk in ids for i in chunk), dtype=np.int64)
 

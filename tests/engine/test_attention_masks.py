@@ -93,3 +93,41 @@ def test_padded_in_a_graph_layout() -> None:
     got = BACKENDS["padded"](q, k, v, bucket, False, 3, bias)
     assert bool(torch.isfinite(got).all())
     torch.testing.assert_close(got[:58].double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_with_a_score_bias_never_gets_flash_attention(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from embedserve.checkpoints import make_checkpoint
+    from embedserve.engine.engine import Engine
+
+    folder = make_checkpoint(tmp_path / "m", arch="mpnet-tiny", dtype="float32", seed=1)
+    with pytest.raises(ValueError, match="score bias"):
+        Engine.from_folder(folder, device="cpu", attention_backend="varlen")
+    # its graphs try the padded backend first, the masked ones after (here on the CPU
+    # stand-in for CUDA graphs): eager hit, capture, replay all equal the eager engine
+    from embedserve.engine.batch import PackedBatch
+    from embedserve.engine.choices import KernelChoices
+    from embedserve.engine.engine import graph_config
+    from embedserve.engine.graphs import EagerGraph, GraphConfig, GraphRunner
+
+    engine = Engine.from_folder(folder, device="cpu")
+    config = graph_config(engine.spec, GraphConfig(max_tokens=512), None)
+    assert config.attention == ("padded", "cudnn", "block_mask")
+    runner = GraphRunner(
+        engine._forward,
+        device=torch.device("cpu"),
+        config=config,
+        stats=engine.stats,
+        choices=KernelChoices(),
+        max_positions=engine.max_positions,
+        make_graph=EagerGraph,
+    )
+    rng = torch.Generator().manual_seed(0)
+    batch = PackedBatch.from_token_lists(
+        [torch.randint(5, 30000, (n,), generator=rng).tolist() for n in (7, 90, 33)]
+    )
+    want = torch.from_numpy(engine.step(batch).wait())
+    for _ in range(3):
+        got = runner.run(batch)
+        assert got is not None
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert set(runner.attention_choice().values()) <= {"padded", "cudnn", "block_mask"}

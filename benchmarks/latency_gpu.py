@@ -4,6 +4,9 @@ same weights, same inputs, one script run. Writes latency-<gpu>-<date>.json and 
     PYTHONPATH=src python3 benchmarks/latency_gpu.py --out DIR --commit abc1234 \
         --minilm .carry/minilm-fp16 --qwen3-tokenizer .carry/qwen3-tokenizer/tokenizer.json
 
+Workloads: batch 1 at bucket-exact lengths (128, 512, 4096) and at real lengths beside them
+(100, 500, 4095: a bucket with padding, what a user's text gets), and 100 passages.
+
 Models: Qwen3-0.6B shape (random weights, bidirectional + mean) built with transformers' Qwen3
 config and saved as a checkpoint folder, loaded through our loader; all-MiniLM-L6-v2 (real
 weights, float16 copy, run in bf16 by both). Inputs are real English text (Python standard
@@ -477,7 +480,8 @@ def main() -> None:
         bench_model(
             "qwen3-0.6b", "random", {"embedserve": ours, "embedserve-graph-only": plain},
             HF(hf_model, bidirectional_4d=True), stream,
-            [("1 x 16", [16], 200), ("1 x 128", [128], 200), ("1 x 512", [512], 200),
+            [("1 x 16", [16], 200), ("1 x 100", [100], 200), ("1 x 128", [128], 200),
+             ("1 x 500", [500], 200), ("1 x 512", [512], 200), ("1 x 4095", [4095], 50),
              ("1 x 4096", [4096], 50), ("100 x 64-512", hundred, 20)],
             lambda s: floor_ms(params, 1024, 28, 16 * 128, s, ceil), records, table,
         )  # fmt: skip
@@ -515,7 +519,8 @@ def main() -> None:
     bench_model(
         "all-MiniLM-L6-v2", "real", {"embedserve": mini, "embedserve-graph-only": mini_plain},
         HF(hf_bert, bidirectional_4d=False), stream,
-        [("1 x 128", [128], 300), ("100 x 32-256", passages, 50)],
+        [("1 x 100", [100], 300), ("1 x 128", [128], 300), ("1 x 250", [250], 300),
+         ("100 x 32-256", passages, 50)],
         lambda s: floor_ms(mparams, 384, 6, 384, s, ceil), records, table,
     )  # fmt: skip
     extra["minilm_stats"] = mini.stats.as_dict()

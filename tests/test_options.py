@@ -73,7 +73,7 @@ def test_the_batch_budget_defaults_to_the_engines() -> None:
         (lambda: GatewayConfig(replicas=()), "at least one --replica"),
         (lambda: GatewayConfig(replicas=("nohost",)), "HOST:PORT"),
         (lambda: GatewayConfig(replicas=("a:1",), chunk_tokens=0), "chunk_tokens must be positive"),
-        (lambda: ServeConfig(num_replicas=0), "--replicas must be positive"),
+        (lambda: ServeConfig(num_replicas=-1), "--replicas must be 0"),
     ],
 )
 def test_configs_refuse_bad_values(make: object, message: str) -> None:
@@ -104,6 +104,27 @@ def test_serve_shares_one_flag_set_between_its_servers_and_gateway() -> None:
     ]
     assert set(SERVE_SERVER_FIXED) <= {f.name for f in dataclasses.fields(ServerConfig)}
     assert set(SERVE_GATEWAY_FIXED) <= {f.name for f in dataclasses.fields(GatewayConfig)}
+
+
+def test_serve_starts_one_server_per_visible_gpu_by_default(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from embedserve import launch
+
+    def configs(*flags: str):  # type: ignore[no-untyped-def]
+        return serve_configs(build_parser().parse_args(["serve", "--model", "/m", *flags]))
+
+    monkeypatch.setattr(launch, "visible_gpus", lambda: 0)
+    servers, gateway = configs()  # a CPU machine: one server
+    assert [s.engine.device for s in servers] == ["cpu"] and len(gateway.replicas) == 1
+    monkeypatch.setattr(launch, "visible_gpus", lambda: 2)
+    servers, gateway = configs()
+    assert [s.engine.device for s in servers] == ["cuda:0", "cuda:1"]
+    assert len(gateway.replicas) == 2
+    servers, _ = configs("--replicas", "3")  # more than the GPUs: round-robin
+    assert [s.engine.device for s in servers] == ["cuda:0", "cuda:1", "cuda:0"]
+    servers, _ = configs("--device", "cuda:1")  # a named device: one server on it
+    assert [s.engine.device for s in servers] == ["cuda:1"]
+    with pytest.raises(ValueError, match="--replicas must be 0"):
+        configs("--replicas", "-1")
 
 
 def test_embed_serve_and_server_take_the_same_engine_flags() -> None:

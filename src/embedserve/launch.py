@@ -9,6 +9,7 @@ in-flight requests) and then the servers.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
@@ -31,13 +32,18 @@ class ServeConfig(Options):
     """What `serve` adds to a server's and a gateway's flags."""
 
     num_replicas: int = option(
-        1, "server processes (one per GPU with --device auto)", flag="replicas"
+        0,
+        "server processes; 0: one per visible GPU with --device auto (one on the CPU); more "
+        "than the GPUs share them round-robin",
+        flag="replicas",
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.num_replicas <= 0:
-            raise ValueError(f"--replicas must be positive, got {self.num_replicas}")
+        if self.num_replicas < 0:
+            raise ValueError(
+                f"--replicas must be 0 (one per GPU) or positive, got {self.num_replicas}"
+            )
 
 
 # `serve`'s servers listen on 127.0.0.1, any free port; its --host / --port are the gateway's.
@@ -75,12 +81,24 @@ def run_gateway(args: argparse.Namespace) -> int:
     return run(GatewayConfig.from_args(args))
 
 
-def _server_devices(device: str, replicas: int) -> list[str]:
-    if replicas == 1 or device != "auto":
-        return [device] * replicas
+def visible_gpus() -> int:
+    """CUDA devices this process may use; 0 without touching torch where no NVIDIA driver is
+    loaded (the CPU machines: importing torch costs the launcher a second or two)."""
+    if not os.path.exists("/dev/nvidiactl") and not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return 0
     import torch  # the launcher only; neither the gateway nor its workers import this
 
-    count = torch.cuda.device_count()
+    return int(torch.cuda.device_count())
+
+
+def _server_devices(device: str, replicas: int) -> list[str]:
+    """Each server's device: with --device auto, GPUs round-robin (`replicas` 0: one server per
+    visible GPU, or one on the CPU when there is none); any other device for every server."""
+    if device != "auto" or replicas == 1:
+        return [device] * max(replicas, 1)
+    count = visible_gpus()
+    if replicas == 0:
+        replicas = max(count, 1)
     return [f"cuda:{i % count}" for i in range(replicas)] if count else ["cpu"] * replicas
 
 

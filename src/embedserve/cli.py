@@ -299,6 +299,88 @@ def embed_texts(embedder: Any, texts: list[str], args: argparse.Namespace) -> An
     )
 
 
+def _add_index(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "index",
+        help="embed a corpus of jsonl / Parquet files into Parquet with Ray Data (resumable)",
+        description="Each input file's records (an id and a text field) are embedded on a pool "
+        "of Ray actors and written to OUTPUT/<name>.parquet (id, vector, model, dims, "
+        "output_dtype); records that cannot be embedded go to <name>.errors.jsonl with the "
+        "reason. A second run skips the inputs already done. Needs: pip install "
+        "'embedserve[ray]'.",
+    )
+    p.add_argument(
+        "--input",
+        required=True,
+        help="a .jsonl / .json / .parquet file, a folder of them, or a glob",
+    )
+    p.add_argument(
+        "--output", required=True, type=Path, help="the folder to write Parquet files to"
+    )
+    p.add_argument(
+        "--model", default="minilm", help="model folder, bundled name or Hub id (default: minilm)"
+    )
+    p.add_argument("--id-field", default="id", help="the records' id field (default: id)")
+    p.add_argument("--text-field", default="text", help="the records' text field (default: text)")
+    p.add_argument("--prompt-name", default=None, help="a prompt of the model folder")
+    p.add_argument(
+        "--input-type", default=None, choices=["query", "document"], help="query or document prompt"
+    )
+    p.add_argument(
+        "--truncate",
+        default=None,
+        choices=["end", "start"],
+        help="cut over-long texts (default: they are errors, recorded with their id)",
+    )
+    p.add_argument(
+        "--output-dtype",
+        default="float32",
+        choices=["float32", "int8", "uint8", "binary", "ubinary"],
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (a GPU per actor when there are GPUs), cpu, cuda"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=256, help="records per actor call (default: 256)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="actors (default: one per GPU, else one on the CPU using every core)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="a running Ray cluster (default: a local Ray for the job)",
+    )
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first bad record")
+    p.set_defaults(run=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from embedserve.indexing import IndexOptions, run_index
+
+    if args.batch_size <= 0 or (args.workers is not None and args.workers <= 0):
+        raise ValueError("--batch-size and --workers must be positive")
+    options = IndexOptions(
+        model=args.model,
+        id_field=args.id_field,
+        text_field=args.text_field,
+        prompt_name=args.prompt_name,
+        input_type=args.input_type,
+        truncate=args.truncate or False,
+        output_dtype=args.output_dtype,
+        device=args.device,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        fail_fast=args.fail_fast,
+    )
+    summary = run_index(args.input, args.output, options, ray_address=args.ray_address)
+    print(json.dumps(summary))
+    return 0
+
+
 def _add_models(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "models",
@@ -328,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_embed(sub)
     _add_rerank(sub)
     _add_models(sub)
+    _add_index(sub)
     from embedserve import checkpoints, launch
 
     launch.add_commands(sub)

@@ -1,0 +1,139 @@
+"""`embedserve index` on a local Ray: vectors equal `Embedder`'s on the same records, ids kept,
+bad records reported with their reasons, a second run skips what is done, and a worker killed
+mid-job still leaves every record written exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from embedserve.indexing import IndexOptions, input_files, run_index  # noqa: E402
+from tests.data.texts import MULTILINGUAL, QUERIES, passages  # noqa: E402
+
+TEXTS = QUERIES + MULTILINGUAL + [p for p in passages() if len(p) < 900]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:  # type: ignore[type-arg]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def read_rows(out: Path) -> dict[str, np.ndarray]:
+    rows: dict[str, np.ndarray] = {}
+    for f in sorted(out.glob("*.parquet")):
+        table = pq.read_table(f)
+        for id_, vec in zip(table["id"].to_pylist(), table["vector"].to_pylist(), strict=True):
+            assert id_ not in rows, f"{id_} written twice"
+            rows[id_] = np.asarray(vec, dtype=np.float32)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    records = [{"id": f"a{i}", "text": TEXTS[i % len(TEXTS)]} for i in range(150)]
+    records[3] = {"id": "a3", "text": ""}
+    records[4] = {"id": "a4"}
+    records[5] = {"id": "a5", "text": 7}
+    records[6] = {"id": "a6", "text": " ".join(passages()[-3:])}  # over 256 tokens
+    write_jsonl(folder / "part-a.jsonl", records)
+    import pyarrow as pa
+
+    table = pa.table(
+        {
+            "id": [f"b{i}" for i in range(90)],
+            "text": [TEXTS[(i * 7) % len(TEXTS)] for i in range(90)],
+        }
+    )
+    pq.write_table(table, folder / "part-b.parquet")
+    return folder
+
+
+def test_index_equals_embedder_reports_bad_records_and_resumes(
+    corpus: Path,
+    tmp_path: Path,
+    minilm,  # type: ignore[no-untyped-def]
+) -> None:
+    out = tmp_path / "vectors"
+    options = IndexOptions(model=str(minilm.spec.path), device="cpu", batch_size=64)
+    summary = run_index(corpus, out, options, log=lambda line: None)
+    assert (summary["files"], summary["skipped"]) == (2, 0)
+    assert (summary["records"], summary["errors"]) == (236, 4)
+    rows = read_rows(out)
+    want_ids = [f"a{i}" for i in range(150) if i not in (3, 4, 5, 6)] + [f"b{i}" for i in range(90)]
+    assert sorted(rows) == sorted(want_ids)
+    texts = {f"a{i}": TEXTS[i % len(TEXTS)] for i in range(150)}
+    texts |= {f"b{i}": TEXTS[(i * 7) % len(TEXTS)] for i in range(90)}
+    ids = sorted(rows)
+    want = minilm.encode([texts[i] for i in ids])
+    got = np.stack([rows[i] for i in ids])
+    cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    assert cos.min() >= 0.99999
+    table = pq.read_table(out / "part-a.parquet")
+    assert set(table.column_names) == {"id", "vector", "model", "dims", "output_dtype"}
+    assert set(table["dims"].to_pylist()) == {384} and set(table["output_dtype"].to_pylist()) == {
+        "float32"
+    }
+    errors = [json.loads(line) for line in (out / "part-a.errors.jsonl").read_text().splitlines()]
+    reasons = {e["id"]: e["error"] for e in errors}
+    assert reasons["a3"] == "'text' is empty" and reasons["a4"] == "missing 'text'"
+    assert reasons["a5"] == "'text' is int, not a string"
+    assert "over this model's limit of 256" in reasons["a6"] and "--truncate" in reasons["a6"]
+    # a second run finds everything done and does nothing
+    again = run_index(corpus, out, options, log=lambda line: None)
+    assert (again["skipped"], again["records"]) == (2, 0)
+    # an input changed since: only it runs again
+    write_jsonl(corpus / "part-a.jsonl", [{"id": "a0", "text": "changed"}])
+    third = run_index(corpus, out, options, log=lambda line: None)
+    assert (third["skipped"], third["records"]) == (1, 1)
+    assert len(read_rows(out)) == 1 + 90
+
+
+def test_inputs_are_checked_before_ray_starts(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no input files"):
+        input_files(tmp_path / "nothing-*.jsonl")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="no input files"):
+        input_files(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_still_leaves_every_record_once(tmp_path: Path, minilm_path: Path) -> None:
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    for k in range(4):
+        write_jsonl(
+            corpus / f"part-{k}.jsonl",
+            [{"id": f"{k}-{i}", "text": TEXTS[(i + k) % len(TEXTS)]} for i in range(600)],
+        )
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "embedserve.cli", "index", "--input", str(corpus), "--output", str(out),
+           "--model", str(minilm_path), "--device", "cpu", "--batch-size", "32"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    deadline = time.time() + 240
+    while killed is None and time.time() < deadline and proc.poll() is None:
+        # the actor's process, once it has written some of the job
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        actors = [int(line.split()[0]) for line in ps.splitlines() if "MapWorker" in line]
+        if actors and (out / "_index.json").exists():
+            killed = actors[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.2)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert killed is not None, "no actor process was seen while the job ran"
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    rows = read_rows(out)  # asserts no id twice
+    assert len(rows) == 2400 and summary["errors"] == 0

@@ -32,7 +32,7 @@ from embedserve.gateway.app import BODY_TIMEOUT, MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
 from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
-from embedserve.gateway.replicas import ReplicaPool
+from embedserve.gateway.replicas import ReplicaPool, check_replica
 from embedserve.gateway.requests import Limits
 from embedserve.hub import is_hub_id
 from embedserve.inputs import InputPreparer
@@ -58,7 +58,10 @@ DEFAULT_WORKERS = 2 if (os.cpu_count() or 1) >= 8 else 1
 @dataclass(frozen=True)
 class GatewayConfig(Options):
     replicas: tuple[str, ...] = option(
-        help="a server's HOST:PORT (repeatable)", flag="replica", metavar="HOST:PORT"
+        help="a server's HOST:PORT, or dns:NAME:PORT (every address of the name) or file:PATH "
+        "(HOST:PORT lines), looked up again every --resolve-interval (repeatable)",
+        flag="replica",
+        metavar="HOST:PORT",
     )
     model: str = model_option()
     served_model_names: tuple[str, ...] = option(
@@ -127,6 +130,9 @@ class GatewayConfig(Options):
     )
     request_timeout: float = option(30.0, "deadline of each server call (s)")
     health_interval: float = option(0.5, "replica health polling interval (s)")
+    resolve_interval: float = option(
+        5.0, "how often dns: and file: replicas are looked up again (s)"
+    )
     drain_seconds: float = drain_option()
 
     def __post_init__(self) -> None:
@@ -134,9 +140,7 @@ class GatewayConfig(Options):
         if not self.replicas:
             raise ValueError("a gateway needs at least one --replica HOST:PORT")
         for r in self.replicas:
-            host, _, port = r.rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"--replica must be HOST:PORT, got {r!r}")
+            check_replica(r)
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in (
@@ -152,6 +156,7 @@ class GatewayConfig(Options):
             "max_tokens_per_request",
             "request_timeout",
             "health_interval",
+            "resolve_interval",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -209,6 +214,7 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
             secret=secret,
             timeout=config.request_timeout,
             health_interval=config.health_interval,
+            resolve_interval=config.resolve_interval,
         )
         return Pipeline(
             inputs,

@@ -5,6 +5,11 @@ so `/ready` follows the servers and a restarted server is used again without res
 gateway. Each chunk goes to the healthy replica with the fewest outstanding tokens; a failed call
 is retried once on another one. Every call carries a deadline, so a dead or stuck replica gives
 an error quickly instead of a hang.
+
+A `--replica` is a server's `HOST:PORT`, or a source of them read again every
+`resolve_interval` seconds: `dns:NAME:PORT` (every address the name resolves to: a Kubernetes
+headless Service, one per ready pod) or `file:PATH` (one `HOST:PORT` per line, `#` comments).
+Servers that appear are added; servers that disappear are dropped once their calls are done.
 """
 
 from __future__ import annotations
@@ -98,6 +103,48 @@ def to_api_error(error: grpc.aio.AioRpcError, replica: Replica, index: int) -> A
     )
 
 
+def is_source(spec: str) -> bool:
+    """A `--replica` that names servers to look up (`dns:` or `file:`), not one server."""
+    return spec.startswith(("dns:", "file:"))
+
+
+def check_replica(spec: str) -> None:
+    """`HOST:PORT`, `dns:NAME:PORT` or `file:PATH`, else a ValueError saying so."""
+    if spec.startswith("file:"):
+        if not spec[5:]:
+            raise ValueError(f"--replica file:PATH needs a path, got {spec!r}")
+        return
+    host, _, port = spec.removeprefix("dns:").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--replica must be HOST:PORT, dns:NAME:PORT or file:PATH, got {spec!r}")
+
+
+async def _addresses(spec: str) -> list[str]:
+    """The servers a `--replica` stands for now (see the module docstring)."""
+    if spec.startswith("file:"):
+        path = spec[5:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = [line.split("#", 1)[0].strip() for line in f]
+        except OSError as e:
+            log.warning("replica file %s: %s", path, e)
+            return []
+        found = [line for line in lines if line]
+        for line in found:
+            check_replica(line)
+        return found
+    if spec.startswith("dns:"):
+        name, _, port = spec[4:].rpartition(":")
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(name, int(port), type=2)
+        except OSError as e:  # not resolvable now (no pod ready yet): none, for now
+            log.warning("replica name %s: %s", name, e)
+            return []
+        hosts = sorted({str(info[4][0]) for info in infos})
+        return [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts]
+    return [spec]
+
+
 class ReplicaPool:
     def __init__(
         self,
@@ -106,26 +153,70 @@ class ReplicaPool:
         secret: str | None = None,
         timeout: float = 30.0,
         health_interval: float = 0.5,
+        resolve_interval: float = 5.0,
     ) -> None:
         if not addresses:
             raise ValueError("a gateway needs at least one --replica HOST:PORT")
-        self.replicas = [Replica(a, secret) for a in addresses]
+        self.sources = tuple(addresses)
+        self.secret = secret
+        self.replicas = [Replica(a, secret) for a in addresses if not is_source(a)]
         self.timeout = timeout
         self.health_interval = health_interval
+        self.resolve_interval = resolve_interval
         self._poller: asyncio.Task[None] | None = None
+        self._resolver: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Open channels (inside the running loop) and poll health from now on."""
         for r in self.replicas:
             r.open()
+        if any(is_source(s) for s in self.sources):
+            await self.resolve_once()
+            self._resolver = asyncio.create_task(self._resolve_forever(), name="replica-dns")
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever(), name="replica-health")
 
+    async def resolve_once(self) -> None:
+        """Look the sources up again: open the servers that appeared, drop the ones that went
+        (closed once their outstanding calls are done)."""
+        wanted: list[str] = []
+        for spec in self.sources:
+            wanted += await _addresses(spec)
+        wanted = list(dict.fromkeys(wanted))
+        have = {r.address: r for r in self.replicas}
+        for address in wanted:
+            if address not in have:
+                replica = Replica(address, self.secret)
+                replica.open()
+                self.replicas.append(replica)
+                log.warning("replica %s added", address)
+        for replica in [r for r in self.replicas if r.address not in wanted]:
+            self.replicas.remove(replica)
+            log.warning("replica %s removed", replica.address)
+            task = asyncio.create_task(self._close_when_idle(replica))
+            self._closing.add(task)  # NOTE: a reference, or the loop may drop the task
+            task.add_done_callback(self._closing.discard)
+
+    async def _close_when_idle(self, replica: Replica) -> None:
+        while replica.outstanding_tokens > 0:
+            await asyncio.sleep(self.health_interval)
+        await replica.close()
+
+    async def _resolve_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.resolve_interval)
+            try:
+                await self.resolve_once()
+            except Exception as e:  # a bad line in a file: keep the replicas there are
+                log.warning("replica lookup failed: %s", e)
+
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+        for task in (self._poller, self._resolver):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for r in self.replicas:
             await r.close()
 
@@ -174,16 +265,20 @@ class ReplicaPool:
         except grpc.aio.AioRpcError as e:
             other = self.choose(exclude=replica) if e.code() in RETRYABLE else None
             if other is None:
-                raise to_api_error(e, replica, self.replicas.index(replica)) from None
+                raise to_api_error(e, replica, self._index(replica)) from None
             log.warning("retrying on %s after %s from %s", other.address, e.code(), replica.address)
             try:
                 return await self._call(other, request, num_tokens)
             except grpc.aio.AioRpcError as e2:
-                raise to_api_error(e2, other, self.replicas.index(other)) from None
+                raise to_api_error(e2, other, self._index(other)) from None
+
+    def _index(self, replica: Replica) -> int:
+        """A replica's index for clients (-1 once a lookup has dropped it)."""
+        return self.replicas.index(replica) if replica in self.replicas else -1
 
     async def _call(self, replica: Replica, request: Any, num_tokens: int) -> Any:
         called = REPLICAS_CALLED.get()
-        if called is not None:
+        if called is not None and replica in self.replicas:
             called.add(self.replicas.index(replica))
         replica.outstanding_tokens += num_tokens
         try:

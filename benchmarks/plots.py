@@ -1,0 +1,222 @@
+"""Figures from committed results files (benchmarks/results/*.json), one PNG per file, under docs/.
+
+Each figure carries a caption with the file's hardware, commit and date. Suites drawn so far:
+
+- `concurrency`: requests/s and p99 latency against concurrent clients, one line per system,
+  for the one-input-per-request records; requests of several inputs (e.g. 32 passages from 4
+  clients), when the file has them, as bars beside.
+
+    .venv/bin/python benchmarks/plots.py benchmarks/results/concurrency-cpu2-peers-YYYYMMDD.json \\
+        [--out docs/peers-cpu.png]
+
+Without `--out`, a file's figure is docs/<its name>.png. Needs matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+COLORS = ["#d62728", "#1f77b4", "#7f7f7f", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
+
+
+def committed(path: Path) -> bool:
+    done = subprocess.run(
+        ["git", "ls-files", "--error-unmatch", str(path)], cwd=ROOT, capture_output=True
+    )
+    return done.returncode == 0
+
+
+def caption(doc: dict[str, Any], path: Path) -> str:
+    return (
+        f"{doc.get('hardware', '?')}  ·  commit {doc.get('commit', '?')}  ·  "
+        f"{doc.get('date', '?')}  ·  benchmarks/results/{path.name}"
+    )
+
+
+def systems_in_order(records: list[dict[str, Any]]) -> list[str]:
+    """Systems with a requests/s record, in the file's order (ours first where it is first)."""
+    return list(dict.fromkeys(r["system"] for r in records if r["metric"] == "requests_per_s"))
+
+
+def label_values(ax: Any, x: float, items: list[tuple[float, str]], style: dict[str, Any]) -> None:
+    """Value labels right of the points at `x`, pushed apart vertically so none overlap."""
+    gap = 12.0  # points between label centres
+    to_points = 72.0 / ax.figure.dpi
+    placed: list[float] = []
+    for y, s in sorted(items):
+        at = ax.transData.transform((x, y))[1] * to_points
+        want = max([at, *[p + gap for p in placed]])
+        placed.append(want)
+        ax.annotate(
+            f"{y:,.0f}" if y >= 10 else f"{y:.1f}",
+            (x, y),
+            textcoords="offset points",
+            xytext=(7, want - at),
+            ha="left",
+            va="center",
+            fontsize=8,
+            color=style[s]["color"],
+            bbox={
+                "boxstyle": "round,pad=0.15",
+                "facecolor": "white",
+                "edgecolor": "none",
+                "alpha": 0.85,
+            },
+            zorder=5,
+        )
+
+
+def concurrency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import (
+        FixedLocator,
+        FuncFormatter,
+        LogLocator,
+        NullFormatter,
+        NullLocator,
+        ScalarFormatter,
+    )
+
+    records = doc["records"]
+    systems = systems_in_order(records)
+    if not systems:
+        raise SystemExit(f"{path}: no requests_per_s records to draw")
+    style = {
+        s: {"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)]}
+        for i, s in enumerate(systems)
+    }
+    # (system, metric) -> {concurrency: value}, one input per request
+    single: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    # (batch, concurrency) -> system -> metric -> value, several inputs per request
+    bulk: dict[tuple[int, int], dict[str, dict[str, float]]] = defaultdict(
+        lambda: defaultdict(dict)
+    )
+    bulk_label: dict[tuple[int, int], str] = {}
+    for r in records:
+        if r["system"] not in systems or r.get("scope") != "end_to_end":
+            continue
+        batch = r.get("batch", 1)
+        if isinstance(batch, int) and batch > 1:
+            key = (batch, int(r["concurrency"]))
+            bulk[key][r["system"]][r["metric"]] = float(r["value"])
+            bulk_label[key] = r.get("workload", f"{batch} inputs per request")
+        else:
+            single[(r["system"], r["metric"])][int(r["concurrency"])] = float(r["value"])
+
+    model = records[0].get("model", "")
+    panels = 2 + len(bulk)
+    fig, axes = plt.subplots(
+        1,
+        panels,
+        figsize=(5.2 * panels, 5.0),
+        gridspec_kw={"width_ratios": [1.25, 1.25] + [1] * len(bulk)},
+    )
+    levels = sorted({c for (s, m), v in single.items() for c in v})
+    for ax, metric, label in (
+        (axes[0], "requests_per_s", "requests/s (higher is better)"),
+        (axes[1], "p99_ms", "p99 latency, ms (lower is better)"),
+    ):
+        labels: dict[int, list[tuple[float, str]]] = defaultdict(list)
+        for s in systems:
+            points = sorted(single.get((s, metric), {}).items())
+            if not points:
+                continue
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, label=s, linewidth=2, markersize=7, **style[s])
+            for x, y in points:
+                labels[x].append((y, s))
+        ax.set_xscale("log", base=2)
+        ax.set_xlim(min(levels) / 1.35, max(levels) * 1.6)  # room for the value labels
+        ax.xaxis.set_major_locator(FixedLocator(levels))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        if metric == "p99_ms":
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            low, high = ax.get_ylim()
+            ax.set_ylim(low / 1.3, high * 1.5)
+        else:
+            ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.1)
+        fig.canvas.draw()  # the scales and limits are final: place the value labels
+        for x, items in labels.items():
+            label_values(ax, x, items, style)
+        ax.set_xlabel("concurrent clients (one short query per request)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(loc="upper left", fontsize=9)
+
+    for ax, ((batch, clients), by_system) in zip(axes[2:], sorted(bulk.items()), strict=True):
+        names = [s for s in systems if "requests_per_s" in by_system.get(s, {})]
+        values = [by_system[s]["requests_per_s"] for s in names]
+        bars = ax.bar(
+            range(len(names)), values, color=[style[s]["color"] for s in names], width=0.6
+        )
+        for bar, s in zip(bars, names, strict=True):
+            m = by_system[s]
+            text = f"{m['requests_per_s']:.2f} req/s"
+            if "tokens_per_s" in m:
+                text += f"\n{m['tokens_per_s']:,.0f} tok/s"
+            if "p99_ms" in m:
+                text += f"\np99 {m['p99_ms'] / 1000:.2f} s"
+            ax.annotate(
+                text,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                textcoords="offset points",
+                xytext=(0, 4),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_xticks(range(len(names)), [s.replace(" + ", "\n+ ") for s in names], fontsize=8)
+        ax.set_ylim(0, max(values) * 1.45)
+        ax.set_ylabel("requests/s (higher is better)")
+        ax.set_title(f"{bulk_label[(batch, clients)]}, {clients} clients", fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+
+    fig.suptitle(f"{model} over HTTP (POST /v1/embeddings), {doc.get('suite', '')} suite")
+    fig.text(0.5, 0.01, caption(doc, path), ha="center", fontsize=9, color="#333333")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+DRAW = {"concurrency": concurrency_figure}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("files", type=Path, nargs="+", help="results JSON files")
+    ap.add_argument("--out", type=Path, default=None, help="the PNG (one input file only)")
+    args = ap.parse_args()
+    if args.out is not None and len(args.files) > 1:
+        ap.error("--out takes one input file")
+    for path in args.files:
+        doc = json.loads(path.read_text())
+        suite = doc.get("suite")
+        if suite not in DRAW:
+            sys.exit(f"{path}: suite {suite!r} has no figure yet (known: {', '.join(DRAW)})")
+        if not committed(path):
+            print(f"note: {path} is not committed yet", file=sys.stderr)
+        out = args.out or ROOT / "docs" / f"{path.stem}.png"
+        DRAW[suite](doc, path, out)
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -137,3 +137,17 @@ def test_a_killed_worker_still_leaves_every_record_once(tmp_path: Path, minilm_p
     summary = json.loads(stdout.strip().splitlines()[-1])
     rows = read_rows(out)  # asserts no id twice
     assert len(rows) == 2400 and summary["errors"] == 0
+
+
+def test_record_ids_as_text() -> None:
+    from embedserve.indexing import _id_text
+
+    # an integer id column with a gap arrives as float64 with NaN
+    assert [_id_text(v) for v in (3.0, float("nan"), None, "x-1", 7, 2.5)] == [
+        "3",
+        "",
+        "",
+        "x-1",
+        "7",
+        "2.5",
+    ]

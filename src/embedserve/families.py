@@ -418,7 +418,7 @@ FAMILIES: tuple[Family, ...] = (
         "bidirectional",
         "mean",
         "all-mpnet-base-v2, multi-qa-mpnet-base-dot-v1",
-        "relative position bias (no FlashAttention: cuDNN / masked SDPA)",
+        "relative position bias (no FlashAttention: the padded SDPA backend on CUDA)",
         flash_attention=False,
     ),
     Family(

@@ -87,6 +87,19 @@ def input_files(spec: str | Path) -> list[Path]:
     return files
 
 
+def _id_text(value: Any) -> str:
+    """A record's id as text; "" when missing. NOTE: an integer id column with a gap arrives as
+    float64 with NaN (Arrow to NumPy): 3.0 is the id 3, NaN a missing id."""
+    if value is None:
+        return ""
+    if isinstance(value, (float, np.floating)):
+        if np.isnan(value):
+            return ""
+        if float(value).is_integer():
+            return str(int(value))
+    return str(value)
+
+
 class EmbedBatch:
     """The actor `map_batches` runs: one Embedder, records in, vectors and errors out."""
 
@@ -119,13 +132,12 @@ class EmbedBatch:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         o = self.options
-        ids = [str(v) for v in batch[o.id_field]] if o.id_field in batch else None
         n = len(next(iter(batch.values()))) if batch else 0
-        ids = ids if ids is not None else [""] * n
+        ids = [_id_text(v) for v in batch[o.id_field]] if o.id_field in batch else [""] * n
         texts = batch.get(o.text_field)
         reasons: list[str | None] = [None] * n
         for i in range(n):
-            if ids[i] in ("", "None"):
+            if not ids[i]:
                 reasons[i] = f"missing {o.id_field!r}"
             value = None if texts is None else texts[i]
             if value is None or (isinstance(value, float) and np.isnan(value)):
@@ -269,8 +281,12 @@ def _write_file(out: Path, stem: str, batches: Iterator[dict[str, np.ndarray]]) 
     err_tmp = out / f".{stem}.errors.jsonl.tmp"
     writer: Any = None
     records = errors = 0
+    vector_type: Any = None  # the fixed-size list type of this file's rows
     with err_tmp.open("w", encoding="utf-8") as err_file:
         for batch in batches:
+            rows = np.asarray(batch["vector"])
+            if vector_type is None and rows.ndim == 2:  # known even when no row is good
+                vector_type = pa.list_(_arrow_type(rows), rows.shape[1])
             keep = np.array([not e for e in batch["error"]], dtype=bool)
             for i in np.flatnonzero(~keep):
                 err_file.write(
@@ -294,11 +310,11 @@ def _write_file(out: Path, stem: str, batches: Iterator[dict[str, np.ndarray]]) 
                 writer = pq.ParquetWriter(tmp, table.schema)
             writer.write_table(table)
             records += table.num_rows
-    if writer is None:  # no good record: an empty file with the schema
+    if writer is None:  # no good record: an empty file with the same schema as the others
         schema = pa.schema(
             [
                 ("id", pa.string()),
-                ("vector", pa.list_(pa.float32())),
+                ("vector", vector_type or pa.list_(pa.float32())),
                 ("model", pa.string()),
                 ("dims", pa.int32()),
                 ("output_dtype", pa.string()),

@@ -266,10 +266,12 @@ def read_model_spec(
         kind = attention or "bidirectional"
         if kind != "bidirectional":
             raise ValueError(f"{family.name} models only run with bidirectional attention")
-        if family.name == "gemma3" and _declared_attention(cfg, extra, config_path) == "causal":
+        declared_attention = _declared_attention(cfg, extra, config_path)
+        if family.name == "gemma3" and (attention or declared_attention) != "bidirectional":
             raise ModelLoadError(
-                f"{config_path}: a causal Gemma 3 is a language model; embedserve runs Gemma 3 "
-                'as EmbeddingGemma does ("use_bidirectional_attention": true)'
+                f'{config_path}: a Gemma 3 without "use_bidirectional_attention": true is a '
+                "causal language model; embedserve runs Gemma 3 as EmbeddingGemma does, "
+                'bidirectionally (say so in config.json, or pass attention="bidirectional")'
             )
         default_pooling = family.default_pooling
         if task == "score":

@@ -11,7 +11,7 @@ import pytest
 from tests.e2e.conftest import Proc, free_port
 from tests.e2e.test_replica_failure import call, start_server
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # the server tests; the lookup one is quick
 
 
 def wait_for_replicas(url: str, count: int, seconds: float = 20.0) -> list[dict]:  # type: ignore[type-arg]
@@ -75,3 +75,25 @@ def test_a_bad_replica_spec_is_refused() -> None:
     for bad in ("nohost", "dns:name", "file:"):
         with pytest.raises(ValueError, match="--replica"):
             GatewayConfig(replicas=(bad,))
+
+
+def test_a_failed_lookup_removes_nothing(tmp_path: Path) -> None:
+    import asyncio
+
+    from embedserve.gateway.replicas import Replica, ReplicaPool
+
+    listing = tmp_path / "replicas.txt"
+
+    async def scenario() -> list[list[str]]:
+        pool = ReplicaPool([f"file:{listing}"], resolve_interval=60, health_interval=0.01)
+        pool.replicas.append(Replica("127.0.0.1:1"))  # found by an earlier lookup
+        seen = []
+        await pool.resolve_once()  # the file cannot be read: not an answer
+        seen.append([r.address for r in pool.replicas])
+        listing.write_text("")  # an answer: no servers
+        await pool.resolve_once()
+        seen.append([r.address for r in pool.replicas])
+        await pool.close()
+        return seen
+
+    assert asyncio.run(scenario()) == [["127.0.0.1:1"], []]

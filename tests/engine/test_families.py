@@ -189,3 +189,15 @@ def test_real_all_mpnet_base_v2_equals_sentence_transformers(real_mpnet: Path) -
     q = ours.encode("how do vector databases rank documents?")
     docs = ours.encode(["Vector search ranks documents by similarity.", "I like pizza."])
     assert float(q @ docs[0]) > float(q @ docs[1]) + 0.2
+
+
+def test_a_causal_gemma3_is_refused(tmp_path: Path) -> None:
+    from embedserve.spec import ModelLoadError
+
+    folder = make_checkpoint(tmp_path / "g", arch="gemma3-tiny", dtype="float32", seed=4)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.pop("use_bidirectional_attention")  # what a Gemma 3 language model's folder says
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="use_bidirectional_attention"):
+        read_model_spec(folder)
+    assert read_model_spec(folder, attention="bidirectional").family == "gemma3"

@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -119,16 +120,17 @@ def check_replica(spec: str) -> None:
         raise ValueError(f"--replica must be HOST:PORT, dns:NAME:PORT or file:PATH, got {spec!r}")
 
 
-async def _addresses(spec: str) -> list[str]:
-    """The servers a `--replica` stands for now (see the module docstring)."""
+async def _addresses(spec: str) -> list[str] | None:
+    """The servers a `--replica` stands for now (see the module docstring); None when the
+    lookup failed (a DNS timeout, an unreadable file): then the replicas it had stay."""
     if spec.startswith("file:"):
         path = spec[5:]
         try:
             with open(path, encoding="utf-8") as f:
                 lines = [line.split("#", 1)[0].strip() for line in f]
         except OSError as e:
-            log.warning("replica file %s: %s", path, e)
-            return []
+            log.warning("replica file %s: %s (keeping the replicas it had)", path, e)
+            return None
         found = [line for line in lines if line]
         for line in found:
             check_replica(line)
@@ -137,9 +139,14 @@ async def _addresses(spec: str) -> list[str]:
         name, _, port = spec[4:].rpartition(":")
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(name, int(port), type=2)
-        except OSError as e:  # not resolvable now (no pod ready yet): none, for now
-            log.warning("replica name %s: %s", name, e)
-            return []
+        except socket.gaierror as e:
+            if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+                return []  # no such name now (no pod ready yet): none, for now
+            log.warning("replica name %s: %s (keeping the replicas it had)", name, e)
+            return None  # a lookup that failed: not an answer
+        except OSError as e:
+            log.warning("replica name %s: %s (keeping the replicas it had)", name, e)
+            return None
         hosts = sorted({str(info[4][0]) for info in infos})
         return [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts]
     return [spec]
@@ -181,8 +188,11 @@ class ReplicaPool:
         """Look the sources up again: open the servers that appeared, drop the ones that went
         (closed once their outstanding calls are done)."""
         wanted: list[str] = []
+        failed = False
         for spec in self.sources:
-            wanted += await _addresses(spec)
+            found = await _addresses(spec)
+            failed = failed or found is None
+            wanted += found or []
         wanted = list(dict.fromkeys(wanted))
         have = {r.address: r for r in self.replicas}
         for address in wanted:
@@ -191,6 +201,8 @@ class ReplicaPool:
                 replica.open()
                 self.replicas.append(replica)
                 log.warning("replica %s added", address)
+        if failed:  # a lookup without an answer removes nothing
+            return
         for replica in [r for r in self.replicas if r.address not in wanted]:
             self.replicas.remove(replica)
             log.warning("replica %s removed", replica.address)
@@ -199,9 +211,16 @@ class ReplicaPool:
             task.add_done_callback(self._closing.discard)
 
     async def _close_when_idle(self, replica: Replica) -> None:
+        # NOTE: a health check of it may still be in flight: closing the channel under it
+        # would cancel it; wait out its deadline first
+        await asyncio.sleep(self._check_timeout)
         while replica.outstanding_tokens > 0:
             await asyncio.sleep(self.health_interval)
         await replica.close()
+
+    @property
+    def _check_timeout(self) -> float:
+        return max(1.0, 2 * self.health_interval)
 
     async def _resolve_forever(self) -> None:
         while True:
@@ -212,7 +231,7 @@ class ReplicaPool:
                 log.warning("replica lookup failed: %s", e)
 
     async def close(self) -> None:
-        for task in (self._poller, self._resolver):
+        for task in (self._poller, self._resolver, *self._closing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -228,11 +247,11 @@ class ReplicaPool:
         await asyncio.gather(*(self._check(r) for r in self.replicas))
 
     async def _check(self, replica: Replica) -> None:
-        timeout = max(1.0, 2 * self.health_interval)
+        timeout = self._check_timeout
         try:
             reply = await replica.check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
             healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.aio.AioRpcError:
+        except Exception:  # any failed check means not healthy, and polling goes on
             healthy = False
         if healthy != replica.healthy:
             log.warning("replica %s is %s", replica.address, "healthy" if healthy else "DOWN")
@@ -241,7 +260,10 @@ class ReplicaPool:
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self.health_interval)
-            await self.poll_once()
+            try:
+                await self.poll_once()
+            except Exception as e:  # NOTE: never let the poller die: health would freeze
+                log.warning("replica health polling: %s", e)
 
     def choose(self, exclude: Replica | None = None) -> Replica | None:
         """The healthy replica with the fewest outstanding tokens (not `exclude`)."""

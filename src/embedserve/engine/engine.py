@@ -55,9 +55,10 @@ def resolve_device(device: str | None) -> torch.device:
 def graph_config(
     spec: ModelSpec, config: GraphConfig, attention_backend: str | None
 ) -> GraphConfig:
-    """The graph attention candidates for this model: a named backend alone; for a model with a
-    score bias (MPNet) the padded backend first (it runs at any size), then the masked ones
-    (timed where a bucket is small or holds one sequence); else the configured ones."""
+    """The graph attention candidates for this model: for a model with a score bias (MPNet),
+    by default or with `padded` named, the padded backend first (it runs at any size), then the
+    masked ones (timed where a bucket is small or holds one sequence); else a named backend
+    alone, or the configured ones."""
     if not spec.flash_attention and attention_backend in (None, "auto", "padded"):
         masked = tuple(a for a in ("cudnn", "block_mask") if a in config.attention)
         return dataclasses.replace(config, attention=("padded", *masked))

@@ -360,7 +360,9 @@ class GraphRunner:
             for a in self.config.attention
             if a not in MASKED
             or plan.num_tokens <= self.config.max_block_mask_tokens
-            or (a == "cudnn" and plan.solo)  # a [T] key mask at most, not [T, T]
+            # one real sequence: a [T] key mask at most (a model with a window or a score bias
+            # still builds [T, T] there: its sequences are bounded by its positions)
+            or (a == "cudnn" and plan.solo)
         )
         return names or self.config.attention[:1]
 

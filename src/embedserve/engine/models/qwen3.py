@@ -19,6 +19,7 @@ from torch import nn
 from embedserve.engine.attention import AttentionFn, RaggedLayout
 from embedserve.engine.fused import Ops
 from embedserve.engine.models.linear import Linear
+from embedserve.engine.models.rotary import Rotary
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
 from embedserve.spec import Qwen3Config
 
@@ -95,15 +96,7 @@ class Qwen3Encoder(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3Layer(cfg, ops) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        # NOTE: not a buffer: `.to(bfloat16)` would round the rotary frequencies. One per device.
-        self._inv_freq: dict[torch.device, torch.Tensor] = {}
-
-    def inv_freq(self, device: torch.device) -> torch.Tensor:  # [D / 2] float32
-        if device not in self._inv_freq:
-            d = self.cfg.head_dim
-            exponents = torch.arange(0, d, 2, dtype=torch.int64).float() / d
-            self._inv_freq[device] = (1.0 / (self.cfg.rope_theta**exponents)).to(device)
-        return self._inv_freq[device]
+        self.rotary = Rotary(cfg.rope_theta, cfg.head_dim)  # float32 frequencies, per device
 
     def forward(
         self,
@@ -114,11 +107,8 @@ class Qwen3Encoder(nn.Module):
         attend: AttentionFn,
     ) -> torch.Tensor:  # [T, H]
         x = self.embed(input_ids)
-        # rotary angles from each token's own position, so sequences packed together each
-        # start at 0 (Hugging Face computes them in fp32 and casts to the model dtype)
-        freqs = positions.float()[:, None] * self.inv_freq(x.device)[None, :]  # [T, D / 2]
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, D]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        # rotary angles from each token's own position: sequences packed together each start at 0
+        cos, sin = self.rotary(positions, x.dtype)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             x, residual = layer(x, residual, cos, sin, layout, attend, self.causal)

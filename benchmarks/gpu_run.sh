@@ -2,10 +2,16 @@
 # One device call of this session's GPU measurements (docs/gpu.md, "Running"): carried wheels
 # installed, then the steps named as arguments, each writing under $OUT.
 #   OLD_COMMIT=abc1234 bash benchmarks/gpu_run.sh tests breakdown breakdown-old serving encode
+#   bash benchmarks/gpu_run.sh suites    # the four suites (benchmarks/suites.py), under 10 minutes
 # (the *-old steps run the tree in .carry/old/src, the commit OLD_COMMIT names)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
+# the peers' wheels when carried (.carry/peerwhl: infinity-emb, fastapi, pydantic, ...), for suites
+if ls .carry/peerwhl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .carry/peerwhl/*.whl || exit 1
+fi
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 M=.carry/minilm-fp16
 # a newer transformers when carried (.carry/tfwhl: the CI's version, which has NomicBertModel),
@@ -47,6 +53,8 @@ for step in "$@"; do
     workers) python3 benchmarks/workers_gpu.py --model $M --out $OUT 2>&1 | tail -30 ;;
     families-tests) EMBEDSERVE_MINILM=.carry/tok-bert python3 -m pytest -q -m gpu \
              tests/engine/test_families_gpu.py 2>&1 | tee $OUT/gpu-tests-families.txt | tail -15 ;;
+    suites) python3 benchmarks/suites.py --machine h200 --out $OUT --minilm $M \
+             --infinity-python "$(command -v python3)" 2>&1 | grep -v "it/s" | tail -80 ;;
     families) python3 benchmarks/families_gpu.py --tokenizer-from .carry/tok-bert --out $OUT 2>&1 \
              | grep -v "it/s" | tail -40 ;;
   esac

@@ -4,7 +4,10 @@ Each figure carries a caption with the file's hardware, commit and date. Suites 
 
 - `concurrency`: requests/s and p99 latency against concurrent clients, one line per system,
   for the one-input-per-request records; requests of several inputs (e.g. 32 passages from 4
-  clients), when the file has them, as bars beside.
+  clients), when the file has them, as bars of tokens/s beside (with the in-process
+  sentence-transformers `encode` baseline when the file has it);
+- `latency` (the suite's files, `latency_suite.py`): p50 latency against tokens per text, one
+  line per system, one panel per model.
 
     .venv/bin/python benchmarks/plots.py benchmarks/results/concurrency-cpu2-peers-YYYYMMDD.json \\
         [--out docs/peers-cpu.png]
@@ -103,6 +106,7 @@ def concurrency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
         lambda: defaultdict(dict)
     )
     bulk_label: dict[tuple[int, int], str] = {}
+    offline = [r for r in records if r.get("scope") == "offline" and r["metric"] == "tokens_per_s"]
     for r in records:
         if r["system"] not in systems or r.get("scope") != "end_to_end":
             continue
@@ -158,19 +162,27 @@ def concurrency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(loc="upper left", fontsize=9)
 
+    for r in offline:  # an in-process baseline beside every several-inputs panel
+        style.setdefault(r["system"], {"color": "#bcbd22", "marker": "*"})
+        for key in bulk:
+            bulk[key][r["system"]]["tokens_per_s"] = float(r["value"])
     for ax, ((batch, clients), by_system) in zip(axes[2:], sorted(bulk.items()), strict=True):
-        names = [s for s in systems if "requests_per_s" in by_system.get(s, {})]
-        values = [by_system[s]["requests_per_s"] for s in names]
+        names = [s for s in [*systems, *(r["system"] for r in offline)] if s in by_system]
+        tokens = all("tokens_per_s" in by_system[s] for s in names)
+        metric = "tokens_per_s" if tokens else "requests_per_s"
+        values = [by_system[s][metric] for s in names]
         bars = ax.bar(
             range(len(names)), values, color=[style[s]["color"] for s in names], width=0.6
         )
         for bar, s in zip(bars, names, strict=True):
             m = by_system[s]
-            text = f"{m['requests_per_s']:.2f} req/s"
-            if "tokens_per_s" in m:
-                text += f"\n{m['tokens_per_s']:,.0f} tok/s"
+            text = f"{m['tokens_per_s']:,.0f} tok/s" if tokens else ""
+            if "requests_per_s" in m:
+                text += f"\n{m['requests_per_s']:.2f} req/s"
             if "p99_ms" in m:
                 text += f"\np99 {m['p99_ms'] / 1000:.2f} s"
+            if "requests_per_s" not in m:
+                text += "\n(in process)"
             ax.annotate(
                 text,
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
@@ -182,7 +194,7 @@ def concurrency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
             )
         ax.set_xticks(range(len(names)), [s.replace(" + ", "\n+ ") for s in names], fontsize=8)
         ax.set_ylim(0, max(values) * 1.45)
-        ax.set_ylabel("requests/s (higher is better)")
+        ax.set_ylabel(f"{'tokens' if tokens else 'requests'}/s (higher is better)")
         ax.set_title(f"{bulk_label[(batch, clients)]}, {clients} clients", fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
 
@@ -194,7 +206,59 @@ def concurrency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
     plt.close(fig)
 
 
-DRAW = {"concurrency": concurrency_figure}
+def latency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+    records = [r for r in doc["records"] if r["metric"] == "p50_ms" and r.get("scope") == "offline"]
+    if not records:
+        raise SystemExit(f"{path}: no offline p50_ms records (latency_suite.py's) to draw")
+    models = list(dict.fromkeys(r["model"] for r in records))
+    systems = list(dict.fromkeys(r["system"] for r in records))
+    style = {
+        s: {"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)]}
+        for i, s in enumerate(systems)
+    }
+    fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 5.0), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        mine = [r for r in records if r["model"] == model]
+        lengths = sorted({int(r["tokens"]) for r in mine})
+        for s in systems:
+            points = sorted((int(r["tokens"]), float(r["value"])) for r in mine if r["system"] == s)
+            if not points:
+                continue
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, label=s, linewidth=2, markersize=6, **style[s])
+            last_x, last_y = points[-1]
+            ax.annotate(f"{last_y:.2f} ms", (last_x, last_y), textcoords="offset points",
+                        xytext=(6, 0), va="center", fontsize=8, color=style[s]["color"])  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(FixedLocator(lengths))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+        ax.set_xlim(min(lengths) / 1.2, max(lengths) * 2.2)  # room for the value labels
+        ax.set_xlabel("tokens in the one text (special tokens included)")
+        ax.set_ylabel("p50 latency per call, ms (lower is better)")
+        ax.set_title(f"{model} ({mine[0].get('weights', '')} weights, {mine[0].get('dtype', '')})",
+                     fontsize=10)  # fmt: skip
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(loc="upper left", fontsize=9)
+    fig.suptitle("One text per call, in process, tokenization included (latency suite)")
+    fig.text(0.5, 0.01, caption(doc, path), ha="center", fontsize=9, color="#333333")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+DRAW = {"concurrency": concurrency_figure, "latency": latency_figure}
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus
 import report
+import timing
 from serving_cpu import CLI, start
 
 MATRIX_FLOPS = 743e12  # measured bf16 matrix rate of the H200 (ARCHITECTURE.md)
@@ -44,19 +45,7 @@ ARCHS = {"ms-marco-minilm-l6": "ms-marco-MiniLM-L-6-v2 shape", "qwen3-reranker-0
 
 
 def median_ms(fn: Any, reps: int = 30, warm: int = 3) -> float:
-    import torch
-
-    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
-    for _ in range(warm):
-        fn()
-    out = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
+    return statistics.median(timing.timed_ms(fn, reps, DEVICE, warm))
 
 
 def documents(scorer: Any, count: int) -> list[str]:

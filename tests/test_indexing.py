@@ -151,3 +151,56 @@ def test_record_ids_as_text() -> None:
         "7",
         "2.5",
     ]
+
+
+def test_one_job_over_many_files_names_outputs_apart_and_reports_progress(
+    tmp_path: Path,
+    minilm,  # type: ignore[no-untyped-def]
+) -> None:
+    first, second, out = tmp_path / "first", tmp_path / "second", tmp_path / "out"
+    first.mkdir()
+    second.mkdir()
+    write_jsonl(first / "part.jsonl", [{"id": f"f{i}", "text": TEXTS[i]} for i in range(20)])
+    write_jsonl(first / "notext.jsonl", [{"id": f"n{i}", "body": "x"} for i in range(5)])
+    (first / "empty.jsonl").write_text("")
+    write_jsonl(second / "part.jsonl", [{"id": f"s{i}", "text": TEXTS[i + 1]} for i in range(7)])
+    options = IndexOptions(model=str(minilm.spec.path), device="cpu", batch_size=8)
+    lines: list[str] = []
+    summary = run_index(first, out, options, log=lines.append)
+    assert (summary["files"], summary["records"], summary["errors"]) == (3, 20, 5)
+    assert summary["tokens"] == sum(map(len, minilm.tokenize(TEXTS[:20])))
+    assert "3/3 files, 25/25 records" in lines[-1] and "tokens/s" in lines[-1]
+    reasons = (out / "notext.errors.jsonl").read_text().splitlines()
+    assert [json.loads(r)["error"] for r in reasons] == ["missing 'text'"] * 5
+    assert pq.read_table(out / "empty.parquet").num_rows == 0
+    # another job into the same folder, with an input of the same name: a name of its own
+    other = run_index(second, out, options, log=lambda line: None)
+    assert other["records"] == 7
+    named = sorted(p.name for p in out.glob("part*.parquet"))
+    assert len(named) == 2 and "part.parquet" in named
+    assert next(n for n in named if n != "part.parquet").startswith("part-")
+    assert sorted(read_rows(out)) == sorted(
+        [f"f{i}" for i in range(20)] + [f"s{i}" for i in range(7)]
+    )
+    # the first job's outputs are intact: run again, it finds everything done
+    assert run_index(first, out, options, log=lambda line: None)["skipped"] == 3
+    rows = read_rows(out)
+    want = minilm.encode([TEXTS[i + 1] for i in range(7)])
+    got = np.stack([rows[f"s{i}"] for i in range(7)])
+    assert (got * want).sum(1).min() >= 0.99999
+    with pytest.raises(ValueError, match="is the folder of the input"):
+        run_index(first, first, options)
+
+
+def test_embed_dataset_takes_options_as_fields(minilm) -> None:  # type: ignore[no-untyped-def]
+    import ray
+
+    from embedserve.indexing import embed_dataset
+
+    ds = ray.data.from_items([{"id": i, "text": TEXTS[i]} for i in range(6)])
+    rows = embed_dataset(ds, model=str(minilm.spec.path), device="cpu", batch_size=4).take_all()
+    rows.sort(key=lambda r: int(r["id"]))
+    got = np.stack([r["vector"] for r in rows])
+    want = minilm.encode(TEXTS[:6])
+    assert (got * want).sum(1).min() >= 0.99999
+    assert [r["tokens"] for r in rows] == [len(t) for t in minilm.tokenize(TEXTS[:6])]

@@ -452,7 +452,19 @@ def main() -> None:
         t0 = time.monotonic()
         with environment(**ours_env):
             children[OURS] = Child(
-                [*CLI, "serve", "--device", args.device, "--port", "0"], name="ours"
+                [
+                    *CLI,
+                    "serve",
+                    "--model",
+                    str(folder),
+                    "--served-model-name",
+                    "minilm",
+                    "--device",
+                    args.device,
+                    "--port",
+                    "0",
+                ],
+                name="ours",
             )
         m = children[OURS].wait_for(r"serving \S+ at http://127\.0\.0\.1:(\d+)", timeout=300)
         ports[OURS] = int(m.group(1))
@@ -736,7 +748,8 @@ HTTP servers, each with the same all-MiniLM-L6-v2 folder (`{folder.name}`, real 
 {device}, the same request bodies to `POST /v1/embeddings`, measured one at a time while the
 others sit idle (the CPU they used meanwhile is listed below):
 
-- **embedserve** (commit {commit}): `embedserve serve --device {args.device} --port 0`, every other
+- **embedserve** (commit {commit}): `embedserve serve --model <folder> --served-model-name minilm
+  --device {args.device} --port 0`, every other
   flag at its default for this machine ({dtypes[OURS]}), run from {"the work tree's src/" if args.worktree else "a clean `git archive` of HEAD's src/"}.
 {infinity_line}
 - **naive**: a FastAPI {software.get("fastapi", "?")} app (this script, `--naive-server`) with one sync

@@ -55,6 +55,9 @@ for step in "$@"; do
              tests/engine/test_families_gpu.py 2>&1 | tee $OUT/gpu-tests-families.txt | tail -15 ;;
     suites) python3 benchmarks/suites.py --machine h200 --out $OUT --minilm $M \
              --infinity-python "$(command -v python3)" 2>&1 | grep -v "it/s" | tail -80 ;;
+    peers) python3 benchmarks/peers.py --device cuda --worktree --idle-load 1000 --seconds 3 \
+             --passage-seconds 5 --model $M --infinity-python "$(command -v python3)" --out $OUT \
+             2>&1 | grep -v "it/s" | tail -40 ;;
     families) python3 benchmarks/families_gpu.py --tokenizer-from .carry/tok-bert --out $OUT 2>&1 \
              | grep -v "it/s" | tail -40 ;;
   esac

@@ -482,11 +482,12 @@ def main() -> None:
         ]  # fmt: skip
         infinity_env = {
             **OFFLINE,
-            "PYTHONPATH": args.infinity_path,
             "INFINITY_HOME": str(infinity_home),  # its .infinity_cache, else in the cwd
             "INFINITY_ANONYMOUS_USAGE_STATS": "0",
             "DO_NOT_TRACK": "1",
         }
+        if args.infinity_path is not None:  # else this process's own (its venv has none)
+            infinity_env["PYTHONPATH"] = args.infinity_path
         if INFINITY in systems:
             with environment(**infinity_env):
                 children[INFINITY] = Child(infinity_argv, name="infinity")

@@ -5,12 +5,21 @@
 #   bash benchmarks/gpu_run.sh suites    # the four suites (benchmarks/suites.py), under 10 minutes
 # (the *-old steps run the tree in .carry/old/src, the commit OLD_COMMIT names)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+fi
 # the peers' wheels when carried (.carry/peerwhl: infinity-emb, fastapi, pydantic, ...), for suites
 if ls .carry/peerwhl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .carry/peerwhl/*.whl || exit 1
+fi
+# Infinity's own stack when carried (.carry/inf4: transformers 4.57, sentence-transformers 3.4,
+# tokenizers 0.22, huggingface_hub 0.36; 0.0.78 calls tokenizer methods transformers 5 removed)
+INFINITY_PATH=/tmp/site
+if ls .carry/inf4/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/inf \
+    .carry/inf4/*.whl && INFINITY_PATH=/tmp/inf:/tmp/site
 fi
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 M=.carry/minilm-fp16
@@ -54,9 +63,10 @@ for step in "$@"; do
     families-tests) EMBEDSERVE_MINILM=.carry/tok-bert python3 -m pytest -q -m gpu \
              tests/engine/test_families_gpu.py 2>&1 | tee $OUT/gpu-tests-families.txt | tail -15 ;;
     suites) python3 benchmarks/suites.py --machine h200 --out $OUT --minilm $M \
-             --infinity-python "$(command -v python3)" 2>&1 | grep -v "it/s" | tail -80 ;;
+             --infinity-python "$(command -v python3)" --infinity-path $INFINITY_PATH 2>&1 | grep -v "it/s" | tail -80 ;;
     peers) python3 benchmarks/peers.py --device cuda --worktree --idle-load 1000 --seconds 3 \
-             --passage-seconds 5 --model $M --infinity-python "$(command -v python3)" --out $OUT \
+             --passage-seconds 5 --model $M --infinity-python "$(command -v python3)" \
+             --infinity-path $INFINITY_PATH --out $OUT \
              2>&1 | grep -v "it/s" | tail -40 ;;
     families) python3 benchmarks/families_gpu.py --tokenizer-from .carry/tok-bert --out $OUT 2>&1 \
              | grep -v "it/s" | tail -40 ;;

@@ -719,7 +719,8 @@ def main() -> None:
         "starlette", "numpy",
     )  # fmt: skip
     if INFINITY in systems:
-        with environment(PYTHONPATH=args.infinity_path):
+        paths = {} if args.infinity_path is None else {"PYTHONPATH": args.infinity_path}
+        with environment(**paths):  # the path Infinity ran with
             found = venv_versions(
                 Path(args.infinity_python), "infinity-emb", "torch", "sentence-transformers",
                 "transformers", "numpy", "uvicorn", "fastapi",

@@ -192,7 +192,10 @@ def concurrency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
                 va="bottom",
                 fontsize=8,
             )
-        ax.set_xticks(range(len(names)), [s.replace(" + ", "\n+ ") for s in names], fontsize=8)
+        wrapped = [s.replace(" + ", "\n+ ").replace(" encode", "\nencode") for s in names]
+        ax.set_xticks(range(len(names)), wrapped, fontsize=8)
+        if tokens:
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
         ax.set_ylim(0, max(values) * 1.45)
         ax.set_ylabel(f"{'tokens' if tokens else 'requests'}/s (higher is better)")
         ax.set_title(f"{bulk_label[(batch, clients)]}, {clients} clients", fontsize=10)
@@ -211,7 +214,7 @@ def latency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
     records = [r for r in doc["records"] if r["metric"] == "p50_ms" and r.get("scope") == "offline"]
     if not records:
@@ -237,19 +240,22 @@ def latency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
                         xytext=(6, 0), va="center", fontsize=8, color=style[s]["color"])  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.xaxis.set_major_locator(FixedLocator(lengths))
-        ax.xaxis.set_minor_locator(NullLocator())
+        # labels at the bucket-exact lengths only (the real ones sit just left of them)
+        exact = [n for n in lengths if n & (n - 1) == 0] or lengths
+        ax.xaxis.set_major_locator(FixedLocator(exact))
+        ax.xaxis.set_minor_locator(FixedLocator([n for n in lengths if n not in exact]))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
         ax.set_xlim(min(lengths) / 1.2, max(lengths) * 2.2)  # room for the value labels
-        ax.set_xlabel("tokens in the one text (special tokens included)")
+        ax.set_xlabel("tokens in the one text (ticks: bucket-exact; points left of them: real)")
         ax.set_ylabel("p50 latency per call, ms (lower is better)")
         ax.set_title(f"{model} ({mine[0].get('weights', '')} weights, {mine[0].get('dtype', '')})",
                      fontsize=10)  # fmt: skip
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(loc="upper left", fontsize=9)
+    axes[0][0].legend(loc="center right", fontsize=9)
     fig.suptitle("One text per call, in process, tokenization included (latency suite)")
     fig.text(0.5, 0.01, caption(doc, path), ha="center", fontsize=9, color="#333333")
     fig.tight_layout(rect=(0, 0.04, 1, 0.95))

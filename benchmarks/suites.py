@@ -52,9 +52,12 @@ def run_suites(machine: str, out: Path, minilm: Path | None, infinity: list[str]
         tok = ["--bert-tokenizer", str(minilm)] if minilm else []
         steps.append(("scoring", [py, str(HERE / "scoring_gpu.py"), "--out", str(out), *tok]))
     peers = [py, str(HERE / "peers.py"), "--out", str(out), *infinity]
+    peers += ["--model", str(minilm)] if minilm else []
     if gpu:
         peers += ["--device", "cuda", "--worktree", "--idle-load", "1000", "--seconds", "3",
-                  "--passage-seconds", "5", *(["--model", str(minilm)] if minilm else [])]  # fmt: skip
+                  "--passage-seconds", "5"]  # fmt: skip
+    else:  # the latency suite just ran: wait for an idle machine, but not for long
+        peers += ["--wait-budget", "120"]
     steps.append(("throughput + concurrency", peers))
     before = set(out.glob("*.json"))
     failed = []

@@ -204,3 +204,38 @@ def test_embed_dataset_takes_options_as_fields(minilm) -> None:  # type: ignore[
     want = minilm.encode(TEXTS[:6])
     assert (got * want).sum(1).min() >= 0.99999
     assert [r["tokens"] for r in rows] == [len(t) for t in minilm.tokenize(TEXTS[:6])]
+
+
+def test_the_driver_splits_batches_by_file_and_refuses_rows_out_of_order(tmp_path: Path) -> None:
+    """`Job.consume` without Ray: batches that span files, a file with no rows between two
+    others, and a file's rows arriving after it was finished (an error, not a silent mix)."""
+    from embedserve.indexing import Job, Progress, _key
+
+    inputs = [write_jsonl(tmp_path / f"{n}.jsonl", []) for n in ("a", "b", "c")]
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def batch(paths: list[Path], ids: list[str]) -> dict[str, np.ndarray]:
+        n = len(ids)
+        return {
+            "id": np.array(ids, dtype=object),
+            "vector": np.ones((n, 4), dtype=np.float32),
+            "error": np.array([""] * n, dtype=object),
+            "model": np.array(["m"] * n, dtype=object),
+            "dims": np.full(n, 4, dtype=np.int32),
+            "output_dtype": np.array(["float32"] * n, dtype=object),
+            "tokens": np.full(n, 3, dtype=np.int64),
+            "path": np.array([str(p) for p in paths], dtype=object),
+        }
+
+    names = {_key(p): p.stem for p in inputs}
+    a, _, c = inputs
+    job = Job(out, {}, names, Progress(3, 0, 4, lambda line: None))
+    job.consume(inputs, iter([batch([a, a], ["a0", "a1"]), batch([a, c], ["a2", "c0"])]))
+    assert pq.read_table(out / "a.parquet")["id"].to_pylist() == ["a0", "a1", "a2"]
+    assert pq.read_table(out / "b.parquet").num_rows == 0  # no rows: an empty output
+    assert pq.read_table(out / "c.parquet")["id"].to_pylist() == ["c0"]
+    assert job.progress.tokens == 12
+    again = Job(out, {}, names, Progress(3, 0, 4, lambda line: None))
+    with pytest.raises(RuntimeError, match="out of order"):
+        again.consume(inputs, iter([batch([a, c, a], ["a0", "c0", "a1"])]))

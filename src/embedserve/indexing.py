@@ -42,7 +42,7 @@ INPUT_SUFFIXES = (".jsonl", ".json", ".parquet")
 RAY_INSTALL = "embedserve index needs Ray Data: pip install 'embedserve[ray]'"
 PATH_COLUMN = "path"  # the column Ray Data's include_paths adds: each record's input file
 PROGRESS_EVERY_S = 15.0
-EXACT_COUNT_BYTES = 64 << 20  # a jsonl file up to this size has its lines counted for the ETA
+COUNT_SAMPLE_BYTES = 1 << 20  # a jsonl file's lines are counted in this much of it, for the ETA
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,8 @@ def embed_dataset(ds: Any, options: IndexOptions | None = None, **fields: Any) -
 
 def _count_records(path: Path) -> int | None:
     """Records in an input, for the ETA: exact for Parquet (its footer) and small jsonl files,
-    estimated from the first lines of a large one; None for a .json file."""
+    estimated from the first MiB of a larger one (so a corpus is not read twice); None for a
+    .json file."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -245,9 +246,9 @@ def _count_records(path: Path) -> int | None:
         return None
     size = path.stat().st_size
     with path.open("rb") as f:
-        head = f.read(min(size, EXACT_COUNT_BYTES))
+        head = f.read(min(size, COUNT_SAMPLE_BYTES))
     lines = head.count(b"\n") + (1 if head and not head.endswith(b"\n") else 0)
-    if size <= EXACT_COUNT_BYTES or not lines:
+    if size <= COUNT_SAMPLE_BYTES or not lines:
         return lines
     return round(lines * size / len(head))
 
@@ -314,15 +315,19 @@ def _key(path: Path) -> str:
 
 
 def output_names(files: Sequence[Path], manifest: dict[str, Any]) -> dict[str, str]:
-    """Each input's output stem: its own stem when no other input of this job, nor one an
-    earlier job wrote to the same folder, has it; else the stem and a hash of its full path."""
+    """Each input's output stem: the one the manifest lists for it (so a rewrite replaces its
+    file); else its own stem when no other input of this job, nor one an earlier job wrote to the
+    same folder, has it; else the stem and a hash of its full path."""
     taken = {e.get("output", "")[: -len(".parquet")]: k for k, e in manifest.items()}
     stems = [p.stem for p in files]
     names = {}
     for p in files:
         key = _key(p)
+        listed = manifest.get(key, {}).get("output", "")
         owner = taken.get(p.stem)
-        if stems.count(p.stem) == 1 and owner in (None, key):
+        if listed.endswith(".parquet"):
+            names[key] = listed[: -len(".parquet")]
+        elif stems.count(p.stem) == 1 and owner in (None, key):
             names[key] = p.stem
         else:
             names[key] = f"{p.stem}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
@@ -508,7 +513,8 @@ def run_index(
     """The job (see the module docstring); returns its summary (files done / skipped, records,
     errors, tokens, seconds)."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    files = input_files(inputs)
+    # NOTE: one file named twice (a symlink to another input, overlapping globs) is one input
+    files = list({_key(p): p for p in input_files(inputs)}.values())
     out = Path(output)
     _check_output(out, files)
     if PATH_COLUMN in (options.id_field, options.text_field):

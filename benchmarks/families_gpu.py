@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import latency_gpu as lat
 import report
 
-from embedserve.checkpoints import make_checkpoint
+from embedserve.devtools.checkpoints import make_checkpoint
+from embedserve.devtools.family_checkpoints import ENCODER_ARCHS
 from embedserve.engine.engine import Engine
-from embedserve.family_checkpoints import ENCODER_ARCHS
-from embedserve.spec import read_model_spec
+from embedserve.loading.spec import read_model_spec
 
 FAMILIES = {
     "xlm-roberta": "multilingual-e5-base",

@@ -45,7 +45,7 @@ for step in "$@"; do
     serving) python3 benchmarks/serving_gpu.py --model $M --out $OUT 2>&1 | tail -40 ;;
     serving-w4) python3 benchmarks/serving_gpu.py --model $M --out $OUT --workers 4 --tag=-w4 \
              2>&1 | tail -40 ;;
-    qwen3-ckpt) python3 -m embedserve.cli make-checkpoint --arch qwen3-0.6b --out /tmp/qwen3-0.6b --overwrite \
+    qwen3-ckpt) python3 -m embedserve.cli.main make-checkpoint --arch qwen3-0.6b --out /tmp/qwen3-0.6b --overwrite \
              --dtype bfloat16 2>&1 | tail -3 ;;
     breakdown-qwen3) python3 benchmarks/breakdown.py --model /tmp/qwen3-0.6b --lengths 100-127 \
              --weights random --out $OUT --requests 1000 --tag=-qwen3 2>&1 | tail -30 ;;

@@ -69,7 +69,7 @@ def step_parts(model: str) -> dict[str, float]:
     done = torch.cuda.Event()
     done.record()
     raw = np.asarray(ids, dtype="<i4").tobytes()
-    from embedserve.inputs import check_head
+    from embedserve.core.inputs import check_head
     from embedserve.server.service import build_response
 
     head = check_head(engine.hidden_size, "generic", None, True, "float32")

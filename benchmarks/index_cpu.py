@@ -52,7 +52,7 @@ def main() -> None:
     want = embedder.encode(texts, truncate="end")
     embedder_before_s = time.perf_counter() - t0
     out = tmp / "vectors"
-    cmd = [sys.executable, "-m", "embedserve.cli", "index", "--input", str(tmp), "--output",
+    cmd = [sys.executable, "-m", "embedserve.cli.main", "index", "--input", str(tmp), "--output",
            str(out), "--device", "cpu", "--truncate", "end"]  # fmt: skip
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)

@@ -141,7 +141,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from embedserve.bundled import resolve_model
+    from embedserve.loading.bundled import resolve_model
 
     on_gpu = args.device == "cuda"
     t_start = time.monotonic()
@@ -159,7 +159,7 @@ def main() -> None:
     if on_gpu and not args.skip_qwen3:
         folder = args.qwen3
         if folder is None:
-            from embedserve.checkpoints import make_checkpoint
+            from embedserve.devtools.checkpoints import make_checkpoint
 
             folder = make_checkpoint(Path(tempfile.mkdtemp()) / "qwen3-0.6b", arch="qwen3-0.6b")
         table += bench_model("qwen3-0.6b (Qwen3-Embedding setup)", "random", folder, args.device,

@@ -84,7 +84,7 @@ def hf_scores(
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen3ForCausalLM
 
-    from embedserve.pairs import RERANK_BODY, RERANK_INSTRUCTION, RERANK_SUFFIX, RERANK_SYSTEM
+    from embedserve.core.pairs import RERANK_BODY, RERANK_INSTRUCTION, RERANK_SUFFIX, RERANK_SYSTEM
 
     tok = AutoTokenizer.from_pretrained(folder)
     key = (str(folder), str(dtype))
@@ -269,7 +269,7 @@ def main() -> None:
 
     import torch
 
-    from embedserve.checkpoints import make_checkpoint
+    from embedserve.devtools.checkpoints import make_checkpoint
 
     counts = [int(c) for c in args.counts.split(",")]
     records = []

@@ -58,7 +58,7 @@ def start(argv: list[str], ready: str) -> tuple[Child, re.Match[str]]:
     return child, child.wait_for(ready, timeout=600)
 
 
-CLI = [sys.executable, "-m", "embedserve.cli"]
+CLI = [sys.executable, "-m", "embedserve.cli.main"]
 SELF = [sys.executable, str(Path(__file__).resolve())]
 
 

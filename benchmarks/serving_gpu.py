@@ -86,9 +86,9 @@ def main() -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
+    from embedserve.core.tokenization import TextTokenizer
     from embedserve.engine.batch import PackedBatch
     from embedserve.engine.engine import Engine
-    from embedserve.tokenization import TextTokenizer
 
     queries = corpus.queries(256)
     passages = corpus.passages(400, max_words=180)

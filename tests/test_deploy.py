@@ -11,7 +11,7 @@ import pytest
 yaml = pytest.importorskip("yaml")
 kv = pytest.importorskip("kubernetes_validate")
 
-from embedserve.cli import build_parser  # noqa: E402
+from embedserve.cli.main import build_parser  # noqa: E402
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 KUBERNETES = "1.30.0"  # the oldest release these manifests are checked against, and the newest

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from embedserve.embedder import Embedder
-from embedserve.spec import ModelLoadError
+from embedserve.loading.spec import ModelLoadError
 
 
 @pytest.mark.parametrize(

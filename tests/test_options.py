@@ -7,9 +7,14 @@ import dataclasses
 
 import pytest
 
-from embedserve.cli import build_parser
+from embedserve.cli.launch import (
+    SERVE_GATEWAY_FIXED,
+    SERVE_SERVER_FIXED,
+    ServeConfig,
+    serve_configs,
+)
+from embedserve.cli.main import build_parser
 from embedserve.gateway.main import GatewayConfig
-from embedserve.launch import SERVE_GATEWAY_FIXED, SERVE_SERVER_FIXED, ServeConfig, serve_configs
 from embedserve.options import EngineOptions
 from embedserve.server.main import ServerConfig
 from embedserve.server.scheduler import SchedulerConfig
@@ -107,7 +112,7 @@ def test_serve_shares_one_flag_set_between_its_servers_and_gateway() -> None:
 
 
 def test_serve_starts_one_server_per_visible_gpu_by_default(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from embedserve import launch
+    from embedserve.cli import launch
 
     def configs(*flags: str):  # type: ignore[no-untyped-def]
         return serve_configs(build_parser().parse_args(["serve", "--model", "/m", *flags]))

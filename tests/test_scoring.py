@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from embedserve.checkpoints import make_checkpoint
+from embedserve.core.pairs import RERANK_BODY, RERANK_INSTRUCTION, RERANK_SUFFIX, RERANK_SYSTEM
+from embedserve.devtools.checkpoints import make_checkpoint
 from embedserve.errors import InputError, InputTooLong
-from embedserve.pairs import RERANK_BODY, RERANK_INSTRUCTION, RERANK_SUFFIX, RERANK_SYSTEM
 from embedserve.scorer import Scorer
 from tests.data.texts import RERANK_DOCS, RERANK_QUERY
 
@@ -154,7 +154,7 @@ def test_bad_scoring_input(
 
 def test_documents_as_objects_and_embedder_refuses_a_reranker(cross_encoder: Path) -> None:
     from embedserve.embedder import Embedder
-    from embedserve.spec import ModelLoadError
+    from embedserve.loading.spec import ModelLoadError
 
     scorer = Scorer(cross_encoder, device="cpu")
     a = scorer.score(QUERY, [{"text": d} for d in DOCS[:2]])  # type: ignore[list-item]

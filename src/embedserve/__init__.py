@@ -8,8 +8,10 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from embedserve.embedder import Embedder
+    from embedserve.errors import InputError, InputTooLong, InputTypeError
+    from embedserve.scorer import Scorer
 
-__all__ = ["Embedder", "__version__"]
+__all__ = ["Embedder", "InputError", "InputTooLong", "InputTypeError", "Scorer", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +20,12 @@ def __getattr__(name: str) -> Any:
         from embedserve.embedder import Embedder
 
         return Embedder
+    if name == "Scorer":
+        from embedserve.scorer import Scorer
+
+        return Scorer
+    if name in ("InputError", "InputTooLong", "InputTypeError"):
+        from embedserve import errors
+
+        return getattr(errors, name)
     raise AttributeError(name)

@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 
 import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
-from embedserve.budget import budget_groups, split_rows
-from embedserve.bundled import DEFAULT_MODEL, resolve_model
-from embedserve.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
+from embedserve.core.budget import budget_groups, split_rows
+from embedserve.core.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
+from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
+from embedserve.core.tokenization import TextTokenizer
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
 from embedserve.errors import InputError
-from embedserve.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
-from embedserve.spec import ModelLoadError, read_model_spec
-from embedserve.tokenization import TextTokenizer
+from embedserve.loading.bundled import DEFAULT_MODEL, resolve_model
+from embedserve.loading.spec import ModelLoadError, read_model_spec
 
 # Texts per piece when tokenizing overlaps the engine (a list of more texts than this, on CUDA).
 # NOTE: measured on the H200 host (benchmarks/host_path_gpu.py): 1,000 passages took 17.6 ms to

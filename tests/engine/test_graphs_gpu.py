@@ -306,7 +306,7 @@ def test_rerankers_on_graphs_match_eager_fp32(
     """A reranker's scores through the graphs in bf16 (the score head inside them) against the
     eager fp32 engine on the same pairs, as served (after the activation): within 1e-2 (times
     the largest score when over 1)."""
-    from embedserve.checkpoints import make_checkpoint
+    from embedserve.devtools.checkpoints import make_checkpoint
     from embedserve.embedder import run_batches
     from embedserve.scorer import Scorer
 

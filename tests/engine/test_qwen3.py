@@ -23,10 +23,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from embedserve.checkpoints import make_checkpoint
+from embedserve.core.tokenization import TextTokenizer
+from embedserve.devtools.checkpoints import make_checkpoint
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
-from embedserve.tokenization import TextTokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from embedserve.checkpoints import QUERY_PROMPT, make_checkpoint
+from embedserve.devtools.checkpoints import QUERY_PROMPT, make_checkpoint
 from embedserve.embedder import Embedder
 from embedserve.errors import InputTooLong
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from embedserve.core.inputs import InputPreparer
+from embedserve.core.tokenization import TextTokenizer
 from embedserve.errors import InputError
 from embedserve.gateway.errors import ApiError, from_input_error
-from embedserve.inputs import InputPreparer
-from embedserve.spec import read_model_spec
-from embedserve.tokenization import TextTokenizer
+from embedserve.loading.spec import read_model_spec
 
 
 @pytest.fixture(scope="session")

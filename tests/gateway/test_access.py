@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from embedserve.core.inputs import InputPreparer
 from embedserve.gateway.app import GatewayApp
 from embedserve.gateway.auth import KeyRing
-from embedserve.inputs import InputPreparer
 from tests.gateway.test_app import LIMITS, SlowPipeline
 
 KEY = "sk-test-0123456789abcdef"

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.core.inputs import InputPreparer
 from embedserve.gateway.app import GatewayApp
 from embedserve.gateway.requests import Limits
-from embedserve.inputs import InputPreparer
 
 LIMITS = Limits(hidden_size=4, max_inputs=8, model_names=("m",))
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": []}

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from embedserve.contract import EmbedResponse
+from embedserve.core.inputs import InputPreparer
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits, contextual_body
 from embedserve.gateway.requests import Limits, parse_contextual
-from embedserve.inputs import InputPreparer
 from tests.gateway.conftest import api_error
 
 LIMITS = Limits(384, max_inputs=3, model_names=("minilm",), max_chunks=4)

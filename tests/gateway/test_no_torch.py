@@ -11,7 +11,7 @@ def test_gateway_imports_and_builds_its_app_without_torch() -> None:
         "import sys\n"
         "from embedserve.gateway.main import GatewayConfig, build_app, run\n"
         "import embedserve.gateway.app, embedserve.gateway.pipeline, embedserve.gateway.replicas\n"
-        "import embedserve.launch\n"
+        "import embedserve.cli.launch\n"
         "app = build_app(GatewayConfig(replicas=('127.0.0.1:1',)))\n"
         "assert app.limits.hidden_size == 384, app.limits\n"
         "print('torch' in sys.modules)\n"

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from embedserve.contract import EmbedResponse
+from embedserve.core.inputs import Head, InputOptions, InputPreparer
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.requests import EmbedJob
-from embedserve.inputs import Head, InputOptions, InputPreparer
 
 
 class CountingReplicas:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from embedserve.core.inputs import Head, InputOptions, InputPreparer
 from embedserve.gateway.requests import Limits, parse_embeddings, parse_tokenize
-from embedserve.inputs import Head, InputOptions, InputPreparer
 from tests.gateway.conftest import api_error
 
 LIMITS = Limits(hidden_size=384, max_inputs=4, model_names=("minilm", "alias"))

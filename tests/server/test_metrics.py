@@ -77,7 +77,7 @@ def test_server_command_serves_metrics() -> None:
         [
             sys.executable,
             "-m",
-            "embedserve.cli",
+            "embedserve.cli.main",
             "server",
             "--device",
             "cpu",

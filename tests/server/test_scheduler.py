@@ -7,8 +7,8 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
+from embedserve.core.inputs import Head
 from embedserve.engine.batch import PackedBatch
-from embedserve.inputs import Head
 from embedserve.server.scheduler import (
     Overloaded,
     Pending,

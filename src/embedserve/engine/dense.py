@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embedserve.spec import ModelLoadError, ModelSpec
+from embedserve.loading.spec import ModelLoadError, ModelSpec
 
 
 def _read_dense(folder: object, names: list[str]) -> dict[str, torch.Tensor]:

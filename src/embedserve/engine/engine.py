@@ -34,7 +34,7 @@ from embedserve.engine.models import build_model
 from embedserve.engine.scoring import build_score_head
 from embedserve.engine.spans import pool_spans
 from embedserve.engine.stats import EngineStats
-from embedserve.spec import ModelSpec, PoolingMethod, read_model_spec
+from embedserve.loading.spec import ModelSpec, PoolingMethod, read_model_spec
 
 # NOTE: on the CPU, small batches win: at 16k tokens the [tokens, 1536] FFN activations fall out
 # of cache and a 2-core run took 1.8x as long as at 2k (measured on all-MiniLM-L6-v2).

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from embedserve.spec import PoolingMethod
+from embedserve.loading.spec import PoolingMethod
 
 
 def pool(

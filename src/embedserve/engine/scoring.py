@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from embedserve.engine.weights import read_tensors
-from embedserve.spec import ModelLoadError, ModelSpec
+from embedserve.loading.spec import ModelLoadError, ModelSpec
 
 
 class ClassifierHead(nn.Module):

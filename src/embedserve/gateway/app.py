@@ -19,6 +19,7 @@ from typing import Any
 import prometheus_client as prom
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from embedserve.core.inputs import InputError
 from embedserve.gateway.errors import ApiError, bad_request, from_input_error
 from embedserve.gateway.jsonio import JSONDecodeError, dumps, duplicate_key, loads
 from embedserve.gateway.openapi import openapi_document
@@ -38,7 +39,6 @@ from embedserve.gateway.scoring import (
     score_body,
     tei_rerank_body,
 )
-from embedserve.inputs import InputError
 
 log = logging.getLogger("embedserve.gateway")
 # one JSON line per request with `--log-requests` (no input text, ever): its id, route, status,

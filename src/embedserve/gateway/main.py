@@ -25,23 +25,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedserve.bundled import BUNDLED, resolve_model
-from embedserve.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.contract.secret import read_secret
+from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT
+from embedserve.core.inputs import InputPreparer
+from embedserve.core.outputs import min_dimensions
+from embedserve.core.pairs import PairPreparer
+from embedserve.core.tokenization import TextTokenizer
 from embedserve.gateway.app import BODY_TIMEOUT, MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
 from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool, check_replica
 from embedserve.gateway.requests import Limits
-from embedserve.hub import is_hub_id
-from embedserve.inputs import InputPreparer
+from embedserve.loading.bundled import BUNDLED, resolve_model
+from embedserve.loading.hub import is_hub_id
+from embedserve.loading.spec import read_model_spec
 from embedserve.options import Options, drain_option, model_option, option
-from embedserve.outputs import min_dimensions
-from embedserve.pairs import PairPreparer
 from embedserve.processes import say, set_parent_death_signal
-from embedserve.spec import read_model_spec
-from embedserve.tokenization import TextTokenizer
 
 # Tokens per server call of a gateway started on its own (`serve` passes its servers' budget).
 DEFAULT_CHUNK_TOKENS = 8192

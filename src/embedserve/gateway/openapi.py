@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from embedserve.core.inputs import INPUT_TYPES
+from embedserve.core.outputs import OUTPUT_DTYPES
 from embedserve.gateway.requests import Limits
-from embedserve.inputs import INPUT_TYPES
-from embedserve.outputs import OUTPUT_DTYPES
 
 ERROR = {
     "type": "object",

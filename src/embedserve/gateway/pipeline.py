@@ -1,6 +1,6 @@
 """One embeddings request through the gateway: prepare, split, fan out, re-assemble.
 
-The request core (`embedserve.inputs`) turns the request's values into checked token-id
+The request core (`embedserve.core.inputs`) turns the request's values into checked token-id
 sequences; they are split into token-budget pieces (`budget.budget_groups`), each sent to the
 least loaded replica, and the encoded rows are put back in input order. Two kinds of request need
 the pooled vectors themselves before the head: `truncate: "chunk"` (windows averaged per input)
@@ -24,16 +24,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from embedserve.budget import budget_groups, split_rows
-from embedserve.chunking import packed_spans
 from embedserve.contract import EmbedRequest
+from embedserve.core.budget import budget_groups, split_rows
+from embedserve.core.chunking import packed_spans
+from embedserve.core.inputs import Head, InputOptions, InputPreparer
+from embedserve.core.outputs import sigmoid, to_base64
+from embedserve.core.pairs import PairPreparer, PreparedPairs, cosine_scores, read_text
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob
 from embedserve.gateway.scoring import ScoreJob
-from embedserve.inputs import Head, InputOptions, InputPreparer
-from embedserve.outputs import sigmoid, to_base64
-from embedserve.pairs import PairPreparer, PreparedPairs, cosine_scores, read_text
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
 

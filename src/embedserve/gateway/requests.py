@@ -3,7 +3,7 @@
 Only what is particular to HTTP is checked here: the body is a JSON object, no unknown fields (a
 typo such as `dimension` is an error rather than silently ignored, as in the OpenAI API), the
 model name, `encoding_format`, and the per-request count limits. Every value the offline API also
-takes goes to the request core (`embedserve.inputs`) as it came, so both front ends give the same
+takes goes to the request core (`embedserve.core.inputs`) as it came, so both front ends give the same
 answers and the same error messages; the app turns those `InputError`s into 400s in one place.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from embedserve.chunking import MAX_CHUNKS_PER_DOCUMENT
+from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT
+from embedserve.core.inputs import Head, InputOptions, InputPreparer
 from embedserve.gateway.errors import ApiError, bad_request
-from embedserve.inputs import Head, InputOptions, InputPreparer
 
 PROMPT_FIELDS = ("prompt_name", "prompt", "input_type", "instruction")
 HEAD_FIELDS = ("dimensions", "normalize", "output_dtype")

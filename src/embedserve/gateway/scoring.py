@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.core.pairs import check_top_n, ranked, read_documents
 from embedserve.gateway.errors import bad_request
 from embedserve.gateway.requests import Limits, check_model, check_object, optional_string
-from embedserve.pairs import check_top_n, ranked, read_documents
 
 RERANK_FIELDS = frozenset(
     {"model", "query", "documents", "top_n", "return_documents", "truncate", "instruction"}

@@ -89,9 +89,9 @@ class ServerConfig(Options):
 
 def load_engine(options: EngineOptions):  # type: ignore[no-untyped-def]
     """The engine for `options.model`, warmed up with one small batch."""
-    from embedserve.bundled import resolve_model
     from embedserve.engine.batch import PackedBatch
     from embedserve.engine.engine import Engine
+    from embedserve.loading.bundled import resolve_model
 
     engine = Engine.from_folder(
         resolve_model(options.model),

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.budget import budget_groups, split_rows
+from embedserve.core.budget import budget_groups, split_rows
+from embedserve.core.inputs import Head
 from embedserve.engine.batch import PackedBatch
-from embedserve.inputs import Head
 
 
 class Overloaded(Exception):

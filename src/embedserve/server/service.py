@@ -30,8 +30,8 @@ import grpc
 import numpy as np
 
 from embedserve.contract import EmbedResponse
+from embedserve.core.inputs import Head, check_head
 from embedserve.engine.batch import PackedBatch, check_spans
-from embedserve.inputs import Head, check_head
 from embedserve.server.scheduler import (
     Overloaded,
     Pending,

@@ -10,14 +10,14 @@ from __future__ import annotations
 from torch import nn
 
 from embedserve.engine.fused import Ops
-from embedserve.families import (
+from embedserve.loading.families import (
     BertConfig,
     Gemma3Config,
     ModernBertConfig,
     NomicBertConfig,
     Qwen3Config,
 )
-from embedserve.spec import ModelSpec
+from embedserve.loading.spec import ModelSpec
 
 
 def build_model(spec: ModelSpec, ops: Ops) -> nn.Module:

@@ -19,7 +19,7 @@ from embedserve.engine.attention import AttentionFn, RaggedLayout
 from embedserve.engine.fused import Ops
 from embedserve.engine.models.linear import Linear
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.spec import BertConfig, ModelLoadError
+from embedserve.loading.spec import BertConfig, ModelLoadError
 
 
 def _activation(name: str) -> nn.Module:

@@ -22,7 +22,7 @@ from embedserve.engine.fused import Ops
 from embedserve.engine.models.linear import Linear
 from embedserve.engine.models.rotary import Rotary
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.families import Gemma3Config
+from embedserve.loading.families import Gemma3Config
 
 
 class GemmaNorm(nn.Module):

@@ -18,7 +18,7 @@ from embedserve.engine.fused import Ops
 from embedserve.engine.models.linear import Linear
 from embedserve.engine.models.rotary import Rotary
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.families import ModernBertConfig
+from embedserve.loading.families import ModernBertConfig
 
 
 def gelu_approximation(act: str) -> str:

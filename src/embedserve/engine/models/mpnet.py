@@ -23,7 +23,7 @@ from embedserve.engine.attention import AttentionFn, RaggedLayout
 from embedserve.engine.fused import Ops
 from embedserve.engine.models.bert import BertLayer
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.families import BertConfig
+from embedserve.loading.families import BertConfig
 
 MAX_DISTANCE = 128  # Hugging Face's `relative_position_bucket` default, fixed in MPNet
 

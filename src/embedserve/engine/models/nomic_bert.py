@@ -19,7 +19,7 @@ from embedserve.engine.fused import Ops
 from embedserve.engine.models.linear import Linear
 from embedserve.engine.models.rotary import Rotary
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.families import NomicBertConfig
+from embedserve.loading.families import NomicBertConfig
 
 
 class NomicBertLayer(nn.Module):

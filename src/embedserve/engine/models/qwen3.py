@@ -21,7 +21,7 @@ from embedserve.engine.fused import Ops
 from embedserve.engine.models.linear import Linear
 from embedserve.engine.models.rotary import Rotary
 from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.spec import Qwen3Config
+from embedserve.loading.spec import Qwen3Config
 
 
 class RMSNorm(nn.Module):

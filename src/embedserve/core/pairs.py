@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.core.tokenization import TextTokenizer
 from embedserve.errors import InputError, InputTooLong, InputTypeError, shown
-from embedserve.spec import ModelSpec
-from embedserve.tokenization import TextTokenizer
+from embedserve.loading.spec import ModelSpec
 
 # Qwen3-Reranker's prompt, as its model card gives it
 RERANK_SYSTEM = (

@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from embedserve.family_checkpoints import ENCODER_ARCHS, make_family_checkpoint
+from embedserve.devtools.family_checkpoints import ENCODER_ARCHS, make_family_checkpoint
 
 QUERY_PROMPT = (
     "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
@@ -201,7 +201,7 @@ def write_tokenizer(out: Path, *, append_eos: bool) -> None:
 def write_bert_tokenizer(out: Path, source: Path | None = None) -> None:
     """The BERT uncased tokenizer files of `source`, by default the bundled all-MiniLM-L6-v2
     (the vocabulary the ms-marco cross-encoders share)."""
-    from embedserve.bundled import resolve_model
+    from embedserve.loading.bundled import resolve_model
 
     src = source or resolve_model("minilm")
     for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):

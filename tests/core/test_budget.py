@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedserve.budget import budget_groups, split_rows
+from embedserve.core.budget import budget_groups, split_rows
 
 
 def groups(sizes: list[int], budget: int) -> list[list[int]]:

@@ -14,7 +14,7 @@ from typing import Literal
 from tokenizers import Encoding, Tokenizer
 
 from embedserve.errors import TRUNCATE_ADVICE, InputTooLong
-from embedserve.spec import ModelLoadError
+from embedserve.loading.spec import ModelLoadError
 
 Cut = Literal[False, "end", "start"]  # what the tokenizer does with an over-long text
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from embedserve.checkpoints import qwen3_config
-from embedserve.spec import ModelLoadError, read_model_spec
+from embedserve.devtools.checkpoints import qwen3_config
+from embedserve.loading.spec import ModelLoadError, read_model_spec
 
 
 def folder(tmp_path: Path, config: dict[str, Any], files: dict[str, Any] | None = None) -> Path:

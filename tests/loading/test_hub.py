@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedserve.bundled import resolve_model
 from embedserve.embedder import Embedder
+from embedserve.loading.bundled import resolve_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

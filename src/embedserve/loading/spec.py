@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from embedserve.families import (
+from embedserve.loading.families import (
     FAMILIES,
     FAMILY_BY_NAME,
     SUPPORTED_ARCHITECTURES,
@@ -90,7 +90,7 @@ class ScoreSpec:
         """Raw scores (logits) -> relevance scores, float32 (a NumPy array)."""
         import numpy as np
 
-        from embedserve.outputs import sigmoid  # numpy only
+        from embedserve.core.outputs import sigmoid  # numpy only
 
         raw = np.asarray(raw, dtype=np.float64)
         return raw.astype(np.float32) if self.activation == "identity" else sigmoid(raw)
@@ -305,7 +305,7 @@ def read_model_spec(
             f"{extra_path}: output_rules {rules!r} is not one of {', '.join(OUTPUT_RULES)}"
         )
     default_dtype = str(extra.get("default_output_dtype", "float32"))
-    from embedserve.outputs import OUTPUT_DTYPES  # numpy only, no torch
+    from embedserve.core.outputs import OUTPUT_DTYPES  # numpy only, no torch
 
     if default_dtype not in OUTPUT_DTYPES:
         raise ModelLoadError(

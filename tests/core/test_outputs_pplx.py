@@ -8,7 +8,7 @@ import base64
 import numpy as np
 import pytest
 
-from embedserve.outputs import (
+from embedserve.core.outputs import (
     apply_output,
     check_dimensions,
     encode,

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from embedserve.chunking import (
+from embedserve.core.chunking import (
     DEFAULT_SEPARATOR,
     MAX_CHUNKS_PER_DOCUMENT,
     DocumentPlan,
@@ -29,16 +29,16 @@ from embedserve.chunking import (
     plan_document,
     split_windows,
 )
-from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong, InputTypeError, shown
-from embedserve.outputs import (
+from embedserve.core.outputs import (
     OUTPUT_DTYPES,
     apply_output,
     check_dimensions,
     check_output_dtype,
     min_dimensions,
 )
-from embedserve.spec import ModelSpec
-from embedserve.tokenization import TextTokenizer
+from embedserve.core.tokenization import TextTokenizer
+from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong, InputTypeError, shown
+from embedserve.loading.spec import ModelSpec
 
 Truncate = Literal[False, "end", "start", "chunk"]
 INPUT_TYPES = ("query", "document")

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from embedserve.checkpoints import (
+from embedserve.cli.main import main
+from embedserve.devtools.checkpoints import (
     ARCHS,
     QUERY_PROMPT,
     _tensor_shapes,
     make_checkpoint,
     qwen3_config,
 )
-from embedserve.cli import main
-from embedserve.spec import read_model_spec
+from embedserve.loading.spec import read_model_spec
 
 
 def num_params(arch: str) -> int:

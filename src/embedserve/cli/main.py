@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedserve.core.outputs import OUTPUT_DTYPES
 from embedserve.errors import InputTooLong
 from embedserve.options import EngineOptions
-from embedserve.outputs import OUTPUT_DTYPES
 from embedserve.processes import say
 
 
@@ -300,7 +300,7 @@ def embed_texts(embedder: Any, texts: list[str], args: argparse.Namespace) -> An
 
 
 def _add_index(sub: argparse._SubParsersAction) -> None:
-    from embedserve.indexing import IndexOptions as D  # the defaults, declared there once
+    from embedserve.indexing.job import IndexOptions as D  # the defaults, declared there once
 
     p = sub.add_parser(
         "index",
@@ -372,7 +372,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from embedserve.indexing import IndexOptions, run_index
+    from embedserve.indexing.job import IndexOptions, run_index
 
     if args.batch_size <= 0 or (args.workers is not None and args.workers <= 0):
         raise ValueError("--batch-size and --workers must be positive")
@@ -406,7 +406,7 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_models(args: argparse.Namespace) -> int:
-    from embedserve.families import models_table
+    from embedserve.loading.families import models_table
 
     print(models_table())
     return 0
@@ -424,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rerank(sub)
     _add_models(sub)
     _add_index(sub)
-    from embedserve import checkpoints, launch
+    from embedserve.cli import launch
+    from embedserve.devtools import checkpoints
 
     launch.add_commands(sub)
     checkpoints.add_commands(sub)

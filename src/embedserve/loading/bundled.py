@@ -29,7 +29,7 @@ def resolve_model(model: str | Path) -> Path:
     path = Path(text).expanduser()
     if path.is_dir():
         return path
-    from embedserve import hub
+    from embedserve.loading import hub
 
     if hub.is_hub_id(text):
         return hub.fetch(text)

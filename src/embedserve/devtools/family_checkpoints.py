@@ -398,7 +398,7 @@ def write_family_tokenizer(out: Path, kind: str, max_len: int, source: Path | No
         for key in ("name_or_path", "special_tokens_map_file"):
             tok_cfg.pop(key, None)
     elif kind == "bert-uncased":
-        from embedserve.bundled import resolve_model
+        from embedserve.loading.bundled import resolve_model
 
         src = (source or resolve_model("minilm")) / "tokenizer.json"
         tok = json.loads(src.read_text(encoding="utf-8"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedserve.cli import main, read_texts
+from embedserve.cli.main import main, read_texts
 from embedserve.embedder import Embedder
 
 
@@ -189,7 +189,7 @@ def test_a_too_long_input_gets_the_flag_to_pass(capsys: pytest.CaptureFixture[st
 def test_a_native_integer_output_is_said_out_loud(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from embedserve.checkpoints import make_checkpoint
+    from embedserve.devtools.checkpoints import make_checkpoint
 
     folder = make_checkpoint(tmp_path / "pplx", arch="qwen3-tiny", attention="bidirectional")
     assert main(["embed", "hi", "--model", str(folder), "--device", "cpu"]) == 0

@@ -127,7 +127,7 @@ def run_serve(args: argparse.Namespace) -> int:
         from embedserve.gateway.main import bind
 
         bind(gateway.host, gateway.port).close()
-    cli = [sys.executable, "-m", "embedserve.cli"]
+    cli = [sys.executable, "-m", "embedserve.cli.main"]
     stop_requested = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

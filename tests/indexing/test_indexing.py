@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("ray")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from embedserve.indexing import IndexOptions, input_files, run_index  # noqa: E402
+from embedserve.indexing.job import IndexOptions, input_files, run_index  # noqa: E402
 from tests.data.texts import MULTILINGUAL, QUERIES, passages  # noqa: E402
 
 TEXTS = QUERIES + MULTILINGUAL + [p for p in passages() if len(p) < 900]
@@ -118,7 +118,7 @@ def test_a_killed_worker_still_leaves_every_record_once(tmp_path: Path, minilm_p
             [{"id": f"{k}-{i}", "text": TEXTS[(i + k) % len(TEXTS)]} for i in range(600)],
         )
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "embedserve.cli", "index", "--input", str(corpus), "--output", str(out),
+    cmd = [sys.executable, "-m", "embedserve.cli.main", "index", "--input", str(corpus), "--output", str(out),
            "--model", str(minilm_path), "--device", "cpu", "--batch-size", "32"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
@@ -140,7 +140,7 @@ def test_a_killed_worker_still_leaves_every_record_once(tmp_path: Path, minilm_p
 
 
 def test_record_ids_as_text() -> None:
-    from embedserve.indexing import _id_text
+    from embedserve.indexing.job import _id_text
 
     # an integer id column with a gap arrives as float64 with NaN
     assert [_id_text(v) for v in (3.0, float("nan"), None, "x-1", 7, 2.5)] == [
@@ -195,7 +195,7 @@ def test_one_job_over_many_files_names_outputs_apart_and_reports_progress(
 def test_embed_dataset_takes_options_as_fields(minilm) -> None:  # type: ignore[no-untyped-def]
     import ray
 
-    from embedserve.indexing import embed_dataset
+    from embedserve.indexing.job import embed_dataset
 
     ds = ray.data.from_items([{"id": i, "text": TEXTS[i]} for i in range(6)])
     rows = embed_dataset(ds, model=str(minilm.spec.path), device="cpu", batch_size=4).take_all()
@@ -209,7 +209,7 @@ def test_embed_dataset_takes_options_as_fields(minilm) -> None:  # type: ignore[
 def test_the_driver_splits_batches_by_file_and_refuses_rows_out_of_order(tmp_path: Path) -> None:
     """`Job.consume` without Ray: batches that span files, a file with no rows between two
     others, and a file's rows arriving after it was finished (an error, not a silent mix)."""
-    from embedserve.indexing import Job, Progress, _key
+    from embedserve.indexing.job import Job, Progress, _key
 
     inputs = [write_jsonl(tmp_path / f"{n}.jsonl", []) for n in ("a", "b", "c")]
     out = tmp_path / "out"

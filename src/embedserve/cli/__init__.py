@@ -1,0 +1,1 @@
+"""The command line: `embedserve embed | rerank | models | index | serve | server | gateway | make-checkpoint`."""

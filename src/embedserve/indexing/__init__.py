@@ -1,0 +1,1 @@
+"""`embedserve index`: a corpus embedded on a Ray Data actor pool into Parquet."""

@@ -113,3 +113,17 @@ def test_request_log_lines_name_the_route_tokens_and_replica() -> None:
         assert record["prompt_tokens"] > 0 and "logged" not in line
     finally:
         proc.stop()
+
+
+def test_a_pipelined_request_gets_the_header_limit_too(bounded: tuple[str, int]) -> None:
+    """Bytes sent after a request's body, before its answer, are the next request's headers: an
+    oversized one gets 431 after the first answer, and is never read whole into memory."""
+    _, port = bounded
+    body = b'{"input": "hi"}'
+    first = (b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+    second = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n"
+    answer, took = exchange(port, first + second)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b"HTTP/1.1 431" in answer and answer.count(b"HTTP/1.1 ") == 2, answer[-300:]
+    assert took < 5.0

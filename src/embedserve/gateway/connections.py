@@ -6,6 +6,9 @@ pin memory with a 100 MB header, or a socket with half a request line. Here, per
 - the request line and headers together at most `max_header_bytes` (431 and close past it,
   before the parser buffers more), at most `max_headers` header lines (431);
 - the headers complete within `header_timeout` seconds of their first byte (408 and close);
+- the same for a pipelined request: bytes that come after a request's body, while its answer is
+  still being made, are the next request's headers and are counted as such (a request's end is
+  the parser's `on_message_complete`, not its answer);
 
 and uvicorn's own `limit_concurrency` caps open connections and tasks per worker (503 past it).
 The body's read timeout is the app's (`GatewayApp`, 408). uvicorn is imported by the workers only.
@@ -45,18 +48,22 @@ def bounded_protocol(limits: ConnectionLimits) -> type:
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         # per connection: "idle" (between requests) -> "headers" (a request's first byte came)
-        # -> "request" (its headers are complete: body and answer) -> "idle"
+        # -> "body" (its headers are complete) -> "idle" (its body is complete: whatever comes
+        # next is the next request, even while this one's answer is still being made)
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._phase = "idle"
             self._header_bytes = self._header_count = 0
             self._header_timer: asyncio.TimerHandle | None = None
+            self._refusal: bytes | None = None  # to send once the answer in progress is out
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._phase == "closed":
+                return  # refused: the rest is not read into memory
             if self._phase == "idle" and not self.transport.is_closing():
                 self._phase, self._header_bytes, self._header_count = "headers", 0, 0
                 self._header_timer = asyncio.get_event_loop().call_later(
@@ -77,17 +84,41 @@ def bounded_protocol(limits: ConnectionLimits) -> type:
                 self._header_timer.cancel()
                 self._header_timer = None
 
+        def _answering(self) -> bool:
+            cycle = getattr(self, "cycle", None)
+            return cycle is not None and not cycle.response_complete
+
         def _headers_too_slow(self) -> None:
             self._header_timer = None
-            if self._phase == "headers":
-                timeout = f"{limits.header_timeout:g}"
-                self._refuse(408, f"the request's headers did not arrive within {timeout} s")
+            if self._phase != "headers":
+                return
+            if self._answering():
+                # a pipelined request's headers may wait for the answer before them
+                self._header_timer = asyncio.get_event_loop().call_later(
+                    limits.header_timeout, self._headers_too_slow
+                )
+                return
+            timeout = f"{limits.header_timeout:g}"
+            self._refuse(408, f"the request's headers did not arrive within {timeout} s")
 
         def _refuse(self, status: int, why: str) -> None:
             self._disarm()
-            self._phase = "closed"
-            if not self.transport.is_closing():
-                self.transport.write(_refusal(status, why))
+            self._phase = "closed"  # nothing more reaches the parser
+            if self.transport.is_closing():
+                return
+            if self._answering():
+                # NOTE: a refusal written now would land inside the earlier request's answer:
+                # reading stops, and the refusal follows that answer
+                self._refusal = _refusal(status, why)
+                self.flow.pause_reading()
+                return
+            self.transport.write(_refusal(status, why))
+            self.transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._refusal is not None and not self.transport.is_closing():
+                self.transport.write(self._refusal)
                 self.transport.close()
 
         def on_header(self, name: bytes, value: bytes) -> None:
@@ -100,12 +131,12 @@ def bounded_protocol(limits: ConnectionLimits) -> type:
                 self._refuse(431, f"the request has over {limits.max_headers} header lines")
                 # stops the parser (uvicorn's data_received catches it; the answer is sent)
                 raise ValueError("too many header lines")
-            self._phase = "request"
+            self._phase = "body"
             super().on_headers_complete()
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self._phase == "request":
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if self._phase == "body":
                 self._phase = "idle"  # the next request's first byte arms the timer again
 
     return BoundedHttpToolsProtocol

@@ -21,9 +21,9 @@ def read_key_file(path: Path) -> frozenset[bytes]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise ValueError(f"--api-key-file {path}: cannot read it ({e.strerror})") from None
-    keys = frozenset(
-        line.strip().encode() for line in lines if line.strip() and not line.startswith("#")
-    )
+    # NOTE: stripped before the comment test, so an indented `  # note` is a comment, not a key
+    stripped = (line.strip() for line in lines)
+    keys = frozenset(line.encode() for line in stripped if line and not line.startswith("#"))
     if not keys:
         raise ValueError(f"--api-key-file {path}: no keys in it")
     return keys

@@ -32,8 +32,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import report
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the harness
+from harness import report
 
 HERE = Path(__file__).resolve().parent
 BASELINES = ("transformers", "sentence-transformers", "naive FastAPI + ST", "Infinity")

@@ -10,12 +10,11 @@ replies (read from the reply's tail, not a full JSON parse: client CPU is what t
 embeddings body from `workers` processes on one port. A result is trustworthy when the same
 clients against it reach well above (at least 1.5x) the rate they are asked to show.
 
-    PYTHONPATH=src python3 benchmarks/loadgen.py --clients 16 --workers 8 --seconds 4
+    PYTHONPATH=src python3 benchmarks/studies/loadgen_ceiling.py --clients 16 --workers 8
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import http.client
 import json
@@ -29,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from .timing import percentile
 
 TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 
@@ -50,12 +49,12 @@ class LoadResult:
         return self.tokens / self.seconds
 
     def summary(self) -> dict[str, float]:
-        ms = np.array(self.latencies) * 1000 if self.latencies else np.zeros(1)
+        ms = [x * 1000 for x in self.latencies] or [0.0]
         return {
             "requests_per_s": self.requests_per_s,
             "tokens_per_s": self.tokens_per_s,
-            "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99)),
+            "p50_ms": percentile(ms, 50),
+            "p99_ms": percentile(ms, 99),
             "requests": float(len(self.latencies)),
             "errors": float(self.errors),
         }
@@ -185,19 +184,3 @@ def noop_server(workers: int, dims: int = 384) -> Iterator[int]:
         for p in procs:
             p.join(10)
         sock.close()
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--seconds", type=float, default=4.0)
-    args = ap.parse_args()
-    body = json.dumps({"input": "a short query", "model": "noop"}).encode()
-    with noop_server(args.workers) as port:
-        result = run(port, split([body], args.clients), args.seconds)
-    print(json.dumps({"clients": args.clients, "workers": args.workers, **result.summary()}))
-
-
-if __name__ == "__main__":
-    main()

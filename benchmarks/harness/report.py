@@ -1,4 +1,10 @@
-"""Writing benchmark results in the one format of every suite: JSON plus a Markdown table."""
+"""Writing benchmark results in the one format of every suite: JSON plus a Markdown table.
+
+Where a file goes (benchmarks/README.md, "Results"): `results/<folder>/<suite>-<machine>[-<variant>]-
+<yyyymmdd>[-<n>].{json,md}`, the folder being the suite (latency, scoring, throughput, concurrency,
+summary) or `studies` for a study's own shape; logs and profiles in `results/logs` and
+`results/profiles`. `--out DIR` in every script writes into DIR instead (the GPU machine's $OUT).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,53 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+SUITES = ("latency", "scoring", "throughput", "concurrency", "summary")
+LOGS, PROFILES = RESULTS / "logs", RESULTS / "profiles"
+
+
+def folder(suite: str) -> Path:
+    """The results folder of a suite's files; `studies` for anything else."""
+    return RESULTS / (suite if suite in SUITES else "studies")
+
+
+def next_stem(out_dir: Path, name: str) -> Path:
+    """`out_dir/name`, or `name-2`, `name-3`, ... when that file exists: never over another run's
+    results of the same day."""
+    stem = out_dir / name
+    for n in range(2, 1000):
+        if not stem.with_suffix(".json").exists():
+            break
+        stem = out_dir / f"{name}-{n}"
+    return stem
+
+
+def today() -> str:
+    return f"{dt.date.today():%Y%m%d}"
+
+
+def write_json(name: str, doc: Any, out_dir: Path | None = None) -> Path:
+    """A study's own JSON document as `<out_dir or results/studies>/<name>-<yyyymmdd>.json`."""
+    out_dir = out_dir or folder("studies")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = next_stem(out_dir, f"{name}-{today()}").with_suffix(".json")
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def command_line() -> str:
+    """This run's command, the script named by its path under benchmarks/ (for the notes)."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        shown = str(script.relative_to(RESULTS.parent.parent))
+    except ValueError:
+        shown = script.name
+    return " ".join([shown, *sys.argv[1:]])
 
 
 def commit() -> str:
@@ -60,26 +108,22 @@ def write(
     records: list[dict[str, Any]],
     software: dict[str, str],
     notes: str,
-    out_dir: Path = RESULTS,
+    out_dir: Path | None = None,
 ) -> tuple[Path, str]:
     """Write `<suite>-<hardware_slug>-<yyyymmdd>.json` and `.md` (with `-2`, `-3`, ... when that
-    day's file exists); return the JSON path and table."""
-    today = dt.date.today()
+    day's file exists) into `out_dir`, by default the suite's folder; return the JSON path and
+    table."""
+    out_dir = out_dir or folder(suite)
     doc = {
         "suite": suite,
         "hardware": hardware,
         "commit": commit(),
-        "date": today.isoformat(),
+        "date": dt.date.today().isoformat(),
         "software": software,
         "records": records,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"{suite}-{hardware_slug}-{today:%Y%m%d}"
-    # NOTE: never over another run's results of the same day: -2, -3, ... after the date
-    for n in range(2, 1000):
-        if not stem.with_suffix(".json").exists():
-            break
-        stem = out_dir / f"{suite}-{hardware_slug}-{today:%Y%m%d}-{n}"
+    stem = next_stem(out_dir, f"{suite}-{hardware_slug}-{today()}")
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     keys = [
         "system",

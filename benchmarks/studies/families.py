@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import report
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import latency_gpu as lat
-import report
+from harness import engine_bench as lat
 
 from embedserve.devtools.checkpoints import make_checkpoint
 from embedserve.devtools.family_checkpoints import ENCODER_ARCHS

@@ -26,9 +26,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-import report
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, report
 
 
 def per_call_us(fn: Callable[[], object], n: int = 200, rounds: int = 7) -> float:

@@ -26,13 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 import contextlib
 
-import corpus
-import loadgen
-import report
-from serving_cpu import CLI, start
+from harness import corpus, loadgen, report
+from harness.servers import CLI, start
 
 from embedserve.processes import alive, descendants
 

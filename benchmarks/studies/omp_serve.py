@@ -14,11 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-import loadgen
-import report
-from serving_cpu import CLI, start
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, loadgen, report
+from harness.servers import CLI, start
 
 # an empty OMP_WAIT_POLICY is OpenMP's default (cpu_threads keeps a value the user set)
 POLICIES = {"openmp default (spin)": "", "passive": "PASSIVE"}

@@ -15,12 +15,10 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-import loadgen
-import report
-from hostile_cpu import rss_mb
-from serving_cpu import CLI, start
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, loadgen, report
+from harness.machine import rss_mb
+from harness.servers import CLI, start
 
 from embedserve.processes import descendants
 

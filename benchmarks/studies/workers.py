@@ -15,11 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-import loadgen
-import report
-from serving_cpu import CLI, start
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, loadgen, report
+from harness.servers import CLI, start
 
 
 def main() -> None:

@@ -67,11 +67,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-import loadgen
-import report
-from serving_cpu import CLI
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, loadgen, report
+from harness.servers import CLI
 
 from embedserve.processes import Child, descendants
 

@@ -38,10 +38,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-import report
-from timing import timed_ms
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, report
+from harness.timing import timed_ms
 
 GUARD = 0.999
 OURS, ST, HF = "embedserve", "sentence-transformers", "hf-transformers"

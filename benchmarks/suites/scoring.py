@@ -31,11 +31,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus
-import report
-import timing
-from serving_cpu import CLI, start
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, report, timing
+from harness.servers import CLI, start
 
 MATRIX_FLOPS = 743e12  # measured bf16 matrix rate of the H200 (ARCHITECTURE.md)
 QUERY = "how do vector databases rank the documents they return for a search query?"

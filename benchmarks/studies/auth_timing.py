@@ -6,7 +6,7 @@ one that matches nothing (the timing side channel an attacker would use to guess
 byte). Rounds interleave the candidates; the figure is the median over rounds of each round's
 median. In process, no network (which would only add noise on top).
 
-    PYTHONPATH=src python3 benchmarks/auth_timing.py [--rounds 30] [--per-round 2000]
+    PYTHONPATH=src python3 benchmarks/studies/auth_timing.py [--rounds 30] [--per-round 2000]
 
 Writes auth-timing-<machine>-YYYYMMDD.json (hardware, commit, date) into --out.
 """
@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import report
+from harness.timing import median
 
 from embedserve.gateway.app import GatewayApp
 from embedserve.gateway.auth import KeyRing
@@ -36,7 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--per-round", type=int, default=2000)
-    ap.add_argument("--out", type=Path, default=report.RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     args = ap.parse_args()
     app = GatewayApp(lambda: None, Limits(4, 8, ("m",)), max_body_bytes=1, api_keys=KeyRing([KEY], None))  # type: ignore[arg-type,return-value]  # fmt: skip
     candidates = {
@@ -58,16 +57,14 @@ def main() -> None:
                 with contextlib.suppress(Exception):
                     app._authenticate(dict(scope["headers"]))
                 times.append(time.perf_counter() - t0)
-            results[name].append(statistics.median(times))
-    us = {name: round(statistics.median(m) * 1e6, 3) for name, m in results.items()}
+            results[name].append(median(times))
+    us = {name: round(median(m) * 1e6, 3) for name, m in results.items()}
     for name, value in us.items():
         print(f"{name:38s} {value:7.3f} us")
     doc = {"hardware": report.cpu_hardware(), "commit": report.commit(),
            "date": time.strftime("%Y-%m-%d"), "rounds": args.rounds,
            "per_round": args.per_round, "median_us_per_check": us}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"auth-timing-cpu{os.cpu_count()}-{time.strftime('%Y%m%d')}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    report.write_json(f"auth-timing-cpu{os.cpu_count()}", doc, args.out)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ sentence-transformers, for each OpenMP wait policy, in one script run.
 Each policy runs in a process of its own (OpenMP reads it when torch loads). In each, rounds
 alternate quiet and with a neighbour (one process spinning in pure Python, as another job on
 the machine would); both systems run in every round. all-MiniLM-L6-v2, fp32, 192 passages
-(benchmarks/corpus.py), truncated to 256 tokens.
+(benchmarks/harness/corpus.py), truncated to 256 tokens.
 
-    python benchmarks/cpu_neighbour.py [--rounds 2] [--passages 192]
+    python benchmarks/studies/cpu_neighbour.py [--rounds 2] [--passages 192]
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import report
+from harness.timing import median
 
 # policy label -> environment (an empty OMP_WAIT_POLICY means OpenMP's own default: spinning)
 POLICIES = {"openmp default (spin)": {"OMP_WAIT_POLICY": ""}, "passive": {}}
@@ -91,7 +91,7 @@ def main() -> None:
             env=child_env, capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
         result = json.loads(out.strip().splitlines()[-1])
-        medians = {k: statistics.median(v) for k, v in result["times"].items()}
+        medians = {k: median(v) for k, v in result["times"].items()}
         for key, seconds in medians.items():
             condition, system = key.split("|")
             records.append(

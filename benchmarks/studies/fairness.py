@@ -6,7 +6,7 @@ queries one after another for as long as the large request runs. Reported: the l
 status and tokens/s, and the one-word queries' latency during it, beside the same queries on the
 idle server (the reference) in the same run. Text: Python standard-library docstrings.
 
-    PYTHONPATH=src python3 benchmarks/fairness_cpu.py [--out DIR] [--passages 1200]
+    PYTHONPATH=src python3 benchmarks/studies/fairness.py [--out DIR] [--passages 1200]
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
+from harness.timing import percentile
 
 from embedserve.processes import Child
 
@@ -78,12 +77,12 @@ def long_passages(count: int, num_tokens: int = 233) -> list[str]:
 
 
 def ms(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.array(xs) * 1e3, q))
+    return percentile([x * 1e3 for x in xs], q)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=report.RESULTS)
+    parser.add_argument("--out", type=Path, default=None, help="default: results/concurrency/")
     parser.add_argument("--passages", type=int, default=1200)
     args = parser.parse_args()
     words = [w.strip(".,:;()").lower() for w in " ".join(corpus.queries(200)).split()][:200]
@@ -115,6 +114,30 @@ def main() -> int:
         print(f"the large request got HTTP {status}: {body}", file=sys.stderr)
         return 1
     num_tokens = body["usage"]["prompt_tokens"]
+    records = fairness_records(args.passages, status, num_tokens, seconds, idle, during)
+    notes = (
+        f"One request of {args.passages} passages of 233 tokens ({num_tokens} tokens): HTTP "
+        f"{status} in {seconds:.1f} s. Meanwhile {len(during)} one-word queries sent one after "
+        f"another (statuses {sorted({s for s, _ in during})}); reference: the same queries for "
+        f"10 s on the idle server. `embedserve serve --device cpu`, default flags."
+    )
+    _, table = report.write(
+        "concurrency",
+        report.cpu_hardware(),
+        "cpu-fairness",
+        records,
+        report.versions("torch"),
+        notes,
+        args.out,
+    )
+    print(notes)
+    print(table)
+    return 0
+
+
+def fairness_records(passages: int, status: int, num_tokens: int, seconds: float,
+                     idle: list[tuple[int, float]], during: list[tuple[int, float]]) -> list[dict[str, Any]]:  # fmt: skip
+    """The large request's rate, and the probe's p50/p99 beside it and on the idle server."""
     common = {
         "system": "embedserve",
         "model": "all-MiniLM-L6-v2",
@@ -124,10 +147,10 @@ def main() -> int:
     }
     probe_ok = [t for s, t in during if s == 200]
     idle_ok = [t for s, t in idle if s == 200]
-    records = [
+    return [
         {
             **common,
-            "batch": args.passages,
+            "batch": passages,
             "tokens": 233,
             "concurrency": 1,
             "metric": "tokens_per_s",
@@ -176,25 +199,6 @@ def main() -> int:
             "during": "idle server (reference)",
         },
     ]
-    notes = (
-        f"One request of {args.passages} passages of 233 tokens ({num_tokens} tokens): HTTP "
-        f"{status} in {seconds:.1f} s. Meanwhile {len(during)} one-word queries sent one after "
-        f"another (statuses {sorted({s for s, _ in during})}); reference: the same queries for "
-        f"10 s on the idle server. `embedserve serve --device cpu`, default flags."
-    )
-    _, table = report.write(
-        "concurrency",
-        report.cpu_hardware(),
-        "cpu-fairness",
-        records,
-        report.versions("torch"),
-        notes,
-        args.out,
-    )
-    print(notes)
-    print(table)
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

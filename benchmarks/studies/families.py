@@ -2,7 +2,7 @@
 eager (sdpa attention, padded batch, mean or CLS pooling as the folder says) on the same
 random-weight checkpoint of each family's published config, same inputs, one script run.
 
-    PYTHONPATH=src python3 benchmarks/families_gpu.py --tokenizer-from .carry/tok-bert --out DIR
+    PYTHONPATH=src python3 benchmarks/studies/families.py --tokenizer-from .carry/tok-bert --out DIR
 
 Folders are built on the machine by `make_checkpoint` (transformers makes the weights, bf16);
 the machine has none of the tokenizer packages, so every folder takes the BERT uncased

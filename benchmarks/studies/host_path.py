@@ -9,7 +9,7 @@
 Each part is the median of repeated loops timed with `time.perf_counter` (the device synchronized
 where a part queues device work). Run the same script on an older tree (PYTHONPATH) for an A/B.
 
-    PYTHONPATH=src python3 benchmarks/host_path_gpu.py --model MINILM [--qwen3 DIR] --out DIR
+    PYTHONPATH=src python3 benchmarks/studies/host_path.py --model MINILM [--qwen3 DIR] --out DIR
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
+from harness.timing import median
 
 
 def per_call_us(fn: Callable[[], object], n: int = 200, rounds: int = 7) -> float:
@@ -42,7 +42,7 @@ def per_call_us(fn: Callable[[], object], n: int = 200, rounds: int = 7) -> floa
             fn()
         torch.cuda.synchronize()
         out.append((time.perf_counter() - t0) / n * 1e6)
-    return round(statistics.median(out), 2)
+    return round(median(out), 2)
 
 
 def step_parts(model: str) -> dict[str, float]:
@@ -164,7 +164,7 @@ def long_text(qwen3: str, tokenizer_json: str | None) -> dict[str, Any]:
             t0 = time.perf_counter()
             engine.step(batch).wait()
             times.append((time.perf_counter() - t0) * 1e3)
-        out[f"1 x {n} ms"] = round(statistics.median(times), 2)
+        out[f"1 x {n} ms"] = round(median(times), 2)
     out["attention"] = dict(engine.choices.attention)
     out["attention_timings_ms"] = dict(engine.stats.attention_timings)
     out["attention_errors"] = dict(engine.stats.attention_errors)
@@ -175,7 +175,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="all-MiniLM-L6-v2 folder (fp16 copy)")
     parser.add_argument("--qwen3", help="a Qwen3-0.6B-shaped folder (make-checkpoint)")
-    parser.add_argument("--out", type=Path, default=report.RESULTS)
+    parser.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--tag", default="", help="suffix of the result file name")
     args = parser.parse_args()
@@ -192,8 +192,9 @@ def main() -> int:
     }
     if args.qwen3:
         result["long_text"] = long_text(args.qwen3, None)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"host-path-h200-{result['date'].replace('-', '')}{args.tag}.json"
+    out = args.out or report.folder("studies")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"host-path-h200-{result['date'].replace('-', '')}{args.tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# Host path parts, {result['hardware']}, commit {result['commit']}", ""]
     lines += ["| part | value |", "|---|---|"]

@@ -9,7 +9,7 @@ to end. The baseline runs before and after the job (the machine's speed drifts; 
 against their mean, and each is in the notes). The vectors are compared by id (min cosine).
 Writes throughput-cpu2-index-<date>.json.
 
-    python benchmarks/index_cpu.py [--records 20000] [--files 8]
+    python benchmarks/studies/index.py [--records 20000] [--files 8]
 """
 
 from __future__ import annotations

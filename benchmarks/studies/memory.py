@@ -2,12 +2,11 @@
 1,200-passage request runs (sampled every 50 ms), and once idle again, after the engine thread
 has handed freed memory back (`server.service.release_free_memory`).
 
-    PYTHONPATH=src python3 benchmarks/memory_cpu.py
+    PYTHONPATH=src python3 benchmarks/studies/memory.py
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import sys
@@ -17,19 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
+from harness.http_calls import post_status
 from harness.machine import rss_mb
 from harness.servers import CLI, start
 
 from embedserve.processes import descendants
-
-
-def post(port: int, body: object) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/v1/embeddings", json.dumps(body), {"Content-Type": "application/json"})
-    reply = conn.getresponse()
-    reply.read()
-    conn.close()
-    return reply.status
 
 
 def main() -> None:
@@ -42,7 +33,7 @@ def main() -> None:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if b"\0server\0" in f.read():
                     servers.add(pid)
-        post(port, {"input": "warm"})
+        post_status(port, {"input": "warm"})
         time.sleep(1)
         idle = rss_mb(servers)
         peak, done = idle, threading.Event()
@@ -55,11 +46,11 @@ def main() -> None:
         sampler = threading.Thread(target=sample)
         sampler.start()
         texts = corpus.passages(1200, min_words=150, max_words=180)
-        status = post(port, {"input": texts, "truncate": "end"})
+        status = post_status(port, {"input": texts, "truncate": "end"}, timeout=600)
         done.set()
         sampler.join()
         time.sleep(1)
-        post(port, {"input": "after"})  # the engine thread comes round once more
+        post_status(port, {"input": "after"})  # the engine thread comes round once more
         time.sleep(1)
         after = rss_mb(servers)
     finally:
@@ -68,9 +59,7 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d"), "request": "1,200 passages of 150-180 words",
            "status": status, "server_rss_mb": {"idle": round(idle), "peak during the request":
            round(peak), "idle again after it": round(after)}}  # fmt: skip
-    report.RESULTS.mkdir(parents=True, exist_ok=True)
-    path = report.RESULTS / f"memory-cpu{os.cpu_count()}-{time.strftime('%Y%m%d')}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    report.write_json(f"memory-cpu{os.cpu_count()}", doc)
     print(json.dumps(doc, indent=1))
 
 

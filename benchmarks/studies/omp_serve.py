@@ -2,7 +2,7 @@
 16 client processes of one short query each, rounds alternating the two, one script run. The
 server keeps OpenMP's default because of this (src/embedserve/cpu_threads.py).
 
-    PYTHONPATH=src python3 benchmarks/omp_serve_cpu.py [--rounds 2] [--seconds 8]
+    PYTHONPATH=src python3 benchmarks/studies/omp_serve.py [--rounds 2] [--seconds 8]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--out", type=Path, default=report.RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     args = ap.parse_args()
     bodies = [json.dumps({"input": q}).encode() for q in corpus.queries(256)]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in POLICIES}
@@ -47,9 +47,7 @@ def main() -> None:
     doc = {"hardware": report.cpu_hardware(), "commit": report.commit(),
            "date": time.strftime("%Y-%m-%d"), "clients": 16, "seconds": args.seconds,
            "rounds": runs}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"omp-serve-cpu{os.cpu_count()}-{time.strftime('%Y%m%d')}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    report.write_json(f"omp-serve-cpu{os.cpu_count()}", doc, args.out)
     print(json.dumps(doc, indent=1))
 
 

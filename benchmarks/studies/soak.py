@@ -2,7 +2,7 @@
 processes, plus a 100-passage request every few seconds) for `--seconds`; the resident memory of
 all its processes sampled along the way. Growth is measured from the sample after warm-up.
 
-    PYTHONPATH=src python3 benchmarks/soak_cpu.py [--seconds 60]
+    PYTHONPATH=src python3 benchmarks/studies/soak.py [--seconds 60]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from embedserve.processes import descendants
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--out", type=Path, default=report.RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     args = ap.parse_args()
     server, ready = start([*CLI, "serve", "--device", "cpu", "--port", "0"],
                           r"serving \S+ at (http://127\.0\.0\.1:(\d+))")  # fmt: skip
@@ -75,10 +75,7 @@ def main() -> None:
         "rss_mb_samples (s, MB)": samples,
         "growth_from_first_sample_percent": round((last - first) / first * 100, 2),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"soak-cpu-{time.strftime('%Y%m%d')}.json").write_text(
-        json.dumps(doc, indent=1) + "\n"
-    )
+    report.write_json("soak-cpu", doc, args.out)
     print(json.dumps(doc, indent=1))
 
 

@@ -6,7 +6,7 @@ engine on all-MiniLM-L6-v2, warms a 1 x 128-token batch up to graph replay, and 
 the rounds per tree go to `latency-<gpu>-ab-YYYYMMDD.json` + `.md`; `host_p50_ms` is the time
 `step()` itself takes on the CPU before returning.
 
-    PYTHONPATH=src python3 benchmarks/step_ab_gpu.py --model DIR --tree old=PATH --tree new=src
+    PYTHONPATH=src python3 benchmarks/studies/step_ab.py --model DIR --tree old=PATH --tree new=src
 """
 
 from __future__ import annotations
@@ -14,17 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import report
+from harness.servers import BENCH
+from harness.timing import median
 
 CHILD = r"""
 import json, sys
 import numpy as np, torch
+sys.path.insert(0, sys.argv[3])  # benchmarks/: the one percentile function
+from harness.timing import percentile
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
 engine = Engine.from_folder(sys.argv[1], device="cuda")
@@ -52,9 +55,9 @@ for _ in range(200000):
 python_call_ns = (time.perf_counter() - t0) / 200000 * 1e9
 print(json.dumps({
     "python_call_ns": python_call_ns,
-    "p50": float(np.percentile(times, 50)),
-    "p99": float(np.percentile(times, 99)),
-    "host_p50": float(np.percentile(host, 50)),
+    "p50": percentile(times, 50),
+    "p99": percentile(times, 99),
+    "host_p50": percentile(host, 50),
 }))
 """
 
@@ -65,7 +68,7 @@ def main() -> int:
     parser.add_argument("--tree", action="append", required=True, help="NAME=PATH to a src dir")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=500)
-    parser.add_argument("--out", type=Path, default=report.RESULTS)
+    parser.add_argument("--out", type=Path, default=None, help="default: results/latency/")
     args = parser.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
@@ -76,7 +79,7 @@ def main() -> int:
                 "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")]),
             }
             out = subprocess.run(
-                [sys.executable, "-c", CHILD, args.model, str(args.reps)],
+                [sys.executable, "-c", CHILD, args.model, str(args.reps), str(BENCH)],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -98,7 +101,7 @@ def main() -> int:
                     "tokens": 128,
                     "concurrency": 1,
                     "metric": metric if metric.endswith("_ns") else f"{metric}_ms",
-                    "value": statistics.median(r[metric] for r in results),
+                    "value": median(r[metric] for r in results),
                     "scope": {"host_p50": "engine_host_call", "python_call_ns": "process"}.get(
                         metric, "engine"
                     ),

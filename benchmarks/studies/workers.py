@@ -3,14 +3,13 @@
 100 passages per request. Rounds alternate the worker counts, so drift on the machine hits each
 alike; the median round is shown. This is what the `serve --workers` default rests on.
 
-    PYTHONPATH=src python3 benchmarks/workers_gpu.py --model DIR [--out DIR] [--workers 1,2,4]
+    PYTHONPATH=src python3 benchmarks/studies/workers.py --model DIR [--out DIR] [--workers 1,2,4]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from harness.servers import CLI, start
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", type=Path, required=True, help="all-MiniLM-L6-v2 folder")
-    ap.add_argument("--out", type=Path, default=report.RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -58,7 +57,7 @@ def main() -> None:
             print(f"{workers} workers: 16 clients {q}; 100 passages x 4 {b}", flush=True)
 
     def median(key: tuple[int, str], metric: str) -> float:
-        return statistics.median(r[metric] for r in runs[key])
+        return median(r[metric] for r in runs[key])
 
     base: dict[str, Any] = {"model": "all-MiniLM-L6-v2", "weights": "real", "scope": "end_to_end",
                             "dtype": "bf16" if args.device == "cuda" else "fp32"}  # fmt: skip
@@ -74,7 +73,7 @@ def main() -> None:
                         "value": round(median((workers, "bulk"), "tokens_per_s"), 1)})  # fmt: skip
     notes = (
         f"One server replica; gateway workers {args.workers}; {args.rounds} alternating rounds of "
-        f"{args.seconds} s per load, median round. Clients are processes (benchmarks/loadgen.py)."
+        f"{args.seconds} s per load, median round. Clients are processes (benchmarks/harness/loadgen.py)."
     )
     import torch
 

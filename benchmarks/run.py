@@ -1,23 +1,26 @@
-"""The four benchmark suites in one command per machine, and the table of ratios the README shows.
+"""The one runner of the benchmarks: the suites of a machine, their summary and figures, and
+the named steps of a GPU session (what `gpu_run.sh` runs after installing the carried wheels).
 
-    bash benchmarks/gpu_run.sh suites              # on the H200 (docs/gpu.md, "Running")
-    .venv/bin/python benchmarks/suites.py --machine cpu2
+    .venv/bin/python benchmarks/run.py suites --machine cpu2        # on a 2-core CPU
+    bash benchmarks/gpu_run.sh suites                               # on the H200 (docs/gpu.md)
+    .venv/bin/python benchmarks/run.py summary FILE.json ... [--plots]
+    .venv/bin/python benchmarks/run.py plots FILE.json [--out docs/x.png]
+    python3 benchmarks/run.py step tests latency breakdown ...      # GPU steps, output under $OUT
 
-Each suite runs as its own process and writes its own results file (`../shared/BENCHMARKS.md`):
+Each suite runs as its own process and writes its own results file (`benchmarks/README.md`):
 
-- latency: `latency_suite.py` (one text per call; sentence-transformers and transformers beside
+- latency: `suites/latency.py` (one text per call; sentence-transformers and transformers beside
   ours; transformers is the fidelity guard: the run fails below cosine 0.999);
-- scoring: `scoring_gpu.py` (one query against 5 / 25 / 50 documents; transformers and
+- scoring: `suites/scoring.py` (one query against 5 / 25 / 50 documents; transformers and
   sentence-transformers `CrossEncoder`), on a GPU only;
-- throughput and concurrency: `peers.py` (ours, Infinity where it runs, and a FastAPI +
-  sentence-transformers server over HTTP; sentence-transformers `encode` tuned, in process).
+- throughput and concurrency: `suites/concurrency.py` (ours, Infinity where it runs, and a
+  FastAPI + sentence-transformers server over HTTP; sentence-transformers `encode` tuned, in
+  process). The offline throughput suite (`suites/throughput.py`) runs on its own.
 
 Then the summary: for every workload, how many times faster ours is than each baseline (their
 time over ours, or our rate over theirs), from those files; several files of one suite and
-machine (repeated runs) give each ratio's range. It goes to `summary-<machine>-<date>.{json,md}`
-and the figures (`plots.py`) to `docs/`:
-
-    .venv/bin/python benchmarks/suites.py --summary FILE.json ... [--plots]
+machine (repeated runs) give each ratio's range. It goes to
+`results/summary/summary-<machine>-<date>.{json,md}` and the figures (`harness/plots.py`) to `docs/`.
 """
 
 from __future__ import annotations
@@ -33,25 +36,27 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the harness
-from harness import report
+from harness import plots, report
+from harness.steps import STEPS, run_steps
 
 HERE = Path(__file__).resolve().parent
 BASELINES = ("transformers", "sentence-transformers", "naive FastAPI + ST", "Infinity")
 
 
-def run_suites(machine: str, out: Path, minilm: Path | None, infinity: list[str]) -> list[Path]:
+def run_suites(machine: str, out: Path | None, minilm: Path | None, infinity: list[str]) -> list[Path]:  # fmt: skip
     """Every suite of the machine, one process each; the results files they wrote."""
     gpu = machine != "cpu2"
     py = sys.executable
     model = ["--minilm", str(minilm)] if minilm else []
+    to = ["--out", str(out)] if out else []
     steps: list[tuple[str, list[str]]] = [
-        ("latency", [py, str(HERE / "latency_suite.py"), "--device", "cuda" if gpu else "cpu",
-                     "--out", str(out), *model]),
+        ("latency", [py, str(HERE / "suites" / "latency.py"), "--device", "cuda" if gpu else "cpu",
+                     *to, *model]),
     ]  # fmt: skip
     if gpu:
         tok = ["--bert-tokenizer", str(minilm)] if minilm else []
-        steps.append(("scoring", [py, str(HERE / "scoring_gpu.py"), "--out", str(out), *tok]))
-    peers = [py, str(HERE / "peers.py"), "--out", str(out), *infinity]
+        steps.append(("scoring", [py, str(HERE / "suites" / "scoring.py"), *to, *tok]))
+    peers = [py, str(HERE / "suites" / "concurrency.py"), *to, *infinity]
     peers += ["--model", str(minilm)] if minilm else []
     if gpu:
         peers += ["--device", "cuda", "--worktree", "--idle-load", "1000", "--seconds", "3",
@@ -59,7 +64,8 @@ def run_suites(machine: str, out: Path, minilm: Path | None, infinity: list[str]
     else:  # the latency suite just ran: wait for an idle machine, but not for long
         peers += ["--wait-budget", "120"]
     steps.append(("throughput + concurrency", peers))
-    before = set(out.glob("*.json"))
+    root = out or report.RESULTS
+    before = set(root.rglob("*.json"))
     failed = []
     for name, argv in steps:
         t0 = time.monotonic()
@@ -70,7 +76,7 @@ def run_suites(machine: str, out: Path, minilm: Path | None, infinity: list[str]
         )
         if done.returncode:
             failed.append(name)
-    written = sorted(set(out.glob("*.json")) - before)
+    written = sorted(set(root.rglob("*.json")) - before)
     if failed:
         print(f"suites that failed: {', '.join(failed)}", flush=True)
     return written
@@ -179,44 +185,66 @@ def summarize(files: list[Path]) -> tuple[dict[str, Any], str]:
     return doc, "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--machine", default="cpu2", help="cpu2, or the GPU's name (h200)")
-    ap.add_argument("--out", type=Path, default=report.RESULTS)
-    ap.add_argument("--minilm", type=Path, default=None, help="all-MiniLM-L6-v2 folder")
-    ap.add_argument("--infinity-python", default=None, help="passed to peers.py")
-    ap.add_argument("--infinity-path", default=None, help="passed to peers.py")
-    ap.add_argument("--summary", type=Path, nargs="+", default=None, help="results files")
-    ap.add_argument("--plots", action="store_true", help="with --summary: the figures too")
-    args = ap.parse_args()
-    t0 = time.monotonic()
-    files = args.summary
-    if files is None:
-        infinity = []
-        if args.infinity_python is not None:
-            infinity += ["--infinity-python", args.infinity_python]
-        if args.infinity_path:
-            infinity += ["--infinity-path", args.infinity_path]
-        files = run_suites(args.machine, args.out, args.minilm, infinity)
+def write_summary(files: list[Path], slug: str, out: Path | None) -> None:
     doc, table = summarize(files)
-    args.out.mkdir(parents=True, exist_ok=True)
-    slug = args.machine if args.summary is None else "suites"
-    stem = args.out / f"summary-{slug}-{time.strftime('%Y%m%d')}"
-    for n in range(2, 1000):  # never over another summary of the same day
-        if not stem.with_suffix(".json").exists():
-            break
-        stem = args.out / f"summary-{slug}-{time.strftime('%Y%m%d')}-{n}"
+    out = out or report.folder("summary")
+    out.mkdir(parents=True, exist_ok=True)
+    stem = report.next_stem(out, f"summary-{slug}-{report.today()}")
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     stem.with_suffix(".md").write_text(
         "# Ours against each baseline: how many times faster (their time / ours, or our rate / "
         "theirs)\n\nFrom: " + ", ".join(f"`{f.name}`" for f in files) + "\n\n" + table + "\n"
     )
     print(table)
-    print(f"wrote {stem}.json and .md in {time.monotonic() - t0:.0f} s")
-    if args.plots:
-        subprocess.run([sys.executable, str(HERE / "plots.py"), *map(str, files)], check=False)
+    print(f"wrote {stem}.json and .md")
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="command", required=True)
+    suites = sub.add_parser("suites", help="every suite of a machine, then their summary")
+    suites.add_argument("--machine", default="cpu2", help="cpu2, or the GPU's name (h200)")
+    suites.add_argument("--out", type=Path, default=None,
+                        help="one folder for every file (default: results/<suite>/)")  # fmt: skip
+    suites.add_argument("--minilm", type=Path, default=None, help="all-MiniLM-L6-v2 folder")
+    suites.add_argument("--infinity-python", default=None, help="passed to suites/concurrency.py")
+    suites.add_argument("--infinity-path", default=None, help="passed to suites/concurrency.py")
+    summary = sub.add_parser("summary", help="the ratios of results files")
+    summary.add_argument("files", type=Path, nargs="+", help="results files")
+    summary.add_argument("--out", type=Path, default=None, help="default: results/summary/")
+    summary.add_argument("--plots", action="store_true", help="the figures too")
+    figures = sub.add_parser("plots", help="one figure per results file, under docs/")
+    figures.add_argument("files", type=Path, nargs="+", help="results JSON files")
+    figures.add_argument("--out", type=Path, default=None, help="the PNG (one input file only)")
+    step = sub.add_parser("step", help="named steps of a GPU session, output under $OUT")
+    step.add_argument("names", nargs="+", choices=sorted(STEPS), metavar="NAME",
+                      help=", ".join(sorted(STEPS)))  # fmt: skip
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    t0 = time.monotonic()
+    if args.command == "step":
+        sys.exit(run_steps(args.names))
+    if args.command == "plots":
+        plots.draw(args.files, args.out)
+        return
+    if args.command == "suites":
+        infinity = []
+        if args.infinity_python is not None:
+            infinity += ["--infinity-python", args.infinity_python]
+        if args.infinity_path:
+            infinity += ["--infinity-path", args.infinity_path]
+        files = run_suites(args.machine, args.out, args.minilm, infinity)
+        write_summary(files, args.machine, args.out)
+    else:
+        write_summary(args.files, "suites", args.out)
+        if args.plots:
+            plots.draw(args.files)
+    print(f"done in {time.monotonic() - t0:.0f} s")
 
 
 if __name__ == "__main__":

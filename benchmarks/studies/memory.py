@@ -7,6 +7,7 @@ has handed freed memory back (`server.service.release_free_memory`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -24,6 +25,9 @@ from embedserve.processes import descendants
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
+    args = ap.parse_args()
     server, ready = start([*CLI, "serve", "--device", "cpu", "--port", "0"],
                           r"serving \S+ at http://127\.0\.0\.1:(\d+)")  # fmt: skip
     port = int(ready.group(1))
@@ -59,7 +63,7 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d"), "request": "1,200 passages of 150-180 words",
            "status": status, "server_rss_mb": {"idle": round(idle), "peak during the request":
            round(peak), "idle again after it": round(after)}}  # fmt: skip
-    report.write_json(f"memory-cpu{os.cpu_count()}", doc)
+    report.write_json(f"memory-cpu{os.cpu_count()}", doc, args.out)
     print(json.dumps(doc, indent=1))
 
 

@@ -46,7 +46,25 @@ def test_every_benchmark_path_in_the_docs_exists(doc: Path) -> None:
     assert not missing, f"{doc.name} cites benchmark paths that do not exist: {missing}"
 
 
+# a results file named without its folder, as the docs quote figures: `latency-h200-20261129`
+RESULT_NAME = re.compile(
+    r"(?<![/\w-])([a-z0-9]+(?:-[a-z0-9]+)*-20\d{6}(?:-[a-z0-9]+)*(?:\.(?:json|md|txt))?)"
+)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_results_file_named_in_the_docs_exists(doc: Path) -> None:
+    results = [p for p in (ROOT / "benchmarks" / "results").rglob("*") if p.is_file()]
+    names = {p.name for p in results} | {p.stem for p in results}
+    missing = sorted(set(RESULT_NAME.findall(doc.read_text())) - names)
+    assert not missing, f"{doc.name} names results files that do not exist: {missing}"
+
+
 def test_the_checker_sees_a_missing_file() -> None:
     text = "see [x](benchmarks/results/latency/no-such-run.json) and `benchmarks/nope.py`"
     assert cited(text) == {"benchmarks/results/latency/no-such-run.json", "benchmarks/nope.py"}
     assert not any(exists(p) for p in cited(text))
+    assert RESULT_NAME.findall("(`latency-h200-20261129`, `soak-cpu-20261201.json`)") == [
+        "latency-h200-20261129",
+        "soak-cpu-20261201.json",
+    ]

@@ -91,7 +91,10 @@ async def _asgi_calls(app: Any, pool: Any, bodies: list[bytes], count: int) -> l
     pipeline = app.make_pipeline()  # in the loop, as the app's startup makes it
     pipeline.replicas = pool
     app.pipeline = pipeline
-    scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": []}
+    # NOTE: the Host a loopback client sends: the gateway answers 421 to a request without one
+    # it serves (--allowed-host), so a scope without it measured an error reply
+    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")]
+    scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": headers}
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:

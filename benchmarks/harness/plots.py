@@ -251,7 +251,7 @@ def latency_figure(doc: dict[str, Any], path: Path, out: Path) -> None:
 
     records = [r for r in doc["records"] if r["metric"] == "p50_ms" and r.get("scope") == "offline"]
     if not records:
-        raise SystemExit(f"{path}: no offline p50_ms records (latency_suite.py's) to draw")
+        raise SystemExit(f"{path}: no offline p50_ms records (suites/latency.py's) to draw")
     models = list(dict.fromkeys(r["model"] for r in records))
     systems = list(dict.fromkeys(r["system"] for r in records))
     style = {

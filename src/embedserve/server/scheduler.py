@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from embedserve.core.budget import budget_groups, split_rows
-from embedserve.core.inputs import Head
+from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch
 
 

@@ -30,7 +30,7 @@ import grpc
 import numpy as np
 
 from embedserve.contract import EmbedResponse
-from embedserve.core.inputs import Head, check_head
+from embedserve.core.outputs import Head, check_head
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.server.scheduler import (
     Overloaded,

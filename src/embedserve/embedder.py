@@ -217,7 +217,7 @@ class Embedder:
         for group in budget_groups([len(p.ids) for p in plans], budget):
             batch_plans = [plans[d] for d in group]
             batch = PackedBatch.from_token_lists([p.ids for p in batch_plans])
-            spans = np.asarray(packed_spans(batch_plans), dtype=np.int64)
+            spans = packed_spans(batch_plans)
             rows = self.engine.embed_spans(batch, spans)
             out += split_rows(head.apply(rows), [len(p.spans) for p in batch_plans])
         return out

@@ -58,6 +58,15 @@ class PreparedInputs:
     windows_per_input: list[int] | None = None
     window_weights: list[int] | None = None
 
+    def model_side_head(self, head: Head) -> Head | None:
+        """The head whoever runs the model applies: the request's own, or None (the raw pooled
+        rows) when windows must be averaged before it; `finish` does the rest."""
+        return head if self.windows_per_input is None else None
+
+    def finish(self, rows: np.ndarray, head: Head) -> np.ndarray:
+        """The answer [num_inputs, width] from the rows returned under `model_side_head(head)`."""
+        return rows if self.windows_per_input is None else head.apply(self.combine(rows))
+
     def combine(self, pooled: np.ndarray) -> np.ndarray:
         """[num_seqs, hidden] pooled rows -> [num_inputs, hidden]: windows averaged."""
         if self.windows_per_input is None:

@@ -29,7 +29,7 @@ from embedserve.contract.secret import read_secret
 from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.core.inputs import InputPreparer
 from embedserve.core.outputs import min_dimensions
-from embedserve.core.pairs import PairPreparer
+from embedserve.core.pairs import PairPreparer, scoring_kind
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.gateway.app import BODY_TIMEOUT, MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
@@ -194,9 +194,6 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
     tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
     inputs = InputPreparer(spec, tokenizer)
     pairs = PairPreparer(spec, tokenizer) if spec.score is not None else None
-    scoring = "bi-encoder"
-    if spec.score is not None:
-        scoring = "cross-encoder" if spec.score.kind == "classifier" else "llm-reranker"
     limits = Limits(
         spec.hidden_size,
         config.max_inputs,
@@ -205,7 +202,7 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
         default_output_dtype=spec.default_output_dtype,
         max_chunks=config.max_chunks_per_document,
         task=spec.task,
-        scoring=scoring,
+        scoring=scoring_kind(spec),
     )
 
     def make_pipeline() -> Pipeline:  # inside the worker's event loop: grpc.aio channels

@@ -28,7 +28,7 @@ from embedserve.core.budget import budget_groups, split_rows
 from embedserve.core.chunking import packed_spans
 from embedserve.core.inputs import InputOptions, InputPreparer
 from embedserve.core.outputs import Head, sigmoid, to_base64
-from embedserve.core.pairs import PairPreparer, PreparedPairs, cosine_scores, read_text
+from embedserve.core.pairs import PairPreparer, PreparedPairs, plan_cosine
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob
@@ -150,24 +150,25 @@ class Pipeline:
         return pairs.activate(raw), num_tokens
 
     async def _cosine(self, job: ScoreJob) -> tuple[np.ndarray, int]:
-        """An embedding model's scores: the query (its query prompt) against each document (the
-        document prompt), cosine of unit vectors."""
+        """An embedding model's scores: the bi-encoder plan of the request core
+        (`pairs.plan_cosine`), its two embeddings through the servers."""
         if job.scores == "raw":
             raise bad_request(
                 "raw_scores are a reranker's logits; this embedding model scores by cosine",
                 param="raw_scores",
             )
-        unit = Head(self.inputs.spec.hidden_size, True, "float32")
         out, total = [], 0
         for query, docs in job.groups:
-            query = read_text(query, "query")  # as a reranker's pairs check it
-            q_options = self.inputs.options(
-                input_type="query", instruction=job.instruction, truncate=job.truncate
+            plan = plan_cosine(
+                self.inputs, query, docs, truncate=job.truncate, instruction=job.instruction
             )
-            d_options = self.inputs.options(input_type="document", truncate=job.truncate)
-            q, q_tokens = await self.embed(EmbedJob([query], q_options, unit, "float"))
-            d, d_tokens = await self.embed(EmbedJob(docs, d_options, unit, "float"))
-            out.append(cosine_scores(q[0], d))
+            q, q_tokens = await self.embed(
+                EmbedJob([plan.query], plan.query_options, plan.head, "float")
+            )
+            d, d_tokens = await self.embed(
+                EmbedJob(plan.documents, plan.document_options, plan.head, "float")
+            )
+            out.append(plan.scores(q, d))
             total += q_tokens + d_tokens
         return np.concatenate(out), total
 

@@ -41,7 +41,7 @@ from embedserve.loading.bundled import BUNDLED, resolve_model
 from embedserve.loading.hub import is_hub_id
 from embedserve.loading.spec import read_model_spec
 from embedserve.options import Options, drain_option, model_option, option
-from embedserve.processes import say, set_parent_death_signal
+from embedserve.processes import say, set_parent_death_signal, write_ready
 
 # Tokens per server call of a gateway started on its own (`serve` passes its servers' budget).
 DEFAULT_CHUNK_TOKENS = 8192
@@ -405,6 +405,7 @@ def _supervise(config: GatewayConfig) -> int:
         f"{'s' if config.workers > 1 else ''}, replicas {', '.join(config.replicas)}, "
         f"parts of {config.chunk_tokens or DEFAULT_CHUNK_TOKENS} tokens)",
     )
+    write_ready({"url": url, "workers": config.workers})
     while any(w.is_alive() for w in workers):
         for w in workers:
             w.join(0.2)

@@ -159,8 +159,8 @@ def run_serve(args: argparse.Namespace) -> int:
             for c, a in zip(configs, addresses, strict=True)
         ]
         gateway = replace(gateway, replicas=tuple(addresses))
-        if gateway.chunk_tokens is None:  # a part of a request is one batch of the servers'
-            gateway = replace(gateway, chunk_tokens=min(budgets))
+        if gateway.part_tokens is None:  # a part of a request is one batch of the servers'
+            gateway = replace(gateway, part_tokens=min(budgets))
         gateway_proc = Child(
             [*cli, "gateway", *gateway.to_argv()], name="gateway", relay=sys.stderr
         )

@@ -87,13 +87,13 @@ def split_windows(
     trail = n
     while trail > lead and special[trail - 1]:
         trail -= 1
-    head, tail = [*ids[:lead], *prompt_ids], ids[trail:]
+    prefix, suffix = [*ids[:lead], *prompt_ids], ids[trail:]  # in every window
     content = ids[lead:trail]
-    width = max_length - len(head) - len(tail)
+    width = max_length - len(prefix) - len(suffix)
     if width <= 0:
         raise ValueError(
-            f"the prompt and special tokens take {len(head) + len(tail)} of the "
+            f"the prompt and special tokens take {len(prefix) + len(suffix)} of the "
             f"{max_length} tokens a window may have"
         )
-    windows = [head + content[i : i + width] + tail for i in range(0, len(content), width)]
-    return windows or [head + tail], len(head) + len(tail)
+    windows = [prefix + content[i : i + width] + suffix for i in range(0, len(content), width)]
+    return windows or [prefix + suffix], len(prefix) + len(suffix)

@@ -313,10 +313,10 @@ class InputPreparer:
                 counts.append(1)
                 weights.append(1)
                 continue
-            parts, overhead = split_windows(alone[i], prompt_ids, limit)
-            seqs += parts
-            counts.append(len(parts))
-            weights += [len(p) - overhead for p in parts]
+            windows, overhead = split_windows(alone[i], prompt_ids, limit)
+            seqs += windows
+            counts.append(len(windows))
+            weights += [len(w) - overhead for w in windows]
         return PreparedInputs(seqs, single, counts, weights)
 
     # -- late chunking --------------------------------------------------------------------

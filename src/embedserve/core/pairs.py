@@ -183,10 +183,10 @@ class PairPreparer:
         self, query: str, docs: list[str], truncate: Any, instruction: str
     ) -> PreparedPairs:
         limit = self.max_length
-        head = RERANK_BODY.format(instruction=instruction, query=query)
+        prompt = RERANK_BODY.format(instruction=instruction, query=query)  # before each document
         system = self.tokenizer.encode_plain(RERANK_SYSTEM)
         suffix = self.tokenizer.encode_plain(RERANK_SUFFIX)
-        bodies = self.tokenizer.encode_plain_batch([head + d for d in docs])
+        bodies = self.tokenizer.encode_plain_batch([prompt + d for d in docs])
         room = limit - len(system) - len(suffix)
         seqs = []
         for i, body in enumerate(bodies):
@@ -195,7 +195,7 @@ class PairPreparer:
                 self._too_long(i, n, truncate)
                 # NOTE: "end" cuts the joint text's tokens, as Qwen3-Reranker's own code does;
                 # "start" keeps the query part whole and the document's last tokens
-                query_part = self.tokenizer.encode_plain(head.rstrip(" "))
+                query_part = self.tokenizer.encode_plain(prompt.rstrip(" "))
                 if len(query_part) >= room:
                     raise self._query_too_long(len(system) + len(query_part) + len(suffix))
                 if truncate == "end":

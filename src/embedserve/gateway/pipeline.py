@@ -42,7 +42,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class PipelineLimits:
     max_tokens_per_request: int
-    chunk_tokens: int  # tokens per server call (a part of a request)
+    part_tokens: int  # tokens per server call (a part of a request)
     parts_in_flight: int = 2  # parts of one request outstanding at once (see `_fan_out`)
 
 
@@ -106,7 +106,7 @@ class Pipeline:
         rows = await self._fan_out(
             [
                 functools.partial(self._embed_part, [prepared.seqs[i] for i in group], head)
-                for group in budget_groups(lengths, self.limits.chunk_tokens)
+                for group in budget_groups(lengths, self.limits.part_tokens)
             ]
         )
         return prepared.finish(rows, job.head), num_tokens
@@ -139,7 +139,7 @@ class Pipeline:
                     None,  # raw: one float32 logit per pair, activated here
                     second_segment=[seconds[i] for i in group],
                 )
-                for group in budget_groups(lengths, self.limits.chunk_tokens)
+                for group in budget_groups(lengths, self.limits.part_tokens)
             ]
         )
         raw = rows[:, 0]
@@ -184,10 +184,10 @@ class Pipeline:
         if len(calls) == 1:
             return await calls[0]()
         parts: list[np.ndarray | None] = [None] * len(calls)
-        window = asyncio.Semaphore(self.limits.parts_in_flight)
+        in_flight = asyncio.Semaphore(self.limits.parts_in_flight)
 
         async def run(i: int) -> None:
-            async with window:
+            async with in_flight:
                 parts[i] = await calls[i]()
 
         try:
@@ -225,7 +225,7 @@ class Pipeline:
         num_tokens = sum(lengths)
         self._check_size(num_tokens)
         calls = []
-        for group in budget_groups(lengths, self.limits.chunk_tokens):  # whole documents
+        for group in budget_groups(lengths, self.limits.part_tokens):  # whole documents
             part = [plans[d] for d in group]
             spans = packed_spans(part)
             calls.append(

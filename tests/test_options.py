@@ -61,6 +61,19 @@ def test_gateway_flags_round_trip_through_argv() -> None:
         parse(GatewayConfig, [])
 
 
+def test_part_tokens_keeps_its_old_name_chunk_tokens_as_a_deprecated_alias(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    new = GatewayConfig.from_args(parse(GatewayConfig, ["--replica", "a:1", "--part-tokens", "64"]))
+    assert capsys.readouterr().err == ""
+    old = GatewayConfig.from_args(
+        parse(GatewayConfig, ["--replica", "a:1", "--chunk-tokens", "64"])
+    )
+    assert "--chunk-tokens is deprecated; use --part-tokens" in capsys.readouterr().err
+    assert old == new and new.part_tokens == 64
+    assert new.to_argv() == ["--replica", "a:1", "--part-tokens", "64"]  # the new name out
+
+
 def test_the_batch_budget_defaults_to_the_engines() -> None:
     server = ServerConfig()
     assert server.scheduler(8192) == SchedulerConfig(8192, SchedulerConfig.max_queued_tokens)
@@ -77,7 +90,7 @@ def test_the_batch_budget_defaults_to_the_engines() -> None:
         (lambda: ServerConfig(batch_wait_ms=-1), "batch_wait_ms must be >= 0"),
         (lambda: GatewayConfig(replicas=()), "at least one --replica"),
         (lambda: GatewayConfig(replicas=("nohost",)), "HOST:PORT"),
-        (lambda: GatewayConfig(replicas=("a:1",), chunk_tokens=0), "chunk_tokens must be positive"),
+        (lambda: GatewayConfig(replicas=("a:1",), part_tokens=0), "part_tokens must be positive"),
         (lambda: ServeConfig(num_replicas=-1), "--replicas must be 0"),
     ],
 )

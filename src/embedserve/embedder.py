@@ -17,6 +17,7 @@ import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: befo
 from embedserve.core.budget import budget_groups, split_rows
 from embedserve.core.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
+from embedserve.core.outputs import Head
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
@@ -133,6 +134,22 @@ class Embedder:
             instruction=instruction,
             truncate=truncate,
         )
+        return self.encode_checked(
+            inputs, options, head, batch_tokens=batch_tokens, show_progress=show_progress
+        )
+
+    def encode_checked(
+        self,
+        inputs: str | Sequence[str] | Sequence[Sequence[int]],
+        options: InputOptions,
+        head: Head,
+        *,
+        batch_tokens: int | None = None,
+        show_progress: bool = False,
+    ) -> np.ndarray:
+        """`encode` with options and a head the request core checked already
+        (`InputPreparer.options` and `.head`): what a plan of the core (`pairs.plan_cosine`)
+        hands over."""
         batch_tokens = self._batch_tokens(batch_tokens)
         pieces = self._overlap_pieces(inputs)
         if pieces is not None:
@@ -217,7 +234,7 @@ class Embedder:
         for group in budget_groups([len(p.ids) for p in plans], budget):
             batch_plans = [plans[d] for d in group]
             batch = PackedBatch.from_token_lists([p.ids for p in batch_plans])
-            spans = np.asarray(packed_spans(batch_plans), dtype=np.int64)
+            spans = packed_spans(batch_plans)
             rows = self.engine.embed_spans(batch, spans)
             out += split_rows(head.apply(rows), [len(p.spans) for p in batch_plans])
         return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import types
 import typing
 from collections.abc import Collection, Sequence
@@ -32,12 +33,21 @@ def option(
     choices: Sequence[str] | None = None,
     flag: str | None = None,
     metavar: str | None = None,
+    aliases: Sequence[str] = (),
 ) -> Any:
     """A config field that is also a flag: `--<flag>` (default: the field's name, dashed).
 
     No default: a required flag. A `tuple[...]` field is a repeatable flag; a `bool` one a switch.
+    `aliases`: old names of a (single-valued) flag that still work, with a deprecation note on
+    stderr when used.
     """
-    metadata = {"help": help, "choices": choices, "flag": flag, "metavar": metavar}
+    metadata = {
+        "help": help,
+        "choices": choices,
+        "flag": flag,
+        "metavar": metavar,
+        "aliases": tuple(aliases),
+    }
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -48,6 +58,22 @@ def model_option() -> Any:
 
 def drain_option() -> Any:
     return option(30.0, "on SIGTERM / Ctrl-C, how long in-flight requests may take (s)")
+
+
+class _RenamedFlag(argparse.Action):
+    """Stores a value like argparse's default action, and says so when an old name was used."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        current = self.option_strings[0]
+        if option_string is not None and option_string != current:
+            print(f"embedserve: {option_string} is deprecated; use {current}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 class Options:
@@ -86,7 +112,12 @@ class Options:
                 else:
                     kw["default"] = None if f.default is dataclasses.MISSING else f.default
             kw["required"] = f.default is dataclasses.MISSING
-            parser.add_argument(_flag(f), **kw)
+            aliases = [f"--{a}" for a in f.metadata.get("aliases", ())]
+            if aliases:
+                if kind is bool or repeated:
+                    raise TypeError(f"{f.name}: only a single-valued flag takes aliases")
+                kw["action"] = _RenamedFlag
+            parser.add_argument(_flag(f), *aliases, **kw)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **overrides: Any) -> Self:

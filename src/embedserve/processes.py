@@ -1,6 +1,8 @@
-"""A child process we start, watch for a ready line and stop: one helper for `embedserve serve`,
-the benchmarks and the end-to-end tests.
+"""A child process we start, wait for until it is ready, and stop: one helper for `embedserve
+serve`, the benchmarks and the end-to-end tests.
 
+A child tells us it is ready in a small JSON file (`write_ready` there, `Child.wait_ready` here):
+its address and budgets as values, not a log line to parse, so the human log can say anything.
 The child runs in its own session (a terminal's Ctrl-C reaches only us, and we stop children in
 order), gets SIGTERM when we die (Linux), and has its output read line by line on a thread: kept
 for `wait_for` and, when asked, relayed to one of our streams. `stop()` sends the child SIGTERM (a
@@ -11,15 +13,24 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+T = TypeVar("T")
+
+# The file a child writes its ready record to (`write_ready`), named by the parent (`Child`).
+READY_FILE_ENV = "EMBEDSERVE_READY_FILE"
 
 
 def say(message: str, *, err: bool = False) -> None:
@@ -48,8 +59,25 @@ def set_parent_death_signal() -> None:
         pass
 
 
+def write_ready(record: dict[str, Any]) -> None:
+    """Tell the process that started us we are ready: `record` (JSON values) in the file it
+    named in $EMBEDSERVE_READY_FILE; nothing when it named none (started by hand).
+
+    Written to a temporary file and renamed over the name, so the parent never reads half a
+    record. The variable is dropped once used: a process we start is not the one being waited on.
+    """
+    path = os.environ.pop(READY_FILE_ENV, None)
+    if not path:
+        return
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w") as f:
+        json.dump(record, f)
+    os.replace(partial, path)
+
+
 class Child:
-    """A started command; `wait_for(pattern)` waits for an output line that matches."""
+    """A started command; `wait_ready()` waits for its ready record (`write_ready`),
+    `wait_for(pattern)` for an output line that matches."""
 
     def __init__(
         self, argv: Sequence[str], *, name: str | None = None, relay: TextIO | None = None
@@ -61,13 +89,17 @@ class Child:
         self._keep = True
         self._exited = False
         self._changed = threading.Condition()
+        self._ready_dir = Path(tempfile.mkdtemp(prefix="embedserve-ready-"))
+        self.ready_file = self._ready_dir / "ready.json"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines as they are printed
+        env[READY_FILE_ENV] = str(self.ready_file)  # ours, not one our own parent gave us
         self.proc = subprocess.Popen(
             self.argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},  # lines as they are printed
+            env=env,
             start_new_session=True,
             preexec_fn=set_parent_death_signal,
         )
@@ -87,6 +119,27 @@ class Child:
             self._exited = True
             self._changed.notify_all()
 
+    def wait_ready(
+        self, timeout: float = 120.0, *, cancel: threading.Event | None = None
+    ) -> dict[str, Any]:
+        """The record the child wrote with `write_ready` once it was ready.
+
+        RuntimeError if the child exits first, TimeoutError after `timeout` seconds,
+        KeyboardInterrupt soon after `cancel` is set.
+        """
+
+        def written() -> dict[str, Any] | None:
+            try:
+                record: dict[str, Any] = json.loads(self.ready_file.read_text())
+            except FileNotFoundError:
+                return None
+            return record
+
+        # the file comes with no output line to wake us: look again every 50 ms
+        record = self._wait(written, "being ready", "was not ready", timeout, cancel, poll=0.05)
+        self._forget_ready_file()
+        return record
+
     def wait_for(
         self,
         pattern: str | re.Pattern[str],
@@ -101,28 +154,52 @@ class Child:
         KeyboardInterrupt soon after `cancel` is set.
         """
         regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
         i = start
+
+        def matched() -> re.Match[str] | None:
+            nonlocal i
+            while i < len(self.lines):
+                if m := regex.search(self.lines[i]):
+                    return m
+                i += 1
+            return None
+
+        shown = f"printing {regex.pattern!r}"
+        return self._wait(matched, shown, f"did not print {regex.pattern!r}", timeout, cancel)
+
+    def _wait(
+        self,
+        found: Callable[[], T | None],
+        before: str,
+        did_not: str,
+        timeout: float,
+        cancel: threading.Event | None,
+        poll: float | None = None,
+    ) -> T:
+        """`found()` once it is not None, looked at on every output line (and every `poll` s)."""
+        deadline = time.monotonic() + timeout
+        if cancel is not None:
+            poll = min(poll or 0.1, 0.1)
         with self._changed:
             while True:
-                while i < len(self.lines):
-                    if m := regex.search(self.lines[i]):
-                        return m
-                    i += 1
+                if (result := found()) is not None:
+                    return result
                 if self._exited:
                     raise RuntimeError(
-                        f"{self.name} exited (code {self._exit_code()}) before printing "
-                        f"{regex.pattern!r}" + self._output_for_errors()
+                        f"{self.name} exited (code {self._exit_code()}) before {before}"
+                        + self._output_for_errors()
                     )
                 if cancel is not None and cancel.is_set():
                     raise KeyboardInterrupt
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(
-                        f"{self.name} did not print {regex.pattern!r} within {timeout:g} s"
-                        + self._output_for_errors()
+                        f"{self.name} {did_not} within {timeout:g} s" + self._output_for_errors()
                     )
-                self._changed.wait(min(left, 0.1) if cancel is not None else left)
+                self._changed.wait(left if poll is None else min(left, poll))
+
+    def _forget_ready_file(self) -> None:
+        shutil.rmtree(self._ready_dir, ignore_errors=True)
 
     def _exit_code(self) -> int | None:
         try:
@@ -153,6 +230,8 @@ class Child:
         except subprocess.TimeoutExpired:
             self.kill()
             return self.proc.returncode
+        finally:
+            self._forget_ready_file()
 
     def kill(self) -> None:
         """SIGKILL of the child's whole process group (it leads it): no drain, no goodbye."""
@@ -160,6 +239,7 @@ class Child:
             with contextlib.suppress(ProcessLookupError):  # exited meanwhile
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        self._forget_ready_file()
 
 
 def descendants(pid: int) -> set[int]:

@@ -9,6 +9,7 @@ batches and the engine's graphs like embeddings do.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +21,10 @@ import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: befo
 from embedserve.core.pairs import (
     PairPreparer,
     check_top_n,
-    cosine_scores,
+    plan_cosine,
     ranked,
     read_documents,
-    read_text,
+    scoring_kind,
 )
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.embedder import Embedder, run_batches
@@ -76,10 +77,8 @@ class Scorer:
 
     @property
     def kind(self) -> str:
-        """cross-encoder, llm-reranker or bi-encoder."""
-        if self.spec.score is None:
-            return "bi-encoder"
-        return "cross-encoder" if self.spec.score.kind == "classifier" else "llm-reranker"
+        """cross-encoder, llm-reranker or bi-encoder (`pairs.scoring_kind`)."""
+        return scoring_kind(self.spec)
 
     def score(
         self,
@@ -106,14 +105,18 @@ class Scorer:
                 raise InputError(
                     "raw scores are a reranker's logits; an embedding model has none", param="raw"
                 )
-            query = read_text(query, "query")
-            docs = read_documents(documents)
-            options: dict[str, Any] = {"truncate": truncate, "batch_tokens": budget}
-            q = self.embedder.encode(
-                [query], input_type="query", instruction=instruction, **options
+            plan = plan_cosine(
+                self.embedder.inputs,
+                query,
+                documents,
+                truncate=truncate,
+                instruction=instruction,
             )
-            d = self.embedder.encode(docs, input_type="document", **options)
-            return cosine_scores(q[0], d)
+            embed = functools.partial(self.embedder.encode_checked, batch_tokens=budget)
+            return plan.scores(
+                embed([plan.query], plan.query_options, plan.head),
+                embed(plan.documents, plan.document_options, plan.head),
+            )
         prepared = self.pairs.prepare(query, documents, truncate=truncate, instruction=instruction)
         logits = run_batches(
             self.engine, prepared.seqs, budget, second_segment=prepared.second_segment

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedserve.core.budget import budget_groups, split_rows
+from embedserve.core.budget import budget_groups, shift_spans, split_rows
 
 
 def groups(sizes: list[int], budget: int) -> list[list[int]]:
@@ -45,3 +45,12 @@ def test_split_rows() -> None:
     np.testing.assert_array_equal(np.concatenate(parts), rows)
     with pytest.raises(RuntimeError, match="got 6 rows for 5 expected"):
         split_rows(rows, [5])
+
+
+def test_spans_shift_by_the_pieces_before_them() -> None:
+    alone = np.array([[0, 2], [1, 3]], dtype=np.int64)
+    assert shift_spans([alone], [4]).tolist() == alone.tolist()  # one piece: nothing moves
+    shifted = shift_spans([alone, [(0, 1)], [(2, 3)]], [4, 2, 5])
+    assert shifted.tolist() == [[0, 2], [1, 3], [4, 5], [8, 9]]
+    with pytest.raises(ValueError, match="2 span lists for 1 pieces"):
+        shift_spans([alone, alone], [4])

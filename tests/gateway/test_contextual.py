@@ -36,7 +36,7 @@ class SpanEcho:
 
 @pytest.fixture
 def pipeline(inputs: InputPreparer) -> Pipeline:
-    limits = PipelineLimits(max_tokens_per_request=1000, chunk_tokens=24)
+    limits = PipelineLimits(max_tokens_per_request=1000, part_tokens=24)
     return Pipeline(inputs, SpanEcho(), limits)  # type: ignore[arg-type]
 
 
@@ -105,7 +105,7 @@ def test_a_document_over_the_limit_is_400(pipeline: Pipeline) -> None:
 
 
 def test_a_request_over_the_token_limit_is_400(pipeline: Pipeline) -> None:
-    pipeline.limits = PipelineLimits(max_tokens_per_request=500, chunk_tokens=24)
+    pipeline.limits = PipelineLimits(max_tokens_per_request=500, part_tokens=24)
     job = parse_contextual({"input": [["word " * 200]] * 3}, LIMITS, pipeline.inputs)
     with pytest.raises(ApiError) as e:
         asyncio.run(pipeline.contextual(job))

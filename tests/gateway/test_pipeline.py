@@ -55,7 +55,7 @@ def job(num_inputs: int) -> EmbedJob:
 
 def test_parts_are_bounded_in_flight_and_come_back_in_order(inputs: InputPreparer) -> None:
     replicas = CountingReplicas()
-    limits = PipelineLimits(max_tokens_per_request=10_000, chunk_tokens=6, parts_in_flight=2)
+    limits = PipelineLimits(max_tokens_per_request=10_000, part_tokens=6, parts_in_flight=2)
     pipeline = Pipeline(inputs, replicas, limits)  # type: ignore[arg-type]
     rows, num_tokens = asyncio.run(pipeline.embed(job(20)))
     assert num_tokens == 60 and replicas.calls == 10  # 2 inputs per 6-token part
@@ -65,7 +65,7 @@ def test_parts_are_bounded_in_flight_and_come_back_in_order(inputs: InputPrepare
 
 def test_a_failed_part_cancels_the_others_and_sends_no_more(inputs: InputPreparer) -> None:
     replicas = CountingReplicas(fail_on_call=2)
-    limits = PipelineLimits(max_tokens_per_request=10_000, chunk_tokens=6, parts_in_flight=2)
+    limits = PipelineLimits(max_tokens_per_request=10_000, part_tokens=6, parts_in_flight=2)
     pipeline = Pipeline(inputs, replicas, limits)  # type: ignore[arg-type]
     with pytest.raises(ApiError, match="replica went away"):
         asyncio.run(pipeline.embed(job(20)))

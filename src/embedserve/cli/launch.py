@@ -1,8 +1,9 @@
 """`embedserve serve | server | gateway`: starting the serving processes.
 
 `server` runs one gRPC server (one engine), `gateway` the HTTP front for one or more servers, and
-`serve` both on one machine: it starts `--replicas` server processes, waits until each is ready,
-starts the gateway in front of them, and on Ctrl-C / SIGTERM stops the gateway first (it drains
+`serve` both on one machine: it starts `--replicas` server processes, waits until each is ready
+(its ready record: address and batch budget, `processes.write_ready`), starts the gateway in
+front of them, and on Ctrl-C / SIGTERM stops the gateway first (it drains
 in-flight requests) and then the servers.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import sys
 import threading
@@ -19,12 +19,10 @@ from dataclasses import dataclass, replace
 
 from embedserve.gateway.main import GatewayConfig
 from embedserve.options import Options, option
-from embedserve.processes import Child, say
+from embedserve.processes import Child, say, write_ready
 from embedserve.server.main import ServerConfig
 
-SERVER_READY = re.compile(r"embedserve server: ready on (\S+):(\d+) .*batch tokens (\d+)")
 MAX_RESTARTS_PER_MINUTE = 3
-GATEWAY_READY = re.compile(r"embedserve gateway: listening on (\S+) ")
 
 
 @dataclass(frozen=True)
@@ -150,25 +148,26 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         servers = [start_server(i) for i in range(len(configs))]
         addresses, budgets = [], []
-        for s in servers:
-            m = s.wait_for(SERVER_READY, 600, cancel=stop_requested)
+        for s in servers:  # each server's ready record (`server.main.serve`)
+            ready = s.wait_ready(600, cancel=stop_requested)
             s.forget_output()
-            addresses.append(f"{m.group(1)}:{m.group(2)}")
-            budgets.append(int(m.group(3)))
+            addresses.append(str(ready["address"]))
+            budgets.append(int(ready["max_batch_tokens"]))
         # A restarted server takes the same port: the gateway's health checks take it back.
         configs = [
             replace(c, port=int(a.rsplit(":", 1)[1]))
             for c, a in zip(configs, addresses, strict=True)
         ]
         gateway = replace(gateway, replicas=tuple(addresses))
-        if gateway.chunk_tokens is None:  # a part of a request is one batch of the servers'
-            gateway = replace(gateway, chunk_tokens=min(budgets))
+        if gateway.part_tokens is None:  # a part of a request is one batch of the servers'
+            gateway = replace(gateway, part_tokens=min(budgets))
         gateway_proc = Child(
             [*cli, "gateway", *gateway.to_argv()], name="gateway", relay=sys.stderr
         )
-        url = gateway_proc.wait_for(GATEWAY_READY, 120, cancel=stop_requested).group(1)
+        url = str(gateway_proc.wait_ready(120, cancel=stop_requested)["url"])
         gateway_proc.forget_output()
         say(f"embedserve: serving {gateway.model} at {url}")
+        write_ready({"url": url, "replicas": addresses})
         restarts: list[list[float]] = [[] for _ in servers]
         while not stop_requested.wait(0.2):
             if gateway_proc.proc.poll() is not None:

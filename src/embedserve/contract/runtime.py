@@ -20,6 +20,7 @@ MESSAGES: dict[str, list[tuple[str, str, bool]]] = {
         ("output_dtype", "string", False),
         ("span_bounds", "uint32", True),
         ("second_segment", "uint32", True),
+        ("raw", "bool", False),
     ],
     "EmbedResponse": [
         ("embeddings", "bytes", False),

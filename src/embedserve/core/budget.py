@@ -2,13 +2,15 @@
 
 The offline API groups inputs into engine batches, the gateway groups a request's sequences into
 server calls, and the server's queue groups requests into batches: all by `budget_groups`. Each
-then hands every caller its own rows with `split_rows`.
+then hands every caller its own rows with `split_rows`; late-chunking spans follow their pieces
+into the packing with `shift_spans`.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,3 +40,22 @@ def split_rows(rows: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
     if int(bounds[-1]) != rows.shape[0]:
         raise RuntimeError(f"got {rows.shape[0]} rows for {int(bounds[-1])} expected")
     return [rows[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def shift_spans(spans: Sequence[Any], lengths: Sequence[int]) -> np.ndarray:
+    """[K, 2] int64: each piece's [start, end) token spans (relative to the piece) moved to where
+    the piece's tokens sit once the pieces are packed back to back in this order.
+
+    The one place spans are shifted, at both packings: the gateway's documents into one server
+    call (`chunking.packed_spans`) and the server's requests into one batch (`scheduler`).
+    """
+    if len(spans) != len(lengths):
+        raise ValueError(f"{len(spans)} span lists for {len(lengths)} pieces")
+    if len(spans) == 1:  # one piece (one document, one request): nothing moves
+        return np.asarray(spans[0], dtype=np.int64).reshape(-1, 2)
+    offsets = np.cumsum([0, *lengths[:-1]], dtype=np.int64)
+    moved = [
+        np.asarray(s, dtype=np.int64).reshape(-1, 2) + o
+        for s, o in zip(spans, offsets, strict=True)
+    ]
+    return np.concatenate(moved)

@@ -17,7 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from tokenizers import Encoding
+
+from embedserve.core.budget import shift_spans
 
 MAX_CHUNKS_PER_DOCUMENT = 1024
 DEFAULT_SEPARATOR = " "
@@ -58,14 +61,11 @@ def plan_document(encoding: Encoding, char_ranges: Sequence[tuple[int, int]]) ->
     return DocumentPlan(list(encoding.ids), spans)
 
 
-def packed_spans(plans: Sequence[DocumentPlan]) -> list[tuple[int, int]]:
-    """Every chunk span of `plans`, as token offsets once their documents are packed back to
-    back in this order (what the server's `span_bounds` and `Engine.embed_spans` take)."""
-    out, offset = [], 0
-    for plan in plans:
-        out += [(start + offset, end + offset) for start, end in plan.spans]
-        offset += len(plan.ids)
-    return out
+def packed_spans(plans: Sequence[DocumentPlan]) -> np.ndarray:
+    """[K, 2] int64: every chunk span of `plans`, as token offsets once their documents are
+    packed back to back in this order (what the server's `span_bounds` and `Engine.embed_spans`
+    take)."""
+    return shift_spans([p.spans for p in plans], [len(p.ids) for p in plans])
 
 
 def split_windows(
@@ -87,13 +87,13 @@ def split_windows(
     trail = n
     while trail > lead and special[trail - 1]:
         trail -= 1
-    head, tail = [*ids[:lead], *prompt_ids], ids[trail:]
+    prefix, suffix = [*ids[:lead], *prompt_ids], ids[trail:]  # in every window
     content = ids[lead:trail]
-    width = max_length - len(head) - len(tail)
+    width = max_length - len(prefix) - len(suffix)
     if width <= 0:
         raise ValueError(
-            f"the prompt and special tokens take {len(head) + len(tail)} of the "
+            f"the prompt and special tokens take {len(prefix) + len(suffix)} of the "
             f"{max_length} tokens a window may have"
         )
-    windows = [head + content[i : i + width] + tail for i in range(0, len(content), width)]
-    return windows or [head + tail], len(head) + len(tail)
+    windows = [prefix + content[i : i + width] + suffix for i in range(0, len(content), width)]
+    return windows or [prefix + suffix], len(prefix) + len(suffix)

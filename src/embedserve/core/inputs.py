@@ -29,13 +29,7 @@ from embedserve.core.chunking import (
     plan_document,
     split_windows,
 )
-from embedserve.core.outputs import (
-    OUTPUT_DTYPES,
-    apply_output,
-    check_dimensions,
-    check_output_dtype,
-    min_dimensions,
-)
+from embedserve.core.outputs import Head, check_head
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong, InputTypeError, shown
 from embedserve.loading.spec import ModelSpec
@@ -44,20 +38,6 @@ Truncate = Literal[False, "end", "start", "chunk"]
 INPUT_TYPES = ("query", "document")
 # Qwen3-Embedding's instruction format for queries; documents take no instruction
 INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery:"
-
-
-@dataclass(frozen=True)
-class Head:
-    """The output head of one request: truncate to `dimensions`, normalize, encode."""
-
-    dimensions: int
-    normalize: bool
-    output_dtype: str
-    rules: str = "generic"  # the model's output rules (see `outputs`)
-
-    def apply(self, pooled: np.ndarray) -> np.ndarray:
-        """[rows, hidden] float32 pooled vectors -> [rows, width] encoded."""
-        return apply_output(pooled, self.dimensions, self.normalize, self.output_dtype, self.rules)
 
 
 @dataclass(frozen=True)
@@ -78,6 +58,15 @@ class PreparedInputs:
     windows_per_input: list[int] | None = None
     window_weights: list[int] | None = None
 
+    def model_side_head(self, head: Head) -> Head | None:
+        """The head whoever runs the model applies: the request's own, or None (the raw pooled
+        rows) when windows must be averaged before it; `finish` does the rest."""
+        return head if self.windows_per_input is None else None
+
+    def finish(self, rows: np.ndarray, head: Head) -> np.ndarray:
+        """The answer [num_inputs, width] from the rows returned under `model_side_head(head)`."""
+        return rows if self.windows_per_input is None else head.apply(self.combine(rows))
+
     def combine(self, pooled: np.ndarray) -> np.ndarray:
         """[num_seqs, hidden] pooled rows -> [num_inputs, hidden]: windows averaged."""
         if self.windows_per_input is None:
@@ -94,40 +83,6 @@ def _is_sequence(x: Any) -> bool:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def check_head(
-    hidden_size: int, rules: str, dimensions: Any, normalize: Any, output_dtype: Any
-) -> Head:
-    """A checked head: `dimensions` None means all of them, `normalize` None means True."""
-    if dimensions is not None and not _is_int(dimensions):
-        raise InputTypeError(
-            f"dimensions must be an integer, got {type(dimensions).__name__}", param="dimensions"
-        )
-    try:
-        minimum = min_dimensions(rules, hidden_size)
-        dims = check_dimensions(
-            None if dimensions is None else int(dimensions), hidden_size, minimum
-        )
-    except ValueError as e:
-        raise InputError(str(e), param="dimensions") from None
-    if normalize is None:
-        normalize = True
-    if not isinstance(normalize, bool):
-        raise InputTypeError(
-            f"normalize must be a boolean, got {type(normalize).__name__}", param="normalize"
-        )
-    if not isinstance(output_dtype, str):
-        raise InputTypeError(
-            f"output_dtype must be a string, got {type(output_dtype).__name__}",
-            param="output_dtype",
-        )
-    try:
-        check_output_dtype(output_dtype, dims)
-    except ValueError as e:  # an unknown dtype, or binary with dimensions not a multiple of 8
-        param = "output_dtype" if output_dtype not in OUTPUT_DTYPES else "dimensions"
-        raise InputError(str(e), param=param) from None
-    return Head(dims, normalize, output_dtype, rules)
 
 
 class InputPreparer:
@@ -358,10 +313,10 @@ class InputPreparer:
                 counts.append(1)
                 weights.append(1)
                 continue
-            parts, overhead = split_windows(alone[i], prompt_ids, limit)
-            seqs += parts
-            counts.append(len(parts))
-            weights += [len(p) - overhead for p in parts]
+            windows, overhead = split_windows(alone[i], prompt_ids, limit)
+            seqs += windows
+            counts.append(len(windows))
+            weights += [len(w) - overhead for w in windows]
         return PreparedInputs(seqs, single, counts, weights)
 
     # -- late chunking --------------------------------------------------------------------

@@ -35,14 +35,22 @@ if smaller).
 | ubinary   | uint8    | the same bytes                                                         |
 
 float32 and float16 are the same under both rules. `apply_output` applies the head and the
-encoding under either set of rules.
+encoding under either set of rules; a request's `Head` (checked once by `check_head`, wherever it
+arrives: the offline API, the gateway, or a server decoding the wire) carries them.
+
+NOTE: `Head` lives here, not with the inputs, so a server (which needs the head but never
+tokenizes) reaches the request core through this NumPy-only module alone.
 """
 
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from embedserve.errors import InputError, InputTypeError
 
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 OUTPUT_RULES: tuple[str, ...] = ("generic", "pplx")
@@ -127,6 +135,58 @@ def apply_output(
     if rules == "pplx":
         return encode_pplx(np.ascontiguousarray(pooled[:, :dimensions]), output_dtype)
     raise ValueError(f"output rules {rules!r} are not one of {', '.join(OUTPUT_RULES)}")
+
+
+@dataclass(frozen=True)
+class Head:
+    """The output head of one request: truncate to `dimensions`, normalize, encode."""
+
+    dimensions: int
+    normalize: bool
+    output_dtype: str
+    rules: str = "generic"  # the model's output rules (see `outputs`)
+
+    def apply(self, pooled: np.ndarray) -> np.ndarray:
+        """[rows, hidden] float32 pooled vectors -> [rows, width] encoded."""
+        return apply_output(pooled, self.dimensions, self.normalize, self.output_dtype, self.rules)
+
+
+def check_head(
+    hidden_size: int, rules: str, dimensions: Any, normalize: Any, output_dtype: Any
+) -> Head:
+    """A checked head: `dimensions` None means all of them, `normalize` None means True."""
+    if dimensions is not None and not _is_integer(dimensions):
+        raise InputTypeError(
+            f"dimensions must be an integer, got {type(dimensions).__name__}", param="dimensions"
+        )
+    try:
+        minimum = min_dimensions(rules, hidden_size)
+        dims = check_dimensions(
+            None if dimensions is None else int(dimensions), hidden_size, minimum
+        )
+    except ValueError as e:
+        raise InputError(str(e), param="dimensions") from None
+    if normalize is None:
+        normalize = True
+    if not isinstance(normalize, bool):
+        raise InputTypeError(
+            f"normalize must be a boolean, got {type(normalize).__name__}", param="normalize"
+        )
+    if not isinstance(output_dtype, str):
+        raise InputTypeError(
+            f"output_dtype must be a string, got {type(output_dtype).__name__}",
+            param="output_dtype",
+        )
+    try:
+        check_output_dtype(output_dtype, dims)
+    except ValueError as e:  # an unknown dtype, or binary with dimensions not a multiple of 8
+        param = "output_dtype" if output_dtype not in OUTPUT_DTYPES else "dimensions"
+        raise InputError(str(e), param=param) from None
+    return Head(dims, normalize, output_dtype, rules)
+
+
+def _is_integer(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def to_base64(row: np.ndarray) -> str:

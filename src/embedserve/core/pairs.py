@@ -13,6 +13,10 @@ rerank`) hands the caller's values to one `PairPreparer`. No torch: the gateway 
 An over-long pair is an error naming the document, unless `truncate` is "end" (keep the
 document's beginning) or "start" (keep its end). The query is never cut: a query too long to
 pair with even one document token is an error.
+
+An embedding model scores too, as a bi-encoder (`plan_cosine`): the query and the documents are
+embedded apart, each with its prompt, and scored by the cosine of their vectors. `scoring_kind`
+names which of the three a model is.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.core.inputs import InputOptions, InputPreparer
+from embedserve.core.outputs import Head
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.errors import InputError, InputTooLong, InputTypeError, shown
 from embedserve.loading.spec import ModelSpec
@@ -35,6 +41,9 @@ RERANK_SYSTEM = (
 RERANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 RERANK_BODY = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: "
+
+# How a model scores: cosine of its embeddings, or one forward per pair (`spec.ScoreSpec.kind`)
+SCORING_KINDS = ("bi-encoder", "cross-encoder", "llm-reranker")
 
 PAIR_TRUNCATE_ADVICE = (
     'shorten it or pass truncate "end" (keep the document\'s beginning) or "start" (keep its '
@@ -174,10 +183,10 @@ class PairPreparer:
         self, query: str, docs: list[str], truncate: Any, instruction: str
     ) -> PreparedPairs:
         limit = self.max_length
-        head = RERANK_BODY.format(instruction=instruction, query=query)
+        prompt = RERANK_BODY.format(instruction=instruction, query=query)  # before each document
         system = self.tokenizer.encode_plain(RERANK_SYSTEM)
         suffix = self.tokenizer.encode_plain(RERANK_SUFFIX)
-        bodies = self.tokenizer.encode_plain_batch([head + d for d in docs])
+        bodies = self.tokenizer.encode_plain_batch([prompt + d for d in docs])
         room = limit - len(system) - len(suffix)
         seqs = []
         for i, body in enumerate(bodies):
@@ -186,7 +195,7 @@ class PairPreparer:
                 self._too_long(i, n, truncate)
                 # NOTE: "end" cuts the joint text's tokens, as Qwen3-Reranker's own code does;
                 # "start" keeps the query part whole and the document's last tokens
-                query_part = self.tokenizer.encode_plain(head.rstrip(" "))
+                query_part = self.tokenizer.encode_plain(prompt.rstrip(" "))
                 if len(query_part) >= room:
                     raise self._query_too_long(len(system) + len(query_part) + len(suffix))
                 if truncate == "end":
@@ -216,3 +225,46 @@ def cosine_scores(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
     d = np.asarray(documents, dtype=np.float64)
     den = np.maximum(np.linalg.norm(d, axis=1) * np.linalg.norm(q), 1e-300)
     return (d @ q / den).astype(np.float32)
+
+
+def scoring_kind(spec: ModelSpec) -> str:
+    """Which of `SCORING_KINDS` a model is (what `Scorer.kind` and the gateway report)."""
+    if spec.score is None:
+        return "bi-encoder"
+    return "cross-encoder" if spec.score.kind == "classifier" else "llm-reranker"
+
+
+@dataclass(frozen=True)
+class CosinePlan:
+    """A bi-encoder's scoring of documents for one query: what to embed, how, and the scores.
+
+    The query is embedded with the folder's query prompt (or Qwen3's `instruction` format), the
+    documents with its document prompt, both as unit float32 vectors whatever the folder's
+    native output; the caller runs the two embeddings (in process or through servers) and
+    hands their rows to `scores`.
+    """
+
+    query: str
+    documents: list[str]
+    query_options: InputOptions
+    document_options: InputOptions
+    head: Head
+
+    def scores(self, query_rows: np.ndarray, document_rows: np.ndarray) -> np.ndarray:
+        """[N] float32: the one query row [1, H] against each document row [N, H]."""
+        return cosine_scores(query_rows[0], document_rows)
+
+
+def plan_cosine(
+    inputs: InputPreparer, query: Any, documents: Any, *, truncate: Any, instruction: Any
+) -> CosinePlan:
+    """The checked plan of a bi-encoder's scores (see `CosinePlan`)."""
+    query = read_text(query, "query")  # as a reranker's pairs check it
+    docs = read_documents(documents)
+    return CosinePlan(
+        query,
+        docs,
+        inputs.options(input_type="query", instruction=instruction, truncate=truncate),
+        inputs.options(input_type="document", truncate=truncate),
+        inputs.head(normalize=True, output_dtype="float32"),
+    )

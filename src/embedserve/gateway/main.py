@@ -29,7 +29,7 @@ from embedserve.contract.secret import read_secret
 from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.core.inputs import InputPreparer
 from embedserve.core.outputs import min_dimensions
-from embedserve.core.pairs import PairPreparer
+from embedserve.core.pairs import PairPreparer, scoring_kind
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.gateway.app import BODY_TIMEOUT, MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
@@ -41,10 +41,10 @@ from embedserve.loading.bundled import BUNDLED, resolve_model
 from embedserve.loading.hub import is_hub_id
 from embedserve.loading.spec import read_model_spec
 from embedserve.options import Options, drain_option, model_option, option
-from embedserve.processes import say, set_parent_death_signal
+from embedserve.processes import say, set_parent_death_signal, write_ready
 
 # Tokens per server call of a gateway started on its own (`serve` passes its servers' budget).
-DEFAULT_CHUNK_TOKENS = 8192
+DEFAULT_PART_TOKENS = 8192
 
 
 # NOTE: measured on the H200 host (16 cores, benchmarks/workers_gpu.py, alternating rounds):
@@ -97,10 +97,12 @@ class GatewayConfig(Options):
         MAX_CHUNKS_PER_DOCUMENT, "chunks per document of a contextualized-embeddings request"
     )
     max_tokens_per_request: int = option(300_000, "real tokens per request")
-    chunk_tokens: int | None = option(
+    part_tokens: int | None = option(
         None,
-        "split requests into parts of at most this many tokens (default: with serve, the "
-        f"servers' batch budget; a gateway started alone, {DEFAULT_CHUNK_TOKENS})",
+        "split requests into parts (server calls) of at most this many tokens (default: with "
+        f"serve, the servers' batch budget; a gateway started alone, {DEFAULT_PART_TOKENS}); "
+        "--chunk-tokens is its old, deprecated name",
+        aliases=("chunk-tokens",),
     )
     api_keys: tuple[str, ...] = option(
         (),
@@ -162,8 +164,8 @@ class GatewayConfig(Options):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
-        if self.chunk_tokens is not None and self.chunk_tokens <= 0:
-            raise ValueError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
+        if self.part_tokens is not None and self.part_tokens <= 0:
+            raise ValueError(f"part_tokens must be positive, got {self.part_tokens}")
 
     @property
     def host_names(self) -> frozenset[str]:
@@ -194,9 +196,6 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
     tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
     inputs = InputPreparer(spec, tokenizer)
     pairs = PairPreparer(spec, tokenizer) if spec.score is not None else None
-    scoring = "bi-encoder"
-    if spec.score is not None:
-        scoring = "cross-encoder" if spec.score.kind == "classifier" else "llm-reranker"
     limits = Limits(
         spec.hidden_size,
         config.max_inputs,
@@ -205,7 +204,7 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
         default_output_dtype=spec.default_output_dtype,
         max_chunks=config.max_chunks_per_document,
         task=spec.task,
-        scoring=scoring,
+        scoring=scoring_kind(spec),
     )
 
     def make_pipeline() -> Pipeline:  # inside the worker's event loop: grpc.aio channels
@@ -220,7 +219,7 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
             inputs,
             pool,
             PipelineLimits(
-                config.max_tokens_per_request, config.chunk_tokens or DEFAULT_CHUNK_TOKENS
+                config.max_tokens_per_request, config.part_tokens or DEFAULT_PART_TOKENS
             ),
             pairs,
         )
@@ -406,8 +405,9 @@ def _supervise(config: GatewayConfig) -> int:
     say(
         f"embedserve gateway: listening on {url} ({config.workers} worker"
         f"{'s' if config.workers > 1 else ''}, replicas {', '.join(config.replicas)}, "
-        f"parts of {config.chunk_tokens or DEFAULT_CHUNK_TOKENS} tokens)",
+        f"parts of {config.part_tokens or DEFAULT_PART_TOKENS} tokens)",
     )
+    write_ready({"url": url, "workers": config.workers})
     while any(w.is_alive() for w in workers):
         for w in workers:
             w.join(0.2)

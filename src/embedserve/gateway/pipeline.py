@@ -3,10 +3,10 @@
 The request core (`embedserve.core.inputs`) turns the request's values into checked token-id
 sequences; they are split into token-budget pieces (`budget.budget_groups`), each sent to the
 least loaded replica, and the encoded rows are put back in input order. Two kinds of request need
-the pooled vectors themselves before the head: `truncate: "chunk"` (windows averaged per input)
-asks the servers for raw float32 rows and applies the head here. Contextualized (late-chunking)
-requests send whole documents with their chunks' token spans (`span_bounds`) and get one row per
-span.
+the pooled rows themselves, before any head: `truncate: "chunk"` (windows averaged per input,
+then the head) and a reranker's scores (logits, then its activation) ask the servers for raw
+float32 rows (`contract.codec`). Contextualized (late-chunking) requests send whole documents
+with their chunks' token spans (`span_bounds`) and get one row per span.
 
 Preparing a large request (tokenization) runs on a thread pool so the event loop keeps serving
 other requests; a small one runs inline, where a thread hop would cost more than the work.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,12 +23,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from embedserve.contract import EmbedRequest
+from embedserve.contract.codec import WireError, decode_response, encode_request
 from embedserve.core.budget import budget_groups, split_rows
 from embedserve.core.chunking import packed_spans
-from embedserve.core.inputs import Head, InputOptions, InputPreparer
-from embedserve.core.outputs import sigmoid, to_base64
-from embedserve.core.pairs import PairPreparer, PreparedPairs, cosine_scores, read_text
+from embedserve.core.inputs import InputOptions, InputPreparer
+from embedserve.core.outputs import Head, sigmoid, to_base64
+from embedserve.core.pairs import PairPreparer, PreparedPairs, plan_cosine
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob
@@ -43,7 +42,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class PipelineLimits:
     max_tokens_per_request: int
-    chunk_tokens: int  # tokens per server call (a part of a request)
+    part_tokens: int  # tokens per server call (a part of a request)
     parts_in_flight: int = 2  # parts of one request outstanding at once (see `_fan_out`)
 
 
@@ -68,10 +67,6 @@ class Pipeline:
         cosine)."""
         self.inputs = inputs
         self.pairs = pairs
-        # windows are averaged before the head: for them, the servers answer pooled float32 rows
-        self.raw_head = Head(inputs.spec.hidden_size, False, "float32")
-        # a scoring model's servers answer one raw float32 score per pair
-        self.raw_score_head = Head(1, False, "float32")
         self.replicas = replicas
         self.limits = limits
         self._threads = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
@@ -107,16 +102,14 @@ class Pipeline:
         lengths = [len(s) for s in prepared.seqs]
         num_tokens = sum(lengths)
         self._check_size(num_tokens)
-        head = job.head if prepared.windows_per_input is None else self.raw_head
+        head = prepared.model_side_head(job.head)
         rows = await self._fan_out(
             [
                 functools.partial(self._embed_part, [prepared.seqs[i] for i in group], head)
-                for group in budget_groups(lengths, self.limits.chunk_tokens)
+                for group in budget_groups(lengths, self.limits.part_tokens)
             ]
         )
-        if prepared.windows_per_input is not None:
-            rows = job.head.apply(prepared.combine(rows))
-        return rows, num_tokens
+        return prepared.finish(rows, job.head), num_tokens
 
     async def score(self, job: ScoreJob) -> tuple[np.ndarray, int]:
         """One score per document [N] float32 in the job's order, and the prompt tokens."""
@@ -143,10 +136,10 @@ class Pipeline:
                 functools.partial(
                     self._embed_part,
                     [seqs[i] for i in group],
-                    self.raw_score_head,
+                    None,  # raw: one float32 logit per pair, activated here
                     second_segment=[seconds[i] for i in group],
                 )
-                for group in budget_groups(lengths, self.limits.chunk_tokens)
+                for group in budget_groups(lengths, self.limits.part_tokens)
             ]
         )
         raw = rows[:, 0]
@@ -157,24 +150,25 @@ class Pipeline:
         return pairs.activate(raw), num_tokens
 
     async def _cosine(self, job: ScoreJob) -> tuple[np.ndarray, int]:
-        """An embedding model's scores: the query (its query prompt) against each document (the
-        document prompt), cosine of unit vectors."""
+        """An embedding model's scores: the bi-encoder plan of the request core
+        (`pairs.plan_cosine`), its two embeddings through the servers."""
         if job.scores == "raw":
             raise bad_request(
                 "raw_scores are a reranker's logits; this embedding model scores by cosine",
                 param="raw_scores",
             )
-        unit = Head(self.inputs.spec.hidden_size, True, "float32")
         out, total = [], 0
         for query, docs in job.groups:
-            query = read_text(query, "query")  # as a reranker's pairs check it
-            q_options = self.inputs.options(
-                input_type="query", instruction=job.instruction, truncate=job.truncate
+            plan = plan_cosine(
+                self.inputs, query, docs, truncate=job.truncate, instruction=job.instruction
             )
-            d_options = self.inputs.options(input_type="document", truncate=job.truncate)
-            q, q_tokens = await self.embed(EmbedJob([query], q_options, unit, "float"))
-            d, d_tokens = await self.embed(EmbedJob(docs, d_options, unit, "float"))
-            out.append(cosine_scores(q[0], d))
+            q, q_tokens = await self.embed(
+                EmbedJob([plan.query], plan.query_options, plan.head, "float")
+            )
+            d, d_tokens = await self.embed(
+                EmbedJob(plan.documents, plan.document_options, plan.head, "float")
+            )
+            out.append(plan.scores(q, d))
             total += q_tokens + d_tokens
         return np.concatenate(out), total
 
@@ -190,10 +184,10 @@ class Pipeline:
         if len(calls) == 1:
             return await calls[0]()
         parts: list[np.ndarray | None] = [None] * len(calls)
-        window = asyncio.Semaphore(self.limits.parts_in_flight)
+        in_flight = asyncio.Semaphore(self.limits.parts_in_flight)
 
         async def run(i: int) -> None:
-            async with window:
+            async with in_flight:
                 parts[i] = await calls[i]()
 
         try:
@@ -207,34 +201,19 @@ class Pipeline:
     async def _embed_part(
         self,
         seqs: list[list[int]],
-        head: Head,
-        spans: list[tuple[int, int]] | None = None,
+        head: Head | None,
+        spans: np.ndarray | None = None,
         second_segment: list[int] | None = None,
     ) -> np.ndarray:
         """One server call: rows [num_seqs, width], or [num_spans, width] with `spans` (token
-        offsets into these sequences packed back to back); `second_segment`: pairs' token
-        types (see the contract)."""
-        lengths = [len(s) for s in seqs]
-        if len(seqs) == 1:  # one query: no generator over its tokens
-            ids = np.asarray(seqs[0], dtype="<i4")
-        else:
-            ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype="<i4", count=sum(lengths))
-        request = EmbedRequest(
-            input_ids=ids.tobytes(),
-            seqlens=lengths,
-            dimensions=head.dimensions,
-            normalize=head.normalize,
-            output_dtype=head.output_dtype,
-            span_bounds=[x for span in spans for x in span] if spans else [],
-            second_segment=second_segment or [],
-        )
-        response = await self.replicas.embed(request, sum(lengths))
-        out = np.frombuffer(response.embeddings, dtype=np.dtype(response.dtype).newbyteorder("<"))
-        shape = tuple(response.shape)
-        num_rows = len(spans) if spans else len(seqs)
-        if len(shape) != 2 or shape[0] != num_rows:
-            raise ApiError(500, f"replica answered shape {shape} for {num_rows} rows")
-        return out.reshape(shape)
+        offsets into these sequences packed back to back); `head` None: raw float32 rows;
+        `second_segment`: pairs' token types (see the contract)."""
+        request = encode_request(seqs, head, spans=spans, second_segment=second_segment)
+        response = await self.replicas.embed(request, sum(map(len, seqs)))
+        try:
+            return decode_response(response, len(seqs) if spans is None else len(spans))
+        except WireError as e:
+            raise ApiError(500, str(e)) from None
 
     async def contextual(self, job: ContextualJob) -> tuple[list[np.ndarray], int]:
         """Per document, encoded chunk vectors [num_chunks, width]; and the prompt tokens."""
@@ -246,7 +225,7 @@ class Pipeline:
         num_tokens = sum(lengths)
         self._check_size(num_tokens)
         calls = []
-        for group in budget_groups(lengths, self.limits.chunk_tokens):  # whole documents
+        for group in budget_groups(lengths, self.limits.part_tokens):  # whole documents
             part = [plans[d] for d in group]
             spans = packed_spans(part)
             calls.append(

@@ -20,7 +20,7 @@ from embedserve.contract import SERVICE_NAME, add_embed_service
 from embedserve.contract.local import socket_path
 from embedserve.contract.secret import LOOPBACK, LinkSecretInterceptor, read_secret
 from embedserve.options import EngineOptions, Options, drain_option, option
-from embedserve.processes import say
+from embedserve.processes import say, write_ready
 from embedserve.server.local import serve_local
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
@@ -161,6 +161,13 @@ async def serve(config: ServerConfig) -> None:
         f"({config.engine.model}, {engine.device}, {what}, "
         f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
         f"batch tokens {service.scheduler.config.max_batch_tokens}, local socket {local_path})",
+    )
+    write_ready(
+        {
+            "address": f"{config.host}:{port}",
+            "max_batch_tokens": service.scheduler.config.max_batch_tokens,
+            "local_socket": str(local_path),
+        }
     )
     await stop.wait()
     say("embedserve server: draining")

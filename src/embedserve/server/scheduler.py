@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.core.budget import budget_groups, split_rows
-from embedserve.core.inputs import Head
+from embedserve.core.budget import budget_groups, shift_spans, split_rows
+from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch
 
 
@@ -30,7 +30,7 @@ class Pending:
     """One request waiting for the engine, checked once when it arrived."""
 
     batch: PackedBatch  # the request's own sequences (a batch of this request alone reuses it)
-    head: Head
+    head: Head | None  # None: the pooled float32 rows as they are (a raw request)
     # Late chunking: [num_spans, 2] int64 [start, end) token offsets into `batch`, or None for
     # one pooled row per sequence. A batch holds requests of one kind only.
     spans: np.ndarray | None
@@ -139,13 +139,9 @@ def pack(batch: list[Pending]) -> PackedBatch:
 
 def pack_spans(batch: list[Pending]) -> np.ndarray:
     """[K, 2] spans of a batch of span requests, shifted to their places in `pack(batch)`."""
-    out, offset = [], 0
-    for r in batch:
-        if r.spans is None:
-            raise RuntimeError("a batch mixes span requests and plain ones")
-        out.append(r.spans + offset)
-        offset += r.num_tokens
-    return out[0] if len(out) == 1 else np.concatenate(out)
+    if any(r.spans is None for r in batch):
+        raise RuntimeError("a batch mixes span requests and plain ones")
+    return shift_spans([r.spans for r in batch], [r.num_tokens for r in batch])
 
 
 def split_batch_rows(pooled: np.ndarray, batch: list[Pending]) -> list[np.ndarray]:

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import grpc
 import numpy as np
 
-from embedserve.contract import EmbedResponse
-from embedserve.core.inputs import Head, check_head
+from embedserve.contract.codec import decode_request, encode_response
+from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.server.scheduler import (
     Overloaded,
@@ -115,38 +115,20 @@ class RequestFailed(Exception):
 
 def parse_request(
     request: Any, output_width: int, output_rules: str = "generic"
-) -> tuple[PackedBatch, Head, np.ndarray | None]:
-    """Decode and check one EmbedRequest, once: its packed batch, its head and its spans (or
-    None). Raises ValueError with a message for the client."""
-    raw = request.input_ids
-    if len(raw) % 4:
-        raise ValueError(f"input_ids has {len(raw)} bytes, not a whole number of int32s")
+) -> tuple[PackedBatch, Head | None, np.ndarray | None]:
+    """Decode and check one EmbedRequest, once: its packed batch, its head (None: raw rows) and
+    its spans (or None). Raises ValueError with a message for the client."""
+    wire = decode_request(request, output_width, output_rules)
     batch = PackedBatch.from_packed(
-        np.frombuffer(raw, dtype="<i4"),
-        np.asarray(request.seqlens),
-        second_segment=np.asarray(request.second_segment, dtype=np.int64),
+        wire.input_ids, wire.seqlens, second_segment=wire.second_segment
     )
-    spans = None
-    if len(request.span_bounds):
-        bounds = np.asarray(request.span_bounds, dtype=np.int64)
-        if bounds.size % 2:
-            raise ValueError(f"span_bounds has {bounds.size} entries, not [start, end) pairs")
-        spans = check_spans(bounds.reshape(-1, 2), batch)
-    head = check_head(
-        output_width,
-        output_rules,
-        request.dimensions or None,
-        bool(request.normalize),
-        request.output_dtype or "float32",
-    )
-    return batch, head, spans
+    spans = None if wire.spans is None else check_spans(wire.spans, batch)
+    return batch, wire.head, spans
 
 
-def build_response(pooled: np.ndarray, head: Head) -> Any:
-    """Apply a request's head to its pooled rows [s, H]; raw little-endian bytes out."""
-    out = head.apply(pooled)
-    out = np.ascontiguousarray(out, dtype=out.dtype.newbyteorder("<"))
-    return EmbedResponse(embeddings=out.tobytes(), shape=list(out.shape), dtype=out.dtype.name)
+# The answer of a request's pooled rows (`codec.encode_response`), by the name the host-path
+# benchmark (benchmarks/host_path_gpu.py) measures it under.
+build_response = encode_response
 
 
 class EmbedService:
@@ -329,7 +311,7 @@ class EmbedService:
             pooled = handle.wait()
             ready = time.perf_counter()
             answers = [
-                None if request.cancelled() else build_response(rows, request.head)
+                None if request.cancelled() else encode_response(rows, request.head)
                 for request, rows in zip(batch, split_batch_rows(pooled, batch), strict=True)
             ]
         except Exception as e:

@@ -9,19 +9,14 @@ import pytest
 from tokenizers import Tokenizer
 
 from embedserve.cli.main import main
-from embedserve.devtools.checkpoints import (
-    ARCHS,
-    QUERY_PROMPT,
-    _tensor_shapes,
-    make_checkpoint,
-    qwen3_config,
-)
+from embedserve.devtools.checkpoints import ARCHS, QUERY_PROMPT, make_checkpoint, qwen3_config
+from embedserve.devtools.random_weights import tensor_shapes
 from embedserve.loading.spec import read_model_spec
 
 
 def num_params(arch: str) -> int:
     total = 0
-    for _, shape in _tensor_shapes(qwen3_config(arch, "causal")):
+    for _, shape in tensor_shapes(qwen3_config(arch, "causal")):
         n = 1
         for s in shape:
             n *= s

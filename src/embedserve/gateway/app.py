@@ -1,27 +1,31 @@
-"""The HTTP API as a raw ASGI app: routing, bodies, JSON, errors, metrics.
+"""The HTTP API as a raw ASGI app: the routes and their handlers, and the loop every request
+goes through (checks, body, handler, errors, answer, metrics).
 
 No web framework: one dict of routes and a handful of helpers, which is both what the GPU
-machine can run (it has no FastAPI) and the least work per request.
+machine can run (it has no FastAPI) and the least work per request. The checks before a handler
+are in `checks`, the body and disconnects in `transport`, the metrics and log line in `metrics`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import hmac
 import logging
-import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import prometheus_client as prom
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from embedserve.core.inputs import InputError
+from embedserve.gateway.checks import (
+    authenticate,
+    check_content_type,
+    check_host,
+    no_route,
+    request_id,
+)
 from embedserve.gateway.errors import ApiError, bad_request, from_input_error
-from embedserve.gateway.jsonio import JSONDecodeError, dumps, duplicate_key, loads
+from embedserve.gateway.jsonio import dumps
+from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
+from embedserve.gateway.metrics import Metrics, log_request, track_request
 from embedserve.gateway.openapi import openapi_document
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
 from embedserve.gateway.replicas import REPLICAS_CALLED
@@ -39,70 +43,25 @@ from embedserve.gateway.scoring import (
     score_body,
     tei_rerank_body,
 )
+from embedserve.gateway.transport import (
+    Answer,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    parse_json,
+    read_body,
+    unless_disconnected,
+)
 
 log = logging.getLogger("embedserve.gateway")
-# one JSON line per request with `--log-requests` (no input text, ever): its id, route, status,
-# time, prompt tokens, inputs and the server replicas (by index) its calls went to
-request_log = logging.getLogger("embedserve.gateway.requests")
-# the current request's [prompt tokens, inputs], for its log line
-_REQUEST_COUNTS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
-    "embedserve_request_counts", default=None
-)
 BODY_TIMEOUT = 30.0  # s for a body to arrive after its headers (`--body-timeout`)
-REQUEST_ID_MAX = 128  # longer (or unprintable) X-Request-Id values are replaced by our own
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Handler = Callable[[bytes], Awaitable[tuple[int, bytes, bytes]]]
+Handler = Callable[[bytes], Awaitable[Answer]]
 
 JSON = b"application/json"
 RETRYABLE_STATUSES = (429, 503)
 RETRY_AFTER_SECONDS = b"1"
-# NOTE: prometheus_client reads this when it is imported; the gateway launcher sets it for workers.
-MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected before its answer was ready."""
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.registry = prom.CollectorRegistry()
-        self.requests = prom.Counter(
-            "embedserve_gateway_requests",
-            "HTTP requests by route and status",
-            ["route", "status"],
-            registry=self.registry,
-        )
-        self.latency = prom.Histogram(
-            "embedserve_gateway_request_seconds",
-            "HTTP request latency by route",
-            ["route"],
-            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
-            registry=self.registry,
-        )
-        self.prompt_tokens = prom.Counter(
-            "embedserve_gateway_prompt_tokens", "Prompt tokens embedded", registry=self.registry
-        )
-        self.inputs = prom.Counter(
-            "embedserve_gateway_inputs", "Inputs embedded", registry=self.registry
-        )
-        self.healthy = prom.Gauge(
-            "embedserve_gateway_replica_healthy",
-            "1 when the replica passes health checks",
-            ["replica"],
-            registry=self.registry,
-            multiprocess_mode="max",
-        )
-        self.outstanding = prom.Gauge(
-            "embedserve_gateway_replica_outstanding_tokens",
-            "Tokens sent to the replica and not answered yet",
-            ["replica"],
-            registry=self.registry,
-            multiprocess_mode="livesum",
-        )
 
 
 class GatewayApp:
@@ -165,7 +124,6 @@ class GatewayApp:
             self.score,
         }
         self._openapi = dumps(openapi_document(self.model_name, limits))
-        self._metric_children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -206,27 +164,25 @@ class GatewayApp:
         route = path if path in self.paths else "other"
         extra: tuple[tuple[bytes, bytes], ...] = ()
         headers_in = dict(scope["headers"])  # read once: the checks below all look in it
-        request_id = _request_id(headers_in)
-        counts = [0, 0]
-        _REQUEST_COUNTS.set(counts)
+        answer_id = request_id(headers_in)
+        counts = track_request()
         replicas: set[int] = set()
         REPLICAS_CALLED.set(replicas)
         try:
             if self.allowed_hosts:
-                self._check_host(headers_in)
+                check_host(headers_in, self.allowed_hosts)
             if path not in self.open_paths:
-                self._authenticate(headers_in)
+                authenticate(headers_in, self.api_keys())
             if self.draining and path != "/health":
                 raise ApiError(503, "the gateway is shutting down", code="shutting_down")
             if handler is None:
-                raise self._no_route(method, path)
+                raise no_route(method, path, self.routes)
+            body = b""
             if method == "POST":
-                self._check_content_type(headers_in)
-            body = await self._read_body(scope, receive) if method == "POST" else b""
+                check_content_type(headers_in)
+                body = await read_body(scope, receive, self.max_body_bytes, self.body_timeout)
             if handler in self.cancellable:
-                status, content_type, payload = await self._unless_disconnected(
-                    handler(body), receive
-                )
+                status, content_type, payload = await unless_disconnected(handler(body), receive)
             else:
                 status, content_type, payload = await handler(body)
         except ClientGone:
@@ -244,195 +200,19 @@ class GatewayApp:
         headers = [
             (b"content-type", content_type),
             (b"content-length", str(len(payload)).encode()),
-            (b"x-request-id", request_id),
+            (b"x-request-id", answer_id),
         ]
         headers += extra
         if status in RETRYABLE_STATUSES:  # full queues and restarting replicas clear quickly
             headers.append((b"retry-after", RETRY_AFTER_SECONDS))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
-        count, latency = self._route_metrics(route, status)
+        count, latency = self.metrics.route(route, status)
         count.inc()
         seconds = time.perf_counter() - start
         latency.observe(seconds)
         if self.log_requests:
-            request_log.info(
-                dumps(
-                    {
-                        "request_id": request_id.decode("ascii"),
-                        "method": method,
-                        "route": route,
-                        "status": status,
-                        "ms": round(seconds * 1e3, 3),
-                        "prompt_tokens": counts[0],
-                        "inputs": counts[1],
-                        "replicas": sorted(replicas),
-                    }
-                ).decode()
-            )
-
-    def _count(self, num_tokens: int, num_inputs: int) -> None:
-        """A request's work: into the metrics, and into its log line."""
-        self.metrics.prompt_tokens.inc(num_tokens)
-        self.metrics.inputs.inc(num_inputs)
-        counts = _REQUEST_COUNTS.get()
-        if counts is not None:
-            counts[:] = [num_tokens, num_inputs]
-
-    def _route_metrics(self, route: str, status: int) -> tuple[Any, Any]:
-        """The request counter and latency histogram of a route and status, looked up once."""
-        key = (route, status)
-        found = self._metric_children.get(key)
-        if found is None:
-            found = (
-                self.metrics.requests.labels(route, str(status)),
-                self.metrics.latency.labels(route),
-            )
-            self._metric_children[key] = found
-        return found
-
-    async def _unless_disconnected(
-        self, work: Awaitable[tuple[int, bytes, bytes]], receive: Receive
-    ) -> tuple[int, bytes, bytes]:
-        """`await work`, unless the client disconnects first: then cancel it, which cancels its
-        server calls, so the servers drop those requests before they reach the engine."""
-        current = asyncio.current_task()
-        assert current is not None
-        gone = False
-
-        def on_message(watch: asyncio.Future[dict[str, Any]]) -> None:
-            nonlocal gone
-            if watch.cancelled() or watch.exception() is not None:
-                return
-            if watch.result()["type"] == "http.disconnect":
-                gone = True
-                current.cancel()
-
-        # The body is read: the next message is a disconnect, whenever it comes.
-        watch = asyncio.ensure_future(receive())
-        watch.add_done_callback(on_message)
-        try:
-            return await work
-        except asyncio.CancelledError:
-            if gone:
-                current.uncancel()
-                raise ClientGone from None
-            raise
-        finally:
-            watch.remove_done_callback(on_message)
-            watch.cancel()
-
-    def _check_host(self, headers: dict[bytes, bytes]) -> None:
-        """A page on another site cannot reach a local server through DNS rebinding: its
-        requests carry that site's Host."""
-        host = headers.get(b"host", b"").decode("latin-1").strip().lower()
-        host = host[1 : host.index("]")] if host.startswith("[") and "]" in host else host
-        host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        if host not in self.allowed_hosts:
-            raise ApiError(
-                421,
-                "the Host of this request is not one this server answers to (see --allowed-host)",
-                code="host_not_allowed",
-            )
-
-    def _authenticate(self, headers: dict[bytes, bytes]) -> None:
-        keys = self.api_keys()
-        if not keys:
-            return
-        scheme, _, sent = headers.get(b"authorization", b"").partition(b" ")
-        if scheme.lower() != b"bearer":
-            sent = b""
-        # NOTE: compare_digest against every key, always: the time to reject a key depends
-        # neither on how much of it matches nor on which key it was close to
-        matched = False
-        for key in keys:
-            matched |= hmac.compare_digest(sent.strip(), key)
-        if not matched:
-            raise ApiError(
-                401,
-                "a valid API key is required: send Authorization: Bearer <key>"
-                if not sent
-                else "the API key is not valid",
-                code="invalid_api_key",
-                headers=((b"www-authenticate", b"Bearer"),),
-            )
-
-    @staticmethod
-    def _check_content_type(headers: dict[bytes, bytes]) -> None:
-        value = headers.get(b"content-type")
-        # none at all: curl -d and many clients send JSON without one; it is read as JSON (and a
-        # body that is not gets a 400)
-        if value is None:
-            return
-        media = value.split(b";", 1)[0].strip().lower()
-        if media != b"application/json" and not media.endswith(b"+json"):
-            raise ApiError(
-                415,
-                f"Content-Type {value.decode('latin-1')!r} is not JSON; send application/json",
-                code="unsupported_media_type",
-            )
-
-    def _no_route(self, method: str, path: str) -> ApiError:
-        if path in self.paths:
-            allowed = ", ".join(m for m, p in self.routes if p == path)
-            return ApiError(
-                405,
-                f"{method} is not allowed on {path}; use {allowed}",
-                code="method_not_allowed",
-                headers=((b"allow", allowed.encode()),),
-            )
-        return ApiError(404, f"no route {method} {path}", code="not_found")
-
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                raise self._too_large()
-        chunks, size = [], 0
-        deadline = asyncio.get_running_loop().time() + self.body_timeout
-        while True:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                raise ApiError(
-                    408,
-                    f"the request body did not arrive within {self.body_timeout:g} s",
-                    code="body_timeout",
-                    headers=((b"connection", b"close"),),  # the rest of it is not awaited
-                ) from None
-            if message["type"] == "http.disconnect":
-                raise asyncio.CancelledError
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise self._too_large()
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def _too_large(self) -> ApiError:
-        return ApiError(
-            413,
-            f"request body is over the limit of {self.max_body_bytes} bytes",
-            code="body_too_large",
-        )
-
-    def _json(self, body: bytes) -> Any:
-        if not body:
-            raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
-        try:
-            parsed = loads(body)
-        except JSONDecodeError as e:
-            raise bad_request(f"the body is not valid JSON: {e}", code="invalid_json") from None
-        key = duplicate_key(body, parsed)
-        if key is not None:
-            raise bad_request(
-                f"the key {key!r} appears twice in the request; send it once",
-                param=key,
-                code="duplicate_key",
-            )
-        return parsed
+            log_request(answer_id, method, route, status, seconds, counts, replicas)
 
     def _ready_pipeline(self) -> Pipeline:
         if self.pipeline is None:
@@ -450,33 +230,33 @@ class GatewayApp:
             )
         return pipeline
 
-    async def embeddings(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def embeddings(self, body: bytes) -> Answer:
         pipeline = self._embedding_pipeline()
-        job = parse_embeddings(self._json(body), self.limits, pipeline.inputs)
+        job = parse_embeddings(parse_json(body), self.limits, pipeline.inputs)
         vectors, num_tokens = await pipeline.embed(job)
-        self._count(num_tokens, len(vectors))
+        self.metrics.count(num_tokens, len(vectors))
         return (
             200,
             JSON,
             dumps(embeddings_body(vectors, job.encoding_format, self.model_name, num_tokens)),
         )
 
-    async def contextualized(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def contextualized(self, body: bytes) -> Answer:
         pipeline = self._embedding_pipeline()
-        job = parse_contextual(self._json(body), self.limits, pipeline.inputs)
+        job = parse_contextual(parse_json(body), self.limits, pipeline.inputs)
         documents, num_tokens = await pipeline.contextual(job)
-        self._count(num_tokens, job.num_chunks)
+        self.metrics.count(num_tokens, job.num_chunks)
         return (
             200,
             JSON,
             dumps(contextual_body(documents, job.encoding_format, self.model_name, num_tokens)),
         )
 
-    async def rerank(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def rerank(self, body: bytes) -> Answer:
         pipeline = self._ready_pipeline()
-        job, top_n, return_documents = parse_rerank(self._json(body), self.limits)
+        job, top_n, return_documents = parse_rerank(parse_json(body), self.limits)
         scores, num_tokens = await pipeline.score(job)
-        self._count(num_tokens, job.num_documents)
+        self.metrics.count(num_tokens, job.num_documents)
         docs = job.groups[0][1]
         return (
             200,
@@ -484,23 +264,23 @@ class GatewayApp:
             dumps(rerank_body(scores, docs, top_n, return_documents, self.model_name, num_tokens)),
         )
 
-    async def tei_rerank(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def tei_rerank(self, body: bytes) -> Answer:
         pipeline = self._ready_pipeline()
-        job, return_text = parse_tei_rerank(self._json(body), self.limits)
+        job, return_text = parse_tei_rerank(parse_json(body), self.limits)
         scores, num_tokens = await pipeline.score(job)
-        self._count(num_tokens, job.num_documents)
+        self.metrics.count(num_tokens, job.num_documents)
         return 200, JSON, dumps(tei_rerank_body(scores, job.groups[0][1], return_text))
 
-    async def score(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def score(self, body: bytes) -> Answer:
         pipeline = self._ready_pipeline()
-        job = parse_score(self._json(body), self.limits)
+        job = parse_score(parse_json(body), self.limits)
         scores, num_tokens = await pipeline.score(job)
-        self._count(num_tokens, job.num_documents)
+        self.metrics.count(num_tokens, job.num_documents)
         return 200, JSON, dumps(score_body(scores, self.model_name, num_tokens))
 
-    async def tokenize(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def tokenize(self, body: bytes) -> Answer:
         pipeline = self._ready_pipeline()
-        texts, options = parse_tokenize(self._json(body), self.limits, pipeline.inputs)
+        texts, options = parse_tokenize(parse_json(body), self.limits, pipeline.inputs)
         tokens = await pipeline.tokenize(texts, options)
         count = sum(map(len, tokens))
         return (
@@ -516,7 +296,7 @@ class GatewayApp:
             ),
         )
 
-    async def models(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def models(self, body: bytes) -> Answer:
         model = {
             "id": self.model_name,
             "object": "model",
@@ -529,10 +309,10 @@ class GatewayApp:
         }
         return 200, JSON, dumps({"object": "list", "data": [model]})
 
-    async def health(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def health(self, body: bytes) -> Answer:
         return 200, JSON, b'{"status":"ok"}'
 
-    async def ready(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def ready(self, body: bytes) -> Answer:
         pool = self._ready_pipeline().replicas
         # by index, never by address: internal addresses stay out of client answers
         replicas = [
@@ -544,25 +324,9 @@ class GatewayApp:
             return 503, JSON, dumps({**error.body(), "replicas": replicas})
         return 200, JSON, dumps({"status": "ready", "replicas": replicas})
 
-    async def prometheus(self, body: bytes) -> tuple[int, bytes, bytes]:
-        if self.pipeline is not None:
-            for i, r in enumerate(self.pipeline.replicas.replicas):  # by index, as /ready
-                self.metrics.healthy.labels(str(i)).set(float(r.healthy))
-                self.metrics.outstanding.labels(str(i)).set(r.outstanding_tokens)
-        registry = self.metrics.registry
-        if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files
-            registry = prom.CollectorRegistry()
-            MultiProcessCollector(registry)
-        payload = prom.generate_latest(registry)
-        return 200, prom.CONTENT_TYPE_LATEST.encode(), payload
+    async def prometheus(self, body: bytes) -> Answer:
+        replicas = None if self.pipeline is None else self.pipeline.replicas.replicas
+        return 200, prom.CONTENT_TYPE_LATEST.encode(), self.metrics.export(replicas)
 
-    async def openapi(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def openapi(self, body: bytes) -> Answer:
         return 200, JSON, self._openapi
-
-
-def _request_id(headers: dict[bytes, bytes]) -> bytes:
-    """The client's X-Request-Id when it is short and printable, else a new one."""
-    value = headers.get(b"x-request-id", b"")
-    if 0 < len(value) <= REQUEST_ID_MAX and all(33 <= c < 127 for c in value):
-        return bytes(value)
-    return uuid.uuid4().hex.encode()

@@ -54,9 +54,35 @@ NOT_BLANK = {"type": "string", "minLength": 1, "pattern": r"\S"}
 
 
 def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
+    embeddings_request = _embeddings_request(limits)
+    embedding, embeddings_response = _embeddings_response()
+    usage = embeddings_response["properties"]["usage"]
+    schemas = {
+        "embeddings": (embeddings_request, embeddings_response),
+        "contextual": (
+            _contextual_request(limits, embeddings_request),
+            _contextual_response(embedding, usage),
+        ),
+        "tokenize": (_tokenize_request(limits, embeddings_request), None),
+        **_scoring_schemas(limits, usage),
+    }
+    for request, _ in schemas.values():
+        _optional_nullable(request)
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "embedserve", "version": "0.1.0", "description": f"Serving {model}."},
+        "paths": {**_work_paths(schemas), **_service_paths()},
+        "components": {"schemas": {"Error": ERROR}},
+    }
+
+
+def _texts() -> dict[str, Any]:
+    return {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
+
+
+def _embeddings_request(limits: Limits) -> dict[str, Any]:
     ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-    texts = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
-    embeddings_request = {
+    return {
         "type": "object",
         "additionalProperties": False,
         "required": ["input"],
@@ -64,7 +90,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             "input": {
                 "oneOf": [
                     {"type": "string", "minLength": 1},
-                    {**texts, "maxItems": limits.max_inputs},
+                    {**_texts(), "maxItems": limits.max_inputs},
                     ids,
                     {"type": "array", "items": ids, "minItems": 1, "maxItems": limits.max_inputs},
                 ]
@@ -94,6 +120,10 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             },
         },
     }
+
+
+def _embeddings_response() -> tuple[dict[str, Any], dict[str, Any]]:
+    """One embedding's schema, and the embeddings answer's (a list of them, with usage)."""
     embedding = {
         "type": "object",
         "properties": {
@@ -104,7 +134,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             },
         },
     }
-    embeddings_response = {
+    response = {
         "type": "object",
         "properties": {
             "object": {"type": "string", "enum": ["list"]},
@@ -119,8 +149,13 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             },
         },
     }
+    return embedding, response
+
+
+def _contextual_request(limits: Limits, embeddings_request: dict[str, Any]) -> dict[str, Any]:
+    # the output options are the embeddings endpoint's own (the very same schema objects)
     head = {
-        key: embeddings_request["properties"][key]  # type: ignore[index]
+        key: embeddings_request["properties"][key]
         for key in ("model", "encoding_format", "dimensions", "user", "normalize", "output_dtype")
     }
     chunks = {
@@ -130,7 +165,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
         "maxItems": limits.max_chunks,
         "description": "one document: its chunks in order (joined with `separator`)",
     }
-    contextual_request = {
+    return {
         "type": "object",
         "additionalProperties": False,
         "required": ["input"],
@@ -145,7 +180,10 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             **head,
         },
     }
-    contextual_response = {
+
+
+def _contextual_response(embedding: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    return {
         "type": "object",
         "properties": {
             "object": {"type": "string", "enum": ["list"]},
@@ -161,75 +199,112 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
                 },
             },
             "model": {"type": "string"},
-            "usage": embeddings_response["properties"]["usage"],  # type: ignore[index]
+            "usage": usage,
         },
     }
-    tokenize_request = {
+
+
+def _tokenize_request(limits: Limits, embeddings_request: dict[str, Any]) -> dict[str, Any]:
+    return {
         "type": "object",
         "additionalProperties": False,
         "required": ["input"],
         "properties": {
-            "input": {"oneOf": [{"type": "string", "minLength": 1}, texts]},
+            "input": {"oneOf": [{"type": "string", "minLength": 1}, _texts()]},
             "model": {"type": "string"},
             "truncate": {"enum": [False, "end", "start"]},
             **{
-                key: embeddings_request["properties"][key]  # type: ignore[index]
+                key: embeddings_request["properties"][key]
                 for key in ("input_type", "instruction", "prompt_name", "prompt")
             },
         },
     }
+
+
+Schemas = tuple[dict[str, Any], dict[str, Any] | None]  # a route's request and answer
+
+
+def _scoring_schemas(limits: Limits, usage: dict[str, Any]) -> dict[str, Schemas]:
+    """The three scoring routes' requests and answers: rerank, TEI's rerank, score."""
+    return {
+        "rerank": (_rerank_request(limits), _rerank_response(usage)),
+        "tei_rerank": (_tei_rerank_request(limits), _tei_rerank_response()),
+        "score": (_score_request(limits), _score_response(usage)),
+    }
+
+
+def _documents(limits: Limits) -> dict[str, Any]:
     document = {"oneOf": [NOT_BLANK, {
         "type": "object", "additionalProperties": False, "required": ["text"],
         "properties": {"text": NOT_BLANK}}]}  # fmt: skip
-    documents = {"type": "array", "items": document, "minItems": 1, "maxItems": limits.max_inputs}
-    model_name = {"type": "string", "enum": list(limits.model_names)}
-    pair_truncate = {"enum": [False, "end", "start"]}
-    rerank_request = {
+    return {"type": "array", "items": document, "minItems": 1, "maxItems": limits.max_inputs}
+
+
+def _model_name(limits: Limits) -> dict[str, Any]:
+    return {"type": "string", "enum": list(limits.model_names)}
+
+
+PAIR_TRUNCATE = {"enum": [False, "end", "start"]}
+
+
+def _rerank_request(limits: Limits) -> dict[str, Any]:
+    return {
         "type": "object",
         "additionalProperties": False,
         "required": ["query", "documents"],
         "properties": {
             "query": NOT_BLANK,
-            "documents": documents,
+            "documents": _documents(limits),
             "top_n": {"type": "integer", "minimum": 1},
             "return_documents": {"type": "boolean", "default": False},
-            "truncate": pair_truncate,
+            "truncate": dict(PAIR_TRUNCATE),
             "instruction": {"type": "string", "minLength": 1},
-            "model": model_name,
+            "model": _model_name(limits),
         },
     }
-    tei_rerank_request = {
+
+
+def _tei_rerank_request(limits: Limits) -> dict[str, Any]:
+    return {
         "type": "object",
         "additionalProperties": False,
         "required": ["query", "texts"],
         "properties": {
             "query": NOT_BLANK,
-            "texts": {**documents, "items": NOT_BLANK},
+            "texts": {**_documents(limits), "items": NOT_BLANK},
             "raw_scores": {"type": "boolean", "default": False},
             "return_text": {"type": "boolean", "default": False},
             "truncate": {"type": "boolean", "default": False},
             "truncation_direction": {"enum": ["Right", "Left"], "default": "Right"},
-            "model": model_name,
+            "model": _model_name(limits),
         },
     }
+
+
+def _score_request(limits: Limits) -> dict[str, Any]:
     one_or_many = {
-        "oneOf": [{"type": "string", "minLength": 1}, {**texts, "maxItems": limits.max_inputs}]
+        "oneOf": [
+            {"type": "string", "minLength": 1},
+            {**_texts(), "maxItems": limits.max_inputs},
+        ]
     }
-    score_request = {
+    return {
         "type": "object",
         "additionalProperties": False,
         "required": ["text_1", "text_2"],
         "properties": {
             "text_1": one_or_many,
             "text_2": one_or_many,
-            "truncate": pair_truncate,
+            "truncate": dict(PAIR_TRUNCATE),
             "instruction": {"type": "string", "minLength": 1},
-            "model": model_name,
+            "model": _model_name(limits),
             "user": {"type": "string"},
         },
     }
-    usage = embeddings_response["properties"]["usage"]  # type: ignore[index]
-    rerank_response = {
+
+
+def _rerank_response(usage: dict[str, Any]) -> dict[str, Any]:
+    return {
         "type": "object",
         "required": ["id", "model", "results", "usage"],
         "properties": {
@@ -250,11 +325,17 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             "usage": usage,
         },
     }
-    tei_rerank_response = {"type": "array", "items": {
+
+
+def _tei_rerank_response() -> dict[str, Any]:
+    return {"type": "array", "items": {
         "type": "object", "required": ["index", "score"],
         "properties": {"index": {"type": "integer", "minimum": 0}, "score": {"type": "number"},
                        "text": {"type": "string"}}}}  # fmt: skip
-    score_response = {
+
+
+def _score_response(usage: dict[str, Any]) -> dict[str, Any]:
+    return {
         "type": "object",
         "required": ["id", "object", "created", "model", "data", "usage"],
         "properties": {
@@ -277,77 +358,64 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
             "usage": usage,
         },
     }
-    scoring_errors = _errors(400, 404, 413, 429, 500, 503)
-    for request in (embeddings_request, contextual_request, tokenize_request, rerank_request,
-                    tei_rerank_request, score_request):  # fmt: skip
-        _optional_nullable(request)
+
+
+def _work_paths(schemas: dict[str, Schemas]) -> dict[str, Any]:
+    """The routes that embed, score or tokenize, in the document's order."""
+
+    def post(summary: str, name: str, errors: dict[str, Any]) -> dict[str, Any]:
+        request, answer = schemas[name]
+        return {
+            "post": {
+                "summary": summary,
+                "requestBody": _json_body(request),
+                "responses": {**_ok(answer), **errors},
+            }
+        }
+
+    work_errors = _errors(400, 404, 413, 429, 500, 503)
     return {
-        "openapi": "3.0.3",
-        "info": {"title": "embedserve", "version": "0.1.0", "description": f"Serving {model}."},
-        "paths": {
-            "/v1/embeddings": {
-                "post": {
-                    "summary": "Create embeddings (OpenAI-compatible, with extensions)",
-                    "requestBody": _json_body(embeddings_request),
-                    "responses": {
-                        **_ok(embeddings_response),
-                        **_errors(400, 404, 413, 429, 500, 503),
-                    },
-                }
-            },
-            "/v1/contextualizedembeddings": {
-                "post": {
-                    "summary": "Contextualized (late-chunking) embeddings: each document is "
-                    "embedded once, whole; each chunk's vector pools its own tokens",
-                    "requestBody": _json_body(contextual_request),
-                    "responses": {
-                        **_ok(contextual_response),
-                        **_errors(400, 404, 413, 429, 500, 503),
-                    },
-                }
-            },
-            "/v1/rerank": {
-                "post": {
-                    "summary": "Rerank documents for a query (Cohere / Jina shape), best first",
-                    "requestBody": _json_body(rerank_request),
-                    "responses": {**_ok(rerank_response), **scoring_errors},
-                }
-            },
-            "/rerank": {
-                "post": {
-                    "summary": "Rerank texts for a query (text-embeddings-inference shape)",
-                    "requestBody": _json_body(tei_rerank_request),
-                    "responses": {**_ok(tei_rerank_response), **scoring_errors},
-                }
-            },
-            "/v1/score": {
-                "post": {
-                    "summary": "Scores of text_1 against text_2 pairs (vLLM shape), in order",
-                    "requestBody": _json_body(score_request),
-                    "responses": {**_ok(score_response), **scoring_errors},
-                }
-            },
-            "/v1/models": {"get": {"summary": "The served model", "responses": _ok()}},
-            "/tokenize": {
-                "post": {
-                    "summary": "Token ids of texts, as the embeddings endpoint would send them",
-                    "requestBody": _json_body(tokenize_request),
-                    "responses": {**_ok(), **_errors(400, 404, 413)},
-                }
-            },
-            "/health": {"get": {"summary": "The gateway process is alive", "responses": _ok()}},
-            "/ready": {
-                "get": {
-                    "summary": "At least one server replica is healthy",
-                    "responses": {**_ok(), **_errors(503)},
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics (text format)",
-                    "responses": {"200": {"description": "OK", "content": {"text/plain": {}}}},
-                }
-            },
+        "/v1/embeddings": post(
+            "Create embeddings (OpenAI-compatible, with extensions)", "embeddings", work_errors
+        ),
+        "/v1/contextualizedembeddings": post(
+            "Contextualized (late-chunking) embeddings: each document is "
+            "embedded once, whole; each chunk's vector pools its own tokens",
+            "contextual",
+            work_errors,
+        ),
+        "/v1/rerank": post(
+            "Rerank documents for a query (Cohere / Jina shape), best first", "rerank", work_errors
+        ),
+        "/rerank": post(
+            "Rerank texts for a query (text-embeddings-inference shape)", "tei_rerank", work_errors
+        ),
+        "/v1/score": post(
+            "Scores of text_1 against text_2 pairs (vLLM shape), in order", "score", work_errors
+        ),
+        "/v1/models": {"get": {"summary": "The served model", "responses": _ok()}},
+        "/tokenize": post(
+            "Token ids of texts, as the embeddings endpoint would send them",
+            "tokenize",
+            _errors(400, 404, 413),
+        ),
+    }
+
+
+def _service_paths() -> dict[str, Any]:
+    """Liveness, readiness and metrics: no body, no model."""
+    return {
+        "/health": {"get": {"summary": "The gateway process is alive", "responses": _ok()}},
+        "/ready": {
+            "get": {
+                "summary": "At least one server replica is healthy",
+                "responses": {**_ok(), **_errors(503)},
+            }
         },
-        "components": {"schemas": {"Error": ERROR}},
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (text format)",
+                "responses": {"200": {"description": "OK", "content": {"text/plain": {}}}},
+            }
+        },
     }

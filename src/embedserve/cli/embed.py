@@ -1,0 +1,313 @@
+"""`embedserve embed`, `embedserve rerank` and `embedserve models`: the offline commands, with
+the input files they read (.txt, .jsonl) and the vector files they write (.npy, .parquet)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from embedserve.core.outputs import OUTPUT_DTYPES
+from embedserve.errors import InputTooLong
+from embedserve.options import EngineOptions
+from embedserve.processes import say
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register embed, rerank and models."""
+    _add_embed(sub)
+    _add_rerank(sub)
+    _add_models(sub)
+
+
+def _add_embed(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("embed", help="embed texts given as arguments or a file, offline")
+    p.add_argument("texts", nargs="*", help="texts to embed; printed as JSON")
+    p.add_argument(
+        "--input", type=Path, help="a .txt (one text per line) or .jsonl ({'text': ...}) file"
+    )
+    p.add_argument("--output", type=Path, help="where to write vectors: .npy or .parquet")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    p.add_argument(
+        "--skip-empty",
+        action="store_true",
+        help="leave out empty lines of --input (reported) instead of failing; every other line "
+        "is one row",
+    )
+    EngineOptions.add_arguments(p)
+    p.add_argument("--dimensions", type=int, default=None, help="truncate to this many dimensions")
+    p.add_argument("--no-normalize", action="store_true", help="return un-normalized vectors")
+    p.add_argument(
+        "--output-dtype",
+        default=None,
+        choices=OUTPUT_DTYPES,
+        help="default: the model's native output (float32 unless its folder declares one)",
+    )
+    p.add_argument(
+        "--truncate",
+        default=None,
+        choices=["end", "start"],
+        help="cut over-long inputs instead of failing",
+    )
+    p.add_argument(
+        "--prompt-name", default=None, help="a prompt the model folder defines (e.g. query)"
+    )
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        help="tokens per engine batch (default: the engine's largest CUDA-graph bucket, 8192, on a GPU; 2048 on the CPU)",
+    )
+    p.set_defaults(run=_run_embed)
+
+
+@dataclass
+class Records:
+    """The texts of an input file, one per record, with each record's id (the jsonl `id`, else
+    its line number) and the line numbers skipped as empty (only with `--skip-empty`)."""
+
+    ids: list[Any] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+
+
+def read_records(path: Path, *, skip_empty: bool = False) -> Records:
+    """A .txt file (every line one text: whitespace-only text is embedded, an empty line is an
+    error naming it unless `skip_empty`) or a .jsonl file (a string or an object with a 'text'
+    string and an optional 'id' per line; blank lines are not records)."""
+    out = Records()
+    with path.open(encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for n, line in enumerate(lines, 1):
+        if path.suffix == ".jsonl":
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            text = record.get("text") if isinstance(record, dict) else record
+            if not isinstance(text, str):
+                raise ValueError(f"{path}:{n}: expected a string or an object with a 'text' string")
+            record_id = record.get("id", n) if isinstance(record, dict) else n
+        else:
+            text, record_id = line, n
+        if not text:
+            if not skip_empty:
+                raise ValueError(
+                    f"{path}:{n}: an empty text; remove the line, or pass --skip-empty to leave "
+                    "it out (the skipped line numbers are reported)"
+                )
+            out.skipped.append(n)
+            continue
+        out.ids.append(record_id)
+        out.texts.append(text)
+    return out
+
+
+def read_texts(path: Path) -> list[str]:
+    """The texts of an input file (see `read_records`)."""
+    return read_records(path).texts
+
+
+def write_vectors(path: Path, vectors: object, ids: list[Any] | None = None) -> None:
+    """.npy: the vectors, row i for input i; .parquet: an `id` column (the records' ids, else
+    0, 1, ...) beside the `embedding` column."""
+    import numpy as np
+
+    arr = np.asarray(vectors)
+    if path.suffix == ".npy":
+        np.save(path, arr)
+    elif path.suffix == ".parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ValueError(
+                "writing .parquet needs pyarrow: pip install 'embedserve[parquet]'"
+            ) from None
+        column = pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), arr.shape[1])
+        id_values = ids if ids is not None else list(range(len(arr)))
+        if len({type(i) for i in id_values}) > 1:  # mixed ids (some records without one)
+            id_values = [str(i) for i in id_values]
+        pq.write_table(pa.table({"id": pa.array(id_values), "embedding": column}), path)
+    else:
+        raise ValueError(f"--output must end in .npy or .parquet, got {path.name!r}")
+
+
+def check_output(path: Path, overwrite: bool) -> None:
+    """Everything about `--output` that can fail, checked before any work (an hour of
+    embedding must not end in "no such folder")."""
+    if path.suffix not in (".npy", ".parquet"):
+        raise ValueError(f"--output must end in .npy or .parquet, got {path.name!r}")
+    if path.is_dir():
+        raise ValueError(
+            f"--output {path} is a folder; give a file name ending in .npy or .parquet"
+        )
+    if path.exists() and not overwrite:
+        raise ValueError(f"{path} exists; pass --overwrite to replace it")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ValueError(f"--output {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--output {path}: the folder {folder} is not writable")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "writing .parquet needs pyarrow: pip install 'embedserve[parquet]' (or write .npy)"
+            ) from None
+
+
+def check_input(path: Path) -> None:
+    if path.is_dir():
+        raise ValueError(f"--input {path} is a folder; give a .txt or .jsonl file")
+    if not path.exists():
+        raise ValueError(f"--input {path}: no such file")
+
+
+def _run_embed(args: argparse.Namespace) -> int:
+    if bool(args.texts) == bool(args.input):
+        raise ValueError("give texts as arguments or --input FILE (one of the two)")
+    if args.input is not None:
+        check_input(args.input)
+    if args.output is not None:
+        check_output(args.output, args.overwrite)
+    records = (
+        read_records(args.input, skip_empty=args.skip_empty)
+        if args.input
+        else Records(list(range(len(args.texts))), list(args.texts))
+    )
+    if records.skipped:
+        say(
+            f"embedserve embed: skipped {len(records.skipped)} empty lines: {records.skipped}",
+            err=True,
+        )
+    texts = records.texts
+    from embedserve.embedder import Embedder
+
+    options = EngineOptions.from_args(args)
+    embedder = Embedder(
+        options.model,
+        device=options.device,
+        dtype=options.dtype,
+        pooling=options.pooling,
+        attention=options.attention,
+        attention_backend=options.attention_backend,
+    )
+    try:
+        vectors = embed_texts(embedder, texts, args)
+    except InputTooLong as e:  # the advice in this command's terms
+        raise ValueError(
+            f"{e.where} has {e.num_tokens} tokens, over this model's limit of {e.max_length}; "
+            "shorten it or pass --truncate end (keep the beginning) or --truncate start (keep "
+            "the end)"
+        ) from None
+    if args.output is not None:
+        write_vectors(args.output, vectors, records.ids)
+        print(
+            f"wrote {vectors.shape[0]} vectors of {vectors.shape[1]} to {args.output}",
+            file=sys.stderr,
+        )
+    else:
+        if vectors.dtype.kind != "f" and args.output_dtype is None:  # not what one expects
+            say(
+                f"embedserve embed: this model's native output is {vectors.dtype.name} (its "
+                "folder's embedserve.json); pass --output-dtype float32 for floats",
+                err=True,
+            )
+        json.dump({"model": str(args.model), "embeddings": vectors.tolist()}, sys.stdout)
+        sys.stdout.write("\n")
+    return 0
+
+
+def _add_rerank(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rerank",
+        help="score documents against a query, offline (a reranker, or an embedding model's "
+        "cosine)",
+    )
+    p.add_argument("documents", nargs="*", help="documents to rank; results printed as JSON")
+    p.add_argument("--query", required=True, help="the query")
+    p.add_argument("--input", type=Path, help="documents from a .txt (one per line) or .jsonl file")
+    p.add_argument("--top-n", type=int, default=None, help="print only the best N")
+    p.add_argument(
+        "--truncate",
+        default=None,
+        choices=["end", "start"],
+        help="cut an over-long document (never the query) instead of failing",
+    )
+    p.add_argument("--instruction", default=None, help="an LLM reranker's instruction")
+    p.add_argument("--raw", action="store_true", help="a reranker's logits, not its activation")
+    EngineOptions.add_arguments(p)
+    p.set_defaults(run=_run_rerank)
+
+
+def _run_rerank(args: argparse.Namespace) -> int:
+    if bool(args.documents) == bool(args.input):
+        raise ValueError("give documents as arguments or --input FILE (one of the two)")
+    options = EngineOptions.from_args(args)
+    if options.pooling or options.attention:
+        raise ValueError("--pooling and --attention do not apply to rerank")
+    if args.input is not None:
+        check_input(args.input)
+    docs = read_texts(args.input) if args.input else list(args.documents)
+    from embedserve.scorer import Scorer
+
+    scorer = Scorer(
+        options.model,
+        device=options.device,
+        dtype=options.dtype,
+        attention_backend=options.attention_backend,
+    )
+    ranked = scorer.rerank(
+        args.query,
+        docs,
+        top_n=args.top_n,
+        truncate=args.truncate or False,
+        instruction=args.instruction,
+        raw=args.raw,
+    )
+    results = [
+        {"index": r.index, "relevance_score": r.relevance_score, "document": r.document}
+        for r in ranked
+    ]
+    json.dump({"model": str(options.model), "scoring": scorer.kind, "results": results}, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+def embed_texts(embedder: Any, texts: list[str], args: argparse.Namespace) -> Any:
+    return embedder.encode(
+        texts,
+        prompt_name=args.prompt_name,
+        dimensions=args.dimensions,
+        normalize=not args.no_normalize,
+        output_dtype=args.output_dtype,
+        truncate=args.truncate or False,
+        batch_tokens=args.batch_tokens,
+        show_progress=args.output is not None,
+    )
+
+
+def _add_models(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "models",
+        help="the supported model families: architectures, tasks, attention, pooling",
+        description="The model families embedserve runs with its own model code, as a Markdown "
+        "table (the same as in docs/models.md). A folder or Hub id of one of these architectures "
+        "loads with --model; `embedserve make-checkpoint --arch` writes one with random weights.",
+    )
+    p.set_defaults(run=_run_models)
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    from embedserve.loading.families import models_table
+
+    print(models_table())
+    return 0

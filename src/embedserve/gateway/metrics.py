@@ -1,0 +1,129 @@
+"""What the gateway tells its operator: Prometheus metrics and one log line per request.
+
+The metrics are per worker; with several gateway workers (PROMETHEUS_MULTIPROC_DIR set by the
+launcher) /metrics adds up every worker's files instead. The log line (`--log-requests`) never
+holds input text: its id, route, status, time, prompt tokens, inputs and the replicas called.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import prometheus_client as prom
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from embedserve.gateway.jsonio import dumps
+from embedserve.gateway.replicas import Replica
+
+request_log = logging.getLogger("embedserve.gateway.requests")
+# the current request's [prompt tokens, inputs], for its log line: set by the handler deep in
+# the call, read by the ASGI loop after the answer is sent
+_REQUEST_COUNTS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "embedserve_request_counts", default=None
+)
+# NOTE: prometheus_client reads this when it is imported; the gateway launcher sets it for workers.
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = prom.CollectorRegistry()
+        self.requests = prom.Counter(
+            "embedserve_gateway_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.latency = prom.Histogram(
+            "embedserve_gateway_request_seconds",
+            "HTTP request latency by route",
+            ["route"],
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.prompt_tokens = prom.Counter(
+            "embedserve_gateway_prompt_tokens", "Prompt tokens embedded", registry=self.registry
+        )
+        self.inputs = prom.Counter(
+            "embedserve_gateway_inputs", "Inputs embedded", registry=self.registry
+        )
+        self.healthy = prom.Gauge(
+            "embedserve_gateway_replica_healthy",
+            "1 when the replica passes health checks",
+            ["replica"],
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
+        self.outstanding = prom.Gauge(
+            "embedserve_gateway_replica_outstanding_tokens",
+            "Tokens sent to the replica and not answered yet",
+            ["replica"],
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self._route_children: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def route(self, route: str, status: int) -> tuple[Any, Any]:
+        """The request counter and latency histogram of a route and status, looked up once."""
+        key = (route, status)
+        found = self._route_children.get(key)
+        if found is None:
+            found = (self.requests.labels(route, str(status)), self.latency.labels(route))
+            self._route_children[key] = found
+        return found
+
+    def count(self, num_tokens: int, num_inputs: int) -> None:
+        """A request's work: into the metrics, and into its log line."""
+        self.prompt_tokens.inc(num_tokens)
+        self.inputs.inc(num_inputs)
+        counts = _REQUEST_COUNTS.get()
+        if counts is not None:
+            counts[:] = [num_tokens, num_inputs]
+
+    def export(self, replicas: Sequence[Replica] | None) -> bytes:
+        """The text exposition of /metrics, with the replicas' state as of now."""
+        for i, r in enumerate(replicas or ()):  # by index, as /ready
+            self.healthy.labels(str(i)).set(float(r.healthy))
+            self.outstanding.labels(str(i)).set(r.outstanding_tokens)
+        registry = self.registry
+        if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files
+            registry = prom.CollectorRegistry()
+            MultiProcessCollector(registry)
+        return prom.generate_latest(registry)
+
+
+def track_request() -> list[int]:
+    """The [prompt tokens, inputs] of the request now starting (in this context), filled in by
+    `Metrics.count`."""
+    counts = [0, 0]
+    _REQUEST_COUNTS.set(counts)
+    return counts
+
+
+def log_request(
+    request_id: bytes,
+    method: str,
+    route: str,
+    status: int,
+    seconds: float,
+    counts: list[int],
+    replicas: set[int],
+) -> None:
+    request_log.info(
+        dumps(
+            {
+                "request_id": request_id.decode("ascii"),
+                "method": method,
+                "route": route,
+                "status": status,
+                "ms": round(seconds * 1e3, 3),
+                "prompt_tokens": counts[0],
+                "inputs": counts[1],
+                "replicas": sorted(replicas),
+            }
+        ).decode()
+    )

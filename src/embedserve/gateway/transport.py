@@ -1,0 +1,101 @@
+"""The ASGI side of a request: its body, read under a size and a time limit and parsed as
+JSON, and the client's disconnect, which cancels the work done for it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from embedserve.gateway.errors import ApiError, bad_request
+from embedserve.gateway.jsonio import JSONDecodeError, duplicate_key, loads
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Answer = tuple[int, bytes, bytes]  # status, content type, body
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was ready."""
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:
+    """The whole body, at most `limit` bytes, arriving within `timeout` s of its headers."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > limit:
+            raise _too_large(limit)
+    chunks, size = [], 0
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {timeout:g} s",
+                code="body_timeout",
+                headers=((b"connection", b"close"),),  # the rest of it is not awaited
+            ) from None
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as JSON; empty, invalid, or with a key twice in one object: a 400."""
+    if not body:
+        raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        parsed = loads(body)
+    except JSONDecodeError as e:
+        raise bad_request(f"the body is not valid JSON: {e}", code="invalid_json") from None
+    key = duplicate_key(body, parsed)
+    if key is not None:
+        raise bad_request(
+            f"the key {key!r} appears twice in the request; send it once",
+            param=key,
+            code="duplicate_key",
+        )
+    return parsed
+
+
+async def unless_disconnected(work: Awaitable[Answer], receive: Receive) -> Answer:
+    """`await work`, unless the client disconnects first: then cancel it, which cancels its
+    server calls, so the servers drop those requests before they reach the engine."""
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
+
+    def on_message(watch: asyncio.Future[dict[str, Any]]) -> None:
+        nonlocal gone
+        if watch.cancelled() or watch.exception() is not None:
+            return
+        if watch.result()["type"] == "http.disconnect":
+            gone = True
+            current.cancel()
+
+    # The body is read: the next message is a disconnect, whenever it comes.
+    watch = asyncio.ensure_future(receive())
+    watch.add_done_callback(on_message)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if gone:
+            current.uncancel()
+            raise ClientGone from None
+        raise
+    finally:
+        watch.remove_done_callback(on_message)
+        watch.cancel()

@@ -1,0 +1,183 @@
+"""The embedding side of `embedserve index`: the actor Ray Data runs on each batch of records
+(one `Embedder`: records in, vectors and per-record errors out), and the actor pool over a Ray
+Dataset (`embed_dataset`, also the entry point for users who already hold a Dataset)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from embedserve.errors import InputError, InputTooLong
+
+RAY_INSTALL = "embedserve index needs Ray Data: pip install 'embedserve[ray]'"
+PATH_COLUMN = "path"  # the column Ray Data's include_paths adds: each record's input file
+
+
+@dataclass(frozen=True)
+class IndexOptions:
+    """What every record of the job is embedded with (the `Embedder.encode` options)."""
+
+    model: str = "minilm"
+    id_field: str = "id"
+    text_field: str = "text"
+    prompt_name: str | None = None
+    input_type: str | None = None
+    truncate: Any = False
+    output_dtype: str = "float32"
+    device: str = "auto"
+    batch_size: int = 256  # records per map_batches call
+    workers: int | None = None  # actors; None: one per GPU, else one on the CPU
+    fail_fast: bool = False
+
+
+def require_ray() -> Any:
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise ValueError(RAY_INSTALL) from None
+    return ray
+
+
+def id_text(value: Any) -> str:
+    """A record's id as text; "" when missing. NOTE: an integer id column with a gap arrives as
+    float64 with NaN (Arrow to NumPy): 3.0 is the id 3, NaN a missing id."""
+    if value is None:
+        return ""
+    if isinstance(value, (float, np.floating)):
+        if np.isnan(value):
+            return ""
+        if float(value).is_integer():
+            return str(int(value))
+    return str(value)
+
+
+class EmbedBatch:
+    """The actor `map_batches` runs: one Embedder, records in, vectors and errors out."""
+
+    def __init__(self, options: IndexOptions, cpu_threads: int = 0) -> None:
+        from embedserve.embedder import Embedder
+
+        if cpu_threads:
+            # NOTE: Ray sets OMP_NUM_THREADS to the actor's logical CPUs (1, so that the readers
+            # get the others); the model's threads are the share of the cores asked for here
+            import torch
+
+            torch.set_num_threads(cpu_threads)
+        self.options = options
+        self.embedder = Embedder(options.model, device=options.device)
+        self.model_name = str(options.model)
+        o = options
+        self.input_options = self.embedder.inputs.options(
+            prompt_name=o.prompt_name, input_type=o.input_type, truncate=o.truncate
+        )
+        self.head = self.embedder.inputs.head(None, True, o.output_dtype)
+        # the width and dtype of a row as the output dtype makes it (binary packs 8 per byte);
+        # also warms the engine up
+        probe, _ = self._encode(["warm-up"])
+        self.width, self.dtype = probe.shape[1], probe.dtype
+
+    def _encode(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
+        """`Embedder.encode`'s steps, keeping each text's token count (for tokens/s)."""
+        prepared = self.embedder.inputs.prepare(texts, self.input_options)
+        e = self.embedder
+        pooled = e.embed_ids(prepared.seqs, batch_tokens=e.engine.batch_tokens)
+        lengths = [len(s) for s in prepared.seqs]
+        if prepared.windows_per_input is not None:  # chunked: a text's windows together
+            windows = prepared.windows_per_input
+            ends = np.cumsum(windows)
+            lengths = [sum(lengths[b - n : b]) for b, n in zip(ends, windows, strict=True)]
+        return self.head.apply(prepared.combine(pooled)), lengths
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        o = self.options
+        n = len(next(iter(batch.values()))) if batch else 0
+        ids = [id_text(v) for v in batch[o.id_field]] if o.id_field in batch else [""] * n
+        texts = batch.get(o.text_field)
+        reasons: list[str | None] = [None] * n
+        for i in range(n):
+            if not ids[i]:
+                reasons[i] = f"missing {o.id_field!r}"
+            value = None if texts is None else texts[i]
+            if value is None or (isinstance(value, float) and np.isnan(value)):
+                reasons[i] = reasons[i] or f"missing {o.text_field!r}"
+            elif not isinstance(value, str):
+                reasons[i] = (
+                    reasons[i] or f"{o.text_field!r} is {type(value).__name__}, not a string"
+                )
+            elif not value.strip():
+                reasons[i] = reasons[i] or f"{o.text_field!r} is empty"
+        good = [i for i in range(n) if reasons[i] is None]
+        vectors = np.zeros((n, self.width), dtype=self.dtype)  # a bad record's row stays zero
+        tokens = np.zeros(n, dtype=np.int64)
+        if good:
+            chosen = [str(texts[i]) for i in good]  # type: ignore[index]
+            try:
+                vectors[good], tokens[good] = self._encode(chosen)
+            except InputError:  # find which records, one by one: the rest still embed
+                for i in good:
+                    try:
+                        row, count = self._encode([str(texts[i])])  # type: ignore[index]
+                        vectors[i], tokens[i] = row[0], count[0]
+                    except InputTooLong as e:  # the advice in `embedserve index` terms
+                        reasons[i] = (
+                            f"the text has {e.num_tokens} tokens, over this model's limit of "
+                            f"{e.max_length}; shorten it or pass --truncate end / start"
+                        )
+                    except InputError as e:
+                        reasons[i] = str(e).replace("input[0]", "the text")
+        if o.fail_fast and any(reasons):
+            k = next(i for i in range(n) if reasons[i])
+            raise ValueError(f"record {ids[k]!r}: {reasons[k]}")
+        out = {
+            "id": np.array(ids, dtype=object),
+            "vector": vectors,
+            "error": np.array([r or "" for r in reasons], dtype=object),
+            "model": np.array([self.model_name] * n, dtype=object),
+            "dims": np.full(n, self.embedder.dimensions, dtype=np.int32),
+            "output_dtype": np.array([o.output_dtype] * n, dtype=object),
+            "tokens": tokens,
+        }
+        if PATH_COLUMN in batch:
+            out[PATH_COLUMN] = batch[PATH_COLUMN]
+        return out
+
+
+def _cluster_gpus(ray: Any) -> int:
+    """GPUs of the Ray cluster the job runs on (every node's, not only this machine's)."""
+    if ray.is_initialized():
+        return int(ray.cluster_resources().get("GPU", 0))
+    from embedserve.cli.launch import visible_gpus
+
+    return visible_gpus()
+
+
+def embed_dataset(ds: Any, options: IndexOptions | None = None, **fields: Any) -> Any:
+    """A Ray Dataset of records -> a Dataset with `id`, `vector`, `error`, `model`, `dims`,
+    `output_dtype`, `tokens` (`error` non-empty where the record could not be embedded),
+    embedded on an actor pool: one actor per GPU of the cluster (each owning one), else
+    `options.workers` CPU actors. Options as an `IndexOptions` or as its fields
+    (`embed_dataset(ds, model="minilm", input_type="document")`)."""
+    options = replace(options or IndexOptions(), **fields)
+    ray = require_ray()
+    gpus = _cluster_gpus(ray) if options.device in ("auto", "cuda") else 0
+    workers = options.workers or max(gpus, 1)
+    # an actor that dies (a killed worker) is restarted and its batches retried: each record
+    # still comes out once
+    remote: dict[str, Any] = {"max_restarts": -1, "max_task_retries": -1}
+    threads = 0 if gpus else max(1, (os.cpu_count() or 1) // workers)
+    return ds.map_batches(
+        EmbedBatch,
+        fn_constructor_args=(options, threads),
+        batch_size=options.batch_size,
+        batch_format="numpy",
+        concurrency=workers,
+        num_gpus=1 if gpus else 0,
+        num_cpus=1,
+        **remote,
+    )
+
+

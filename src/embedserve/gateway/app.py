@@ -49,6 +49,7 @@ from embedserve.gateway.transport import (
     Receive,
     Scope,
     Send,
+    max_json_strings,
     parse_json,
     read_body,
     unless_disconnected,
@@ -89,6 +90,7 @@ class GatewayApp:
         # routes open without a key: liveness always, metrics unless `metrics_auth`
         self.open_paths = {"/health"} | (set() if metrics_auth else {"/metrics"})
         self.limits = limits
+        self.max_json_strings = max_json_strings(limits.max_inputs)
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout  # s for a body to arrive after its headers
         self.model_name = limits.model_names[0]
@@ -232,7 +234,7 @@ class GatewayApp:
 
     async def embeddings(self, body: bytes) -> Answer:
         pipeline = self._embedding_pipeline()
-        job = parse_embeddings(parse_json(body), self.limits, pipeline.inputs)
+        job = parse_embeddings(parse_json(body, self.max_json_strings), self.limits, pipeline.inputs)
         vectors, num_tokens = await pipeline.embed(job)
         self.metrics.count(num_tokens, len(vectors))
         return (
@@ -243,7 +245,7 @@ class GatewayApp:
 
     async def contextualized(self, body: bytes) -> Answer:
         pipeline = self._embedding_pipeline()
-        job = parse_contextual(parse_json(body), self.limits, pipeline.inputs)
+        job = parse_contextual(parse_json(body, self.max_json_strings), self.limits, pipeline.inputs)
         documents, num_tokens = await pipeline.contextual(job)
         self.metrics.count(num_tokens, job.num_chunks)
         return (
@@ -254,7 +256,7 @@ class GatewayApp:
 
     async def rerank(self, body: bytes) -> Answer:
         pipeline = self._ready_pipeline()
-        job, top_n, return_documents = parse_rerank(parse_json(body), self.limits)
+        job, top_n, return_documents = parse_rerank(parse_json(body, self.max_json_strings), self.limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
         docs = job.groups[0][1]
@@ -266,21 +268,21 @@ class GatewayApp:
 
     async def tei_rerank(self, body: bytes) -> Answer:
         pipeline = self._ready_pipeline()
-        job, return_text = parse_tei_rerank(parse_json(body), self.limits)
+        job, return_text = parse_tei_rerank(parse_json(body, self.max_json_strings), self.limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
         return 200, JSON, dumps(tei_rerank_body(scores, job.groups[0][1], return_text))
 
     async def score(self, body: bytes) -> Answer:
         pipeline = self._ready_pipeline()
-        job = parse_score(parse_json(body), self.limits)
+        job = parse_score(parse_json(body, self.max_json_strings), self.limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
         return 200, JSON, dumps(score_body(scores, self.model_name, num_tokens))
 
     async def tokenize(self, body: bytes) -> Answer:
         pipeline = self._ready_pipeline()
-        texts, options = parse_tokenize(parse_json(body), self.limits, pipeline.inputs)
+        texts, options = parse_tokenize(parse_json(body, self.max_json_strings), self.limits, pipeline.inputs)
         tokens = await pipeline.tokenize(texts, options)
         count = sum(map(len, tokens))
         return (

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from embedserve.gateway.errors import ApiError, bad_request
-from embedserve.gateway.jsonio import JSONDecodeError, duplicate_key, loads
+from embedserve.gateway.jsonio import JSONDecodeError, count_strings, duplicate_key, loads
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -53,15 +53,42 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
 
 
-def parse_json(body: bytes) -> Any:
-    """The body as JSON; empty, invalid, or with a key twice in one object: a 400."""
+# NOTE: every request object has at most ~10 fields; a body with more at its top level is refused
+# before its duplicate keys are looked for (that scan is a pass per distinct name)
+MAX_TOP_LEVEL_FIELDS = 64
+
+
+def max_json_strings(max_inputs: int) -> int:
+    """The most JSON strings any valid request holds: its fields, and two per input or document
+    (a document object's key and text), twice over for pairs (`text_1`, `text_2`)."""
+    return 4 * max_inputs + 2 * MAX_TOP_LEVEL_FIELDS
+
+
+def parse_json(body: bytes, max_strings: int) -> Any:
+    """The body as JSON; empty, invalid, with more strings than `max_strings` (counted before
+    parsing: the parser's cost grows with them), or with a key twice at the top level: a 400."""
     if not body:
         raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
+    strings = count_strings(body)
+    if strings > max_strings:
+        raise bad_request(
+            f"the body holds about {strings} JSON strings, over the {max_strings} any request "
+            "of these limits needs",
+            code="too_many_values",
+        )
     try:
         parsed = loads(body)
     except JSONDecodeError as e:
         raise bad_request(f"the body is not valid JSON: {e}", code="invalid_json") from None
-    key = duplicate_key(body, parsed)
+    if isinstance(parsed, dict) and len(parsed) > MAX_TOP_LEVEL_FIELDS:
+        raise bad_request(
+            f"the request has {len(parsed)} fields; no request has over {MAX_TOP_LEVEL_FIELDS}",
+            code="unknown_parameter",
+        )
+    try:
+        key = duplicate_key(body, parsed)
+    except ValueError as e:  # nested deeper than the checking parser goes
+        raise bad_request(f"the body is not valid JSON: {e}", code="invalid_json") from None
     if key is not None:
         raise bad_request(
             f"the key {key!r} appears twice in the request; send it once",

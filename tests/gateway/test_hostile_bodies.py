@@ -53,9 +53,9 @@ def test_a_valid_request_still_parses_and_a_duplicate_key_is_still_named() -> No
 
 
 def test_the_string_bound_admits_the_largest_valid_requests() -> None:
-    docs = ",".join('{"text": "d%d"}' % i for i in range(2048))
+    docs = ",".join(f'{{"text": "d{i}"}}' for i in range(2048))
     body = (f'{{"model": "m", "query": "q", "documents": [{docs}]}}').encode()
     assert isinstance(parse_json(body, LIMIT), dict)
-    pairs = ",".join('"t%d"' % i for i in range(2048))
+    pairs = ",".join(f'"t{i}"' for i in range(2048))
     body = (f'{{"text_1": [{pairs}], "text_2": [{pairs}]}}').encode()
     assert isinstance(parse_json(body, LIMIT), dict)

@@ -265,7 +265,7 @@ def _attention_at(t: int) -> dict[str, Any]:
 
     from embedserve.engine.attention import RaggedLayout, attention_backends
     from embedserve.engine.choices import KernelChoices
-    from embedserve.engine.fused import _graph_us
+    from embedserve.engine.kernels.tuning import _graph_us
 
     out: dict[str, Any] = {}
     q = torch.randn(t, 16, 128, device="cuda", dtype=torch.bfloat16)
@@ -310,7 +310,7 @@ def _linear_i(x: torch.Tensor, ws: list[torch.Tensor], i: int) -> torch.Tensor:
 def gemm_levers(deadline: float) -> dict[str, Any]:
     """Qwen3-0.6B's four GEMMs at M = 128: cuBLAS bf16 against cuBLAS fp16, and (time allowing)
     torch.compile max-autotune-no-cudagraphs (Triton templates), device µs per call."""
-    from embedserve.engine.fused import _graph_us
+    from embedserve.engine.kernels.tuning import _graph_us
 
     shapes = {
         "qkv": (4096, 1024),

@@ -61,10 +61,11 @@ class Family:
     # is its eager kernel on CUDA and always a graph candidate, the others graph candidates where
     # configured; empty: the device's defaults
     kernels: tuple[str, ...] = ()
-    # its score architecture is a language model that scores by the logits of the answer tokens
-    # (their ids read from the folder's tokenizer.json), at the last token; it embeds as well, so
-    # the folder decides (no sentence-transformers modules, or embedserve.json "task": "score")
-    scores_by_logits: bool = False
+    # the tokenizer rule of a language model that scores a pair by the logits of its answer
+    # tokens ("yes", "no": their ids read from the folder's tokenizer.json) at the last token;
+    # empty for a cross-encoder. Such a score architecture embeds as well, so the folder decides
+    # (no sentence-transformers modules, or embedserve.json "task": "score").
+    answer_tokens: tuple[str, ...] = ()
     classifier_tensors: tuple[tuple[str, ...], tuple[str, ...]] = BERT_CLASSIFIER
 
     @property
@@ -73,6 +74,10 @@ class Family:
 
     def default_pooling(self, attention: str) -> PoolingMethod:
         return dict(self.pooling_default)[attention]  # type: ignore[index]
+
+    @property
+    def scores_by_logits(self) -> bool:
+        return bool(self.answer_tokens)
 
     @property
     def score_kind(self) -> ScoreKind:
@@ -167,7 +172,7 @@ FAMILIES: tuple[Family, ...] = (
         "Qwen3-Embedding-*, Qwen3-Reranker-* (yes/no), pplx-embed",
         "a Qwen3ForCausalLM folder without sentence-transformers modules is a reranker",
         pooling_default=(("causal", "last"), ("bidirectional", "mean")),
-        scores_by_logits=True,
+        answer_tokens=("yes", "no"),
     ),
 )
 

@@ -69,8 +69,6 @@ TASKS: tuple[str, ...] = ("embed", "score")
 SCORE_ARCHITECTURES: tuple[str, ...] = tuple(
     a for f in FAMILIES if not f.scores_by_logits for a in f.score_architectures
 )
-# the answer tokens of an LLM reranker (Qwen3-Reranker's prompt asks for "yes" or "no")
-YES_NO_TOKENS = ("yes", "no")
 
 # Our own optional file in a model folder, for what Hugging Face configs have no key for.
 EMBEDSERVE_CONFIG = "embedserve.json"
@@ -234,10 +232,8 @@ def read_model_spec(
     pooling: str | None = None,
     attention: str | None = None,
 ) -> ModelSpec:
-    """Read and validate a model folder.
-
-    `pooling` and `attention` ("causal" | "bidirectional") override what the folder declares.
-    """
+    """Read and validate a model folder; `pooling` and `attention` ("causal" | "bidirectional")
+    override what the folder declares."""
     path = Path(folder)
     if not path.is_dir():
         raise ModelLoadError(f"{path}: not a directory (expected a model folder with config.json)")
@@ -250,18 +246,17 @@ def read_model_spec(
     extra: dict[str, Any] = _read_json(extra_path) if extra_path.exists() else {}
     if not isinstance(extra, dict):
         raise ModelLoadError(f"{extra_path}: expected a JSON object")
-
     config = family.read_config(cfg, config_path)
     task = _task(path, family, arch, extra)
     kind = _attention_kind(family, attention, cfg, extra, config_path)
     score: ScoreSpec | None = None
     if task == "score" and family.scores_by_logits:
-        score = ScoreSpec("yes_no", "sigmoid", _yes_no_ids(path))
+        score = ScoreSpec("yes_no", "sigmoid", _answer_ids(path, family.answer_tokens))
     elif task == "score":
         score = ScoreSpec("classifier", _classifier_activation(cfg, config_path))
     method = _pooling(path, family, kind, task, pooling)
+    max_len, prompts, default_prompt_name = _sentence_transformers(path, config.max_positions)
     rules, default_dtype = _output_defaults(extra, extra_path)
-    prompts, default_prompt_name = _prompts(path)
     dense = _dense_layers(path, config.hidden_size)
     if dense and task == "score":
         raise ModelLoadError(f"{path / 'modules.json'}: a scoring model has no Dense modules")
@@ -274,7 +269,7 @@ def read_model_spec(
         pooling=method,
         attention=kind,
         normalize=_has_normalize(path),
-        max_seq_length=_max_seq_length(path, config.max_positions),
+        max_seq_length=max_len,
         prompts=prompts,
         default_prompt_name=default_prompt_name,
         output_rules=rules,
@@ -323,22 +318,18 @@ def _pooling(
     return method  # type: ignore[return-value]
 
 
-def _max_seq_length(path: Path, max_positions: int) -> int:
-    """The model's positions, or fewer where sentence-transformers says so."""
-    st_cfg_path = path / "sentence_bert_config.json"
-    if not st_cfg_path.exists():
-        return max_positions
-    return min(max_positions, int(_read_json(st_cfg_path).get("max_seq_length") or max_positions))
-
-
-def _prompts(path: Path) -> tuple[dict[str, str], str | None]:
-    """The sentence-transformers prompts by name, and the default prompt's name."""
+def _sentence_transformers(path: Path, max_positions: int) -> tuple[int, dict[str, str], Any]:
+    """(tokens per sequence: the model's positions, or fewer where sentence-transformers says so;
+    its prompts by name; the default prompt's name)."""
+    max_len, st_cfg_path = max_positions, path / "sentence_bert_config.json"
+    if st_cfg_path.exists():
+        max_len = min(max_len, int(_read_json(st_cfg_path).get("max_seq_length") or max_len))
     prompt_cfg_path = path / "config_sentence_transformers.json"
     if not prompt_cfg_path.exists():
-        return {}, None
+        return max_len, {}, None
     prompt_cfg = _read_json(prompt_cfg_path)
     prompts = {str(k): str(v) for k, v in (prompt_cfg.get("prompts") or {}).items()}
-    return prompts, prompt_cfg.get("default_prompt_name")
+    return max_len, prompts, prompt_cfg.get("default_prompt_name")
 
 
 def _output_defaults(extra: dict[str, Any], extra_path: Path) -> tuple[OutputRules, str]:
@@ -442,8 +433,8 @@ def _classifier_activation(cfg: dict[str, Any], config_path: Path) -> Activation
     )
 
 
-def _yes_no_ids(path: Path) -> tuple[int, int]:
-    """The token ids of "yes" and "no" in the folder's tokenizer (an LLM reranker's answers)."""
+def _answer_ids(path: Path, answers: tuple[str, ...]) -> tuple[int, int]:
+    """The token ids of an LLM reranker's answers ("yes", "no") in the folder's tokenizer."""
     from tokenizers import Tokenizer  # no torch
 
     tokenizer_path = path / "tokenizer.json"
@@ -451,7 +442,8 @@ def _yes_no_ids(path: Path) -> tuple[int, int]:
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
     except Exception as e:  # tokenizers raises a bare Exception
         raise ModelLoadError(f"{tokenizer_path}: cannot read the tokenizer ({e})") from None
-    ids = [tokenizer.token_to_id(t) for t in YES_NO_TOKENS]
+    ids = [tokenizer.token_to_id(t) for t in answers]
     if None in ids:
-        raise ModelLoadError(f"{tokenizer_path}: no single token for 'yes' and 'no'")
+        named = " and ".join(map(repr, answers))
+        raise ModelLoadError(f"{tokenizer_path}: no single token for {named}")
     return ids[0], ids[1]  # type: ignore[return-value]

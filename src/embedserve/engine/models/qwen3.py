@@ -22,7 +22,7 @@ from embedserve.engine.layers.norms import RMSNorm
 from embedserve.engine.layers.rotary import Rotary
 from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.ops import Ops
-from embedserve.engine.weights import take
+from embedserve.engine.weights import decoder_checkpoint
 from embedserve.loading.spec import ModelSpec, Qwen3Config
 
 
@@ -112,44 +112,7 @@ class Qwen3Encoder(PackedEncoder):
         return self.ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
     def checkpoint(self, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
-        """A Hugging Face Qwen3 checkpoint (`lm_head` is ignored): Q, K, V concatenated into one
-        matrix and gate, up into another."""
-        cfg, sd = self.cfg, tensors
-        h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-        nq, nkv = cfg.num_heads * d, cfg.num_kv_heads * d
-        new: dict[str, torch.Tensor] = {
-            "embed.weight": take(sd, "embed_tokens.weight", (cfg.vocab_size, h), source),
-            "norm.weight": take(sd, "norm.weight", (h,), source),
-        }
-        for n in range(cfg.num_layers):
-            p, a, m = f"layers.{n}.", f"layers.{n}.self_attn.", f"layers.{n}.mlp."
-            new[p + "qkv.weight"] = torch.cat(
-                [
-                    take(sd, a + "q_proj.weight", (nq, h), source),
-                    take(sd, a + "k_proj.weight", (nkv, h), source),
-                    take(sd, a + "v_proj.weight", (nkv, h), source),
-                ]
-            )
-            if cfg.attention_bias:
-                new[p + "qkv.bias"] = torch.cat(
-                    [
-                        take(sd, a + "q_proj.bias", (nq,), source),
-                        take(sd, a + "k_proj.bias", (nkv,), source),
-                        take(sd, a + "v_proj.bias", (nkv,), source),
-                    ]
-                )
-            new[p + "q_norm.weight"] = take(sd, a + "q_norm.weight", (d,), source)
-            new[p + "k_norm.weight"] = take(sd, a + "k_norm.weight", (d,), source)
-            new[p + "out.weight"] = take(sd, a + "o_proj.weight", (h, nq), source)
-            new[p + "input_norm.weight"] = take(sd, p + "input_layernorm.weight", (h,), source)
-            new[p + "post_attn_norm.weight"] = take(
-                sd, p + "post_attention_layernorm.weight", (h,), source
-            )
-            new[p + "gate_up.weight"] = torch.cat(
-                [
-                    take(sd, m + "gate_proj.weight", (i, h), source),
-                    take(sd, m + "up_proj.weight", (i, h), source),
-                ]
-            )
-            new[p + "down.weight"] = take(sd, m + "down_proj.weight", (h, i), source)
-        return new
+        norms = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm"}
+        return decoder_checkpoint(
+            tensors, self.cfg, norms, source, qkv_bias=self.cfg.attention_bias
+        )

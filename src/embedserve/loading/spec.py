@@ -400,7 +400,7 @@ def _task(path: Path, family: Family, arch: str, extra: dict[str, Any]) -> Task:
             raise ModelLoadError(
                 f"{path / EMBEDSERVE_CONFIG}: task {task!r} does not fit architecture {arch!r}"
             )
-        return task  # type: ignore[no-any-return]
+        return task
     if only_scores and not family.scores_by_logits:
         return "score"
     if (

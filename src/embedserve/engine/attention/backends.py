@@ -124,5 +124,5 @@ def graph_candidates(
     if kernels and name in (None, "auto", kernels[0]):
         return (kernels[0], *(a for a in kernels[1:] if a in configured))
     if name not in (None, "auto"):
-        return (name,)  # type: ignore[return-value]
+        return (name,)
     return configured

@@ -33,7 +33,7 @@ M = TypeVar("M")
 def _cached(layout: RaggedLayout, key: Hashable, build: Callable[[], M]) -> M:
     if key not in layout.cache:
         layout.cache[key] = build()
-    return layout.cache[key]  # type: ignore[no-any-return]
+    return layout.cache[key]
 
 
 def _distance(n: int, device: torch.device) -> torch.Tensor:

@@ -104,7 +104,7 @@ class Engine:
         # the fidelity reference: fp32, eager ops (read from the folder a second time)
         reference = build_model(spec, EAGER_OPS).to(self.device) if check else None
         self.model = build_model(spec, self.ops).to(self.device, self.dtype)
-        # a scoring model's head, after pooling, in float32 (see `scoring`); None to embed
+        # a scoring model's head after pooling, in float32 (`pooler.score_heads`); None to embed
         head = build_score_head(spec)
         self.score_head = head.to(self.device) if head is not None else None
         # a sentence-transformers folder's Dense modules after pooling, in float32; None if none

@@ -123,6 +123,8 @@ FAMILIES: tuple[Family, ...] = (
         "relative position bias (no FlashAttention: the padded SDPA backend on CUDA)",
         pooling_default=(("bidirectional", "mean"),),
         score_bias=True,
+        # padded first: it runs at any size (S L², not T²); the masked ones are timed where a
+        # bucket is small or holds one sequence
         kernels=("padded", "cudnn", "block_mask"),
     ),
     Family(

@@ -18,8 +18,10 @@ Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Scope], torch.Tenso
 
 @dataclass(frozen=True)
 class Backend:
+    """One attention kernel and what it can run; `bind` makes it the function models call."""
+
     name: str
-    fn: Kernel
+    fn: Kernel  # (q, k, v, scope) -> [T, N, D]
     # reads no host value that changes between batches once `seq_ids` is set: a CUDA graph may
     # capture it
     capture_safe: bool

@@ -53,14 +53,10 @@ from embedserve.engine.engine import Engine
 
 def graph_us() -> Callable[..., float]:
     """The engine's own graph-replay timer (private: this study measures the engine's kernels
-    the way its autotuner does). NOTE: the ops table moved from `engine.fused`; both homes tried."""
-    for module in ("embedserve.engine.kernels.tuning", "embedserve.engine.ops",
-                   "embedserve.engine.fused"):  # fmt: skip
-        try:
-            return importlib.import_module(module)._graph_us  # type: ignore[no-any-return]
-        except (ImportError, AttributeError):
-            continue
-    raise ImportError("no _graph_us in embedserve.engine (kernels.tuning, ops, fused)")
+    the way its autotuner does)."""
+    from embedserve.engine.kernels.tuning import _graph_us
+
+    return _graph_us
 
 
 def overlap(engine: Engine, batch: PackedBatch, n: int = 50) -> dict[str, float]:

@@ -131,3 +131,54 @@ def test_a_model_with_a_score_bias_never_gets_flash_attention(tmp_path) -> None:
         assert got is not None
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     assert set(runner.attention_choice().values()) <= {"padded", "cudnn", "block_mask"}
+
+
+@pytest.mark.parametrize("name", ["sdpa_loop", "block_mask", "padded", "cudnn"])
+def test_masks_are_built_once_per_forward(name: str) -> None:
+    """Every layer of a forward attends with the masks the first one built (`attention.masks`)."""
+    torch.manual_seed(3)
+    lens = [5, 40, 1, 13]
+    t = sum(lens)
+    q, k, v = (torch.randn(t, 4, 16) for _ in range(3))
+    bias = torch.randn(4, 13)
+    shared = layout(lens)
+    first = BACKENDS[name](q, k, v, shared, True, 4, bias)
+    built = dict(shared.cache)
+    assert built  # the first layer built its masks
+    again = BACKENDS[name](q, k, v, shared, True, 4, bias)
+    assert shared.cache.keys() == built.keys()
+    assert all(shared.cache[key] is mask for key, mask in built.items())
+    torch.testing.assert_close(again, first, atol=0, rtol=0)
+
+
+def test_each_backend_is_one_record() -> None:
+    from embedserve.engine.attention import BACKENDS as RECORDS
+    from embedserve.engine.attention import CAPTURE_SAFE, MASKED
+
+    assert CAPTURE_SAFE == ("varlen", "block_mask", "padded", "cudnn")
+    assert MASKED == ("block_mask", "cudnn")
+    assert [n for n, b in RECORDS.items() if not b.takes_bias] == ["varlen"]
+    assert [n for n, b in RECORDS.items() if b.cuda_only] == ["varlen"]
+
+
+def test_the_family_row_picks_a_models_kernels() -> None:
+    """MPNet's row names its kernels (its score bias FlashAttention cannot take); BERT's none."""
+    from embedserve.engine.attention import graph_candidates, model_backend
+    from embedserve.loading.families import FAMILY_BY_NAME
+
+    mpnet, bert = FAMILY_BY_NAME["mpnet"], FAMILY_BY_NAME["bert"]
+    configured = ("varlen", "block_mask", "cudnn")
+    assert graph_candidates(mpnet, configured, None) == ("padded", "cudnn", "block_mask")
+    assert graph_candidates(mpnet, ("varlen",), "padded") == ("padded",)
+    assert graph_candidates(mpnet, configured, "cudnn") == ("cudnn",)
+    assert graph_candidates(bert, configured, None) == configured
+    assert graph_candidates(bert, configured, "padded") == ("padded",)
+    cpu, choices = torch.device("cpu"), KernelChoices()
+    with pytest.raises(ValueError, match="mpnet models add a score bias varlen cannot take"):
+        model_backend(mpnet, "varlen", cpu, choices)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        model_backend(bert, "varlen", cpu, choices)
+    q = torch.randn(6, 2, 8)
+    lay = layout([6])
+    want = BACKENDS["sdpa_loop"](q, q, q, lay, False)
+    torch.testing.assert_close(model_backend(mpnet, None, cpu, choices)(q, q, q, lay, False), want)

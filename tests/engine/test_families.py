@@ -201,3 +201,16 @@ def test_a_causal_gemma3_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="use_bidirectional_attention"):
         read_model_spec(folder)
     assert read_model_spec(folder, attention="bidirectional").family == "gemma3"
+
+
+def test_every_registry_row_names_a_packed_encoder() -> None:
+    """Adding a family is a row and a model file: the row's dotted path resolves to the model."""
+    import importlib
+
+    from embedserve.engine.models.base import PackedEncoder
+    from embedserve.loading.families import FAMILIES
+
+    for family in FAMILIES:
+        module, _, name = family.model.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert isinstance(cls, type) and issubclass(cls, PackedEncoder), family.name

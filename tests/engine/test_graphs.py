@@ -12,18 +12,16 @@ import torch
 
 from embedserve.engine.attention import attention_backends
 from embedserve.engine.batch import PackedBatch
-from embedserve.engine.choices import KernelChoices
-from embedserve.engine.engine import Engine
-from embedserve.engine.graphs import (
-    EagerGraph,
-    GraphConfig,
-    GraphRunner,
+from embedserve.engine.buckets import (
     plan_bucket,
     seq_bucket,
     seqlen_bucket,
     stage_inputs,
     token_bucket,
 )
+from embedserve.engine.choices import KernelChoices
+from embedserve.engine.engine import Engine
+from embedserve.engine.graphs import EagerGraph, GraphConfig, GraphRunner
 
 BACKENDS = attention_backends(KernelChoices())
 
@@ -313,8 +311,8 @@ def test_candidates_that_fail_or_disagree_are_dropped_and_recorded(
 def test_linear_computes_through_its_ops_table_with_nn_linear_keys() -> None:
     from dataclasses import replace
 
-    from embedserve.engine.fused import EAGER_OPS
-    from embedserve.engine.models.linear import Linear
+    from embedserve.engine.layers.linear import Linear
+    from embedserve.engine.ops import EAGER_OPS
 
     torch.manual_seed(0)
     ref = torch.nn.Linear(8, 16)
@@ -345,8 +343,8 @@ def test_model_gets_its_ops_at_construction(minilm_path) -> None:  # type: ignor
     from dataclasses import fields, replace
 
     from embedserve.engine.attention import RaggedLayout
-    from embedserve.engine.fused import EAGER_OPS, Ops
     from embedserve.engine.models import build_model
+    from embedserve.engine.ops import EAGER_OPS, Ops
 
     counts: dict[str, int] = {}
 

@@ -17,10 +17,11 @@ import torch
 from embedserve.engine import graphs as graphs_module
 from embedserve.engine.attention import RaggedLayout, attention_backends
 from embedserve.engine.batch import PackedBatch
+from embedserve.engine.buckets import plan_bucket
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.engine import Engine
 from embedserve.engine.fidelity import row_cosines
-from embedserve.engine.graphs import GraphConfig, plan_bucket
+from embedserve.engine.graphs import GraphConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -108,7 +109,7 @@ def test_cudnn_one_real_sequence_with_padding_matches_it_alone(
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_small_m_linear_matches_cublas_and_records_its_choice(bias: bool) -> None:
-    from embedserve.engine.fused import small_m_linear
+    from embedserve.engine.kernels.tuning import small_m_linear
     from embedserve.engine.stats import EngineStats
 
     torch.manual_seed(0)
@@ -128,8 +129,8 @@ def test_small_m_linear_matches_cublas_and_records_its_choice(bias: bool) -> Non
 
 
 def test_qk_norm_rope_kernel_against_fp64() -> None:
-    from embedserve.engine.fused import EAGER_OPS
     from embedserve.engine.kernels.qk_norm_rope import qk_norm_rope
+    from embedserve.engine.ops import EAGER_OPS
 
     torch.manual_seed(0)
     t, nq, nk, d, dev = 300, 16, 8, 128, "cuda"

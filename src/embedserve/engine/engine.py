@@ -21,18 +21,19 @@ from embedserve.engine.attention import (
     AttentionFn,
     RaggedLayout,
     choose_backend,
-    sdpa_loop,
+    graph_candidates,
+    model_backend,
 )
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.choices import KernelChoices
-from embedserve.engine.dense import build_dense
 from embedserve.engine.fidelity import SCORE_MAX_DIFF, check_fidelity, make_probes
-from embedserve.engine.fused import EAGER_OPS, compile_limits, compiled_ops
 from embedserve.engine.graphs import GraphConfig, GraphRunner
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
-from embedserve.engine.scoring import build_score_head
-from embedserve.engine.spans import pool_spans
+from embedserve.engine.ops import EAGER_OPS, compile_limits, compiled_ops
+from embedserve.engine.pooler.dense import build_dense
+from embedserve.engine.pooler.score_heads import build_score_head
+from embedserve.engine.pooler.spans import pool_spans
 from embedserve.engine.stats import EngineStats
 from embedserve.loading.spec import ModelSpec, PoolingMethod, read_model_spec
 
@@ -55,16 +56,11 @@ def resolve_device(device: str | None) -> torch.device:
 def graph_config(
     spec: ModelSpec, config: GraphConfig, attention_backend: str | None
 ) -> GraphConfig:
-    """The graph attention candidates for this model: for a model with a score bias (MPNet),
-    by default or with `padded` named, the padded backend first (it runs at any size), then the
-    masked ones (timed where a bucket is small or holds one sequence); else a named backend
-    alone, or the configured ones."""
-    if not spec.flash_attention and attention_backend in (None, "auto", "padded"):
-        masked = tuple(a for a in ("cudnn", "block_mask") if a in config.attention)
-        return dataclasses.replace(config, attention=("padded", *masked))
-    if attention_backend not in (None, "auto"):
-        return dataclasses.replace(config, attention=(attention_backend,))
-    return config
+    """The graph attention candidates for this model: its family's kernels (MPNet's, whose score
+    bias FlashAttention cannot take), a named backend alone, or the configured ones
+    (`attention.graph_candidates`)."""
+    candidates = graph_candidates(spec.family_row, config.attention, attention_backend)
+    return dataclasses.replace(config, attention=candidates)
 
 
 class Engine:
@@ -94,14 +90,10 @@ class Engine:
         # what this engine measured on its device: attention per bucket, GEMM kernel per shape,
         # whether cuDNN takes grouped heads; filled in as shapes are first seen
         self.choices = KernelChoices()
-        if not spec.flash_attention and attention_backend == "varlen":
-            raise ValueError(f"{spec.family} models add a score bias FlashAttention cannot take")
-        # a model with a score bias (MPNet) runs eagerly on the padded backend (see
-        # `graph_config` for its graphs)
-        eager_backend = attention_backend
-        if not spec.flash_attention and attention_backend in (None, "auto") and on_cuda:
-            eager_backend = "padded"
-        self.attend: AttentionFn = choose_backend(eager_backend, self.device, self.choices)
+        # the named backend, else the family's own on CUDA (MPNet's padded), else the device's
+        self.attend: AttentionFn = model_backend(
+            spec.family_row, attention_backend, self.device, self.choices
+        )
         fused = on_cuda if fuse is None else fuse
         # the ops first, then the model built with them (it calls them for every chain)
         self.ops = compiled_ops(self.choices, self.stats) if fused else EAGER_OPS
@@ -112,7 +104,7 @@ class Engine:
         # the fidelity reference: fp32, eager ops (read from the folder a second time)
         reference = build_model(spec, EAGER_OPS).to(self.device) if check else None
         self.model = build_model(spec, self.ops).to(self.device, self.dtype)
-        # a scoring model's head, after pooling, in float32 (see `scoring`); None to embed
+        # a scoring model's head after pooling, in float32 (`pooler.score_heads`); None to embed
         head = build_score_head(spec)
         self.score_head = head.to(self.device) if head is not None else None
         # a sentence-transformers folder's Dense modules after pooling, in float32; None if none
@@ -300,4 +292,5 @@ def _reference_run(
         pooled = EAGER_OPS.pool(hidden, layout.cu_seqlens, seq_ids, pooling)
         return pooled if head is None else head(pooled)
 
-    return _eager_run(forward, batch, device, sdpa_loop).cpu().numpy()
+    attend = choose_backend("sdpa_loop", device, KernelChoices())
+    return _eager_run(forward, batch, device, attend).cpu().numpy()

@@ -1,4 +1,5 @@
-"""Reading checkpoint tensors from a model folder (single or sharded safetensors)."""
+"""Reading checkpoint tensors from a model folder (single or sharded safetensors), and the
+Hugging Face decoder layout the decoder families share, mapped into the fused one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from embedserve.loading.family_configs import Gemma3Config, Qwen3Config
 from embedserve.loading.spec import ModelLoadError
 
 WEIGHT_FILE = "model.safetensors"
@@ -88,3 +90,46 @@ def take(
             "from config.json"
         )
     return t
+
+
+def decoder_checkpoint(
+    tensors: dict[str, torch.Tensor],
+    cfg: Gemma3Config | Qwen3Config,
+    norms: dict[str, str],
+    source: Path,
+    *,
+    qkv_bias: bool = False,
+) -> dict[str, torch.Tensor]:
+    """A Hugging Face decoder checkpoint (Qwen3's and Gemma 3's names: `embed_tokens`, `norm`,
+    per layer `self_attn.{q,k,v,o}_proj`, `q_norm`, `k_norm`, `mlp.{gate,up,down}_proj`; any
+    `lm_head` is ignored) under our names: Q, K, V fused into `qkv`, gate and up into `gate_up`.
+    `norms`: our name -> theirs of each layer's [H] norms."""
+    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    nq, nkv = cfg.num_heads * d, cfg.num_kv_heads * d
+    new: dict[str, torch.Tensor] = {
+        "embed.weight": take(tensors, "embed_tokens.weight", (cfg.vocab_size, h), source),
+        "norm.weight": take(tensors, "norm.weight", (h,), source),
+    }
+
+    def cat(prefix: str, parts: dict[str, int], kind: str, cols: tuple[int, ...]) -> torch.Tensor:
+        return torch.cat(
+            [
+                take(tensors, f"{prefix}{w}.{kind}", (rows, *cols), source)
+                for w, rows in parts.items()
+            ]
+        )
+
+    for n in range(cfg.num_layers):
+        p, a, m = f"layers.{n}.", f"layers.{n}.self_attn.", f"layers.{n}.mlp."
+        qkv = {"q_proj": nq, "k_proj": nkv, "v_proj": nkv}
+        new[p + "qkv.weight"] = cat(a, qkv, "weight", (h,))
+        if qkv_bias:
+            new[p + "qkv.bias"] = cat(a, qkv, "bias", ())
+        new[p + "q_norm.weight"] = take(tensors, a + "q_norm.weight", (d,), source)
+        new[p + "k_norm.weight"] = take(tensors, a + "k_norm.weight", (d,), source)
+        new[p + "out.weight"] = take(tensors, a + "o_proj.weight", (h, nq), source)
+        for ours, theirs in norms.items():
+            new[f"{p}{ours}.weight"] = take(tensors, f"{p}{theirs}.weight", (h,), source)
+        new[p + "gate_up.weight"] = cat(m, {"gate_proj": i, "up_proj": i}, "weight", (h,))
+        new[p + "down.weight"] = take(tensors, m + "down_proj.weight", (h, i), source)
+    return new

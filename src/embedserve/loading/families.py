@@ -1,392 +1,93 @@
-"""The model families this engine runs: what each reads from config.json, and the one table of
-what each supports (`embedserve models` prints it; docs/models.md has the same table).
+"""The one registry of the model families this engine runs: a row per family says how a folder is
+recognised, which reader validates its config.json, which engine model runs it, how it attends
+and pools, and how it scores pairs. `embedserve models` prints the table (docs/models.md has it).
 
-No torch: the gateway and the CLI read model folders with this. A family's config is read here
-once and validated, so the model code (`engine/models/<family>.py`) can trust every field.
+Adding a family is one row here and one model file under `engine/models/` (named by the row's
+`model`, a dotted path, so this module never imports torch: the gateway and the CLI read model
+folders with it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from embedserve.loading.family_configs import (
+    FamilyConfig,
+    ModelLoadError,
+    read_bert,
+    read_gemma3,
+    read_modernbert,
+    read_nomic_bert,
+    read_qwen3,
+)
 
-class ModelLoadError(ValueError):
-    """A model folder that cannot be served; the message names the file and what was expected."""
+PoolingMethod = Literal["mean", "cls", "last"]
+AttentionKind = Literal["bidirectional", "causal"]
+ScoreKind = Literal["classifier", "yes_no"]
 
-
-def require(cfg: dict[str, Any], key: str, path: Path) -> Any:
-    if key not in cfg:
-        raise ModelLoadError(f"{path}: missing required key {key!r}")
-    return cfg[key]
-
-
-def _first(cfg: dict[str, Any], keys: tuple[str, ...], path: Path) -> Any:
-    """The first of `keys` present (Hugging Face names, then the older or remote-code ones)."""
-    for key in keys:
-        if cfg.get(key) is not None:
-            return cfg[key]
-    raise ModelLoadError(f"{path}: missing required key {keys[0]!r}")
-
-
-GELU_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-
-
-@dataclass(frozen=True)
-class BertConfig:
-    """BERT and the encoders built like it (XLM-RoBERTa / RoBERTa)."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_position_embeddings: int  # rows of the position table
-    type_vocab_size: int
-    layer_norm_eps: float
-    hidden_act: str
-    # RoBERTa's positions start after the padding index (`padding_idx + 1`); BERT's at 0
-    position_offset: int = 0
-    # MPNet: buckets of its relative position bias (0: none, BERT and RoBERTa)
-    relative_buckets: int = 0
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def max_positions(self) -> int:
-        """Tokens per sequence the position table covers."""
-        return self.max_position_embeddings - self.position_offset
-
-
-@dataclass(frozen=True)
-class NomicBertConfig:
-    """nomic-embed-text: BERT post-norm with rotary positions and SwiGLU, no biases but the
-    norms'."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_position_embeddings: int
-    type_vocab_size: int
-    layer_norm_eps: float
-    rope_theta: float
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def max_positions(self) -> int:
-        return self.max_position_embeddings
-
-
-@dataclass(frozen=True)
-class ModernBertConfig:
-    """ModernBERT: pre-norm, rotary, GeGLU, every `n`th layer global, the others local."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_position_embeddings: int
-    norm_eps: float
-    norm_bias: bool
-    attention_bias: bool
-    mlp_bias: bool
-    hidden_act: str
-    global_rope_theta: float
-    local_rope_theta: float
-    window: int  # a local layer's largest |query - key| distance (local_attention // 2)
-    global_layers: tuple[bool, ...]  # per layer: full attention (True) or local
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def max_positions(self) -> int:
-        return self.max_position_embeddings
-
-
-@dataclass(frozen=True)
-class Gemma3Config:
-    """Gemma 3 text model as an encoder (EmbeddingGemma): GQA, q/k RMSNorm, four norms per layer,
-    GeGLU, sliding-window and global layers, embeddings scaled by sqrt(hidden)."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    global_rope_theta: float
-    local_rope_theta: float
-    sliding_window: int  # config.json's value (the whole window, both sides)
-    global_layers: tuple[bool, ...]
-    query_pre_attn_scalar: float
-    hidden_act: str
-    max_position_embeddings: int
-
-    @property
-    def window(self) -> int:
-        """A sliding layer's largest |query - key|: transformers turns a bidirectional Gemma 3's
-        `sliding_window` W into an exclusive bound of W // 2 + 1 on each side."""
-        return self.sliding_window // 2
-
-    @property
-    def max_positions(self) -> int:
-        return self.max_position_embeddings
-
-
-@dataclass(frozen=True)
-class Qwen3Config:
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int  # query heads
-    num_kv_heads: int  # key/value heads (grouped-query attention)
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool = False
-
-    @property
-    def max_positions(self) -> int:
-        return self.max_position_embeddings
-
-
-FamilyConfig = BertConfig | NomicBertConfig | ModernBertConfig | Gemma3Config | Qwen3Config
-
-
-def _heads_divide(hidden: int, heads: int, path: Path) -> None:
-    if heads <= 0 or hidden % heads:
-        raise ModelLoadError(
-            f"{path}: hidden_size {hidden} is not divisible by num_attention_heads {heads}"
-        )
-
-
-def _rope(cfg: dict[str, Any], path: Path, layer_type: str | None = None) -> dict[str, Any]:
-    """The rope settings of one layer type (transformers 5 `rope_parameters`, or older top-level
-    keys), checked to be plain rotary."""
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if layer_type is not None and isinstance(params.get(layer_type), dict):
-        params = params[layer_type]
-    elif layer_type is not None and any(
-        t in params for t in ("full_attention", "sliding_attention")
-    ):
-        params = {}
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default":
-        raise ModelLoadError(f"{path}: rope_type {kind!r} is not supported; expected 'default'")
-    return dict(params)
-
-
-def read_bert(
-    cfg: dict[str, Any], path: Path, *, roberta: bool = False, mpnet: bool = False
-) -> BertConfig:
-    """BERT; `roberta`: positions after the padding index, no token types; `mpnet`: RoBERTa's
-    positions plus a relative position bias, and no token type embeddings at all."""
-    roberta = roberta or mpnet
-    if cfg.get("position_embedding_type", "absolute") != "absolute":
-        raise ModelLoadError(
-            f"{path}: position_embedding_type {cfg['position_embedding_type']!r} "
-            "is not supported; expected 'absolute'"
-        )
-    bert = BertConfig(
-        vocab_size=int(require(cfg, "vocab_size", path)),
-        hidden_size=int(require(cfg, "hidden_size", path)),
-        num_layers=int(require(cfg, "num_hidden_layers", path)),
-        num_heads=int(require(cfg, "num_attention_heads", path)),
-        intermediate_size=int(require(cfg, "intermediate_size", path)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 512)),
-        type_vocab_size=1 if mpnet else int(cfg.get("type_vocab_size", 1 if roberta else 2)),
-        layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12 if not roberta else 1e-5)),
-        hidden_act=str(cfg.get("hidden_act", "gelu")),
-        position_offset=int(cfg.get("pad_token_id", 1)) + 1 if roberta else 0,
-        relative_buckets=int(cfg.get("relative_attention_num_buckets", 32)) if mpnet else 0,
-    )
-    _heads_divide(bert.hidden_size, bert.num_heads, path)
-    if bert.hidden_act not in GELU_ACTS:
-        raise ModelLoadError(f"{path}: unsupported hidden_act {bert.hidden_act!r}")
-    if bert.max_positions <= 0:
-        raise ModelLoadError(
-            f"{path}: max_position_embeddings {bert.max_position_embeddings} leaves no "
-            f"positions after the padding offset {bert.position_offset}"
-        )
-    return bert
-
-
-def read_nomic_bert(cfg: dict[str, Any], path: Path) -> NomicBertConfig:
-    """Both the transformers config and nomic's remote-code one (n_embd, n_head, ...)."""
-    act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu")))
-    if act not in ("silu", "swiglu"):
-        raise ModelLoadError(f"{path}: unsupported hidden_act {act!r}; expected silu (SwiGLU)")
-    for key, want in (("prenorm", False), ("qkv_proj_bias", False), ("mlp_fc1_bias", False)):
-        if key in cfg and bool(cfg[key]) != want:
-            raise ModelLoadError(f"{path}: {key} {cfg[key]!r} is not supported")
-    if float(cfg.get("rotary_emb_fraction", 1.0)) != 1.0 or cfg.get("rotary_emb_interleaved"):
-        raise ModelLoadError(f"{path}: only full, non-interleaved rotary is supported")
-    rope = _rope(cfg, path)
-    hidden = int(_first(cfg, ("hidden_size", "n_embd"), path))
-    heads = int(_first(cfg, ("num_attention_heads", "n_head"), path))
-    nomic = NomicBertConfig(
-        vocab_size=int(require(cfg, "vocab_size", path)),
-        hidden_size=hidden,
-        num_layers=int(_first(cfg, ("num_hidden_layers", "n_layer"), path)),
-        num_heads=heads,
-        intermediate_size=int(_first(cfg, ("intermediate_size", "n_inner"), path)),
-        max_position_embeddings=int(
-            cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048
-        ),
-        type_vocab_size=int(cfg.get("type_vocab_size", 2)),
-        layer_norm_eps=float(cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon", 1e-12))),
-        rope_theta=float(rope.get("rope_theta", cfg.get("rotary_emb_base", 1000.0))),
-    )
-    _heads_divide(hidden, heads, path)
-    return nomic
-
-
-def _layer_types(cfg: dict[str, Any], layers: int, every: int, path: Path) -> tuple[bool, ...]:
-    """Per layer, True for full attention: `layer_types` when given, else every `every`th."""
-    types = cfg.get("layer_types")
-    if types is None:
-        return tuple(i % every == 0 for i in range(layers))
-    if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
-        raise ModelLoadError(
-            f"{path}: layer_types must list {layers} of full_attention / sliding_attention"
-        )
-    return tuple(t == "full_attention" for t in types)
-
-
-def read_modernbert(cfg: dict[str, Any], path: Path) -> ModernBertConfig:
-    hidden = int(require(cfg, "hidden_size", path))
-    heads = int(require(cfg, "num_attention_heads", path))
-    layers = int(require(cfg, "num_hidden_layers", path))
-    act = str(cfg.get("hidden_activation", "gelu"))
-    if act not in GELU_ACTS:
-        raise ModelLoadError(f"{path}: unsupported hidden_activation {act!r}")
-    full, local = _rope(cfg, path, "full_attention"), _rope(cfg, path, "sliding_attention")
-    modern = ModernBertConfig(
-        vocab_size=int(require(cfg, "vocab_size", path)),
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        intermediate_size=int(require(cfg, "intermediate_size", path)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)),
-        norm_eps=float(cfg.get("norm_eps", 1e-5)),
-        norm_bias=bool(cfg.get("norm_bias", False)),
-        attention_bias=bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)),
-        hidden_act=act,
-        global_rope_theta=float(full.get("rope_theta", cfg.get("global_rope_theta", 160_000.0))),
-        local_rope_theta=float(local.get("rope_theta", cfg.get("local_rope_theta", 10_000.0))),
-        window=int(cfg.get("local_attention", 128)) // 2,
-        global_layers=_layer_types(
-            cfg, layers, int(cfg.get("global_attn_every_n_layers", 3)), path
-        ),
-    )
-    _heads_divide(hidden, heads, path)
-    return modern
-
-
-def read_gemma3(cfg: dict[str, Any], path: Path) -> Gemma3Config:
-    if cfg.get("attn_logit_softcapping") is not None:
-        raise ModelLoadError(f"{path}: attn_logit_softcapping is not supported")
-    act = str(cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh")))
-    if act not in ("gelu_pytorch_tanh", "gelu"):
-        raise ModelLoadError(f"{path}: unsupported hidden_activation {act!r}")
-    hidden = int(require(cfg, "hidden_size", path))
-    heads = int(require(cfg, "num_attention_heads", path))
-    layers = int(require(cfg, "num_hidden_layers", path))
-    full, local = _rope(cfg, path, "full_attention"), _rope(cfg, path, "sliding_attention")
-    every = int(cfg.get("sliding_window_pattern", 6))
-    gemma = Gemma3Config(
-        vocab_size=int(require(cfg, "vocab_size", path)),
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or 256),
-        intermediate_size=int(require(cfg, "intermediate_size", path)),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        global_rope_theta=float(full.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))),
-        local_rope_theta=float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))),
-        sliding_window=int(cfg.get("sliding_window") or 4096),
-        # Gemma 3's pattern: five sliding layers, then a global one
-        global_layers=_layer_types(cfg, layers, every, path)
-        if cfg.get("layer_types")
-        else tuple((i + 1) % every == 0 for i in range(layers)),
-        query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
-        hidden_act=act,
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-    )
-    if gemma.num_heads % gemma.num_kv_heads:
-        raise ModelLoadError(
-            f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
-            f"{gemma.num_kv_heads}"
-        )
-    if gemma.head_dim % 2:
-        raise ModelLoadError(f"{path}: head_dim {gemma.head_dim} must be even for rotary")
-    return gemma
-
-
-def read_qwen3(cfg: dict[str, Any], path: Path) -> Qwen3Config:
-    rope = _rope(cfg, path)
-    if cfg.get("use_sliding_window"):
-        raise ModelLoadError(f"{path}: use_sliding_window is not supported")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ModelLoadError(f"{path}: unsupported hidden_act {cfg['hidden_act']!r}")
-    hidden = int(require(cfg, "hidden_size", path))
-    heads = int(require(cfg, "num_attention_heads", path))
-    qwen3 = Qwen3Config(
-        vocab_size=int(require(cfg, "vocab_size", path)),
-        hidden_size=hidden,
-        num_layers=int(require(cfg, "num_hidden_layers", path)),
-        num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        intermediate_size=int(require(cfg, "intermediate_size", path)),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-        attention_bias=bool(cfg.get("attention_bias", False)),
-    )
-    if qwen3.num_heads % qwen3.num_kv_heads:
-        raise ModelLoadError(
-            f"{path}: num_attention_heads {qwen3.num_heads} is not a multiple of "
-            f"num_key_value_heads {qwen3.num_kv_heads}"
-        )
-    if qwen3.head_dim % 2:
-        raise ModelLoadError(f"{path}: head_dim {qwen3.head_dim} must be even for rotary")
-    return qwen3
+# checkpoint names of a cross-encoder's head: (its pooler's prefixes, its classifier's), each
+# tried in order; BERT's pooler with or without the "bert." wrapper, then `classifier`
+BERT_CLASSIFIER = (("bert.pooler.dense.", "pooler.dense."), ("classifier.",))
+# RoBERTa's classification head: its own dense + tanh on <s>, then `out_proj`
+ROBERTA_CLASSIFIER = (("classifier.dense.",), ("classifier.out_proj.",))
 
 
 @dataclass(frozen=True)
 class Family:
-    """One row of the table: how a folder is recognised and what it can do."""
+    """One row of the registry (see the module docstring)."""
 
     name: str
     model_types: tuple[str, ...]  # config.json "model_type"
     embed_architectures: tuple[str, ...]  # config.json "architectures" that embed
-    score_architectures: tuple[str, ...]  # ... that score pairs (a one-label classifier)
-    attention: str  # "bidirectional", "causal", or "causal or bidirectional"
-    default_pooling: str  # without a sentence-transformers Pooling module
+    score_architectures: tuple[str, ...]  # ... that score pairs
+    read_config: Callable[[dict[str, Any], Path], FamilyConfig]
+    model: str  # "module:Class" of the engine model (imported by the engine only)
     examples: str
     notes: str = ""
-    # FlashAttention can run it (no additive score bias): the `varlen` backend is a candidate
-    flash_attention: bool = True
+    # the attention kinds it runs, the first the default, each with its pooling when the folder
+    # has no sentence-transformers Pooling module
+    pooling_default: tuple[tuple[AttentionKind, PoolingMethod], ...] = (("bidirectional", "cls"),)
+    attention_note: str = ""  # for the table: the layers' windows
+    # set when a folder must declare bidirectional attention (else it is a language model): why
+    # one that does not is refused
+    undeclared_attention: str = ""
+    # it adds a per-head score bias to attention: only kernels that take one may run it
+    score_bias: bool = False
+    # attention kernels (`engine.attention.BACKENDS` names) it runs best on, in order: the first
+    # is its eager kernel on CUDA and always a graph candidate, the others graph candidates where
+    # configured; empty: the device's defaults
+    kernels: tuple[str, ...] = ()
+    # the tokenizer rule of a language model that scores a pair by the logits of its answer
+    # tokens ("yes", "no": their ids read from the folder's tokenizer.json) at the last token;
+    # empty for a cross-encoder. Such a score architecture embeds as well, so the folder decides
+    # (no sentence-transformers modules, or embedserve.json "task": "score").
+    answer_tokens: tuple[str, ...] = ()
+    classifier_tensors: tuple[tuple[str, ...], tuple[str, ...]] = BERT_CLASSIFIER
+
+    @property
+    def attention_kinds(self) -> tuple[AttentionKind, ...]:
+        return tuple(kind for kind, _ in self.pooling_default)
+
+    def default_pooling(self, attention: str) -> PoolingMethod:
+        return dict(self.pooling_default)[attention]  # type: ignore[index]
+
+    @property
+    def scores_by_logits(self) -> bool:
+        return bool(self.answer_tokens)
+
+    @property
+    def score_kind(self) -> ScoreKind:
+        """How its scoring architectures score: an LLM's answer or a classifier on CLS."""
+        return "yes_no" if self.scores_by_logits else "classifier"
+
+    @property
+    def score_pooling(self) -> PoolingMethod:
+        """The one token a pair's score is read at: an LLM's last, a cross-encoder's CLS."""
+        return "last" if self.scores_by_logits else "cls"
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -395,8 +96,8 @@ FAMILIES: tuple[Family, ...] = (
         ("bert",),
         ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
         ("BertForSequenceClassification",),
-        "bidirectional",
-        "cls",
+        read_bert,
+        "embedserve.engine.models.bert:BertEncoder",
         "all-MiniLM-L6-v2, bge-*-en-v1.5, e5-*-v2, gte-small, multilingual-e5-small, "
         "ms-marco-MiniLM cross-encoders",
     ),
@@ -405,61 +106,75 @@ FAMILIES: tuple[Family, ...] = (
         ("xlm-roberta", "roberta"),
         ("XLMRobertaModel", "XLMRobertaForMaskedLM", "RobertaModel", "RobertaForMaskedLM"),
         ("XLMRobertaForSequenceClassification", "RobertaForSequenceClassification"),
-        "bidirectional",
-        "cls",
+        partial(read_bert, roberta=True),
+        "embedserve.engine.models.bert:BertEncoder",
         "multilingual-e5-base / -large, bge-m3 (dense), bge-reranker-v2-m3, roberta-base",
         "positions start at padding_idx + 1; no token types",
+        classifier_tensors=ROBERTA_CLASSIFIER,
     ),
     Family(
         "mpnet",
         ("mpnet",),
         ("MPNetModel", "MPNetForMaskedLM"),
         (),
-        "bidirectional",
-        "mean",
+        partial(read_bert, mpnet=True),
+        "embedserve.engine.models.mpnet:MPNetEncoder",
         "all-mpnet-base-v2, multi-qa-mpnet-base-dot-v1",
         "relative position bias (no FlashAttention: the padded SDPA backend on CUDA)",
-        flash_attention=False,
+        pooling_default=(("bidirectional", "mean"),),
+        score_bias=True,
+        # padded first: it runs at any size (S L², not T²); the masked ones are timed where a
+        # bucket is small or holds one sequence
+        kernels=("padded", "cudnn", "block_mask"),
     ),
     Family(
         "nomic-bert",
         ("nomic_bert",),
         ("NomicBertModel", "NomicBertForMaskedLM", "NomicBertForPreTraining"),
         (),
-        "bidirectional",
-        "mean",
+        read_nomic_bert,
+        "embedserve.engine.models.nomic_bert:NomicBertEncoder",
         "nomic-embed-text-v1 / v1.5",
         "rotary, SwiGLU; prompts search_query: / search_document:",
+        pooling_default=(("bidirectional", "mean"),),
     ),
     Family(
         "modernbert",
         ("modernbert",),
         ("ModernBertModel", "ModernBertForMaskedLM"),
         (),
-        "bidirectional (local window on 2 of 3 layers)",
-        "cls",
+        read_modernbert,
+        "embedserve.engine.models.modernbert:ModernBertEncoder",
         "gte-modernbert-base, modernbert-embed-base",
         "rotary, GeGLU, no biases",
+        attention_note="local window on 2 of 3 layers",
     ),
     Family(
         "gemma3",
         ("gemma3_text",),
         ("Gemma3TextModel", "Gemma3ForCausalLM"),
         (),
-        "bidirectional (sliding window on 5 of 6 layers)",
-        "mean",
+        read_gemma3,
+        "embedserve.engine.models.gemma3:Gemma3Encoder",
         "EmbeddingGemma-300m",
         "GQA; Dense projections after pooling from the sentence-transformers folder",
+        pooling_default=(("bidirectional", "mean"),),
+        attention_note="sliding window on 5 of 6 layers",
+        undeclared_attention='a Gemma 3 without "use_bidirectional_attention": true is a '
+        "causal language model; embedserve runs Gemma 3 as EmbeddingGemma does, "
+        'bidirectionally (say so in config.json, or pass attention="bidirectional")',
     ),
     Family(
         "qwen3",
         ("qwen3",),
         ("Qwen3Model", "Qwen3ForCausalLM"),
         ("Qwen3ForCausalLM",),
-        "causal or bidirectional",
-        "last (causal), mean (bidirectional)",
+        read_qwen3,
+        "embedserve.engine.models.qwen3:Qwen3Encoder",
         "Qwen3-Embedding-*, Qwen3-Reranker-* (yes/no), pplx-embed",
         "a Qwen3ForCausalLM folder without sentence-transformers modules is a reranker",
+        pooling_default=(("causal", "last"), ("bidirectional", "mean")),
+        answer_tokens=("yes", "no"),
     ),
 )
 
@@ -489,24 +204,6 @@ def family_of(cfg: dict[str, Any], path: Path) -> tuple[Family, str]:
     )
 
 
-def read_family_config(family: str, cfg: dict[str, Any], path: Path) -> FamilyConfig:
-    if family == "bert":
-        return read_bert(cfg, path)
-    if family == "xlm-roberta":
-        return read_bert(cfg, path, roberta=True)
-    if family == "mpnet":
-        return read_bert(cfg, path, mpnet=True)
-    if family == "nomic-bert":
-        return read_nomic_bert(cfg, path)
-    if family == "modernbert":
-        return read_modernbert(cfg, path)
-    if family == "gemma3":
-        return read_gemma3(cfg, path)
-    if family == "qwen3":
-        return read_qwen3(cfg, path)
-    raise ModelLoadError(f"{path}: no reader for family {family!r}")
-
-
 def models_table() -> str:
     """The Markdown table `embedserve models` prints and docs/models.md holds."""
     rows = [
@@ -515,9 +212,17 @@ def models_table() -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for f in FAMILIES:
+        attention = " or ".join(f.attention_kinds)
+        if f.attention_note:
+            attention += f" ({f.attention_note})"
+        pooling = (
+            f.pooling_default[0][1]
+            if len(f.pooling_default) == 1
+            else ", ".join(f"{pool} ({kind})" for kind, pool in f.pooling_default)
+        )
         rows.append(
             f"| {f.name} | {', '.join(f.model_types)} | {', '.join(f.embed_architectures)} | "
-            f"{', '.join(f.score_architectures) or '-'} | {f.attention} | {f.default_pooling} | "
+            f"{', '.join(f.score_architectures) or '-'} | {attention} | {pooling} | "
             f"{f.examples} | {f.notes or '-'} |"
         )
     return "\n".join(rows)

@@ -38,13 +38,13 @@ from embedserve.loading.families import (
     FAMILIES,
     FAMILY_BY_NAME,
     SUPPORTED_ARCHITECTURES,
-    BertConfig,
-    FamilyConfig,
-    ModelLoadError,
-    Qwen3Config,
+    AttentionKind,
+    Family,
+    PoolingMethod,
+    ScoreKind,
     family_of,
-    read_family_config,
 )
+from embedserve.loading.family_configs import BertConfig, FamilyConfig, ModelLoadError, Qwen3Config
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -55,11 +55,8 @@ __all__ = [
     "read_model_spec",
 ]
 
-PoolingMethod = Literal["mean", "cls", "last"]
 Task = Literal["embed", "score"]
-ScoreKind = Literal["classifier", "yes_no"]
 Activation = Literal["sigmoid", "identity"]
-AttentionKind = Literal["bidirectional", "causal"]
 OutputRules = Literal["generic", "pplx"]
 
 POOLING_METHODS: tuple[str, ...] = ("mean", "cls", "last")
@@ -67,12 +64,11 @@ ATTENTION_KINDS: tuple[str, ...] = ("causal", "bidirectional")
 OUTPUT_RULES: tuple[str, ...] = ("generic", "pplx")
 
 TASKS: tuple[str, ...] = ("embed", "score")
-# the encoder architectures that score pairs (cross-encoders with a one-label classifier)
+# the architectures that only score pairs (cross-encoders with a one-label classifier); a
+# language model that scores by its logits embeds as well, and its folder decides
 SCORE_ARCHITECTURES: tuple[str, ...] = tuple(
-    a for f in FAMILIES if f.name != "qwen3" for a in f.score_architectures
+    a for f in FAMILIES if not f.scores_by_logits for a in f.score_architectures
 )
-# the answer tokens of an LLM reranker (Qwen3-Reranker's prompt asks for "yes" or "no")
-YES_NO_TOKENS = ("yes", "no")
 
 # Our own optional file in a model folder, for what Hugging Face configs have no key for.
 EMBEDSERVE_CONFIG = "embedserve.json"
@@ -134,9 +130,9 @@ class ModelSpec:
         return 1 if self.task == "score" else self.hidden_size
 
     @property
-    def flash_attention(self) -> bool:
-        """Whether FlashAttention (`varlen`) can run the model (MPNet's score bias: no)."""
-        return FAMILY_BY_NAME[self.family].flash_attention
+    def family_row(self) -> Family:
+        """The family's row of the registry: its model, attention kernels, score head."""
+        return FAMILY_BY_NAME[self.family]
 
     @property
     def bert(self) -> BertConfig | None:
@@ -236,10 +232,8 @@ def read_model_spec(
     pooling: str | None = None,
     attention: str | None = None,
 ) -> ModelSpec:
-    """Read and validate a model folder.
-
-    `pooling` and `attention` ("causal" | "bidirectional") override what the folder declares.
-    """
+    """Read and validate a model folder; `pooling` and `attention` ("causal" | "bidirectional")
+    override what the folder declares."""
     path = Path(folder)
     if not path.is_dir():
         raise ModelLoadError(f"{path}: not a directory (expected a model folder with config.json)")
@@ -252,53 +246,94 @@ def read_model_spec(
     extra: dict[str, Any] = _read_json(extra_path) if extra_path.exists() else {}
     if not isinstance(extra, dict):
         raise ModelLoadError(f"{extra_path}: expected a JSON object")
-
-    config = read_family_config(family.name, cfg, config_path)
-    task = _task(path, family.name, arch, extra)
+    config = family.read_config(cfg, config_path)
+    task = _task(path, family, arch, extra)
+    kind = _attention_kind(family, attention, cfg, extra, config_path)
     score: ScoreSpec | None = None
-    hidden, max_len = config.hidden_size, config.max_positions
-    if family.name == "qwen3":
-        kind: str = attention or _declared_attention(cfg, extra, config_path) or "causal"
-        default_pooling = "last" if kind == "causal" else "mean"
-        if task == "score":
-            score = ScoreSpec("yes_no", "sigmoid", _yes_no_ids(path))
-    else:
-        kind = attention or "bidirectional"
-        if kind != "bidirectional":
-            raise ValueError(f"{family.name} models only run with bidirectional attention")
-        declared_attention = _declared_attention(cfg, extra, config_path)
-        if family.name == "gemma3" and (attention or declared_attention) != "bidirectional":
-            raise ModelLoadError(
-                f'{config_path}: a Gemma 3 without "use_bidirectional_attention": true is a '
-                "causal language model; embedserve runs Gemma 3 as EmbeddingGemma does, "
-                'bidirectionally (say so in config.json, or pass attention="bidirectional")'
-            )
-        default_pooling = family.default_pooling
-        if task == "score":
-            score = ScoreSpec("classifier", _classifier_activation(cfg, config_path))
+    if task == "score" and family.scores_by_logits:
+        score = ScoreSpec("yes_no", "sigmoid", _answer_ids(path, family.answer_tokens))
+    elif task == "score":
+        score = ScoreSpec("classifier", _classifier_activation(cfg, config_path))
+    method = _pooling(path, family, kind, task, pooling)
+    max_len, prompts, default_prompt_name = _sentence_transformers(path, config.max_positions)
+    rules, default_dtype = _output_defaults(extra, extra_path)
+    dense = _dense_layers(path, config.hidden_size)
+    if dense and task == "score":
+        raise ModelLoadError(f"{path / 'modules.json'}: a scoring model has no Dense modules")
+    return ModelSpec(
+        path=path,
+        family=family.name,
+        architecture=arch,
+        config=config,
+        hidden_size=dense[-1].out_features if dense else config.hidden_size,
+        pooling=method,
+        attention=kind,
+        normalize=_has_normalize(path),
+        max_seq_length=max_len,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+        output_rules=rules,
+        default_output_dtype=default_dtype,
+        task=task,
+        score=score,
+        dense=dense,
+    )
 
+
+def _attention_kind(
+    family: Family,
+    attention: str | None,
+    cfg: dict[str, Any],
+    extra: dict[str, Any],
+    config_path: Path,
+) -> AttentionKind:
+    """The kind asked for, else the folder's (see the module docstring), else the family's
+    default; a family that runs one kind refuses another."""
+    kinds = family.attention_kinds
+    if len(kinds) > 1:
+        kind = attention or _declared_attention(cfg, extra, config_path) or kinds[0]
+        return kind  # type: ignore[return-value]
+    if (attention or kinds[0]) != kinds[0]:
+        raise ValueError(f"{family.name} models only run with {kinds[0]} attention")
+    declared = _declared_attention(cfg, extra, config_path)
+    if family.undeclared_attention and (attention or declared) != kinds[0]:
+        raise ModelLoadError(f"{config_path}: {family.undeclared_attention}")
+    return kinds[0]
+
+
+def _pooling(
+    path: Path, family: Family, kind: str, task: Task, pooling: str | None
+) -> PoolingMethod:
+    """The pooling asked for, else the folder's Pooling module's, else the family's default; a
+    scoring model reads its pair's score at one token, and pools nothing else."""
     declared = _pooling_from_folder(path)
+    default = family.default_pooling(kind)
     if task == "score":
-        # the pair's score is read at one token: BERT's CLS (through its pooler), an LLM's last
-        declared, default_pooling = None, "last" if family.name == "qwen3" else "cls"
-        if pooling is not None and pooling != default_pooling:
-            raise ValueError(f"a scoring model pools {default_pooling!r}; got pooling {pooling!r}")
-    method = pooling or declared or default_pooling
+        declared, default = None, family.score_pooling
+        if pooling is not None and pooling != default:
+            raise ValueError(f"a scoring model pools {default!r}; got pooling {pooling!r}")
+    method = pooling or declared or default
     if method not in POOLING_METHODS:
         raise ValueError(f"pooling {method!r} is not one of {', '.join(POOLING_METHODS)}")
+    return method  # type: ignore[return-value]
 
-    st_cfg_path = path / "sentence_bert_config.json"
+
+def _sentence_transformers(path: Path, max_positions: int) -> tuple[int, dict[str, str], Any]:
+    """(tokens per sequence: the model's positions, or fewer where sentence-transformers says so;
+    its prompts by name; the default prompt's name)."""
+    max_len, st_cfg_path = max_positions, path / "sentence_bert_config.json"
     if st_cfg_path.exists():
         max_len = min(max_len, int(_read_json(st_cfg_path).get("max_seq_length") or max_len))
-
-    prompts: dict[str, str] = {}
-    default_prompt_name = None
     prompt_cfg_path = path / "config_sentence_transformers.json"
-    if prompt_cfg_path.exists():
-        prompt_cfg = _read_json(prompt_cfg_path)
-        prompts = {str(k): str(v) for k, v in (prompt_cfg.get("prompts") or {}).items()}
-        default_prompt_name = prompt_cfg.get("default_prompt_name")
+    if not prompt_cfg_path.exists():
+        return max_len, {}, None
+    prompt_cfg = _read_json(prompt_cfg_path)
+    prompts = {str(k): str(v) for k, v in (prompt_cfg.get("prompts") or {}).items()}
+    return max_len, prompts, prompt_cfg.get("default_prompt_name")
 
+
+def _output_defaults(extra: dict[str, Any], extra_path: Path) -> tuple[OutputRules, str]:
+    """embedserve.json's native output: the int8/binary rules and the default encoding."""
     rules = extra.get("output_rules", "generic")
     if rules not in OUTPUT_RULES:
         raise ModelLoadError(
@@ -312,28 +347,7 @@ def read_model_spec(
             f"{extra_path}: default_output_dtype {default_dtype!r} is not one of "
             f"{', '.join(OUTPUT_DTYPES)}"
         )
-
-    dense = _dense_layers(path, hidden)
-    if dense and task == "score":
-        raise ModelLoadError(f"{path / 'modules.json'}: a scoring model has no Dense modules")
-    return ModelSpec(
-        path=path,
-        family=family.name,
-        architecture=arch,
-        config=config,
-        hidden_size=dense[-1].out_features if dense else hidden,
-        pooling=method,  # type: ignore[arg-type]
-        attention=kind,  # type: ignore[arg-type]
-        normalize=_has_normalize(path),
-        max_seq_length=max_len,
-        prompts=prompts,
-        default_prompt_name=default_prompt_name,
-        output_rules=rules,
-        default_output_dtype=default_dtype,
-        task=task,
-        score=score,
-        dense=dense,
-    )
+    return rules, default_dtype
 
 
 def _dense_layers(folder: Path, hidden: int) -> tuple[DenseLayer, ...]:
@@ -373,23 +387,27 @@ def _dense_layers(folder: Path, hidden: int) -> tuple[DenseLayer, ...]:
     return tuple(layers)
 
 
-def _task(path: Path, family: str, arch: str, extra: dict[str, Any]) -> Task:
+def _task(path: Path, family: Family, arch: str, extra: dict[str, Any]) -> Task:
     """embed or score (see the module docstring)."""
+    only_scores = arch in SCORE_ARCHITECTURES
     if "task" in extra:
         task = extra["task"]
         if task not in TASKS:
             raise ModelLoadError(
                 f"{path / EMBEDSERVE_CONFIG}: task {task!r} is not one of {', '.join(TASKS)}"
             )
-        scores = arch in SCORE_ARCHITECTURES
-        if family != "qwen3" and (task == "score") != scores:
+        if not family.scores_by_logits and (task == "score") != only_scores:
             raise ModelLoadError(
                 f"{path / EMBEDSERVE_CONFIG}: task {task!r} does not fit architecture {arch!r}"
             )
         return task
-    if arch in SCORE_ARCHITECTURES and family != "qwen3":
+    if only_scores and not family.scores_by_logits:
         return "score"
-    if arch == "Qwen3ForCausalLM" and not (path / "modules.json").exists():
+    if (
+        family.scores_by_logits
+        and arch in family.score_architectures
+        and not (path / "modules.json").exists()
+    ):
         return "score"
     return "embed"
 
@@ -415,8 +433,8 @@ def _classifier_activation(cfg: dict[str, Any], config_path: Path) -> Activation
     )
 
 
-def _yes_no_ids(path: Path) -> tuple[int, int]:
-    """The token ids of "yes" and "no" in the folder's tokenizer (an LLM reranker's answers)."""
+def _answer_ids(path: Path, answers: tuple[str, ...]) -> tuple[int, int]:
+    """The token ids of an LLM reranker's answers ("yes", "no") in the folder's tokenizer."""
     from tokenizers import Tokenizer  # no torch
 
     tokenizer_path = path / "tokenizer.json"
@@ -424,7 +442,8 @@ def _yes_no_ids(path: Path) -> tuple[int, int]:
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
     except Exception as e:  # tokenizers raises a bare Exception
         raise ModelLoadError(f"{tokenizer_path}: cannot read the tokenizer ({e})") from None
-    ids = [tokenizer.token_to_id(t) for t in YES_NO_TOKENS]
+    ids = [tokenizer.token_to_id(t) for t in answers]
     if None in ids:
-        raise ModelLoadError(f"{tokenizer_path}: no single token for 'yes' and 'no'")
+        named = " and ".join(map(repr, answers))
+        raise ModelLoadError(f"{tokenizer_path}: no single token for {named}")
     return ids[0], ids[1]  # type: ignore[return-value]

@@ -1,4 +1,5 @@
-"""Model definitions written for packed ragged batches, and the one place that picks among them.
+"""Model definitions written for packed ragged batches (one file per family, each a
+`base.PackedEncoder`), and the builder that picks one by the family registry's row.
 
 Every model maps (input_ids [T], positions [T], token_type_ids [T], layout, attend) to hidden
 states [T, H]; pooling happens outside the model. A model receives its ops table at construction
@@ -7,45 +8,23 @@ and computes every pointwise chain and matrix product through it (its layers hol
 
 from __future__ import annotations
 
-from torch import nn
+import importlib
 
-from embedserve.engine.fused import Ops
-from embedserve.loading.families import (
-    BertConfig,
-    Gemma3Config,
-    ModernBertConfig,
-    NomicBertConfig,
-    Qwen3Config,
-)
+from embedserve.engine.models.base import PackedEncoder
+from embedserve.engine.ops import Ops
 from embedserve.loading.spec import ModelSpec
 
 
-def build_model(spec: ModelSpec, ops: Ops) -> nn.Module:
-    """Instantiate the model family named by the spec, computing through `ops` (`fused.EAGER_OPS`
-    or `fused.compiled_ops()`), and load its checkpoint (fp32, on the CPU)."""
-    cfg = spec.config
-    if isinstance(cfg, BertConfig) and cfg.relative_buckets:
-        from embedserve.engine.models.mpnet import MPNetEncoder
+def model_class(spec: ModelSpec) -> type[PackedEncoder]:
+    """The engine model named by the family's row (`Family.model`, "module:Class")."""
+    module, _, name = spec.family_row.model.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, PackedEncoder)):
+        raise TypeError(f"{spec.family_row.model} is not a packed encoder model")
+    return cls
 
-        return MPNetEncoder.from_folder(spec.path, cfg, ops)
-    if isinstance(cfg, BertConfig):  # BERT and XLM-RoBERTa
-        from embedserve.engine.models.bert import BertEncoder
 
-        return BertEncoder.from_folder(spec.path, cfg, ops)
-    if isinstance(cfg, NomicBertConfig):
-        from embedserve.engine.models.nomic_bert import NomicBertEncoder
-
-        return NomicBertEncoder.from_folder(spec.path, cfg, ops)
-    if isinstance(cfg, ModernBertConfig):
-        from embedserve.engine.models.modernbert import ModernBertEncoder
-
-        return ModernBertEncoder.from_folder(spec.path, cfg, ops)
-    if isinstance(cfg, Gemma3Config):
-        from embedserve.engine.models.gemma3 import Gemma3Encoder
-
-        return Gemma3Encoder.from_folder(spec.path, cfg, ops)
-    if isinstance(cfg, Qwen3Config):
-        from embedserve.engine.models.qwen3 import Qwen3Encoder
-
-        return Qwen3Encoder.from_folder(spec.path, cfg, ops, causal=spec.attention == "causal")
-    raise ValueError(f"no model definition for family {spec.family!r}")
+def build_model(spec: ModelSpec, ops: Ops) -> PackedEncoder:
+    """Instantiate the model family named by the spec, computing through `ops` (`ops.EAGER_OPS`
+    or `ops.compiled_ops()`), and load its checkpoint (fp32, on the CPU)."""
+    return model_class(spec).from_spec(spec, ops)

@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
-from embedserve.engine.fused import Ops
-from embedserve.engine.models.linear import Linear
-from embedserve.engine.weights import read_state_dict, strip_prefix, take
+from embedserve.engine.layers.linear import Linear
+from embedserve.engine.models.base import PackedEncoder
+from embedserve.engine.ops import Ops
+from embedserve.engine.weights import take
 from embedserve.loading.spec import BertConfig, ModelLoadError
 
 
@@ -65,30 +66,25 @@ class BertLayer(nn.Module):
         )
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(PackedEncoder):
+    cfg: BertConfig
+    prefixes = ("bert.", "roberta.", "model.")
+
     def __init__(self, cfg: BertConfig, ops: Ops) -> None:
-        """`ops`: the pointwise chains and matrix products (`fused.EAGER_OPS` or compiled)."""
-        super().__init__()
-        self.cfg = cfg
-        self.ops = ops
+        super().__init__(cfg, ops)
         self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.embed_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg, ops) for _ in range(cfg.num_layers))
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]
-        positions: torch.Tensor,  # [T], restarting at 0 for each sequence
-        token_type_ids: torch.Tensor,  # [T]
-        layout: RaggedLayout,
-        attend: AttentionFn,
-    ) -> torch.Tensor:  # [T, H]
+    def embeddings(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
         norm = self.embed_norm
         if self.cfg.position_offset:
             positions = positions + self.cfg.position_offset
-        x = self.ops.bert_embed(
+        return self.ops.bert_embed(
             input_ids,
             positions,
             token_type_ids,
@@ -99,18 +95,18 @@ class BertEncoder(nn.Module):
             norm.bias,
             norm.eps,
         )
+
+    def encode(
+        self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout, attend: AttentionFn
+    ) -> torch.Tensor:
         for layer in self.layers:
             x = layer(x, layout, attend)
         return x
 
-    @classmethod
-    def from_folder(cls, folder: Path, cfg: BertConfig, ops: Ops) -> BertEncoder:
-        """Build the encoder and copy the checkpoint in, fusing Q, K and V into one matrix."""
-        source = folder
-        sd = strip_prefix(read_state_dict(folder), ("bert.", "roberta.", "model."))
+    def checkpoint(self, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+        """Q, K and V fused into one matrix."""
+        cfg, sd = self.cfg, tensors
         h, i = cfg.hidden_size, cfg.intermediate_size
-        with torch.device("meta"):
-            model = cls(cfg, ops)
         new: dict[str, torch.Tensor] = {
             "word.weight": take(
                 sd, "embeddings.word_embeddings.weight", (cfg.vocab_size, h), source
@@ -155,5 +151,4 @@ class BertEncoder(nn.Module):
                 sd, f"{p}output.LayerNorm.weight", (h,), source
             )
             new[f"layers.{n}.ffn_norm.bias"] = take(sd, f"{p}output.LayerNorm.bias", (h,), source)
-        model.load_state_dict({k: v.float() for k, v in new.items()}, strict=True, assign=True)
-        return model.eval()
+        return new

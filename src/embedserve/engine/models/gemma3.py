@@ -4,7 +4,7 @@ Embeddings scaled by sqrt(hidden); per layer RMSNorm (scaled by 1 + weight) befo
 attention and before and after the MLP; grouped-query attention with q/k RMSNorm and rotary,
 five sliding-window layers (|query - key| <= `sliding_window // 2`) to one global, each type with its
 own rotary base; GeGLU (tanh GELU). The sentence-transformers Dense projections after pooling
-are the engine's (`engine/dense.py`).
+are the engine's (`engine/pooler/dense.py`).
 
 Shapes: T = tokens in the batch, H = hidden, Nq / Nkv = query / key-value heads, D = head dim.
 """
@@ -18,20 +18,13 @@ import torch
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
-from embedserve.engine.fused import Ops
-from embedserve.engine.models.linear import Linear
-from embedserve.engine.models.rotary import Rotary
-from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.loading.families import Gemma3Config
-
-
-class GemmaNorm(nn.Module):
-    """A Gemma RMSNorm's weight (the scale is 1 + weight); computed by `ops.gemma_*`."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
+from embedserve.engine.layers.linear import Linear
+from embedserve.engine.layers.norms import GemmaNorm
+from embedserve.engine.layers.rotary import Rotary
+from embedserve.engine.models.base import PackedEncoder
+from embedserve.engine.ops import Ops
+from embedserve.engine.weights import decoder_checkpoint
+from embedserve.loading.family_configs import Gemma3Config
 
 
 class Gemma3Layer(nn.Module):
@@ -83,10 +76,12 @@ class Gemma3Layer(nn.Module):
         return self.down(ops.gelu_mul(self.gate_up(h), self.approximate)), residual
 
 
-class Gemma3Encoder(nn.Module):
+class Gemma3Encoder(PackedEncoder):
+    cfg: Gemma3Config
+    prefixes = ("model.language_model.", "model.")
+
     def __init__(self, cfg: Gemma3Config, ops: Ops) -> None:
-        super().__init__()
-        self.cfg, self.ops = cfg, ops
+        super().__init__(cfg, ops)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Gemma3Layer(cfg, ops, n) for n in range(cfg.num_layers))
         self.norm = GemmaNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -95,17 +90,16 @@ class Gemma3Encoder(nn.Module):
             False: Rotary(cfg.local_rope_theta, cfg.head_dim),
         }
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]
-        positions: torch.Tensor,  # [T], restarting at 0 for each sequence
-        token_type_ids: torch.Tensor,  # [T], unused
-        layout: RaggedLayout,
-        attend: AttentionFn,
-    ) -> torch.Tensor:  # [T, H]
+    def embeddings(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:  # no segment embeddings
         x = self.embed(input_ids)
         # NOTE: Hugging Face scales by sqrt(hidden) rounded to the model dtype
-        x = x * float(torch.tensor(math.sqrt(self.cfg.hidden_size)).to(x.dtype))
+        return x * float(torch.tensor(math.sqrt(self.cfg.hidden_size)).to(x.dtype))
+
+    def encode(
+        self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout, attend: AttentionFn
+    ) -> torch.Tensor:
         angles = {kind: rotary(positions, x.dtype) for kind, rotary in self.rotary.items()}
         if not self.layers:
             return self.ops.gemma_rms_norm(x, self.norm.weight, self.norm.eps)
@@ -121,46 +115,11 @@ class Gemma3Encoder(nn.Module):
             )
         return h
 
-    @classmethod
-    def from_folder(cls, folder: Path, cfg: Gemma3Config, ops: Ops) -> Gemma3Encoder:
-        """Build the model and copy a Hugging Face Gemma 3 text checkpoint in (`lm_head` is
-        ignored); Q, K, V fused into one matrix and gate, up into another."""
-        source = folder
-        sd = strip_prefix(read_state_dict(folder), ("model.language_model.", "model."))
-        h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-        nq, nkv = cfg.num_heads * d, cfg.num_kv_heads * d
-        with torch.device("meta"):
-            model = cls(cfg, ops)
-        new: dict[str, torch.Tensor] = {
-            "embed.weight": take(sd, "embed_tokens.weight", (cfg.vocab_size, h), source),
-            "norm.weight": take(sd, "norm.weight", (h,), source),
-        }
+    def checkpoint(self, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
         norms = {
             "input_norm": "input_layernorm",
             "post_attn_norm": "post_attention_layernorm",
             "pre_mlp_norm": "pre_feedforward_layernorm",
             "post_mlp_norm": "post_feedforward_layernorm",
         }
-        for n in range(cfg.num_layers):
-            p, a, m = f"layers.{n}.", f"layers.{n}.self_attn.", f"layers.{n}.mlp."
-            new[p + "qkv.weight"] = torch.cat(
-                [
-                    take(sd, a + "q_proj.weight", (nq, h), source),
-                    take(sd, a + "k_proj.weight", (nkv, h), source),
-                    take(sd, a + "v_proj.weight", (nkv, h), source),
-                ]
-            )
-            new[p + "q_norm.weight"] = take(sd, a + "q_norm.weight", (d,), source)
-            new[p + "k_norm.weight"] = take(sd, a + "k_norm.weight", (d,), source)
-            new[p + "out.weight"] = take(sd, a + "o_proj.weight", (h, nq), source)
-            for ours, theirs in norms.items():
-                new[f"{p}{ours}.weight"] = take(sd, f"{p}{theirs}.weight", (h,), source)
-            new[p + "gate_up.weight"] = torch.cat(
-                [
-                    take(sd, m + "gate_proj.weight", (i, h), source),
-                    take(sd, m + "up_proj.weight", (i, h), source),
-                ]
-            )
-            new[p + "down.weight"] = take(sd, m + "down_proj.weight", (h, i), source)
-        model.load_state_dict({k: v.float() for k, v in new.items()}, strict=True, assign=True)
-        return model.eval()
+        return decoder_checkpoint(tensors, self.cfg, norms, source)

@@ -14,26 +14,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
-from embedserve.engine.fused import Ops
-from embedserve.engine.models.linear import Linear
-from embedserve.engine.models.rotary import Rotary
-from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.loading.families import ModernBertConfig
+from embedserve.engine.layers.linear import Linear
+from embedserve.engine.layers.norms import Norm
+from embedserve.engine.layers.rotary import Rotary
+from embedserve.engine.models.base import PackedEncoder
+from embedserve.engine.ops import Ops
+from embedserve.engine.weights import take
+from embedserve.loading.family_configs import ModernBertConfig
 
 
 def gelu_approximation(act: str) -> str:
     """Hugging Face's activation name -> `F.gelu`'s `approximate`."""
     return "none" if act == "gelu" else "tanh"
-
-
-class Norm(nn.Module):
-    """A LayerNorm's parameters (bias optional), computed by the layer that owns it."""
-
-    def __init__(self, dim: int, eps: float, bias: bool) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
-        self.eps = eps
 
 
 class ModernBertLayer(nn.Module):
@@ -72,10 +64,11 @@ class ModernBertLayer(nn.Module):
         return self.down(ops.gelu_mul(self.up_gate(h), self.approximate)), residual
 
 
-class ModernBertEncoder(nn.Module):
+class ModernBertEncoder(PackedEncoder):
+    cfg: ModernBertConfig
+
     def __init__(self, cfg: ModernBertConfig, ops: Ops) -> None:
-        super().__init__()
-        self.cfg, self.ops = cfg, ops
+        super().__init__(cfg, ops)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_norm = Norm(cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         self.layers = nn.ModuleList(ModernBertLayer(cfg, ops, n) for n in range(cfg.num_layers))
@@ -85,17 +78,16 @@ class ModernBertEncoder(nn.Module):
             False: Rotary(cfg.local_rope_theta, cfg.head_dim),
         }
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]
-        positions: torch.Tensor,  # [T], restarting at 0 for each sequence
-        token_type_ids: torch.Tensor,  # [T], unused: no segment embeddings
-        layout: RaggedLayout,
-        attend: AttentionFn,
-    ) -> torch.Tensor:  # [T, H]
+    def embeddings(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:  # no segment embeddings; rotary positions in every layer
         norm = self.embed_norm
         x = self.embed(input_ids)
-        x = F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
+        return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
+
+    def encode(
+        self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout, attend: AttentionFn
+    ) -> torch.Tensor:
         angles = {kind: rotary(positions, x.dtype) for kind, rotary in self.rotary.items()}
         h, residual = x, x
         for n, layer in enumerate(self.layers):
@@ -112,13 +104,9 @@ class ModernBertEncoder(nn.Module):
             return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
         return self.ops.add_layer_norm_residual(h, residual, norm.weight, norm.bias, norm.eps)[0]
 
-    @classmethod
-    def from_folder(cls, folder: Path, cfg: ModernBertConfig, ops: Ops) -> ModernBertEncoder:
-        source = folder
-        sd = strip_prefix(read_state_dict(folder), ("model.",))
+    def checkpoint(self, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+        cfg, sd = self.cfg, tensors
         h, i = cfg.hidden_size, cfg.intermediate_size
-        with torch.device("meta"):
-            model = cls(cfg, ops)
 
         def norm(ours: str, theirs: str) -> None:
             new[ours + "weight"] = take(sd, theirs + "weight", (h,), source)
@@ -146,5 +134,4 @@ class ModernBertEncoder(nn.Module):
             linear(p + "out.", p + "attn.Wo.", (h, h), cfg.attention_bias)
             linear(p + "up_gate.", p + "mlp.Wi.", (2 * i, h), cfg.mlp_bias)
             linear(p + "down.", p + "mlp.Wo.", (h, i), cfg.mlp_bias)
-        model.load_state_dict({k: v.float() for k, v in new.items()}, strict=True, assign=True)
-        return model.eval()
+        return new

@@ -5,7 +5,7 @@ every layer, added to the attention scores.
 The bias is T5's bidirectional bucketing of key - query distance (32 buckets, exact up to 8,
 logarithmic up to 128, one bucket beyond) mapped to a value per head. As every distance past
 128 shares a bucket, the model hands attention a table over distances -128..128 per head
-(`attention.distance_bias`), never a [T, T] matrix of its own.
+(`attention.masks.distance_bias`), never a [T, T] matrix of its own.
 
 Shapes: T = tokens in the batch, H = hidden, N = heads.
 """
@@ -20,10 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
-from embedserve.engine.fused import Ops
+from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.models.bert import BertLayer
-from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.loading.families import BertConfig
+from embedserve.engine.ops import Ops
+from embedserve.engine.weights import take
+from embedserve.loading.family_configs import BertConfig
+from embedserve.loading.spec import ModelSpec
 
 MAX_DISTANCE = 128  # Hugging Face's `relative_position_bucket` default, fixed in MPNet
 
@@ -41,43 +43,50 @@ def relative_buckets(distance: torch.Tensor, num_buckets: int) -> torch.Tensor:
     return bucket + torch.where(n < exact, n, large)
 
 
-class MPNetEncoder(nn.Module):
+def _distance_buckets(num_buckets: int) -> torch.Tensor:
+    """[2 * MAX_DISTANCE + 1]: the bucket of each distance -MAX_DISTANCE..MAX_DISTANCE."""
+    return relative_buckets(torch.arange(-MAX_DISTANCE, MAX_DISTANCE + 1), num_buckets)
+
+
+class MPNetEncoder(PackedEncoder):
+    cfg: BertConfig
+    prefixes = ("mpnet.", "model.")
+
     def __init__(self, cfg: BertConfig, ops: Ops) -> None:
-        super().__init__()
-        self.cfg, self.ops = cfg, ops
+        super().__init__(cfg, ops)
         self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.embed_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg, ops) for _ in range(cfg.num_layers))
         self.relative = nn.Embedding(cfg.relative_buckets, cfg.num_heads)
-        distances = torch.arange(-MAX_DISTANCE, MAX_DISTANCE + 1)
-        self.register_buffer(
-            "distance_buckets", relative_buckets(distances, cfg.relative_buckets), persistent=False
-        )
+        buckets = _distance_buckets(cfg.relative_buckets)
+        self.register_buffer("distance_buckets", buckets, persistent=False)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]
-        positions: torch.Tensor,  # [T], restarting at 0 for each sequence
-        token_type_ids: torch.Tensor,  # [T], unused: MPNet has no segment embeddings
-        layout: RaggedLayout,
-        attend: AttentionFn,
-    ) -> torch.Tensor:  # [T, H]
+    def embeddings(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:  # MPNet has no segment embeddings
         norm = self.embed_norm
         x = self.word(input_ids) + self.position(positions + self.cfg.position_offset)
-        x = F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
+        return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
+
+    def encode(
+        self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout, attend: AttentionFn
+    ) -> torch.Tensor:
         bias = self.relative(self.distance_buckets).T.contiguous()  # [N, 2 * 128 + 1]
         for layer in self.layers:
             x = layer(x, layout, attend, bias)
         return x
 
     @classmethod
-    def from_folder(cls, folder: Path, cfg: BertConfig, ops: Ops) -> MPNetEncoder:
-        source = folder
-        sd = strip_prefix(read_state_dict(folder), ("mpnet.", "model."))
+    def from_spec(cls, spec: ModelSpec, ops: Ops) -> PackedEncoder:
+        model = super().from_spec(spec, ops)
+        # a buffer outside the checkpoint: built on the meta device, so built again here
+        model.distance_buckets = _distance_buckets(model.cfg.relative_buckets)
+        return model
+
+    def checkpoint(self, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+        cfg, sd = self.cfg, tensors
         h, i = cfg.hidden_size, cfg.intermediate_size
-        with torch.device("meta"):
-            model = cls(cfg, ops)
         e = "embeddings."
         new: dict[str, torch.Tensor] = {
             "word.weight": take(sd, e + "word_embeddings.weight", (cfg.vocab_size, h), source),
@@ -110,9 +119,4 @@ class MPNetEncoder(nn.Module):
                 new[ours + "ffn_norm." + kind] = take(
                     sd, f"{p}output.LayerNorm.{kind}", (h,), source
                 )
-        state = {k: v.float() for k, v in new.items()}
-        model.load_state_dict(state, strict=True, assign=True)
-        model.distance_buckets = relative_buckets(
-            torch.arange(-MAX_DISTANCE, MAX_DISTANCE + 1), cfg.relative_buckets
-        )
-        return model.eval()
+        return new

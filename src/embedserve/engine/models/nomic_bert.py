@@ -15,11 +15,12 @@ import torch
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
-from embedserve.engine.fused import Ops
-from embedserve.engine.models.linear import Linear
-from embedserve.engine.models.rotary import Rotary
-from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.loading.families import NomicBertConfig
+from embedserve.engine.layers.linear import Linear
+from embedserve.engine.layers.rotary import Rotary
+from embedserve.engine.models.base import PackedEncoder
+from embedserve.engine.ops import Ops
+from embedserve.engine.weights import take
+from embedserve.loading.family_configs import NomicBertConfig
 
 
 class NomicBertLayer(nn.Module):
@@ -54,40 +55,37 @@ class NomicBertLayer(nn.Module):
         return ops.add_layer_norm(mlp, x, norm.weight, norm.bias, norm.eps)
 
 
-class NomicBertEncoder(nn.Module):
+class NomicBertEncoder(PackedEncoder):
+    cfg: NomicBertConfig
+    prefixes = ("nomic_bert.", "model.", "bert.")
+
     def __init__(self, cfg: NomicBertConfig, ops: Ops) -> None:
-        super().__init__()
-        self.cfg, self.ops = cfg, ops
+        super().__init__(cfg, ops)
         self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.embed_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(NomicBertLayer(cfg, ops) for _ in range(cfg.num_layers))
         self.rotary = Rotary(cfg.rope_theta, cfg.head_dim)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]
-        positions: torch.Tensor,  # [T], restarting at 0 for each sequence
-        token_type_ids: torch.Tensor,  # [T]
-        layout: RaggedLayout,
-        attend: AttentionFn,
-    ) -> torch.Tensor:  # [T, H]
+    def embeddings(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:  # no position table: rotary in every layer
         norm = self.embed_norm
         x = self.word(input_ids) + self.token_type(token_type_ids)
-        x = torch.nn.functional.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
+
+    def encode(
+        self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout, attend: AttentionFn
+    ) -> torch.Tensor:
         cos, sin = self.rotary(positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, layout, attend)
         return x
 
-    @classmethod
-    def from_folder(cls, folder: Path, cfg: NomicBertConfig, ops: Ops) -> NomicBertEncoder:
-        source = folder
-        sd = strip_prefix(read_state_dict(folder), ("nomic_bert.", "model.", "bert."))
+    def checkpoint(self, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+        cfg, sd = self.cfg, tensors
         h, i = cfg.hidden_size, cfg.intermediate_size
         remote = any(name.startswith("encoder.layers.") for name in sd)
-        with torch.device("meta"):
-            model = cls(cfg, ops)
         emb_ln = "emb_ln." if remote else "embeddings.LayerNorm."
         new: dict[str, torch.Tensor] = {
             "word.weight": take(
@@ -123,5 +121,4 @@ class NomicBertEncoder(nn.Module):
                 [take(sd, gate, (i, h), source), take(sd, up, (i, h), source)]
             )
             new[p + "down.weight"] = take(sd, down, (h, i), source)
-        model.load_state_dict({k: v.float() for k, v in new.items()}, strict=True, assign=True)
-        return model.eval()
+        return new

@@ -17,21 +17,13 @@ import torch
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
-from embedserve.engine.fused import Ops
-from embedserve.engine.models.linear import Linear
-from embedserve.engine.models.rotary import Rotary
-from embedserve.engine.weights import read_state_dict, strip_prefix, take
-from embedserve.loading.spec import Qwen3Config
-
-
-class RMSNorm(nn.Module):
-    """Holds the scale of one RMSNorm; the computation is `ops.rms_norm` (Hugging Face's order),
-    called by the layer that owns it (fused with the residual add where there is one)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+from embedserve.engine.layers.linear import Linear
+from embedserve.engine.layers.norms import RMSNorm
+from embedserve.engine.layers.rotary import Rotary
+from embedserve.engine.models.base import PackedEncoder
+from embedserve.engine.ops import Ops
+from embedserve.engine.weights import decoder_checkpoint
+from embedserve.loading.spec import ModelSpec, Qwen3Config
 
 
 class Qwen3Layer(nn.Module):
@@ -86,27 +78,30 @@ class Qwen3Layer(nn.Module):
         return self.down(ops.silu_mul(self.gate_up(h))), residual  # SiLU(gate) × up: [T, I]
 
 
-class Qwen3Encoder(nn.Module):
+class Qwen3Encoder(PackedEncoder):
+    cfg: Qwen3Config
+
     def __init__(self, cfg: Qwen3Config, ops: Ops, *, causal: bool) -> None:
-        """`ops`: the pointwise chains and matrix products (`fused.EAGER_OPS` or compiled)."""
-        super().__init__()
-        self.cfg = cfg
-        self.ops = ops
+        super().__init__(cfg, ops)
         self.causal = causal
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3Layer(cfg, ops) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.rope_theta, cfg.head_dim)  # float32 frequencies, per device
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]
-        positions: torch.Tensor,  # [T], restarting at 0 for each sequence
-        token_type_ids: torch.Tensor,  # [T], unused: Qwen3 has no segment embeddings
-        layout: RaggedLayout,
-        attend: AttentionFn,
-    ) -> torch.Tensor:  # [T, H]
-        x = self.embed(input_ids)
+    @classmethod
+    def build(cls, spec: ModelSpec, ops: Ops) -> PackedEncoder:
+        assert isinstance(spec.config, Qwen3Config)
+        return cls(spec.config, ops, causal=spec.attention == "causal")
+
+    def embeddings(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:  # Qwen3 has no segment embeddings
+        return self.embed(input_ids)
+
+    def encode(
+        self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout, attend: AttentionFn
+    ) -> torch.Tensor:
         # rotary angles from each token's own position: sequences packed together each start at 0
         cos, sin = self.rotary(positions, x.dtype)
         residual: torch.Tensor | None = None
@@ -116,52 +111,8 @@ class Qwen3Encoder(nn.Module):
             return self.ops.rms_norm(x, self.norm.weight, self.norm.eps)
         return self.ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
-    @classmethod
-    def from_folder(cls, folder: Path, cfg: Qwen3Config, ops: Ops, *, causal: bool) -> Qwen3Encoder:
-        """Build the model and copy a Hugging Face Qwen3 checkpoint in (`lm_head` is ignored).
-
-        Q, K, V are concatenated into one matrix and gate, up into another.
-        """
-        source = folder
-        sd = strip_prefix(read_state_dict(folder), ("model.",))
-        h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-        nq, nkv = cfg.num_heads * d, cfg.num_kv_heads * d
-        with torch.device("meta"):
-            model = cls(cfg, ops, causal=causal)
-        new: dict[str, torch.Tensor] = {
-            "embed.weight": take(sd, "embed_tokens.weight", (cfg.vocab_size, h), source),
-            "norm.weight": take(sd, "norm.weight", (h,), source),
-        }
-        for n in range(cfg.num_layers):
-            p, a, m = f"layers.{n}.", f"layers.{n}.self_attn.", f"layers.{n}.mlp."
-            new[p + "qkv.weight"] = torch.cat(
-                [
-                    take(sd, a + "q_proj.weight", (nq, h), source),
-                    take(sd, a + "k_proj.weight", (nkv, h), source),
-                    take(sd, a + "v_proj.weight", (nkv, h), source),
-                ]
-            )
-            if cfg.attention_bias:
-                new[p + "qkv.bias"] = torch.cat(
-                    [
-                        take(sd, a + "q_proj.bias", (nq,), source),
-                        take(sd, a + "k_proj.bias", (nkv,), source),
-                        take(sd, a + "v_proj.bias", (nkv,), source),
-                    ]
-                )
-            new[p + "q_norm.weight"] = take(sd, a + "q_norm.weight", (d,), source)
-            new[p + "k_norm.weight"] = take(sd, a + "k_norm.weight", (d,), source)
-            new[p + "out.weight"] = take(sd, a + "o_proj.weight", (h, nq), source)
-            new[p + "input_norm.weight"] = take(sd, p + "input_layernorm.weight", (h,), source)
-            new[p + "post_attn_norm.weight"] = take(
-                sd, p + "post_attention_layernorm.weight", (h,), source
-            )
-            new[p + "gate_up.weight"] = torch.cat(
-                [
-                    take(sd, m + "gate_proj.weight", (i, h), source),
-                    take(sd, m + "up_proj.weight", (i, h), source),
-                ]
-            )
-            new[p + "down.weight"] = take(sd, m + "down_proj.weight", (h, i), source)
-        model.load_state_dict({k: v.float() for k, v in new.items()}, strict=True, assign=True)
-        return model.eval()
+    def checkpoint(self, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+        norms = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm"}
+        return decoder_checkpoint(
+            tensors, self.cfg, norms, source, qkv_bias=self.cfg.attention_bias
+        )

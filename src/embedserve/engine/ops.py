@@ -7,13 +7,13 @@ inside a CUDA graph the compiled kernels replay like any other. A model receives
 construction and calls it for every pointwise chain and every matrix product (`linear`).
 
 The functions take weights as arguments rather than reading module attributes, so one compiled
-function serves every layer (no recompilation per layer).
+function serves every layer (no recompilation per layer). The GEMM kernel each matrix product
+takes on CUDA is measured per shape by `kernels.tuning`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from embedserve.engine.choices import KernelChoices
-from embedserve.engine.pooling import pool
+from embedserve.engine.kernels.tuning import small_m_linear
+from embedserve.engine.pooler.pooling import pool
 from embedserve.engine.stats import EngineStats
 
 
@@ -152,35 +153,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 @dataclass(frozen=True)
 class Ops:
-    add_layer_norm: Callable[..., torch.Tensor]
-    add_layer_norm_residual: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    bert_embed: Callable[..., torch.Tensor]
-    rms_norm: Callable[..., torch.Tensor]
-    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    gemma_rms_norm: Callable[..., torch.Tensor]
-    gemma_norm_add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    silu_mul: Callable[..., torch.Tensor]
-    gelu_mul: Callable[..., torch.Tensor]
-    qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    pool: Callable[..., torch.Tensor]
+    """The table; its defaults are the eager functions above."""
+
+    add_layer_norm: Callable[..., torch.Tensor] = add_layer_norm
+    add_layer_norm_residual: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
+        add_layer_norm_residual
+    )
+    bert_embed: Callable[..., torch.Tensor] = bert_embed
+    rms_norm: Callable[..., torch.Tensor] = rms_norm
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = add_rms_norm
+    gemma_rms_norm: Callable[..., torch.Tensor] = gemma_rms_norm
+    gemma_norm_add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = gemma_norm_add_norm
+    silu_mul: Callable[..., torch.Tensor] = silu_mul
+    gelu_mul: Callable[..., torch.Tensor] = gelu_mul
+    qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]] = qk_norm_rope
+    rope: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rope
+    pool: Callable[..., torch.Tensor] = pool
     linear: Callable[..., torch.Tensor] = linear
 
 
-EAGER_OPS = Ops(
-    add_layer_norm=add_layer_norm,
-    add_layer_norm_residual=add_layer_norm_residual,
-    bert_embed=bert_embed,
-    rms_norm=rms_norm,
-    add_rms_norm=add_rms_norm,
-    gemma_rms_norm=gemma_rms_norm,
-    gemma_norm_add_norm=gemma_norm_add_norm,
-    silu_mul=silu_mul,
-    gelu_mul=gelu_mul,
-    qk_norm_rope=qk_norm_rope,
-    rope=rope,
-    pool=pool,
-)
+EAGER_OPS = Ops()
 
 
 class _Timed:
@@ -241,128 +233,6 @@ def compile_limits() -> contextlib.AbstractContextManager[None]:
         if hasattr(cfg, name)
     }
     return cast(contextlib.AbstractContextManager[None], cfg.patch(limits))
-
-
-SMALL_M = 512  # GEMMs with at most this many rows are tuned against the Triton kernel
-_MISSING = object()
-
-
-def small_m_linear(
-    choices: KernelChoices, stats: EngineStats | None = None
-) -> Callable[..., torch.Tensor]:
-    """F.linear, except where a GEMM has few rows (M ≤ SMALL_M) and the Triton kernel measured
-    faster than cuBLAS for that exact (M, N, K) on this device: then the kernel. Each new shape
-    is measured once, outside any capture (a bucket's first hit runs eagerly), and the choice
-    kept in `choices.gemm`."""
-    stats = stats if stats is not None else EngineStats()
-    try:
-        from embedserve.engine.kernels import small_gemm as kernel
-    except ImportError:  # no Triton
-        return linear
-
-    def fast_linear(
-        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        if x.dim() != 2 or x.shape[0] > SMALL_M or not kernel.supports(x, weight):
-            return F.linear(x, weight, bias)
-        m, k = x.shape
-        key = (x.device, x.dtype, m, weight.shape[0], k, bias is not None)
-        choice = choices.gemm.get(key, _MISSING)
-        if choice is _MISSING:
-            if torch.cuda.is_current_stream_capturing():  # never measure inside a capture
-                return F.linear(x, weight, bias)
-            choice = choices.gemm[key] = _tune_gemm(kernel, x, weight, bias, stats)
-        if choice is None:
-            return F.linear(x, weight, bias)
-        return kernel.linear(x, weight, bias, choice)
-
-    return fast_linear
-
-
-def _graph_us(fn: Callable[[int], Any], calls: int, replays: int = 5) -> float:
-    """Device µs per call of `fn(i)`, i = 0..calls-1, captured in one CUDA graph and replayed
-    (as inside the model's graph: no host launch cost between calls)."""
-    fn(0)  # warm-up (and Triton compile) outside the capture
-    torch.cuda.synchronize()
-    # NOTE: capture_begin/end rather than `torch.cuda.graph`, which also runs gc.collect() and
-    # empty_cache() on entry: costly when every new shape is measured
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        graph.capture_begin()
-        try:
-            for i in range(calls):
-                fn(i)
-        finally:
-            graph.capture_end()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * calls)
-
-
-def _run_config(
-    kernel: Any,
-    x: torch.Tensor,
-    ws: list[torch.Tensor],
-    b: torch.Tensor | None,
-    config: Any,
-    i: int,
-) -> torch.Tensor:
-    return kernel.linear(x, ws[i % len(ws)], b, config)
-
-
-def _tune_gemm(
-    kernel: Any,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stats: EngineStats,
-) -> Any:
-    """Time cuBLAS and every fitting kernel config on fresh random data of this shape, weights
-    rotated through more than the L2 cache (as in the model, where every layer's differ)."""
-    m, k = x.shape
-    n = weight.shape[0]
-    gen = torch.Generator(device=x.device).manual_seed(m * 7919 + n * 31 + k)
-    copies = max(2, -(-(160 << 20) // (weight.numel() * weight.element_size())))
-    copies = min(copies, 16)
-    xs = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
-    ws = [
-        torch.randn(weight.shape, generator=gen, device=x.device, dtype=x.dtype) * k**-0.5
-        for _ in range(copies)
-    ]
-    bs = None if bias is None else torch.randn(n, generator=gen, device=x.device, dtype=x.dtype)
-    want = F.linear(xs.float(), ws[0].float(), None if bs is None else bs.float())
-    timings: dict[str, Any] = {
-        "cublas": round(_graph_us(lambda i: F.linear(xs, ws[i % copies], bs), copies), 2)
-    }
-    best: tuple[float, Any] | None = None
-    for config in kernel.CONFIGS:
-        if not config.fits(n, k):
-            continue
-        try:
-            got = kernel.linear(xs, ws[0], bs, config).float()
-            err = float((got - want).norm() / want.norm())
-            if not err < 1e-2:
-                raise ValueError(f"relative error {err:.2e}")
-            us = _graph_us(functools.partial(_run_config, kernel, xs, ws, bs, config), copies)
-        except Exception as e:  # a config that fails to compile or run is skipped, and recorded
-            timings[config.name] = f"{type(e).__name__}: {e}"[:200]
-            continue
-        timings[config.name] = round(us, 2)
-        if best is None or us < best[0]:
-            best = (us, config)
-    # keep cuBLAS unless the kernel is clearly faster (3%: above the noise of 5 replays)
-    choice = best[1] if best is not None and best[0] < 0.97 * timings["cublas"] else None
-    timings["chosen"] = "cublas" if choice is None else choice.name
-    stats.gemm_timings[f"{m}x{n}x{k}" + ("+bias" if bias is not None else "")] = timings
-    return choice
 
 
 def _triton_qk_norm_rope(fallback: Callable[..., Any]) -> Callable[..., Any]:

@@ -2,7 +2,7 @@
 
 Its parameters are named and shaped as `nn.Linear`'s (`weight` [out, in], `bias` [out]), so the
 state-dict keys a checkpoint is loaded into are unchanged. On CUDA `ops.linear` picks, per shape,
-between cuBLAS and the small-M Triton kernel (`fused.small_m_linear`).
+between cuBLAS and the small-M Triton kernel (`kernels.tuning.small_m_linear`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embedserve.engine.fused import Ops
+from embedserve.engine.ops import Ops
 
 
 class Linear(nn.Module):

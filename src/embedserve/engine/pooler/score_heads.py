@@ -3,7 +3,7 @@
 - `ClassifierHead` (cross-encoders, `BertForSequenceClassification`): BERT's pooler (dense +
   tanh) on the CLS row, then the one-label classifier: the logit. An XLM-RoBERTa cross-encoder
   (bge-reranker-v2-m3) has the same computation under other names (`classifier.dense`, then
-  `classifier.out_proj`).
+  `classifier.out_proj`): the family registry's `classifier_tensors` names them.
 - `YesNoHead` (LLM rerankers, Qwen3-Reranker style): the two rows of the output projection for
   the answer tokens "yes" and "no", sliced at load (never the vocabulary), on the last token's
   normed hidden state: raw score = yes logit - no logit, so that sigmoid(raw) is the softmax of
@@ -65,16 +65,10 @@ def build_score_head(spec: ModelSpec) -> nn.Module | None:
         return None
     folder, h = spec.path, spec.hidden_size
     if spec.score.kind == "classifier":
-        if spec.family == "xlm-roberta":
-            # RoBERTa's classification head: its own dense + tanh, then `out_proj`, on <s>
-            dense, out = "classifier.dense.", "classifier.out_proj."
-            pooler_w, pooler_b = [dense + "weight"], [dense + "bias"]
-            out_w, out_b = [out + "weight"], [out + "bias"]
-        else:
-            # BERT's pooler, with or without the "bert." wrapper, then the classifier
-            pooler_w = ["bert.pooler.dense.weight", "pooler.dense.weight"]
-            pooler_b = ["bert.pooler.dense.bias", "pooler.dense.bias"]
-            out_w, out_b = ["classifier.weight"], ["classifier.bias"]
+        # the family's names for the pooler (dense + tanh on CLS) and the one-label classifier
+        pooler, classifier = spec.family_row.classifier_tensors
+        pooler_w, pooler_b = [p + "weight" for p in pooler], [p + "bias" for p in pooler]
+        out_w, out_b = [c + "weight" for c in classifier], [c + "bias" for c in classifier]
         tensors = read_tensors(folder, [*pooler_w, *pooler_b, *out_w, *out_b])
         head: nn.Module = ClassifierHead(h)
         state = {
@@ -84,11 +78,11 @@ def build_score_head(spec: ModelSpec) -> nn.Module | None:
             "classifier.bias": _one(tensors, out_b, (1,), folder),
         }
     else:
-        assert spec.score.yes_no_ids is not None and spec.qwen3 is not None
+        assert spec.score.yes_no_ids is not None
         vocab = spec.vocab_size
         # an untied checkpoint has its own output projection; a tied one reuses the embeddings
         names = ["lm_head.weight", "model.embed_tokens.weight", "embed_tokens.weight"]
-        if not spec.qwen3.tie_word_embeddings:
+        if not getattr(spec.config, "tie_word_embeddings", True):
             names = names[:1]
         tensors = read_tensors(folder, names)
         table = _one(tensors, [n for n in names if n in tensors] or names, (vocab, h), folder)

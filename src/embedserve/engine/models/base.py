@@ -1,0 +1,74 @@
+"""What every model is: (input_ids [T], positions [T], token_type_ids [T], layout, attend) ->
+hidden states [T, H] over a packed ragged batch, no padding; pooling happens outside the model.
+
+A model is built on the meta device from its family's config and the ops table it computes every
+pointwise chain and matrix product through (its layers hold the same table), then its parameters
+are assigned from the folder's checkpoint, mapped into the fused layouts (one QKV matrix, one
+gate-up matrix) and checked against the config's shapes, in float32 on the CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from embedserve.engine.attention import AttentionFn, RaggedLayout
+from embedserve.engine.ops import Ops
+from embedserve.engine.weights import read_state_dict, strip_prefix
+from embedserve.loading.spec import ModelSpec
+
+
+class PackedEncoder(nn.Module):
+    # wrapper prefixes dropped from checkpoint names, so task heads and bare models load alike
+    prefixes: ClassVar[tuple[str, ...]] = ("model.",)
+
+    def __init__(self, cfg: Any, ops: Ops) -> None:
+        """`ops`: the pointwise chains and matrix products (`ops.EAGER_OPS` or compiled)."""
+        super().__init__()
+        self.cfg = cfg
+        self.ops = ops
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T], restarting at 0 for each sequence
+        token_type_ids: torch.Tensor,  # [T], unused by models without segment embeddings
+        layout: RaggedLayout,
+        attend: AttentionFn,
+    ) -> torch.Tensor:  # [T, H]
+        x = self.embeddings(input_ids, positions, token_type_ids)
+        return self.encode(x, positions, layout, attend)
+
+    def embeddings(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The input embeddings [T, H]."""
+        raise NotImplementedError
+
+    def encode(
+        self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout, attend: AttentionFn
+    ) -> torch.Tensor:
+        """The layers over the embeddings: hidden states [T, H]."""
+        raise NotImplementedError
+
+    def checkpoint(self, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+        """This model's state dict from the checkpoint's tensors (prefixes stripped)."""
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, spec: ModelSpec, ops: Ops) -> PackedEncoder:
+        """The model for `spec` (a family whose model takes more than its config says so)."""
+        return cls(spec.config, ops)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, ops: Ops) -> PackedEncoder:
+        """Build the model and load the folder's checkpoint into it (fp32, on the CPU)."""
+        with torch.device("meta"):
+            model = cls.build(spec, ops)
+        tensors = strip_prefix(read_state_dict(spec.path), cls.prefixes)
+        state = model.checkpoint(tensors, spec.path)
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
+        return model.eval()

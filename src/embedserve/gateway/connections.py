@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 MESSAGES = {431: b"Request Header Fields Too Large", 408: b"Request Timeout"}
 
@@ -42,101 +42,112 @@ def _refusal(status: int, why: str) -> bytes:
     return head + body
 
 
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Protocol
+else:
+    _Protocol = object  # uvicorn is imported by the workers only (`bounded_protocol`)
+
+
+class _Bounded(_Protocol):
+    """The limits, mixed in before uvicorn's httptools protocol by `bounded_protocol`."""
+
+    limits: ConnectionLimits
+
+    # per connection: "idle" (between requests) -> "headers" (a request's first byte came)
+    # -> "body" (its headers are complete) -> "idle" (its body is complete: whatever comes
+    # next is the next request, even while this one's answer is still being made)
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._phase = "idle"
+        self._header_bytes = self._header_count = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._refusal: bytes | None = None  # to send once the answer in progress is out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase == "closed":
+            return  # refused: the rest is not read into memory
+        if self._phase == "idle" and not self.transport.is_closing():
+            self._phase, self._header_bytes, self._header_count = "headers", 0, 0
+            self._header_timer = asyncio.get_event_loop().call_later(
+                self.limits.header_timeout, self._headers_too_slow
+            )
+        if self._phase == "headers":
+            end = data.find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else end
+            if self._header_bytes > self.limits.max_header_bytes:
+                self._refuse(
+                    431, f"the request's headers are over {self.limits.max_header_bytes} bytes"
+                )
+                return
+        super().data_received(data)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _answering(self) -> bool:
+        cycle = getattr(self, "cycle", None)
+        return cycle is not None and not cycle.response_complete
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self._phase != "headers":
+            return
+        if self._answering():
+            # a pipelined request's headers may wait for the answer before them
+            self._header_timer = asyncio.get_event_loop().call_later(
+                self.limits.header_timeout, self._headers_too_slow
+            )
+            return
+        timeout = f"{self.limits.header_timeout:g}"
+        self._refuse(408, f"the request's headers did not arrive within {timeout} s")
+
+    def _refuse(self, status: int, why: str) -> None:
+        self._disarm()
+        self._phase = "closed"  # nothing more reaches the parser
+        if self.transport.is_closing():
+            return
+        if self._answering():
+            # NOTE: a refusal written now would land inside the earlier request's answer:
+            # reading stops, and the refusal follows that answer
+            self._refusal = _refusal(status, why)
+            self.flow.pause_reading()
+            return
+        self.transport.write(_refusal(status, why))
+        self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refusal is not None and not self.transport.is_closing():
+            self.transport.write(self._refusal)
+            self.transport.close()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        if self._header_count > self.limits.max_headers:
+            self._refuse(431, f"the request has over {self.limits.max_headers} header lines")
+            # stops the parser (uvicorn's data_received catches it; the answer is sent)
+            raise ValueError("too many header lines")
+        self._phase = "body"
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._phase == "body":
+            self._phase = "idle"  # the next request's first byte arms the timer again
+
+
 def bounded_protocol(limits: ConnectionLimits) -> type:
     """uvicorn's httptools protocol class with `limits` (see the module docstring)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class BoundedHttpToolsProtocol(HttpToolsProtocol):
-        # per connection: "idle" (between requests) -> "headers" (a request's first byte came)
-        # -> "body" (its headers are complete) -> "idle" (its body is complete: whatever comes
-        # next is the next request, even while this one's answer is still being made)
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._phase = "idle"
-            self._header_bytes = self._header_count = 0
-            self._header_timer: asyncio.TimerHandle | None = None
-            self._refusal: bytes | None = None  # to send once the answer in progress is out
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            if self._phase == "closed":
-                return  # refused: the rest is not read into memory
-            if self._phase == "idle" and not self.transport.is_closing():
-                self._phase, self._header_bytes, self._header_count = "headers", 0, 0
-                self._header_timer = asyncio.get_event_loop().call_later(
-                    limits.header_timeout, self._headers_too_slow
-                )
-            if self._phase == "headers":
-                end = data.find(b"\r\n\r\n")
-                self._header_bytes += len(data) if end < 0 else end
-                if self._header_bytes > limits.max_header_bytes:
-                    self._refuse(
-                        431, f"the request's headers are over {limits.max_header_bytes} bytes"
-                    )
-                    return
-            super().data_received(data)
-
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _answering(self) -> bool:
-            cycle = getattr(self, "cycle", None)
-            return cycle is not None and not cycle.response_complete
-
-        def _headers_too_slow(self) -> None:
-            self._header_timer = None
-            if self._phase != "headers":
-                return
-            if self._answering():
-                # a pipelined request's headers may wait for the answer before them
-                self._header_timer = asyncio.get_event_loop().call_later(
-                    limits.header_timeout, self._headers_too_slow
-                )
-                return
-            timeout = f"{limits.header_timeout:g}"
-            self._refuse(408, f"the request's headers did not arrive within {timeout} s")
-
-        def _refuse(self, status: int, why: str) -> None:
-            self._disarm()
-            self._phase = "closed"  # nothing more reaches the parser
-            if self.transport.is_closing():
-                return
-            if self._answering():
-                # NOTE: a refusal written now would land inside the earlier request's answer:
-                # reading stops, and the refusal follows that answer
-                self._refusal = _refusal(status, why)
-                self.flow.pause_reading()
-                return
-            self.transport.write(_refusal(status, why))
-            self.transport.close()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self._refusal is not None and not self.transport.is_closing():
-                self.transport.write(self._refusal)
-                self.transport.close()
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._header_count += 1
-            super().on_header(name, value)
-
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            if self._header_count > limits.max_headers:
-                self._refuse(431, f"the request has over {limits.max_headers} header lines")
-                # stops the parser (uvicorn's data_received catches it; the answer is sent)
-                raise ValueError("too many header lines")
-            self._phase = "body"
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            super().on_message_complete()
-            if self._phase == "body":
-                self._phase = "idle"  # the next request's first byte arms the timer again
-
-    return BoundedHttpToolsProtocol
+    return type("BoundedHttpToolsProtocol", (_Bounded, HttpToolsProtocol), {"limits": limits})

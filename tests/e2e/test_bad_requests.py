@@ -419,7 +419,7 @@ def send(url: str, method: str, path: str, body: bytes) -> tuple[int, Any]:
     parts = urlparse(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     try:
-        headers = {"Content-Type": "application/json"} if body else {}
+        headers = {"Content-Type": "application/json"} if method == "POST" else {}
         # the server may answer (413) before reading a large body
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             conn.request(method, path, body=body, headers=headers)

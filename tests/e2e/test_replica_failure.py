@@ -30,7 +30,8 @@ def call_with_headers(
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=20)
     try:
         data = json.dumps(body).encode() if body is not None else None
-        conn.request(method, path, body=data)
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, path, body=data, headers=headers)
         reply = conn.getresponse()
         return reply.status, json.loads(reply.read()), dict(reply.getheaders())
     finally:

@@ -1,5 +1,6 @@
-"""What the gateway lets in: API keys (every route but /health, /metrics unless asked), the
-methods a route takes (405 with Allow), JSON bodies only (415), and no internal addresses."""
+"""What the gateway lets in: API keys (every route but the probes, /metrics unless asked), the
+Host names it answers (the probes: any), the methods a route takes (405 with Allow), bodies
+that say they are JSON only (415), and no internal addresses."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def request(
 def make_app(inputs: InputPreparer, keys: KeyRing | None = None, **kw: Any) -> GatewayApp:
     pipeline = SlowPipeline(inputs)
     pipeline.release.set()
-    pipeline.replicas = SimpleNamespace(replicas=[])  # type: ignore[attr-defined]
+    replica = SimpleNamespace(healthy=True, outstanding_tokens=0)
+    pipeline.replicas = SimpleNamespace(replicas=[replica], num_healthy=1)  # type: ignore[attr-defined]
     app = GatewayApp(lambda: pipeline, LIMITS, max_body_bytes=10_000, api_keys=keys or (lambda: frozenset()), **kw)  # type: ignore[arg-type,return-value]  # fmt: skip
     app.pipeline = pipeline  # type: ignore[assignment]
     return app
@@ -54,9 +56,12 @@ def bearer(key: str) -> list[tuple[bytes, bytes]]:
     return [(b"authorization", f"Bearer {key}".encode())]
 
 
-def test_keys_are_required_on_every_route_but_health_and_metrics(inputs: InputPreparer) -> None:
+def test_keys_are_required_on_every_route_but_the_probes_and_metrics(
+    inputs: InputPreparer,
+) -> None:
     app = make_app(inputs, KeyRing([KEY], None))
-    for method, path in [(m, p) for m, p in app.routes if p not in ("/health", "/metrics")]:
+    open_paths = ("/health", "/ready", "/metrics")
+    for method, path in [(m, p) for m, p in app.routes if p not in open_paths]:
         for headers in ([], bearer("wrong"), [(b"authorization", f"Basic {KEY}".encode())]):
             status, head, body = request(app, method, path, headers + JSON, BODY)
             assert status == 401, (method, path, headers)
@@ -66,6 +71,13 @@ def test_keys_are_required_on_every_route_but_health_and_metrics(inputs: InputPr
     assert status == 200, body
     assert request(app, "GET", "/health", [])[0] == 200
     assert request(app, "GET", "/metrics", [])[0] == 200
+    # /ready: its status to anyone (the kubelet sends no key), the replicas' details with a key
+    for headers in ([], bearer("wrong")):
+        assert request(app, "GET", "/ready", headers)[::2] == (200, {"status": "ready"}), headers
+    status, _, body = request(app, "GET", "/ready", bearer(KEY))
+    assert status == 200 and body["replicas"] == [
+        {"replica": 0, "healthy": True, "outstanding_tokens": 0}
+    ]
     locked = make_app(inputs, KeyRing([KEY], None), metrics_auth=True)
     assert request(locked, "GET", "/metrics", [])[0] == 401
     assert request(locked, "GET", "/metrics", bearer(KEY))[0] == 200
@@ -101,7 +113,12 @@ def test_405_lists_the_allowed_methods_and_415_refuses_non_json(inputs: InputPre
         assert status == 415 and body["error"]["code"] == "unsupported_media_type", media
     for media in (b"application/json; charset=utf-8", b"Application/JSON"):
         assert request(app, "POST", "/v1/embeddings", [(b"content-type", media)], BODY)[0] == 200
-    assert request(app, "POST", "/v1/embeddings", [], BODY)[0] == 200  # none: read as JSON
+    # none at all: what a cross-site `fetch` of a Blob sends, so it is no JSON either
+    status, _, body = request(app, "POST", "/v1/embeddings", [], BODY)
+    assert status == 415 and body["error"]["code"] == "unsupported_media_type"
+    assert body["error"]["param"] == "Content-Type" and "Content-Type" in body["error"]["message"]
+    for media in (b"application/json", b"application/json;charset=UTF-8", b"application/x+json"):
+        assert request(app, "POST", "/v1/embeddings", [(b"content-type", media)], BODY)[0] == 200
 
 
 def test_only_the_allowed_hosts_are_answered(inputs: InputPreparer) -> None:
@@ -114,8 +131,29 @@ def test_only_the_allowed_hosts_are_answered(inputs: InputPreparer) -> None:
     for host in (b"evil.example", b"evil.example:8000", b"127.0.0.1.evil.example"):
         status, _, body = request(app, "POST", "/v1/embeddings", [(b"host", host), *JSON], BODY)
         assert status == 421 and body["error"]["code"] == "host_not_allowed", host
-    assert request(app, "GET", "/health", [])[0] == 421  # no Host at all
+    assert request(app, "GET", "/v1/models", [])[0] == 421  # no Host at all
     assert request(make_app(inputs), "GET", "/health", [(b"host", b"anything")])[0] == 200
+
+
+def test_the_probes_answer_every_host_without_a_key(inputs: InputPreparer) -> None:
+    """A kubelet probes the pod's IP with no key: `--allowed-host` and `--api-key` must not
+    turn it away (the gateway's own start-up probe sends the bind address too)."""
+    app = make_app(inputs, KeyRing([KEY], None), allowed_hosts=frozenset({"api.example.com"}))
+    kubelet = [(b"host", b"10.1.2.3:8000"), (b"user-agent", b"kube-probe/1.30")]
+    for headers in (kubelet, [], [(b"host", b"evil.example")]):
+        assert request(app, "GET", "/health", headers)[::2] == (200, {"status": "ok"}), headers
+        assert request(app, "GET", "/ready", headers)[::2] == (200, {"status": "ready"}), headers
+    # the replicas' details need what every other route needs: an allowed Host and a key
+    status, _, body = request(app, "GET", "/ready", [*kubelet, *bearer(KEY)])
+    assert status == 200 and "replicas" not in body
+    trusted = [(b"host", b"api.example.com"), *bearer(KEY)]
+    assert "replicas" in request(app, "GET", "/ready", trusted)[2]
+    assert request(app, "GET", "/v1/models", kubelet)[0] == 421
+    assert request(app, "GET", "/v1/models", [(b"host", b"api.example.com")])[0] == 401
+    assert request(app, "POST", "/health", kubelet)[0] == 405
+    app.draining = True  # liveness stays 200 while draining; readiness fails at once
+    assert request(app, "GET", "/health", kubelet)[0] == 200
+    assert request(app, "GET", "/ready", kubelet)[0] == 503
 
 
 def test_request_ids_and_one_log_line_per_request_without_text(

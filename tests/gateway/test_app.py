@@ -1,19 +1,27 @@
-"""The ASGI app in process: a client that disconnects cancels its work (and so its server calls)."""
+"""The ASGI app in process: a client that disconnects cancels its work (and so its server calls);
+one that disconnects while it sends its body is a clean 499, not an exception."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import numpy as np
+import pytest
 
 from embedserve.core.inputs import InputPreparer
 from embedserve.gateway.app import GatewayApp
 from embedserve.gateway.requests import Limits
 
 LIMITS = Limits(hidden_size=4, max_inputs=8, model_names=("m",))
-SCOPE = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": []}
+SCOPE = {
+    "type": "http",
+    "method": "POST",
+    "path": "/v1/embeddings",
+    "headers": [(b"content-type", b"application/json")],
+}
 
 
 class SlowPipeline:
@@ -93,3 +101,35 @@ def test_a_client_that_stays_gets_its_answer(inputs: InputPreparer) -> None:
         assert body["data"][0]["embedding"] == [1.0, 1.0, 1.0, 1.0]
 
     asyncio.run(main())
+
+
+def test_a_client_that_goes_away_during_its_upload_is_a_499_not_an_exception(
+    inputs: InputPreparer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Half a body, then the disconnect (what uvicorn hands on when the socket closes): the app
+    returns normally (an exception would be logged by uvicorn as one in the ASGI application)."""
+    messages = [
+        {"type": "http.request", "body": b'{"input": "h', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    pipeline = SlowPipeline(inputs)
+    app = make_app(pipeline)
+    app.log_requests = True
+    with caplog.at_level(logging.INFO, logger="embedserve.gateway"):
+        asyncio.run(app(SCOPE, receive, send))
+    assert sent == [] and not pipeline.started.is_set()
+    gone = [r for r in caplog.records if r.name == "embedserve.gateway"]
+    assert [r.levelno for r in gone] == [logging.INFO] and "disconnected" in gone[0].getMessage()
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name.endswith(".requests")]
+    assert line["status"] == 499 and line["route"] == "/v1/embeddings"
+    exported = app.metrics.export(None).decode()
+    assert 'route="/v1/embeddings",status="499"' in exported

@@ -61,6 +61,9 @@ BODY_TIMEOUT = 30.0  # s for a body to arrive after its headers (`--body-timeout
 Handler = Callable[[bytes], Awaitable[Answer]]
 
 JSON = b"application/json"
+# NOTE: the routes a kubelet or load balancer probes: it sends the pod's IP as Host and no key,
+# so these answer every Host without a key (`/ready` then with its status only, see `ready`)
+PROBE_PATHS = frozenset({"/health", "/ready"})
 RETRYABLE_STATUSES = (429, 503)
 RETRY_AFTER_SECONDS = b"1"
 
@@ -87,8 +90,8 @@ class GatewayApp:
         self.log_requests = log_requests
         self.make_pipeline = make_pipeline
         self.api_keys = api_keys
-        # routes open without a key: liveness always, metrics unless `metrics_auth`
-        self.open_paths = {"/health"} | (set() if metrics_auth else {"/metrics"})
+        # routes open without a key (the probes aside): metrics unless `metrics_auth`
+        self.open_paths = set() if metrics_auth else {"/metrics"}
         self.limits = limits
         self.max_json_strings = max_json_strings(limits.max_inputs)
         self.max_body_bytes = max_body_bytes
@@ -171,10 +174,7 @@ class GatewayApp:
         replicas: set[int] = set()
         REPLICAS_CALLED.set(replicas)
         try:
-            if self.allowed_hosts:
-                check_host(headers_in, self.allowed_hosts)
-            if path not in self.open_paths:
-                authenticate(headers_in, self.api_keys())
+            admitted = self._admit(path, headers_in)
             if self.draining and path != "/health":
                 raise ApiError(503, "the gateway is shutting down", code="shutting_down")
             if handler is None:
@@ -185,10 +185,16 @@ class GatewayApp:
                 body = await read_body(scope, receive, self.max_body_bytes, self.body_timeout)
             if handler in self.cancellable:
                 status, content_type, payload = await unless_disconnected(handler(body), receive)
+            elif path == "/ready":
+                status, content_type, payload = await self.ready(body, detailed=admitted)
             else:
                 status, content_type, payload = await handler(body)
-        except ClientGone:
+        except ClientGone:  # nobody to answer: counted, and logged as the ordinary event it is
+            log.info("%s %s: the client disconnected before its answer", method, route)
             self.metrics.requests.labels(route, "499").inc()
+            if self.log_requests:
+                seconds = time.perf_counter() - start
+                log_request(answer_id, method, route, 499, seconds, counts, replicas)
             return
         except ApiError as e:
             status, content_type, payload = e.status, JSON, dumps(e.body())
@@ -215,6 +221,20 @@ class GatewayApp:
         latency.observe(seconds)
         if self.log_requests:
             log_request(answer_id, method, route, status, seconds, counts, replicas)
+
+    def _admit(self, path: str, headers: dict[bytes, bytes]) -> bool:
+        """Whether the request passes the Host and API key checks; else the `ApiError` of the
+        first it fails, but on a probe route, which answers anyway (False: with less)."""
+        try:
+            if self.allowed_hosts:
+                check_host(headers, self.allowed_hosts)
+            if path not in self.open_paths:
+                authenticate(headers, self.api_keys())
+        except ApiError:
+            if path in PROBE_PATHS:
+                return False
+            raise
+        return True
 
     def _ready_pipeline(self) -> Pipeline:
         if self.pipeline is None:
@@ -314,17 +334,20 @@ class GatewayApp:
     async def health(self, body: bytes) -> Answer:
         return 200, JSON, b'{"status":"ok"}'
 
-    async def ready(self, body: bytes) -> Answer:
+    async def ready(self, body: bytes, *, detailed: bool = True) -> Answer:
+        """200 while a server replica is healthy, else 503; `detailed` (a request that passed
+        the Host and key checks): with each replica's health and load, else the status only."""
         pool = self._ready_pipeline().replicas
         # by index, never by address: internal addresses stay out of client answers
         replicas = [
             {"replica": i, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
             for i, r in enumerate(pool.replicas)
         ]
+        details = {"replicas": replicas} if detailed else {}
         if pool.num_healthy == 0:
             error = ApiError(503, "no healthy server replica", code="no_healthy_replica")
-            return 503, JSON, dumps({**error.body(), "replicas": replicas})
-        return 200, JSON, dumps({"status": "ready", "replicas": replicas})
+            return 503, JSON, dumps({**error.body(), **details})
+        return 200, JSON, dumps({"status": "ready", **details})
 
     async def prometheus(self, body: bytes) -> Answer:
         replicas = None if self.pipeline is None else self.pipeline.replicas.replicas

@@ -53,16 +53,18 @@ def authenticate(headers: dict[bytes, bytes], keys: frozenset[bytes]) -> None:
 
 
 def check_content_type(headers: dict[bytes, bytes]) -> None:
+    """A JSON body says so: `application/json` (parameters such as `charset` allowed) or a
+    `+json` type. NOTE: none at all is refused too: a cross-site page can POST without a
+    preflight only a form, `text/plain` or a body of no type (`fetch` of a Blob), and each of
+    them reaching a keyless local gateway would make it work for that page."""
     value = headers.get(b"content-type")
-    # none at all: curl -d and many clients send JSON without one; it is read as JSON (and a
-    # body that is not gets a 400)
-    if value is None:
-        return
-    media = value.split(b";", 1)[0].strip().lower()
+    media = b"" if value is None else value.split(b";", 1)[0].strip().lower()
     if media != b"application/json" and not media.endswith(b"+json"):
+        sent = "no Content-Type" if value is None else f"Content-Type {value.decode('latin-1')!r}"
         raise ApiError(
             415,
-            f"Content-Type {value.decode('latin-1')!r} is not JSON; send application/json",
+            f"the request has {sent}; send the header Content-Type: application/json",
+            param="Content-Type",
             code="unsupported_media_type",
         )
 

@@ -373,7 +373,8 @@ def _work_paths(schemas: dict[str, Schemas]) -> dict[str, Any]:
             }
         }
 
-    work_errors = _errors(400, 404, 413, 429, 500, 503)
+    # 415: a body sent without `Content-Type: application/json`
+    work_errors = _errors(400, 404, 413, 415, 429, 500, 503)
     return {
         "/v1/embeddings": post(
             "Create embeddings (OpenAI-compatible, with extensions)", "embeddings", work_errors
@@ -397,7 +398,7 @@ def _work_paths(schemas: dict[str, Schemas]) -> dict[str, Any]:
         "/tokenize": post(
             "Token ids of texts, as the embeddings endpoint would send them",
             "tokenize",
-            _errors(400, 404, 413),
+            _errors(400, 404, 413, 415),
         ),
     }
 
@@ -408,7 +409,8 @@ def _service_paths() -> dict[str, Any]:
         "/health": {"get": {"summary": "The gateway process is alive", "responses": _ok()}},
         "/ready": {
             "get": {
-                "summary": "At least one server replica is healthy",
+                "summary": "At least one server replica is healthy (any Host, no key; the "
+                "replicas' details for a request that passes the Host and key checks)",
                 "responses": {**_ok(), **_errors(503)},
             }
         },

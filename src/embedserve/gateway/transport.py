@@ -17,7 +17,8 @@ Answer = tuple[int, bytes, bytes]  # status, content type, body
 
 
 class ClientGone(Exception):
-    """The HTTP client disconnected before its answer was ready."""
+    """The HTTP client disconnected before its answer was ready (while it sent its body, or
+    while the work for it ran): an ordinary event, answered by nobody and logged at info."""
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:
@@ -38,8 +39,8 @@ async def read_body(scope: Scope, receive: Receive, limit: int, timeout: float) 
                 code="body_timeout",
                 headers=((b"connection", b"close"),),  # the rest of it is not awaited
             ) from None
-        if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError
+        if message["type"] == "http.disconnect":  # mid-upload: nobody is left to answer
+            raise ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -17,7 +17,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description="Each input file's records (an id and a text field) are embedded on a pool "
         "of Ray actors and written to OUTPUT/<name>.parquet (id, vector, model, dims, "
         "output_dtype); records that cannot be embedded go to <name>.errors.jsonl with the "
-        "reason. A second run skips the inputs already done. Needs: pip install "
+        "reason. A second run skips the inputs already done, and refuses an OUTPUT made with "
+        "other options (see --overwrite). Needs: pip install "
         "'embedserve[ray]'.",
     )
     p.add_argument(

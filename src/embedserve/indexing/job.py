@@ -7,9 +7,10 @@ with no start-up or drain between files. The Dataset keeps its order, so the dri
 file's rows together: it writes them to that file's Parquet under a temporary name and renames
 it once the next file begins, with the records that could not be embedded in an errors file
 beside it. A manifest (`_index.json`) records every finished input with its size and
-modification time; a second run skips the inputs it lists whose output is still there with the
-same row count, so a job killed half-way resumes from the first unfinished file and every record
-is written exactly once.
+modification time as they were before the job read it, and what made its vectors (`identity`);
+a second run skips the inputs it lists whose output is still there with the same row count, so a
+job killed half-way resumes from the first unfinished file and every record is written exactly
+once. A rerun with options that make other vectors is refused, or with `overwrite` re-embeds.
 
 Output columns: `id`, `vector` (list of float32, or of int8 / uint8 for those output dtypes),
 `model`, `dims`, `output_dtype`. A bad record (missing or empty text, a text that is not a

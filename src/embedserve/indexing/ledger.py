@@ -10,6 +10,7 @@ A Python exception is no death: its marks are removed (`end`)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,23 +33,31 @@ class Ledger:
     """One job's marks: a file per piece of work begun, holding the deaths seen during it."""
 
     def __init__(self, job: str, folder: Path | None = None) -> None:
-        # NOTE: the node's temporary folder, the same for an actor and its restarts on a node
-        self.folder = folder or Path(tempfile.gettempdir()) / "embedserve-index"
-        self.folder.mkdir(parents=True, exist_ok=True)
+        # NOTE: the node's temporary folder, the same for an actor and its restarts on a node;
+        # one per user, so another user's folder of that name cannot make the marks fail
+        uid = getattr(os, "getuid", lambda: 0)()
+        self.folder: Path | None = folder or Path(tempfile.gettempdir()) / f"embedserve-index-{uid}"
         self.job = job
-
-    def _path(self, key: str) -> Path:
-        return self.folder / f"{self.job}-{key}"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError:  # no marks, no guard: a record that kills its worker fails the job
+            self.folder = None
 
     def begin(self, key: str) -> int:
         """Mark `key` begun; returns how many workers died doing it before (0: none)."""
-        path = self._path(key)
+        if self.folder is None:
+            return 0
+        path = self.folder / f"{self.job}-{key}"
         try:
             deaths = int(path.read_text() or 0) + 1
         except (FileNotFoundError, ValueError):
             deaths = 0
-        path.write_text(str(deaths))  # read back by the next actor only if this one dies
+        try:
+            path.write_text(str(deaths))  # read back by the next actor only if this one dies
+        except OSError:
+            return 0
         return deaths
 
     def end(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        if self.folder is not None:
+            (self.folder / f"{self.job}-{key}").unlink(missing_ok=True)

@@ -17,7 +17,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description="Each input file's records (an id and a text field) are embedded on a pool "
         "of Ray actors and written to OUTPUT/<name>.parquet (id, vector, model, dims, "
         "output_dtype); records that cannot be embedded go to <name>.errors.jsonl with the "
-        "reason. A second run skips the inputs already done. Needs: pip install "
+        "reason. A second run skips the inputs already done, and refuses an OUTPUT made with "
+        "other options (see --overwrite). Needs: pip install "
         "'embedserve[ray]'.",
     )
     p.add_argument(
@@ -60,6 +61,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--device", default=D.device, help="auto (a GPU per actor when there are GPUs), cpu, cuda"
     )
     p.add_argument(
+        "--dtype",
+        default=D.dtype,
+        choices=["float32", "bfloat16", "float16"],
+        help="the engine's dtype (default: float32 on the CPU, bfloat16 on a GPU)",
+    )
+    p.add_argument(
         "--batch-size",
         type=int,
         default=D.batch_size,
@@ -77,6 +84,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="a running Ray cluster (default: a local Ray for the job)",
     )
     p.add_argument("--fail-fast", action="store_true", help="stop at the first bad record")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="when OUTPUT holds vectors made with other options (model, dtype, prompt, "
+        "truncation, output dtype), replace them (default: refuse, naming the difference)",
+    )
+    p.add_argument(
+        "--verbose", action="store_true", help="show Ray's own logs and Ray Data's progress bars"
+    )
     p.set_defaults(run=_run_index)
 
 
@@ -94,10 +110,18 @@ def _run_index(args: argparse.Namespace) -> int:
         truncate=args.truncate or False,
         output_dtype=args.output_dtype,
         device=args.device,
+        dtype=args.dtype,
         batch_size=args.batch_size,
         workers=args.workers,
         fail_fast=args.fail_fast,
     )
-    summary = run_index(args.input, args.output, options, ray_address=args.ray_address)
+    summary = run_index(
+        args.input,
+        args.output,
+        options,
+        ray_address=args.ray_address,
+        overwrite=args.overwrite,
+        verbose=args.verbose,
+    )
     print(json.dumps(summary))
     return 0

@@ -5,15 +5,22 @@ Dataset (`embed_dataset`, also the entry point for users who already hold a Data
 from __future__ import annotations
 
 import os
+import uuid
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from embedserve.errors import InputError, InputTooLong
+from embedserve.indexing.ledger import DIED, RECORD_DEATHS, Ledger, work_key
 
 RAY_INSTALL = "embedserve index needs Ray Data: pip install 'embedserve[ray]'"
 PATH_COLUMN = "path"  # the column Ray Data's include_paths adds: each record's input file
+# restarts of an actor over the job, and retries of one batch on restarted actors: a record that
+# kills its worker costs 1 + RECORD_DEATHS of them (`ledger`), a kill from outside one
+MAX_RESTARTS = 16
+MAX_TASK_RETRIES = 8
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,7 @@ class IndexOptions:
     truncate: Any = False
     output_dtype: str = "float32"
     device: str = "auto"
+    dtype: str | None = None  # the engine's: float32 on the CPU, bfloat16 on a GPU
     batch_size: int = 256  # records per map_batches call
     workers: int | None = None  # actors; None: one per GPU, else one on the CPU
     fail_fast: bool = False
@@ -55,10 +63,21 @@ def id_text(value: Any) -> str:
     return str(value)
 
 
+@dataclass
+class Rows:
+    """A batch's good records being embedded: their texts by row, and the arrays filled in."""
+
+    ids: list[str]
+    texts: dict[int, str]  # row -> text, of the records to embed
+    vectors: np.ndarray
+    tokens: np.ndarray
+    reasons: list[str | None]
+
+
 class EmbedBatch:
     """The actor `map_batches` runs: one Embedder, records in, vectors and errors out."""
 
-    def __init__(self, options: IndexOptions, cpu_threads: int = 0) -> None:
+    def __init__(self, options: IndexOptions, cpu_threads: int = 0, job: str = "") -> None:
         from embedserve.embedder import Embedder
 
         if cpu_threads:
@@ -68,7 +87,8 @@ class EmbedBatch:
 
             torch.set_num_threads(cpu_threads)
         self.options = options
-        self.embedder = Embedder(options.model, device=options.device)
+        self.ledger = Ledger(job or uuid.uuid4().hex[:12])
+        self.embedder = Embedder(options.model, device=options.device, dtype=options.dtype)
         self.model_name = str(options.model)
         o = options
         self.input_options = self.embedder.inputs.options(
@@ -92,6 +112,46 @@ class EmbedBatch:
             lengths = [sum(lengths[b - n : b]) for b, n in zip(ends, windows, strict=True)]
         return self.head.apply(prepared.combine(pooled)), lengths
 
+    def _embed(self, rows: Rows) -> None:
+        """The good records of a batch, all at once; one at a time after a worker died on the
+        batch (see `ledger`) or when one of them is an input error (the rest still embed)."""
+        good, texts = list(rows.texts), list(rows.texts.values())
+        key = work_key([rows.ids[i] for i in good], texts)
+        try:
+            if self.ledger.begin(key):
+                self._one_by_one(rows)
+            else:
+                try:
+                    rows.vectors[good], rows.tokens[good] = self._encode(texts)
+                except InputError:
+                    self._one_by_one(rows)
+        except Exception:  # an error, not a death: the batch is no suspect
+            self.ledger.end(key)
+            raise
+        self.ledger.end(key)
+
+    def _one_by_one(self, rows: Rows) -> None:
+        for i, text in rows.texts.items():
+            key = work_key([rows.ids[i]], [text])
+            deaths = self.ledger.begin(key)
+            try:
+                if deaths >= RECORD_DEATHS:
+                    rows.reasons[i] = DIED.format(n=deaths)
+                else:
+                    row, count = self._encode([text])
+                    rows.vectors[i], rows.tokens[i] = row[0], count[0]
+            except InputTooLong as e:  # the advice in `embedserve index` terms
+                rows.reasons[i] = (
+                    f"the text has {e.num_tokens} tokens, over this model's limit of "
+                    f"{e.max_length}; shorten it or pass --truncate end / start"
+                )
+            except InputError as e:
+                rows.reasons[i] = str(e).replace("input[0]", "the text")
+            except Exception:
+                self.ledger.end(key)
+                raise
+            self.ledger.end(key)
+
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         o = self.options
         n = len(next(iter(batch.values()))) if batch else 0
@@ -114,21 +174,8 @@ class EmbedBatch:
         vectors = np.zeros((n, self.width), dtype=self.dtype)  # a bad record's row stays zero
         tokens = np.zeros(n, dtype=np.int64)
         if good:
-            chosen = [str(texts[i]) for i in good]  # type: ignore[index]
-            try:
-                vectors[good], tokens[good] = self._encode(chosen)
-            except InputError:  # find which records, one by one: the rest still embed
-                for i in good:
-                    try:
-                        row, count = self._encode([str(texts[i])])  # type: ignore[index]
-                        vectors[i], tokens[i] = row[0], count[0]
-                    except InputTooLong as e:  # the advice in `embedserve index` terms
-                        reasons[i] = (
-                            f"the text has {e.num_tokens} tokens, over this model's limit of "
-                            f"{e.max_length}; shorten it or pass --truncate end / start"
-                        )
-                    except InputError as e:
-                        reasons[i] = str(e).replace("input[0]", "the text")
+            chosen = {i: str(texts[i]) for i in good}  # type: ignore[index]
+            self._embed(Rows(ids, chosen, vectors, tokens, reasons))
         if o.fail_fast and any(reasons):
             k = next(i for i in range(n) if reasons[i])
             raise ValueError(f"record {ids[k]!r}: {reasons[k]}")
@@ -155,6 +202,11 @@ def _cluster_gpus(ray: Any) -> int:
     return visible_gpus()
 
 
+def actor_gpus(ray: Any, options: IndexOptions) -> int:
+    """GPUs the job's actors get (one each): the cluster's, unless the device is the CPU."""
+    return _cluster_gpus(ray) if options.device in ("auto", "cuda") else 0
+
+
 def embed_dataset(ds: Any, options: IndexOptions | None = None, **fields: Any) -> Any:
     """A Ray Dataset of records -> a Dataset with `id`, `vector`, `error`, `model`, `dims`,
     `output_dtype`, `tokens` (`error` non-empty where the record could not be embedded),
@@ -163,21 +215,24 @@ def embed_dataset(ds: Any, options: IndexOptions | None = None, **fields: Any) -
     (`embed_dataset(ds, model="minilm", input_type="document")`)."""
     options = replace(options or IndexOptions(), **fields)
     ray = require_ray()
-    gpus = _cluster_gpus(ray) if options.device in ("auto", "cuda") else 0
+    gpus = actor_gpus(ray, options)
     workers = options.workers or max(gpus, 1)
-    # an actor that dies (a killed worker) is restarted and its batches retried: each record
-    # still comes out once
-    remote: dict[str, Any] = {"max_restarts": -1, "max_task_retries": -1}
+    # an actor that dies (a killed worker) is restarted and its batch retried, so each record
+    # still comes out once; a bounded number of times, and a record that keeps killing its
+    # worker is reported as an error (`ledger`) rather than retried for ever
+    remote: dict[str, Any] = {"max_restarts": MAX_RESTARTS, "max_task_retries": MAX_TASK_RETRIES}
     threads = 0 if gpus else max(1, (os.cpu_count() or 1) // workers)
-    return ds.map_batches(
-        EmbedBatch,
-        fn_constructor_args=(options, threads),
-        batch_size=options.batch_size,
-        batch_format="numpy",
-        concurrency=workers,
-        num_gpus=1 if gpus else 0,
-        num_cpus=1,
-        **remote,
-    )
-
-
+    with warnings.catch_warnings():
+        # NOTE: Ray 2.5x deprecates passing remote options as keywords, yet has no other way
+        # to bound the restarts of a map_batches actor
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        return ds.map_batches(
+            EmbedBatch,
+            fn_constructor_args=(options, threads, uuid.uuid4().hex[:12]),
+            batch_size=options.batch_size,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=workers),
+            num_gpus=1 if gpus else 0,
+            num_cpus=1,
+            **remote,
+        )

@@ -72,6 +72,13 @@ def read_manifest(out: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """Atomically: a crash leaves the old manifest or the new one."""
+    tmp = out / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / MANIFEST)
+
+
 def fingerprint(path: Path) -> dict[str, Any]:
     st = path.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}

@@ -7,9 +7,10 @@ with no start-up or drain between files. The Dataset keeps its order, so the dri
 file's rows together: it writes them to that file's Parquet under a temporary name and renames
 it once the next file begins, with the records that could not be embedded in an errors file
 beside it. A manifest (`_index.json`) records every finished input with its size and
-modification time; a second run skips the inputs it lists whose output is still there with the
-same row count, so a job killed half-way resumes from the first unfinished file and every record
-is written exactly once.
+modification time as they were before the job read it, and what made its vectors (`identity`);
+a second run skips the inputs it lists whose output is still there with the same row count, so a
+job killed half-way resumes from the first unfinished file and every record is written exactly
+once. A rerun with options that make other vectors is refused, or with `overwrite` re-embeds.
 
 Output columns: `id`, `vector` (list of float32, or of int8 / uint8 for those output dtypes),
 `model`, `dims`, `output_dtype`. A bad record (missing or empty text, a text that is not a
@@ -25,7 +26,7 @@ This module is the driver (the order of rows, progress, the run); the embedding 
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import sys
 import time
@@ -36,10 +37,15 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.indexing.actor import PATH_COLUMN, IndexOptions, embed_dataset, require_ray
+from embedserve.indexing.actor import (
+    PATH_COLUMN,
+    IndexOptions,
+    actor_gpus,
+    embed_dataset,
+    require_ray,
+)
 from embedserve.indexing.files import (
     INPUT_SUFFIXES,
-    MANIFEST,
     OutputFile,
     check_output,
     count_records,
@@ -50,7 +56,9 @@ from embedserve.indexing.files import (
     output_names,
     read_inputs,
     read_manifest,
+    write_manifest,
 )
+from embedserve.indexing.identity import drop_stale, vectors_identity
 
 # the public names of `embedserve index` from Python (docs/indexing.md), wherever they live
 __all__ = ["IndexOptions", "Job", "Progress", "embed_dataset", "input_files", "run_index"]
@@ -111,13 +119,29 @@ def _runs(paths: np.ndarray) -> Iterator[tuple[str, slice]]:
 class Job:
     """The driver's side of a run: rows in order -> one OutputFile at a time -> the manifest."""
 
-    def __init__(self, out: Path, manifest: dict[str, Any], names: dict[str, str], progress: Any):
+    def __init__(
+        self,
+        out: Path,
+        manifest: dict[str, Any],
+        names: dict[str, str],
+        progress: Any,
+        identity: dict[str, Any] | None = None,
+        fingerprints: dict[str, dict[str, Any]] | None = None,
+    ):
+        """`identity`: what made the vectors (`identity.vectors_identity`), listed with each
+        input; `fingerprints`: each input's, taken before the job read it."""
         self.out, self.manifest, self.names, self.progress = out, manifest, names, progress
+        self.identity = identity
+        self.fingerprints = dict(fingerprints or {})
         self.current: tuple[Path, OutputFile] | None = None
         self.finished: set[str] = set()
 
     def consume(self, paths: list[Path], batches: Iterator[dict[str, np.ndarray]]) -> None:
         by_key = {input_key(p): p for p in paths}
+        for key, p in by_key.items():
+            # before the first row is read: a record appended while the job reads the file
+            # changes it, and the next run embeds the file again
+            self.fingerprints.setdefault(key, fingerprint(p))
         for batch in batches:
             for key, rows in _runs(batch[PATH_COLUMN]):
                 key = str(Path(key).resolve())
@@ -149,16 +173,50 @@ class Job:
         file.close()
         self.finished.add(input_key(path))
         self.manifest[input_key(path)] = {
-            "input": fingerprint(path),
+            "input": self.fingerprints[input_key(path)],
             "output": f"{file.stem}.parquet",
             "errors": f"{file.stem}.errors.jsonl",
             "records": file.records,
             "bad_records": file.errors,
+            "vectors": self.identity,
         }
-        tmp = self.out / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(self.manifest, indent=1))
-        os.replace(tmp, self.out / MANIFEST)  # after the file it lists: a crash leaves it unlisted
+        # after the file it lists: a crash leaves it unlisted
+        write_manifest(self.out, self.manifest)
         self.progress.file_done()
+
+
+def start_ray(ray: Any, address: str | None, verbose: bool) -> None:
+    """A local Ray for the job, or the cluster at `address`. Unless `verbose`, quiet: Ray's
+    own log lines, its workers' output and Ray Data's progress bars are not shown (the job's
+    progress lines are; Ray's errors still come back as exceptions)."""
+    if ray.is_initialized():
+        return
+    quiet = {} if verbose else {"RAY_BACKEND_LOG_LEVEL": os.environ.get("RAY_BACKEND_LOG_LEVEL")}
+    if not verbose:
+        logging.getLogger("ray").setLevel(logging.ERROR)
+        # NOTE: the C++ core worker's own lines: an error-level one for every actor with
+        # restarts, whose constructor arguments Ray Data puts in the object store
+        # (ray-project/ray#53727). Read by the processes ray.init starts, so set while it runs
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    try:
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=verbose,
+            logging_level=logging.INFO if verbose else logging.ERROR,
+            ignore_reinit_error=True,
+        )
+    finally:
+        for name, value in quiet.items():  # as it was
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    if not verbose:
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False
+        context.print_on_execution_start = False
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
 def run_index(
@@ -168,9 +226,12 @@ def run_index(
     *,
     ray_address: str | None = None,
     log: Callable[[str], None] | None = None,
+    overwrite: bool = False,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """The job (see the module docstring); returns its summary (files done / skipped, records,
-    errors, tokens, seconds)."""
+    errors, tokens, seconds). An output folder whose vectors were made with other options
+    (`identity`) is refused, or with `overwrite` its outputs that differ are made again."""
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     # NOTE: one file named twice (a symlink to another input, overlapping globs) is one input
     files = list({input_key(p): p for p in input_files(inputs)}.values())
@@ -178,28 +239,30 @@ def run_index(
     check_output(out, files)
     if PATH_COLUMN in (options.id_field, options.text_field):
         raise ValueError(f"--id-field / --text-field: {PATH_COLUMN!r} is the column of file paths")
-    out.mkdir(parents=True, exist_ok=True)
     ray = require_ray()
+    if ray_address:  # the cluster's GPUs decide the dtype
+        start_ray(ray, ray_address, verbose)
+    identity = vectors_identity(options, actor_gpus(ray, options))
+    out.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out)
+    removed = drop_stale(out, manifest, identity, overwrite)
+    if removed:
+        log(f"embedserve index: --overwrite: {removed} outputs made with other options removed")
     names = output_names(files, manifest)
     todo = [p for p in files if not is_done(out, manifest.get(input_key(p), {}), p)]
+    # before the Datasets read them (see `Job.consume`)
+    fingerprints = {input_key(p): fingerprint(p) for p in todo}
     skipped = len(files) - len(todo)
     if skipped:
         log(f"embedserve index: {skipped} of {len(files)} files already done, skipped")
     counts = [count_records(p) for p in todo]
     total = None if None in counts else sum(c or 0 for c in counts)
     progress = Progress(len(files), skipped, total, log)
-    if todo and not ray.is_initialized():
-        ray.init(
-            address=ray_address,
-            include_dashboard=False,
-            log_to_driver=False,
-            ignore_reinit_error=True,
-        )
     if todo:
+        start_ray(ray, ray_address, verbose)
         # rows come out in input order, so each file is complete when the next one begins
         ray.data.DataContext.get_current().execution_options.preserve_order = True
-    job = Job(out, manifest, names, progress)
+    job = Job(out, manifest, names, progress, identity, fingerprints)
     for suffix in INPUT_SUFFIXES:  # one Dataset, one actor pool, per format
         group = [p for p in todo if p.suffix == suffix]
         if group:

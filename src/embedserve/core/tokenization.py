@@ -95,50 +95,57 @@ class TextTokenizer:
     ) -> list[list[int]]:
         """Token ids of `prompt + text` per text, special tokens included; raises InputTooLong
         without `truncate`. `truncate="start"` keeps the prompt: an over-long text becomes the
-        prompt's tokens and the end of the text's own, in the special tokens."""
-        prompted = [prompt + t for t in texts] if prompt else list(texts)
+        prompt's tokens and the end of the text's own, in the special tokens.
+
+        NOTE: `prompt + text` is only built for a text tokenized whole: a copy of a 14 MB
+        string is memory the allocator keeps.
+        """
+        texts = list(texts)
         if truncate == "start" and prompt:
             prompt_ids = self.encode_plain(prompt)
             return [
                 ids
                 if isinstance(ids, list) and len(ids) <= self.max_length
                 else self._prompt_then_end(text, prompt_ids)
-                for text, ids in zip(texts, self._untruncated(prompted), strict=True)
+                for text, ids in zip(texts, self._untruncated(texts, prompt), strict=True)
             ]
         if truncate:
-            return self._truncated(prompted, truncate)
+            return self._truncated(texts, truncate, prompt)
         out = []
-        for i, (text, ids) in enumerate(zip(prompted, self._untruncated(prompted), strict=True)):
+        for i, (text, ids) in enumerate(zip(texts, self._untruncated(texts, prompt), strict=True)):
             if isinstance(ids, int):
-                raise TooManyTokens(f"input[{i}]", ids, len(text), self.max_length)
+                num_chars = len(prompt) + len(text)
+                raise TooManyTokens(f"input[{i}]", ids, num_chars, self.max_length)
             if len(ids) > self.max_length:
                 raise InputTooLong(f"input[{i}]", len(ids), self.max_length, TRUNCATE_ADVICE)
             out.append(ids)
         return out
 
-    def _untruncated(self, texts: list[str]) -> list[list[int] | int]:
-        """Each text's whole ids; for a long text a piece of which is over the limit already,
-        how many tokens it has at least (an int)."""
+    def _untruncated(self, texts: list[str], prompt: str) -> list[list[int] | int]:
+        """Each `prompt + text`'s whole ids; for a long text a piece of which is over the limit
+        already, how many tokens it has at least (an int)."""
         out: list[list[int] | int] = []
         whole = []
         need = self.max_length - self.num_special + 1
         for i, text in enumerate(texts):
-            piece = self._piece(text, need, tail=False)
+            piece = self._piece(prompt, text, need, tail=False)
             if piece is None:
                 whole.append(i)
             out.append(0 if piece is None else piece[1] + self.num_special)
-        encodings = self._full.encode_batch_fast([texts[i] for i in whole])
+        encodings = self._full.encode_batch_fast([prompt + texts[i] for i in whole])
         for i, e in zip(whole, encodings, strict=True):
             out[i] = e.ids
         return out
 
-    def _truncated(self, texts: list[str], truncate: Cut) -> list[list[int]]:
-        """Each text's ids, cut to the limit on the side `truncate` says: a long text's piece
-        holds the tokens kept, exactly as the whole text does."""
+    def _truncated(self, texts: list[str], truncate: Cut, prompt: str) -> list[list[int]]:
+        """Each `prompt + text`'s ids, cut to the limit on the side `truncate` says: a long
+        text's piece holds the tokens kept, exactly as the whole text does."""
         tok = self._keep_start if truncate == "end" else self._keep_end
         need = self.max_length - self.num_special
-        pieces = [self._piece(t, need, tail=truncate == "start") for t in texts]
-        cut = [t if p is None else p[0] for t, p in zip(texts, pieces, strict=True)]
+        cut = []
+        for text in texts:
+            piece = self._piece(prompt, text, need, tail=truncate == "start")
+            cut.append(prompt + text if piece is None else piece[0])
         return [e.ids for e in tok.encode_batch_fast(cut)]
 
     def _prompt_then_end(self, text: str, prompt_ids: list[int]) -> list[int]:
@@ -153,20 +160,24 @@ class TextTokenizer:
                 param="prompt",
                 code="context_length_exceeded",
             )
-        piece = self._piece(text, room, tail=True)
+        piece = self._piece("", text, room, tail=True)
         ids = self.encode_plain(text if piece is None else piece[0])
         return [*self._lead, *prompt_ids, *ids[-room:], *self._trail]
 
-    def _piece(self, text: str, need: int, *, tail: bool) -> tuple[str, int] | None:
-        """For a text over `whole_chars`: the shortest of its first (`tail`: last)
+    def _piece(self, prompt: str, text: str, need: int, *, tail: bool) -> tuple[str, int] | None:
+        """For a `prompt + text` over `whole_chars`: the shortest of its first (`tail`: last)
         `window_chars` characters, doubled, whose tokens that the cut cannot change
         (`_stable_count`) number `need` at least, and that number. None for a shorter text, or
         when no piece shorter than the text has them: tokenize it whole."""
-        if len(text) <= self.whole_chars:
+        total = len(prompt) + len(text)
+        if total <= self.whole_chars:
             return None
         n = self.window_chars
-        while n < len(text):
-            piece = text[-n:] if tail else text[:n]
+        while n < total:
+            if tail:
+                piece = text[-n:] if n <= len(text) else prompt[total - n :] + text
+            else:
+                piece = prompt[:n] + text[: max(n - len(prompt), 0)]
             encoding = self._full.encode(piece, add_special_tokens=False)
             stable = _stable_count(encoding, n, self._margin, tail)
             if stable >= need:

@@ -55,3 +55,12 @@ def test_a_prompt_that_leaves_no_room_is_an_error(minilm_path: Path) -> None:
     with pytest.raises(InputError, match="no room is left") as error:
         tok.encode([LONG], truncate="start", prompt="a prompt of many more words than fit")
     assert error.value.param == "prompt"
+
+
+def test_a_prompt_that_leaves_no_window_is_a_400_naming_it(minilm_path: Path) -> None:
+    """It was a plain ValueError: a 500 from the gateway (issue 24, item 14)."""
+    spec = read_model_spec(minilm_path)
+    inputs = InputPreparer(spec, TextTokenizer(minilm_path / "tokenizer.json", 256))
+    with pytest.raises(InputError, match='no room is left for the text truncate "chunk"') as e:
+        inputs.prepare([LONG], InputOptions("many words " * 200, "chunk"))
+    assert e.value.param == "prompt" and e.value.code == "context_length_exceeded"

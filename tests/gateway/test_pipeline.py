@@ -14,6 +14,7 @@ from embedserve.core.inputs import Head, InputOptions, InputPreparer
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.requests import EmbedJob
+from embedserve.gateway.scoring import ScoreJob
 
 
 class CountingReplicas:
@@ -74,3 +75,30 @@ def test_a_failed_part_cancels_the_others_and_sends_no_more(inputs: InputPrepare
     assert replicas.calls <= 3
     assert replicas.cancelled + replicas.finished == replicas.calls - 1
     assert replicas.outstanding == 0
+
+
+class UnitRows(CountingReplicas):
+    """Answers a unit row [1, 0] per sequence (every cosine is 1)."""
+
+    async def embed(self, request: Any, num_tokens: int) -> Any:
+        self.calls += 1
+        rows = np.tile(np.asarray([[1.0, 0.0]], np.float32), (len(request.seqlens), 1))
+        return EmbedResponse(embeddings=rows.tobytes(), shape=list(rows.shape), dtype="float32")
+
+
+def test_an_embedding_model_s_scores_check_the_request_s_tokens_once(
+    inputs: InputPreparer,
+) -> None:
+    """`/v1/score` pairs of an embedding model: the token limit is the request's, not each
+    query group's (issue 24, item 13: ~2.1M tokens got through a 300k limit)."""
+    groups = [(f"query {g}", ["a document of some words"] * 3) for g in range(40)]
+    replicas = UnitRows()
+    pipeline = Pipeline(inputs, replicas, PipelineLimits(1000, part_tokens=64))  # type: ignore[arg-type]
+    scores, total = asyncio.run(pipeline.score(ScoreJob(groups, None, None)))
+    assert scores.shape == (120,) and np.allclose(scores, 1.0) and total <= 1000
+    pipeline.limits = PipelineLimits(total - 1, part_tokens=64)
+    replicas.calls = 0
+    with pytest.raises(ApiError) as e:  # each group is far under the limit, all are over it
+        asyncio.run(pipeline.score(ScoreJob(groups, None, None)))
+    assert e.value.code == "too_many_tokens" and f"has {total} tokens" in e.value.message
+    assert replicas.calls == 0  # before any part is sent

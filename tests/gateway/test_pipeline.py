@@ -4,6 +4,7 @@ come back in order, and a failed part cancels the rest."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from embedserve.contract import EmbedResponse
 from embedserve.core.inputs import Head, InputOptions, InputPreparer
-from embedserve.gateway.errors import ApiError
+from embedserve.gateway.errors import REQUEST_ID, ApiError
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.requests import EmbedJob
 from embedserve.gateway.scoring import ScoreJob
@@ -102,3 +103,31 @@ def test_an_embedding_model_s_scores_check_the_request_s_tokens_once(
         asyncio.run(pipeline.score(ScoreJob(groups, None, None)))
     assert e.value.code == "too_many_tokens" and f"has {total} tokens" in e.value.message
     assert replicas.calls == 0  # before any part is sent
+
+
+class FailingReplicas:
+    """A replica pool whose server failed: the pool's 500 carries the server's own text."""
+
+    async def embed(self, request: Any, num_tokens: int) -> Any:
+        raise ApiError(
+            500,
+            "server replica 0 failed: INTERNAL engine failure: RuntimeError: CUDA out of "
+            "memory (pid 4242; 3.20 GiB reserved)",
+            code="server_error",
+        )
+
+
+def test_a_server_s_failure_text_stays_in_the_log(
+    inputs: InputPreparer, caplog: pytest.LogCaptureFixture
+) -> None:
+    pipeline = Pipeline(inputs, FailingReplicas(), PipelineLimits(1000, 64))  # type: ignore[arg-type]
+    token = REQUEST_ID.set("req-7")
+    try:
+        with caplog.at_level(logging.ERROR, "embedserve.gateway"), pytest.raises(ApiError) as e:
+            asyncio.run(pipeline.embed(job(2)))
+    finally:
+        REQUEST_ID.reset(token)
+    assert e.value.status == 500 and e.value.code == "server_error"
+    assert "req-7" in e.value.message and "the gateway's log" in e.value.message
+    assert "pid" not in e.value.message and "GiB" not in e.value.message
+    assert "req-7" in caplog.text and "pid 4242; 3.20 GiB" in caplog.text

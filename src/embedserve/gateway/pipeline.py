@@ -29,7 +29,7 @@ from embedserve.core.chunking import packed_spans
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
 from embedserve.core.outputs import Head, sigmoid, to_base64
 from embedserve.core.pairs import PairPreparer, PreparedPairs, plan_cosine
-from embedserve.gateway.errors import ApiError, bad_request
+from embedserve.gateway.errors import ApiError, bad_request, server_failure
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob
 from embedserve.gateway.scoring import ScoreJob
@@ -226,7 +226,12 @@ class Pipeline:
         offsets into these sequences packed back to back); `head` None: raw float32 rows;
         `second_segment`: pairs' token types (see the contract)."""
         request = encode_request(seqs, head, spans=spans, second_segment=second_segment)
-        response = await self.replicas.embed(request, sum(map(len, seqs)))
+        try:
+            response = await self.replicas.embed(request, sum(map(len, seqs)))
+        except ApiError as e:
+            if e.status == 500:  # the server's text stays in the gateway's log
+                raise server_failure(e) from None
+            raise
         try:
             return decode_response(response, len(seqs) if spans is None else len(spans))
         except WireError as e:

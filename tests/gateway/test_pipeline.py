@@ -4,6 +4,7 @@ come back in order, and a failed part cancels the rest."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import numpy as np
@@ -11,9 +12,10 @@ import pytest
 
 from embedserve.contract import EmbedResponse
 from embedserve.core.inputs import Head, InputOptions, InputPreparer
-from embedserve.gateway.errors import ApiError
+from embedserve.gateway.errors import REQUEST_ID, ApiError
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.requests import EmbedJob
+from embedserve.gateway.scoring import ScoreJob
 
 
 class CountingReplicas:
@@ -74,3 +76,58 @@ def test_a_failed_part_cancels_the_others_and_sends_no_more(inputs: InputPrepare
     assert replicas.calls <= 3
     assert replicas.cancelled + replicas.finished == replicas.calls - 1
     assert replicas.outstanding == 0
+
+
+class UnitRows(CountingReplicas):
+    """Answers a unit row [1, 0] per sequence (every cosine is 1)."""
+
+    async def embed(self, request: Any, num_tokens: int) -> Any:
+        self.calls += 1
+        rows = np.tile(np.asarray([[1.0, 0.0]], np.float32), (len(request.seqlens), 1))
+        return EmbedResponse(embeddings=rows.tobytes(), shape=list(rows.shape), dtype="float32")
+
+
+def test_an_embedding_model_s_scores_check_the_request_s_tokens_once(
+    inputs: InputPreparer,
+) -> None:
+    """`/v1/score` pairs of an embedding model: the token limit is the request's, not each
+    query group's (issue 24, item 13: ~2.1M tokens got through a 300k limit)."""
+    groups = [(f"query {g}", ["a document of some words"] * 3) for g in range(40)]
+    replicas = UnitRows()
+    pipeline = Pipeline(inputs, replicas, PipelineLimits(1000, part_tokens=64))  # type: ignore[arg-type]
+    scores, total = asyncio.run(pipeline.score(ScoreJob(groups, None, None)))
+    assert scores.shape == (120,) and np.allclose(scores, 1.0) and total <= 1000
+    pipeline.limits = PipelineLimits(total - 1, part_tokens=64)
+    replicas.calls = 0
+    with pytest.raises(ApiError) as e:  # each group is far under the limit, all are over it
+        asyncio.run(pipeline.score(ScoreJob(groups, None, None)))
+    assert e.value.code == "too_many_tokens" and f"has {total} tokens" in e.value.message
+    assert replicas.calls == 0  # before any part is sent
+
+
+class FailingReplicas:
+    """A replica pool whose server failed: the pool's 500 carries the server's own text."""
+
+    async def embed(self, request: Any, num_tokens: int) -> Any:
+        raise ApiError(
+            500,
+            "server replica 0 failed: INTERNAL engine failure: RuntimeError: CUDA out of "
+            "memory (pid 4242; 3.20 GiB reserved)",
+            code="server_error",
+        )
+
+
+def test_a_server_s_failure_text_stays_in_the_log(
+    inputs: InputPreparer, caplog: pytest.LogCaptureFixture
+) -> None:
+    pipeline = Pipeline(inputs, FailingReplicas(), PipelineLimits(1000, 64))  # type: ignore[arg-type]
+    token = REQUEST_ID.set("req-7")
+    try:
+        with caplog.at_level(logging.ERROR, "embedserve.gateway"), pytest.raises(ApiError) as e:
+            asyncio.run(pipeline.embed(job(2)))
+    finally:
+        REQUEST_ID.reset(token)
+    assert e.value.status == 500 and e.value.code == "server_error"
+    assert "req-7" in e.value.message and "the gateway's log" in e.value.message
+    assert "pid" not in e.value.message and "GiB" not in e.value.message
+    assert "req-7" in caplog.text and "pid 4242; 3.20 GiB" in caplog.text

@@ -286,11 +286,10 @@ class InputPreparer:
     def _prepare_texts(
         self, texts: list[str], options: InputOptions, single: bool
     ) -> PreparedInputs:
-        prompted = [options.prompt + t for t in texts] if options.prompt else texts
         if options.truncate != "chunk":
-            return PreparedInputs(
-                self.tokenizer.encode(prompted, truncate=options.truncate), single
-            )
+            seqs = self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt)
+            return PreparedInputs(seqs, single)
+        prompted = [options.prompt + t for t in texts] if options.prompt else texts
         limit = self.max_length
         prompt_ids = self.tokenizer.encode_plain(options.prompt) if options.prompt else []
         wholes = self.tokenizer.encode_with_offsets(prompted)

@@ -3,6 +3,14 @@
 Pure CPU work with no torch import: the gateway and the offline `Embedder` share it (through
 `inputs.InputPreparer`). Inputs longer than the model's limit are an error unless the caller asks
 for truncation.
+
+A long text is never tokenized whole to learn that it is over the limit, nor to keep one end of
+it: a text over `whole_chars` characters is tokenized a piece at a time, its first (or, to keep
+its end, its last) `window_chars` characters, the piece doubled until the tokens that cannot
+depend on the cut number more than the limit (`_stable_count`), so the cost follows the tokens
+needed rather than the string (a 14 MB string cost 17 s and 2 GB tokenized whole). The ids are
+exactly those of the whole text: its truncation keeps tokens of the piece that the cut cannot
+change (tests/core/test_hostile_inputs.py compares them to whole-text tokenization).
 """
 
 from __future__ import annotations
@@ -13,10 +21,15 @@ from typing import Literal
 
 from tokenizers import Encoding, Tokenizer
 
-from embedserve.errors import TRUNCATE_ADVICE, InputTooLong
+from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong
 from embedserve.loading.spec import ModelLoadError
 
 Cut = Literal[False, "end", "start"]  # what the tokenizer does with an over-long text
+
+# A text up to this many characters (or `CHARS_PER_TOKEN` per allowed token, if more) is
+# tokenized whole, as it always was: cheap, and an over-long one is told its exact token count.
+WHOLE_CHARS = 65536
+CHARS_PER_TOKEN = 8  # the first piece of a longer text: most text has 3 to 5 per token
 
 
 def _load(path: Path) -> Tokenizer:
@@ -31,8 +44,28 @@ def _load(path: Path) -> Tokenizer:
     return tok
 
 
+class TooManyTokens(InputTooLong):
+    """A long text over the limit, known from a piece of it: its whole count is not known."""
+
+    def __init__(self, where: str, at_least: int, num_chars: int, max_length: int) -> None:
+        InputError.__init__(
+            self,
+            f"{where} has more than {at_least - 1} tokens ({num_chars} characters), over this "
+            f"model's limit of {max_length}; {TRUNCATE_ADVICE}",
+            code="context_length_exceeded",
+        )
+        self.where = where
+        self.num_tokens = at_least
+        self.max_length = max_length
+
+
 class TextTokenizer:
-    def __init__(self, tokenizer_path: Path, max_length: int) -> None:
+    def __init__(
+        self, tokenizer_path: Path, max_length: int, *, window_chars: int | None = None
+    ) -> None:
+        """`window_chars`: the first piece of a long text, and the length above which a text
+        is cut in pieces (see the module docstring); tests make it small to cut texts
+        everywhere."""
         self.max_length = max_length
         self._full = _load(tokenizer_path)
         # NOTE: separate instances per truncation side, since truncation is tokenizer state and
@@ -41,21 +74,116 @@ class TextTokenizer:
         self._keep_start.enable_truncation(max_length, direction="right")
         self._keep_end = _load(tokenizer_path)
         self._keep_end.enable_truncation(max_length, direction="left")
+        self.num_special = int(self._full.num_special_tokens_to_add(is_pair=False))
+        probe = self._full.encode("a")  # the single-text template: specials around the text
+        content = [t for t, special in enumerate(probe.special_tokens_mask) if not special]
+        self._lead, self._trail = probe.ids[: content[0]], probe.ids[content[-1] + 1 :]
+        # an added token cut by the piece's end tokenizes as other tokens: keep clear of it
+        added = self._full.get_added_tokens_decoder().values()
+        self._margin = max((len(t.content) for t in added), default=0) + 1
+        self.window_chars = window_chars or CHARS_PER_TOKEN * (max_length + 1) + self._margin
+        self.whole_chars = (
+            self.window_chars if window_chars else max(WHOLE_CHARS, self.window_chars)
+        )
 
     @property
     def vocab_size(self) -> int:
         return int(self._full.get_vocab_size(with_added_tokens=True))
 
-    def encode(self, texts: Sequence[str], *, truncate: Cut = False) -> list[list[int]]:
-        """Token ids per text, special tokens included; raises InputTooLong without `truncate`."""
-        if truncate:  # one pass with the tokenizer that cuts on that side
-            tok = self._keep_start if truncate == "end" else self._keep_end
-            return [e.ids for e in tok.encode_batch_fast(list(texts))]
-        ids = [e.ids for e in self._full.encode_batch_fast(list(texts))]
-        for i, seq in enumerate(ids):
-            if len(seq) > self.max_length:
-                raise InputTooLong(f"input[{i}]", len(seq), self.max_length, TRUNCATE_ADVICE)
-        return ids
+    def encode(
+        self, texts: Sequence[str], *, truncate: Cut = False, prompt: str = ""
+    ) -> list[list[int]]:
+        """Token ids of `prompt + text` per text, special tokens included; raises InputTooLong
+        without `truncate`. `truncate="start"` keeps the prompt: an over-long text becomes the
+        prompt's tokens and the end of the text's own, in the special tokens.
+
+        NOTE: `prompt + text` is only built for a text tokenized whole: a copy of a 14 MB
+        string is memory the allocator keeps.
+        """
+        texts = list(texts)
+        if truncate == "start" and prompt:
+            prompt_ids = self.encode_plain(prompt)
+            return [
+                ids
+                if isinstance(ids, list) and len(ids) <= self.max_length
+                else self._prompt_then_end(text, prompt_ids)
+                for text, ids in zip(texts, self._untruncated(texts, prompt), strict=True)
+            ]
+        if truncate:
+            return self._truncated(texts, truncate, prompt)
+        out = []
+        for i, (text, ids) in enumerate(zip(texts, self._untruncated(texts, prompt), strict=True)):
+            if isinstance(ids, int):
+                num_chars = len(prompt) + len(text)
+                raise TooManyTokens(f"input[{i}]", ids, num_chars, self.max_length)
+            if len(ids) > self.max_length:
+                raise InputTooLong(f"input[{i}]", len(ids), self.max_length, TRUNCATE_ADVICE)
+            out.append(ids)
+        return out
+
+    def _untruncated(self, texts: list[str], prompt: str) -> list[list[int] | int]:
+        """Each `prompt + text`'s whole ids; for a long text a piece of which is over the limit
+        already, how many tokens it has at least (an int)."""
+        out: list[list[int] | int] = []
+        whole = []
+        need = self.max_length - self.num_special + 1
+        for i, text in enumerate(texts):
+            piece = self._piece(prompt, text, need, tail=False)
+            if piece is None:
+                whole.append(i)
+            out.append(0 if piece is None else piece[1] + self.num_special)
+        encodings = self._full.encode_batch_fast([prompt + texts[i] for i in whole])
+        for i, e in zip(whole, encodings, strict=True):
+            out[i] = e.ids
+        return out
+
+    def _truncated(self, texts: list[str], truncate: Cut, prompt: str) -> list[list[int]]:
+        """Each `prompt + text`'s ids, cut to the limit on the side `truncate` says: a long
+        text's piece holds the tokens kept, exactly as the whole text does."""
+        tok = self._keep_start if truncate == "end" else self._keep_end
+        need = self.max_length - self.num_special
+        cut = []
+        for text in texts:
+            piece = self._piece(prompt, text, need, tail=truncate == "start")
+            cut.append(prompt + text if piece is None else piece[0])
+        return [e.ids for e in tok.encode_batch_fast(cut)]
+
+    def _prompt_then_end(self, text: str, prompt_ids: list[int]) -> list[int]:
+        """An over-long text's `truncate="start"` ids: the special tokens around the prompt's
+        tokens and as many of the text's last tokens (tokenized alone) as fit."""
+        room = self.max_length - self.num_special - len(prompt_ids)
+        if room <= 0:
+            raise InputError(
+                f"the prompt takes {len(prompt_ids)} tokens and the special tokens "
+                f"{self.num_special} of this model's limit of {self.max_length}: no room is "
+                'left for the text truncate "start" keeps',
+                param="prompt",
+                code="context_length_exceeded",
+            )
+        piece = self._piece("", text, room, tail=True)
+        ids = self.encode_plain(text if piece is None else piece[0])
+        return [*self._lead, *prompt_ids, *ids[-room:], *self._trail]
+
+    def _piece(self, prompt: str, text: str, need: int, *, tail: bool) -> tuple[str, int] | None:
+        """For a `prompt + text` over `whole_chars`: the shortest of its first (`tail`: last)
+        `window_chars` characters, doubled, whose tokens that the cut cannot change
+        (`_stable_count`) number `need` at least, and that number. None for a shorter text, or
+        when no piece shorter than the text has them: tokenize it whole."""
+        total = len(prompt) + len(text)
+        if total <= self.whole_chars:
+            return None
+        n = self.window_chars
+        while n < total:
+            if tail:
+                piece = text[-n:] if n <= len(text) else prompt[total - n :] + text
+            else:
+                piece = prompt[:n] + text[: max(n - len(prompt), 0)]
+            encoding = self._full.encode(piece, add_special_tokens=False)
+            stable = _stable_count(encoding, n, self._margin, tail)
+            if stable >= need:
+                return piece, stable
+            n *= 2
+        return None
 
     def encode_with_offsets(self, texts: Sequence[str]) -> list[Encoding]:
         """Whole encodings (character offsets, special-token masks), never truncated."""
@@ -74,3 +202,30 @@ class TextTokenizer:
     def encode_plain(self, text: str) -> list[int]:
         """A text's ids with no special tokens (a prompt on its own)."""
         return list(self._full.encode(text, add_special_tokens=False).ids)
+
+
+def _stable_count(piece: Encoding, num_chars: int, margin: int, tail: bool) -> int:
+    """How many of a piece's first (`tail`: last) tokens the whole text has there too.
+
+    A tokenizer's normalizer, pre-tokenizer and model each work within a pre-token ("word")
+    given the characters next to it, so only the word the cut falls in can tokenize differently
+    in the whole text, and the word next to it (a regex's look-ahead, a run of spaces split
+    before a word); and an added token the cut splits, within `margin` characters of the cut.
+    """
+    words, offsets = piece.word_ids, piece.offsets
+    n = len(words)
+    if n == 0:
+        return 0
+    if tail:
+        edge, t = words[0], 0
+        while t < n and (_near(words[t], edge) or offsets[t][0] < margin):
+            t += 1
+        return n - t
+    edge, t = words[-1], n
+    while t > 0 and (_near(words[t - 1], edge) or offsets[t - 1][1] > num_chars - margin):
+        t -= 1
+    return t
+
+
+def _near(word: int | None, edge: int | None) -> bool:
+    return word is None or edge is None or abs(word - edge) <= 1

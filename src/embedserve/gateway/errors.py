@@ -17,9 +17,18 @@
 
 from __future__ import annotations
 
+import contextvars
+import logging
 from typing import Any
 
 from embedserve.errors import InputError
+
+log = logging.getLogger("embedserve.gateway")
+# the current request's X-Request-Id, where the app sets it: named in a server failure's answer
+# and in its log line, which carries the details the answer leaves out
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "embedserve_request_id", default=None
+)
 
 TYPES = {
     400: "invalid_request_error",
@@ -71,3 +80,17 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_val
 def from_input_error(error: InputError) -> ApiError:
     """The 400 of a request-core error: the same message the offline API raises."""
     return ApiError(400, error.message, param=error.param, code=error.code)
+
+
+def server_failure(error: ApiError) -> ApiError:
+    """The client's 500 for a server's failure: a generic message and the request id. NOTE:
+    the server's text (an engine exception: process ids, memory figures, paths) goes to the
+    gateway's log only."""
+    request_id = REQUEST_ID.get()
+    named = f" (request id {request_id})" if request_id else ""
+    log.error("server failure%s: %s", named, error.message)
+    return ApiError(
+        500,
+        f"the server failed on this request{named}; the gateway's log has the details",
+        code="server_error",
+    )

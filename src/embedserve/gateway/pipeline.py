@@ -26,10 +26,10 @@ import numpy as np
 from embedserve.contract.codec import WireError, decode_response, encode_request
 from embedserve.core.budget import budget_groups, split_rows
 from embedserve.core.chunking import packed_spans
-from embedserve.core.inputs import InputOptions, InputPreparer
+from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
 from embedserve.core.outputs import Head, sigmoid, to_base64
 from embedserve.core.pairs import PairPreparer, PreparedPairs, plan_cosine
-from embedserve.gateway.errors import ApiError, bad_request
+from embedserve.gateway.errors import ApiError, bad_request, server_failure
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob
 from embedserve.gateway.scoring import ScoreJob
@@ -96,20 +96,27 @@ class Pipeline:
 
     async def embed(self, job: EmbedJob) -> tuple[np.ndarray, int]:
         """Encoded vectors [num_inputs, width] in input order, and the number of prompt tokens."""
-        prepared = await self._off_loop(
+        prepared = await self._prepare(job)
+        num_tokens = sum(map(len, prepared.seqs))
+        self._check_size(num_tokens)
+        return await self._encode(prepared, job.head), num_tokens
+
+    async def _prepare(self, job: EmbedJob) -> PreparedInputs:
+        return await self._off_loop(
             _num_chars(job.inputs), lambda: self.inputs.prepare(job.inputs, job.options)
         )
+
+    async def _encode(self, prepared: PreparedInputs, head: Head) -> np.ndarray:
+        """The prepared inputs' vectors, through the servers in token-budget parts."""
         lengths = [len(s) for s in prepared.seqs]
-        num_tokens = sum(lengths)
-        self._check_size(num_tokens)
-        head = prepared.model_side_head(job.head)
+        model_head = prepared.model_side_head(head)
         rows = await self._fan_out(
             [
-                functools.partial(self._embed_part, [prepared.seqs[i] for i in group], head)
+                functools.partial(self._embed_part, [prepared.seqs[i] for i in group], model_head)
                 for group in budget_groups(lengths, self.limits.part_tokens)
             ]
         )
-        return prepared.finish(rows, job.head), num_tokens
+        return prepared.finish(rows, head)
 
     async def score(self, job: ScoreJob) -> tuple[np.ndarray, int]:
         """One score per document [N] float32 in the job's order, and the prompt tokens."""
@@ -157,20 +164,30 @@ class Pipeline:
                 "raw_scores are a reranker's logits; this embedding model scores by cosine",
                 param="raw_scores",
             )
-        out, total = [], 0
-        for query, docs in job.groups:
-            plan = plan_cosine(
-                self.inputs, query, docs, truncate=job.truncate, instruction=job.instruction
+        plans = [
+            plan_cosine(self.inputs, q, d, truncate=job.truncate, instruction=job.instruction)
+            for q, d in job.groups
+        ]
+        if not plans:
+            return np.zeros(0, np.float32), 0
+        # every group's query, and every group's documents, as one request each: the options
+        # are the request's; the token limit is checked once, on both, before any part is sent
+        first = plans[0]
+        queries = await self._prepare(
+            EmbedJob([p.query for p in plans], first.query_options, first.head, "float")
+        )
+        documents = await self._prepare(
+            EmbedJob(
+                [d for p in plans for d in p.documents], first.document_options, first.head, "float"
             )
-            q, q_tokens = await self.embed(
-                EmbedJob([plan.query], plan.query_options, plan.head, "float")
-            )
-            d, d_tokens = await self.embed(
-                EmbedJob(plan.documents, plan.document_options, plan.head, "float")
-            )
-            out.append(plan.scores(q, d))
-            total += q_tokens + d_tokens
-        return np.concatenate(out), total
+        )
+        total = sum(map(len, queries.seqs)) + sum(map(len, documents.seqs))
+        self._check_size(total)
+        q = await self._encode(queries, first.head)
+        d = split_rows(await self._encode(documents, first.head), [len(p.documents) for p in plans])
+        return np.concatenate(
+            [p.scores(q[i : i + 1], rows) for i, (p, rows) in enumerate(zip(plans, d, strict=True))]
+        ), total
 
     async def _fan_out(self, calls: Sequence[Callable[[], Awaitable[np.ndarray]]]) -> np.ndarray:
         """The calls' rows concatenated in order, at most `parts_in_flight` outstanding at once.
@@ -209,7 +226,12 @@ class Pipeline:
         offsets into these sequences packed back to back); `head` None: raw float32 rows;
         `second_segment`: pairs' token types (see the contract)."""
         request = encode_request(seqs, head, spans=spans, second_segment=second_segment)
-        response = await self.replicas.embed(request, sum(map(len, seqs)))
+        try:
+            response = await self.replicas.embed(request, sum(map(len, seqs)))
+        except ApiError as e:
+            if e.status == 500:  # the server's text stays in the gateway's log
+                raise server_failure(e) from None
+            raise
         try:
             return decode_response(response, len(seqs) if spans is None else len(spans))
         except WireError as e:

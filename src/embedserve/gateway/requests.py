@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT
+from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT, MAX_CHUNKS_PER_REQUEST
 from embedserve.core.inputs import Head, InputOptions, InputPreparer
 from embedserve.gateway.errors import ApiError, bad_request
 
@@ -37,6 +37,7 @@ class Limits:
     min_dimensions: int = 1  # 128 under the pplx output rules (`outputs.min_dimensions`)
     default_output_dtype: str = "float32"  # the folder's native one (spec.default_output_dtype)
     max_chunks: int = MAX_CHUNKS_PER_DOCUMENT  # chunks per document (contextualized embeddings)
+    max_request_chunks: int = MAX_CHUNKS_PER_REQUEST  # chunks of all its documents
     task: str = "embed"  # the model's: "embed" or "score" (spec.ModelSpec.task)
     scoring: str = "bi-encoder"  # how it scores: bi-encoder (cosine), cross-encoder, llm-reranker
 
@@ -142,7 +143,15 @@ def parse_contextual(body: Any, limits: Limits, inputs: InputPreparer) -> Contex
     encoding_format = _encoding_format(body)
     head = _head(body, inputs)
     documents = inputs.read_documents(_input(body, limits, "documents"), limits.max_chunks)
-    return ContextualJob(documents, body.get("separator"), head, encoding_format)
+    job = ContextualJob(documents, body.get("separator"), head, encoding_format)
+    if job.num_chunks > limits.max_request_chunks:  # before any is tokenized
+        raise bad_request(
+            f"'input' has {job.num_chunks} chunks in all, over the limit of "
+            f"{limits.max_request_chunks} per request",
+            param="input",
+            code="too_many_chunks",
+        )
+    return job
 
 
 def parse_tokenize(body: Any, limits: Limits, inputs: InputPreparer) -> tuple[Any, InputOptions]:

@@ -133,3 +133,32 @@ def test_a_client_that_goes_away_during_its_upload_is_a_499_not_an_exception(
     assert line["status"] == 499 and line["route"] == "/v1/embeddings"
     exported = app.metrics.export(None).decode()
     assert 'route="/v1/embeddings",status="499"' in exported
+
+
+def test_a_server_failure_answers_a_generic_500_naming_the_request_id(
+    inputs: InputPreparer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server's text (process ids, memory figures) goes to the gateway's log, not the
+    client; the answer names the request so the two can be matched."""
+    from embedserve.gateway.errors import ApiError, server_failure
+
+    class FailingPipeline(SlowPipeline):
+        async def embed(self, job: Any) -> tuple[np.ndarray, int]:
+            raise server_failure(ApiError(500, "CUDA out of memory in pid 4242", code="x"))
+
+    async def main() -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {**SCOPE, "headers": [*SCOPE["headers"], (b"x-request-id", b"req-77")]}
+        await make_app(FailingPipeline(inputs))(scope, client(asyncio.Event()), send)
+        return sent
+
+    with caplog.at_level(logging.ERROR, logger="embedserve.gateway"):
+        sent = asyncio.run(main())
+    assert sent[0]["status"] == 500
+    message = json.loads(sent[1]["body"])["error"]["message"]
+    assert "req-77" in message and "4242" not in message
+    assert any("req-77" in r.getMessage() and "4242" in r.getMessage() for r in caplog.records)

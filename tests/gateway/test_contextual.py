@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,12 @@ def _document(num_chunks: int, num_tokens: int) -> list[str]:
     return [" ".join(["a"] * n) for n in sizes]
 
 
+def _cpu(work: Callable[[], object]) -> float:
+    start = time.process_time()
+    work()
+    return time.process_time() - start
+
+
 @pytest.mark.parametrize(
     ("max_length", "num_documents", "num_chunks"),
     [(256, 1170, 14), (256, 64, 254), (32768, 9, 1024)],  # tokens, chunks, a long-context model
@@ -144,15 +151,23 @@ def test_a_request_at_the_limits_costs_little_gateway_cpu(
     documents = [_document(num_chunks, max_length - 2)] * num_documents  # + [CLS] and [SEP]
     assert num_documents * num_chunks <= limits.max_request_chunks
     assert num_documents * max_length <= 300_000
-    start = time.process_time()
-    inputs.tokenizer.encode_with_offsets([" ".join(d) for d in documents])
-    tokenizing = time.process_time() - start
-    start = time.process_time()
-    job = parse_contextual({"input": documents}, limits, inputs)
-    plans = inputs.plan_documents(job.documents, job.separator)
-    lengths = [len(p.ids) for p in plans]
-    parts = [packed_spans([plans[d] for d in g]) for g in budget_groups(lengths, 8192)]
-    seconds = time.process_time() - start
+    joined = [" ".join(d) for d in documents]
+
+    def tokenize() -> None:
+        inputs.tokenizer.encode_with_offsets(joined)
+
+    def plan_and_pack() -> tuple[list[Any], list[Any], list[int]]:
+        job = parse_contextual({"input": documents}, limits, inputs)
+        plans = inputs.plan_documents(job.documents, job.separator)
+        lengths = [len(p.ids) for p in plans]
+        parts = [packed_spans([plans[d] for d in g]) for g in budget_groups(lengths, 8192)]
+        return plans, parts, lengths
+
+    # NOTE: the least CPU of a few runs each: the tokenizer's threads make one run's CPU noisy on
+    # a loaded machine, in both measurements alike
+    tokenizing = min(_cpu(tokenize) for _ in range(3))
+    seconds = min(_cpu(plan_and_pack) for _ in range(2))
+    plans, parts, lengths = plan_and_pack()
     assert sum(len(p) for p in parts) == num_documents * num_chunks
     assert max(lengths) == max_length
     assert plans[0].spans[0] == (1, 1 + (max_length - 2) // num_chunks)

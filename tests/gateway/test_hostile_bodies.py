@@ -8,9 +8,10 @@ import time
 import pytest
 
 from embedserve.gateway.errors import ApiError
+from embedserve.gateway.requests import Limits
 from embedserve.gateway.transport import max_json_strings, parse_json
 
-LIMIT = max_json_strings(2048)  # the default --max-inputs
+LIMIT = max_json_strings(Limits(hidden_size=384, max_inputs=2048, model_names=("m",)))  # defaults
 
 
 def refused(body: bytes) -> tuple[ApiError, float]:

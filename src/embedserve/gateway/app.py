@@ -22,7 +22,7 @@ from embedserve.gateway.checks import (
     no_route,
     request_id,
 )
-from embedserve.gateway.errors import ApiError, bad_request, from_input_error
+from embedserve.gateway.errors import REQUEST_ID, ApiError, bad_request, from_input_error
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
 from embedserve.gateway.metrics import Metrics, log_request, track_request
@@ -93,7 +93,7 @@ class GatewayApp:
         # routes open without a key (the probes aside): metrics unless `metrics_auth`
         self.open_paths = set() if metrics_auth else {"/metrics"}
         self.limits = limits
-        self.max_json_strings = max_json_strings(limits.max_inputs)
+        self.max_json_strings = max_json_strings(limits)
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout  # s for a body to arrive after its headers
         self.model_name = limits.model_names[0]
@@ -170,6 +170,7 @@ class GatewayApp:
         extra: tuple[tuple[bytes, bytes], ...] = ()
         headers_in = dict(scope["headers"])  # read once: the checks below all look in it
         answer_id = request_id(headers_in)
+        REQUEST_ID.set(answer_id.decode("ascii"))  # a server failure's answer names it
         counts = track_request()
         replicas: set[int] = set()
         REPLICAS_CALLED.set(replicas)

@@ -9,6 +9,7 @@ from typing import Any
 
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.jsonio import JSONDecodeError, count_strings, duplicate_key, loads
+from embedserve.gateway.requests import Limits
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -59,10 +60,12 @@ def _too_large(limit: int) -> ApiError:
 MAX_TOP_LEVEL_FIELDS = 64
 
 
-def max_json_strings(max_inputs: int) -> int:
-    """The most JSON strings any valid request holds: its fields, and two per input or document
-    (a document object's key and text), twice over for pairs (`text_1`, `text_2`)."""
-    return 4 * max_inputs + 2 * MAX_TOP_LEVEL_FIELDS
+def max_json_strings(limits: Limits) -> int:
+    """The most JSON strings any valid request of `limits` holds: its fields, and two per input
+    or document (a document object's key and text), twice over for pairs (`text_1`, `text_2`),
+    or one per chunk of a contextualized request."""
+    per_item = max(4 * limits.max_inputs, limits.max_request_chunks)
+    return per_item + 2 * MAX_TOP_LEVEL_FIELDS
 
 
 def parse_json(body: bytes, max_strings: int) -> Any:

@@ -534,10 +534,10 @@ class GatewayApp:
 
     async def ready(self, body: bytes) -> tuple[int, bytes, bytes]:
         pool = self._ready_pipeline().replicas
-        # by index, never by address: internal addresses stay out of client answers
+        # by id, never by address: internal addresses stay out of client answers
         replicas = [
-            {"replica": i, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
-            for i, r in enumerate(pool.replicas)
+            {"replica": r.id, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
+            for r in pool.replicas
         ]
         if pool.num_healthy == 0:
             error = ApiError(503, "no healthy server replica", code="no_healthy_replica")
@@ -546,9 +546,14 @@ class GatewayApp:
 
     async def prometheus(self, body: bytes) -> tuple[int, bytes, bytes]:
         if self.pipeline is not None:
-            for i, r in enumerate(self.pipeline.replicas.replicas):  # by index, as /ready
-                self.metrics.healthy.labels(str(i)).set(float(r.healthy))
-                self.metrics.outstanding.labels(str(i)).set(r.outstanding_tokens)
+            pool = self.pipeline.replicas  # by address: the same server in every worker
+            for address in pool.take_removed():  # a replica a lookup dropped: its series go
+                for gauge in (self.metrics.healthy, self.metrics.outstanding):
+                    gauge.labels(address).set(0)  # NOTE: a worker's file keeps it (multiprocess)
+                    gauge.remove(address)
+            for r in pool.replicas:
+                self.metrics.healthy.labels(r.address).set(float(r.healthy))
+                self.metrics.outstanding.labels(r.address).set(r.outstanding_tokens)
         registry = self.metrics.registry
         if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files
             registry = prom.CollectorRegistry()

@@ -123,7 +123,7 @@ def test_a_success_resets_the_count_of_failed_calls() -> None:
     assert replica.engine_failures == 0
 
 
-def test_replicas_keep_their_ids_and_dropped_ones_are_reported_once(tmp_path: Any) -> None:
+def test_replicas_keep_their_ids_and_an_id_is_never_reused(tmp_path: Any) -> None:
     listed = tmp_path / "replicas.txt"
     listed.write_text("127.0.0.1:1\n127.0.0.1:2\n")
 
@@ -143,8 +143,6 @@ def test_replicas_keep_their_ids_and_dropped_ones_are_reported_once(tmp_path: An
             "127.0.0.1:2": 2,
             "127.0.0.1:3": 3,
         }
-        assert pool.take_removed() == {"127.0.0.1:1"}
-        assert pool.take_removed() == set()
         await pool.close()
 
     asyncio.run(main())

@@ -135,6 +135,7 @@ class GatewayApp:
         self.model_name = limits.model_names[0]
         self.metrics = Metrics()
         self.pipeline: Pipeline | None = None
+        self._labelled: set[str] = set()  # replica addresses with metric series
         # set on SIGTERM (gateway.main.DrainingServer): every new request but /health gets 503
         # at once while the ones in flight (counted here) finish
         self.draining = False
@@ -546,12 +547,14 @@ class GatewayApp:
 
     async def prometheus(self, body: bytes) -> tuple[int, bytes, bytes]:
         if self.pipeline is not None:
-            pool = self.pipeline.replicas  # by address: the same server in every worker
-            for address in pool.take_removed():  # a replica a lookup dropped: its series go
+            # by address: the same server in every worker (an index named different ones)
+            replicas = self.pipeline.replicas.replicas
+            for address in self._labelled - {r.address for r in replicas}:  # dropped: its series go
                 for gauge in (self.metrics.healthy, self.metrics.outstanding):
                     gauge.labels(address).set(0)  # NOTE: a worker's file keeps it (multiprocess)
                     gauge.remove(address)
-            for r in pool.replicas:
+            self._labelled = {r.address for r in replicas}
+            for r in replicas:
                 self.metrics.healthy.labels(r.address).set(float(r.healthy))
                 self.metrics.outstanding.labels(r.address).set(r.outstanding_tokens)
         registry = self.metrics.registry

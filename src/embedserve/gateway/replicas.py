@@ -17,7 +17,7 @@ Each replica has an `id`, stable for its life in the pool: clients (`/ready`, er
 request log) see it, never an address. The `--replica HOST:PORT` flags are 0, 1, ... in their
 order (the same in every gateway worker); servers a source finds are numbered on from there as
 this worker finds them, and an id is never reused. The operator's metrics name replicas by
-address (`ReplicaPool.take_removed` says whose series to drop).
+address.
 """
 
 from __future__ import annotations
@@ -191,7 +191,6 @@ class ReplicaPool:
         fixed = [a for a in addresses if not is_source(a)]
         self.replicas = [Replica(a, secret, i) for i, a in enumerate(fixed)]
         self._ids = itertools.count(len(fixed))  # for the servers sources find
-        self._removed: set[str] = set()  # addresses dropped since `take_removed`
         self.timeout = timeout
         self.health_interval = health_interval
         self.resolve_interval = resolve_interval
@@ -225,14 +224,11 @@ class ReplicaPool:
                 replica = Replica(address, self.secret, next(self._ids))
                 replica.open()
                 self.replicas.append(replica)
-                self._removed.discard(address)
                 log.warning("replica %d (%s) added", replica.id, address)
         if failed:  # a lookup without an answer removes nothing
             return
         for replica in [r for r in self.replicas if r.address not in wanted]:
             self.replicas.remove(replica)
-            if replica.address not in {r.address for r in self.replicas}:
-                self._removed.add(replica.address)
             log.warning("replica %d (%s) removed", replica.id, replica.address)
             task = asyncio.create_task(self._close_when_idle(replica))
             self._closing.add(task)  # NOTE: a reference, or the loop may drop the task
@@ -266,11 +262,6 @@ class ReplicaPool:
                     await task
         for r in self.replicas:
             await r.close()
-
-    def take_removed(self) -> set[str]:
-        """The addresses of the replicas dropped since the last call (their metrics go)."""
-        removed, self._removed = self._removed, set()
-        return removed
 
     @property
     def num_healthy(self) -> int:

@@ -16,8 +16,10 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -190,6 +192,9 @@ async def serve(config: ServerConfig) -> int:
     await server.start()
     # the same calls over a unix socket, for a gateway on this host (`contract.local`)
     local_path = socket_path(port)
+    if local_path is None:  # our socket folder's name is taken: one of our own, unknown to gateways
+        local_path = Path(tempfile.mkdtemp(prefix="embedserve-")) / f"{port}.sock"
+        log.warning("the local socket is at %s: gateways will call over gRPC", local_path)
     local = await serve_local(local_path, service.answer)
     if config.metrics_port is not None:
         from embedserve.server.metrics import start_metrics_server

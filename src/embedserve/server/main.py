@@ -142,6 +142,17 @@ def load_engine(options: EngineOptions):  # type: ignore[no-untyped-def]
     return inject_faults(engine)  # a no-op outside the tests (`server.faults`)
 
 
+def _local_socket_path(port: int) -> Path:
+    """Our socket in this user's folder (`contract.local.socket_dir`); when that name is taken
+    by something we cannot trust, one in a folder of our own that gateways do not know (they
+    call over gRPC then)."""
+    path = socket_path(port)
+    if path is None:
+        path = Path(tempfile.mkdtemp(prefix="embedserve-")) / f"{port}.sock"
+        log.warning("the local socket is at %s: gateways will call over gRPC", path)
+    return path
+
+
 def _exit_soon(code: int, seconds: float) -> None:
     """End the process in `seconds` from a thread, whatever the event loop is doing."""
     timer = threading.Timer(seconds, os._exit, (code,))
@@ -191,10 +202,7 @@ async def serve(config: ServerConfig) -> int:
     guard.start()
     await server.start()
     # the same calls over a unix socket, for a gateway on this host (`contract.local`)
-    local_path = socket_path(port)
-    if local_path is None:  # our socket folder's name is taken: one of our own, unknown to gateways
-        local_path = Path(tempfile.mkdtemp(prefix="embedserve-")) / f"{port}.sock"
-        log.warning("the local socket is at %s: gateways will call over gRPC", local_path)
+    local_path = _local_socket_path(port)
     local = await serve_local(local_path, service.answer)
     if config.metrics_port is not None:
         from embedserve.server.metrics import start_metrics_server

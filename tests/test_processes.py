@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from embedserve.processes import READY_FILE_ENV, Child, write_ready
+from embedserve.processes import (
+    PARENT_PID_ENV,
+    READY_FILE_ENV,
+    Child,
+    alive,
+    exit_with_parent,
+    write_ready,
+)
 
 PYTHON = [sys.executable, "-c"]
 
@@ -91,3 +100,58 @@ def test_write_ready_writes_the_named_file_whole_and_only_once(
     assert path.read_text() == '{"url": "http://127.0.0.1:8000"}'
     assert list(path.parent.iterdir()) == [path]  # no partial file left behind
     assert READY_FILE_ENV not in os.environ  # a process we start next is not waited on
+
+
+# A process that ignores SIGTERM (a stuck event loop) with a child of its own that leads its own
+# process group and ignores SIGTERM too (a gateway worker); prints both pids.
+STUCK_TREE = (
+    "import os, signal, subprocess, sys, time\n"
+    "from embedserve.processes import exit_with_parent\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "armed = exit_with_parent(float(sys.argv[1]))\n"
+    "code = 'import os, signal, time; os.setpgrp(); signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+    " time.sleep(60)'\n"
+    "worker = subprocess.Popen([sys.executable, '-c', code])\n"
+    "print('pids', os.getpid(), worker.pid, armed, flush=True); time.sleep(60)\n"
+)
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(map(alive, pids)):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def test_stop_kills_a_stuck_child_and_the_process_groups_below_it() -> None:
+    child = Child([*PYTHON, STUCK_TREE, "60"], name="stuck")
+    pids = [int(p) for p in child.wait_for(r"pids (\d+) (\d+)", 30).groups()]
+    start = time.monotonic()
+    child.stop(timeout=0.5)
+    assert time.monotonic() - start < 5
+    assert wait_gone(pids, 5) == []  # the worker in its own process group too
+
+
+def test_a_stuck_child_ends_itself_and_its_workers_a_grace_after_its_launcher_dies() -> None:
+    # the launcher (`serve`) starts the stuck tree as a Child, then is killed with SIGKILL
+    launcher = (
+        "import sys, time\n"
+        "from embedserve.processes import Child\n"
+        f"c = Child([sys.executable, '-c', {STUCK_TREE!r}, '0.5'], relay=sys.stdout)\n"
+        "time.sleep(60)\n"
+    )
+    top = Child([*PYTHON, launcher], name="launcher")
+    m = top.wait_for(r"pids (\d+) (\d+) (\w+)", 30)
+    assert m.group(3) == "True"  # armed: started by a Child
+    pids = [int(m.group(1)), int(m.group(2))]
+    os.kill(top.proc.pid, signal.SIGKILL)
+    top.proc.wait(5)
+    assert alive(pids[0])  # SIGTERM (the parent-death signal) alone did not end it...
+    assert wait_gone(pids, 5) == []  # ...the watch did, 0.5 s later, its worker first
+
+
+def test_a_process_started_by_hand_never_ends_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PARENT_PID_ENV, raising=False)
+    assert exit_with_parent(0.1) is False
+    monkeypatch.setenv(PARENT_PID_ENV, "1")  # not our parent: an inherited, stale value
+    assert exit_with_parent(0.1) is False

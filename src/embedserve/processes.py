@@ -6,7 +6,9 @@ its address and budgets as values, not a log line to parse, so the human log can
 The child runs in its own session (a terminal's Ctrl-C reaches only us, and we stop children in
 order), gets SIGTERM when we die (Linux), and has its output read line by line on a thread: kept
 for `wait_for` and, when asked, relayed to one of our streams. `stop()` sends the child SIGTERM (a
-server or a gateway then drains) and kills its whole process group if it outlives the timeout.
+server or a gateway then drains) and kills it and every process below it if it outlives the
+timeout. A child that calls `exit_with_parent` also ends itself, and everything below it, a
+grace period after we die without stopping it (SIGTERM alone does not end a stuck process).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ T = TypeVar("T")
 
 # The file a child writes its ready record to (`write_ready`), named by the parent (`Child`).
 READY_FILE_ENV = "EMBEDSERVE_READY_FILE"
+# The pid of the `Child`'s parent, for `exit_with_parent`: set only by `Child`, so a process
+# started by hand (whose shell may go) never ends itself.
+PARENT_PID_ENV = "EMBEDSERVE_PARENT_PID"
 
 
 def say(message: str, *, err: bool = False) -> None:
@@ -57,6 +62,31 @@ def set_parent_death_signal() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def exit_with_parent(grace: float) -> bool:
+    """Started by a `Child`: once that parent is gone, give SIGTERM's drain `grace` seconds,
+    then SIGKILL every process below us and ourselves. False (nothing armed) otherwise.
+
+    NOTE: `set_parent_death_signal` sends SIGTERM only: a gateway whose worker's event loop was
+    stuck drained forever, and after `serve` was killed the supervisor and its worker lived on
+    at 100% of a core, holding the port. The watch is a thread polling our parent pid, so it
+    works while the main thread is busy (not while a C call holds the GIL).
+    """
+    parent = os.environ.pop(PARENT_PID_ENV, None)
+    if parent is None or not parent.isdigit() or int(parent) != os.getppid():
+        return False
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(0.2)
+        time.sleep(grace)
+        say(f"embedserve: the launcher is gone and {grace:g} s passed: exiting", err=True)
+        kill_tree(os.getpid())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    return True
 
 
 def write_ready(record: dict[str, Any]) -> None:
@@ -93,6 +123,7 @@ class Child:
         self.ready_file = self._ready_dir / "ready.json"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines as they are printed
         env[READY_FILE_ENV] = str(self.ready_file)  # ours, not one our own parent gave us
+        env[PARENT_PID_ENV] = str(os.getpid())  # for `exit_with_parent`
         self.proc = subprocess.Popen(
             self.argv,
             stdout=subprocess.PIPE,
@@ -234,12 +265,22 @@ class Child:
             self._forget_ready_file()
 
     def kill(self) -> None:
-        """SIGKILL of the child's whole process group (it leads it): no drain, no goodbye."""
+        """SIGKILL of the child, its whole process group (it leads it) and every process below
+        it (a gateway's workers lead process groups of their own): no drain, no goodbye."""
         if self.proc.poll() is None:
+            kill_tree(self.proc.pid)
             with contextlib.suppress(ProcessLookupError):  # exited meanwhile
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self._forget_ready_file()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL of every process below `pid` (not `pid` itself), found before any is killed: a
+    killed parent's children are handed to init and could no longer be found under it."""
+    for below in descendants(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(below, signal.SIGKILL)
 
 
 def descendants(pid: int) -> set[int]:

@@ -41,7 +41,7 @@ def request(
 def make_app(inputs: InputPreparer, keys: KeyRing | None = None, **kw: Any) -> GatewayApp:
     pipeline = SlowPipeline(inputs)
     pipeline.release.set()
-    replica = SimpleNamespace(healthy=True, outstanding_tokens=0)
+    replica = SimpleNamespace(id=0, address="127.0.0.1:50051", healthy=True, outstanding_tokens=0)
     pipeline.replicas = SimpleNamespace(replicas=[replica], num_healthy=1)  # type: ignore[attr-defined]
     app = GatewayApp(lambda: pipeline, LIMITS, max_body_bytes=10_000, api_keys=keys or (lambda: frozenset()), **kw)  # type: ignore[arg-type,return-value]  # fmt: skip
     app.pipeline = pipeline  # type: ignore[assignment]

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
+from embedserve.gateway import replicas
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.replicas import ReplicaPool
 
@@ -89,3 +90,98 @@ def test_no_healthy_replica_is_503() -> None:
         asyncio.run(pool.embed(1, 10))
     assert (e.value.status, e.value.code) == (503, "no_healthy_replica")
     assert seen == [[]]
+
+
+def test_a_replica_whose_calls_keep_failing_internal_is_passed_over() -> None:
+    # an engine that fails every batch answers fast: it has the fewest outstanding tokens
+    pool, seen = pool_of(grpc.StatusCode.INTERNAL, "ok")
+    pool.replicas[1].outstanding_tokens = 5
+
+    async def calls() -> list[Any]:
+        return [await pool.embed(n, 10) for n in range(10)]
+
+    assert asyncio.run(calls()) == [1] * 10  # each retried on the other replica
+    assert len(seen[0]) == replicas.FAILING_AFTER  # then passed over
+    assert pool.choose() is pool.replicas[1]
+    pool.replicas[0].avoid_until = 0.0  # AVOID_SECONDS later it is tried again
+    assert pool.choose() is pool.replicas[0]
+
+
+def test_an_avoided_replica_is_still_chosen_when_there_is_no_other() -> None:
+    pool, _ = pool_of(grpc.StatusCode.INTERNAL, "ok")
+    for _ in range(replicas.FAILING_AFTER):
+        asyncio.run(pool.embed(1, 10))
+    pool.replicas[1].healthy = False
+    assert pool.choose() is pool.replicas[0]
+
+
+def test_a_success_resets_the_count_of_failed_calls() -> None:
+    pool, _ = pool_of("ok")
+    replica = pool.replicas[0]
+    replica.engine_failures = replicas.FAILING_AFTER - 1
+    asyncio.run(pool.embed(1, 10))
+    assert replica.engine_failures == 0
+
+
+def test_replicas_keep_their_ids_and_an_id_is_never_reused(tmp_path: Any) -> None:
+    listed = tmp_path / "replicas.txt"
+    listed.write_text("127.0.0.1:1\n127.0.0.1:2\n")
+
+    async def main() -> None:
+        pool = ReplicaPool(["127.0.0.1:9", f"file:{listed}"], health_interval=0.05)
+        for r in pool.replicas:
+            r.open()
+        await pool.resolve_once()
+        ids = {r.address: r.id for r in pool.replicas}
+        assert ids == {"127.0.0.1:9": 0, "127.0.0.1:1": 1, "127.0.0.1:2": 2}
+        listed.write_text("127.0.0.1:2\n127.0.0.1:3\n")
+        await pool.resolve_once()
+        # the one that stayed keeps its id (it was list position 1 now), a new one gets a
+        # fresh id, never a dropped one's
+        assert {r.address: r.id for r in pool.replicas} == {
+            "127.0.0.1:9": 0,
+            "127.0.0.1:2": 2,
+            "127.0.0.1:3": 3,
+        }
+        await pool.close()
+
+    asyncio.run(main())
+
+
+def test_replica_metrics_are_labelled_by_address_and_a_dropped_one_goes(tmp_path: Any) -> None:
+    from types import SimpleNamespace
+
+    from embedserve.gateway.app import GatewayApp
+    from embedserve.gateway.requests import Limits
+
+    listed = tmp_path / "replicas.txt"
+    listed.write_text("127.0.0.1:1\n127.0.0.1:2\n")
+
+    async def main() -> None:
+        pool = ReplicaPool([f"file:{listed}"])
+        await pool.resolve_once()
+        pool.replicas[1].healthy = True
+        pipeline = SimpleNamespace(replicas=pool)
+        app = GatewayApp(lambda: pipeline, Limits(hidden_size=4, max_inputs=8, model_names=("m",)), max_body_bytes=10_000)  # type: ignore[arg-type,return-value]  # fmt: skip
+        app.pipeline = pipeline  # type: ignore[assignment]
+
+        async def healthy_series() -> list[str]:
+            text = (await app.prometheus(b""))[2].decode()
+            return [
+                line
+                for line in text.splitlines()
+                if line.startswith("embedserve_gateway_replica_healthy{")
+            ]
+
+        assert await healthy_series() == [
+            'embedserve_gateway_replica_healthy{replica="127.0.0.1:1"} 0.0',
+            'embedserve_gateway_replica_healthy{replica="127.0.0.1:2"} 1.0',
+        ]
+        listed.write_text("127.0.0.1:2\n")
+        await pool.resolve_once()
+        assert await healthy_series() == [
+            'embedserve_gateway_replica_healthy{replica="127.0.0.1:2"} 1.0'
+        ]
+        await pool.close()
+
+    asyncio.run(main())

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from embedserve.gateway.main import GatewayConfig
 from embedserve.options import Options, option
-from embedserve.processes import Child, say, write_ready
+from embedserve.processes import Child, exit_with_parent, say, write_ready
 from embedserve.server.main import ServerConfig
 
 MAX_RESTARTS_PER_MINUTE = 3
@@ -67,16 +67,25 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     gateway.set_defaults(run=run_gateway)
 
 
+# How long past its drain a server or gateway that `serve` started waits, once `serve` is gone,
+# before it kills itself and its workers (`processes.exit_with_parent`).
+ORPHAN_GRACE_SECONDS = 10.0
+
+
 def run_server(args: argparse.Namespace) -> int:
     from embedserve.server.main import run
 
-    return run(ServerConfig.from_args(args))
+    config = ServerConfig.from_args(args)
+    exit_with_parent(config.drain_seconds + ORPHAN_GRACE_SECONDS)
+    return run(config)
 
 
 def run_gateway(args: argparse.Namespace) -> int:
     from embedserve.gateway.main import run
 
-    return run(GatewayConfig.from_args(args))
+    config = GatewayConfig.from_args(args)
+    exit_with_parent(config.drain_seconds + ORPHAN_GRACE_SECONDS)
+    return run(config)
 
 
 def visible_gpus() -> int:

@@ -6,6 +6,11 @@ through this lean framing instead, with the same messages and the same status co
 stays for remote replicas and health checks. The server listens on `socket_path(port)` beside
 its gRPC port; the gateway uses that socket when it exists for a replica on this host.
 
+NOTE: the socket takes calls without the link secret, so it lives in this user's own directory
+(`socket_dir`: 0700, owned by us, not a link): another user can neither reach it nor put a socket
+of their own at its name (a stale one in the shared temporary directory, which we could not
+remove, stopped the server from starting).
+
 Frames, both ways: a header `<IIB` (payload bytes, call id, kind) and the payload.
 - gateway -> server: kind `EMBED` with a serialized EmbedRequest, or `CANCEL` (no payload):
   the client went away or its deadline passed, so the server drops the call.
@@ -19,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -34,18 +41,38 @@ STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
-def socket_path(port: int) -> Path:
-    """Where the server on `port` of this host listens for local calls."""
-    return Path(tempfile.gettempdir()) / f"embedserve-{port}.sock"
+def _ours(info: os.stat_result) -> bool:
+    return info.st_uid == os.getuid()
+
+
+def socket_dir() -> Path | None:
+    """This user's directory for local sockets, `<tmp>/embedserve-<uid>`, made 0700 if missing;
+    None when that name is something we cannot trust (another user's, a link, open to others)."""
+    path = Path(tempfile.gettempdir()) / f"embedserve-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = os.lstat(path)
+    private = stat.S_ISDIR(info.st_mode) and not stat.S_IMODE(info.st_mode) & 0o077
+    return path if private and _ours(info) else None
+
+
+def socket_path(port: int) -> Path | None:
+    """Where the server on `port` of this host listens for local calls (None: see `socket_dir`)."""
+    folder = socket_dir()
+    return None if folder is None else folder / f"{port}.sock"
 
 
 def local_socket_for(address: str) -> Path | None:
-    """The unix socket of a replica at HOST:PORT, when it is on this host and listening."""
+    """The unix socket of a replica at HOST:PORT, when it is on this host, listening, ours."""
     host, _, port = address.rpartition(":")
     if host not in LOCAL_HOSTS or not port.isdigit():
         return None
     path = socket_path(int(port))
-    return path if path.exists() else None
+    try:
+        info = None if path is None else os.lstat(path)
+    except OSError:
+        return None
+    return path if info is not None and _ours(info) else None
 
 
 def frame(call_id: int, kind: int, payload: bytes = b"") -> bytes:

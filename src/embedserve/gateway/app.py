@@ -339,10 +339,10 @@ class GatewayApp:
         """200 while a server replica is healthy, else 503; `detailed` (a request that passed
         the Host and key checks): with each replica's health and load, else the status only."""
         pool = self._ready_pipeline().replicas
-        # by index, never by address: internal addresses stay out of client answers
+        # by id, never by address: internal addresses stay out of client answers
         replicas = [
-            {"replica": i, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
-            for i, r in enumerate(pool.replicas)
+            {"replica": r.id, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
+            for r in pool.replicas
         ]
         details = {"replicas": replicas} if detailed else {}
         if pool.num_healthy == 0:

@@ -66,6 +66,7 @@ class Metrics:
             multiprocess_mode="livesum",
         )
         self._route_children: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._labelled: set[str] = set()  # replica addresses with metric series
 
     def route(self, route: str, status: int) -> tuple[Any, Any]:
         """The request counter and latency histogram of a route and status, looked up once."""
@@ -86,9 +87,17 @@ class Metrics:
 
     def export(self, replicas: Sequence[Replica] | None) -> bytes:
         """The text exposition of /metrics, with the replicas' state as of now."""
-        for i, r in enumerate(replicas or ()):  # by index, as /ready
-            self.healthy.labels(str(i)).set(float(r.healthy))
-            self.outstanding.labels(str(i)).set(r.outstanding_tokens)
+        # by address: the same server in every worker (an index named different ones); a
+        # dropped replica's series go
+        addresses = {r.address for r in replicas or ()}
+        for address in self._labelled - addresses:
+            for gauge in (self.healthy, self.outstanding):
+                gauge.labels(address).set(0)  # NOTE: a worker's file keeps it (multiprocess)
+                gauge.remove(address)
+        self._labelled = addresses
+        for r in replicas or ():
+            self.healthy.labels(r.address).set(float(r.healthy))
+            self.outstanding.labels(r.address).set(r.outstanding_tokens)
         registry = self.registry
         if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files
             registry = prom.CollectorRegistry()

@@ -3,13 +3,21 @@
 Health comes from polling the standard `grpc.health.v1` service every `health_interval` seconds,
 so `/ready` follows the servers and a restarted server is used again without restarting the
 gateway. Each chunk goes to the healthy replica with the fewest outstanding tokens; a failed call
-is retried once on another one. Every call carries a deadline, so a dead or stuck replica gives
+is retried once on another one. A replica whose last FAILING_AFTER calls failed INTERNAL (an
+engine that fails every batch fails fast, so it had the fewest outstanding tokens and drew the
+traffic) is passed over for AVOID_SECONDS while another healthy one is there. Every call carries a deadline, so a dead or stuck replica gives
 an error quickly instead of a hang.
 
 A `--replica` is a server's `HOST:PORT`, or a source of them read again every
 `resolve_interval` seconds: `dns:NAME:PORT` (every address the name resolves to: a Kubernetes
 headless Service, one per ready pod) or `file:PATH` (one `HOST:PORT` per line, `#` comments).
 Servers that appear are added; servers that disappear are dropped once their calls are done.
+
+Each replica has an `id`, stable for its life in the pool: clients (`/ready`, error bodies, the
+request log) see it, never an address. The `--replica HOST:PORT` flags are 0, 1, ... in their
+order (the same in every gateway worker); servers a source finds are numbered on from there as
+this worker finds them, and an id is never reused. The operator's metrics name replicas by
+address.
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import itertools
 import logging
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +42,7 @@ from embedserve.contract.secret import call_metadata
 from embedserve.gateway.errors import ApiError
 
 log = logging.getLogger("embedserve.gateway")
-# the replicas (by index) the current request's calls went to, for its log line (set by the app)
+# the replicas (by id) the current request's calls went to, for its log line (set by the app)
 REPLICAS_CALLED: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar(
     "embedserve_replicas_called", default=None
 )
@@ -55,14 +65,25 @@ RETRYABLE = {
     grpc.StatusCode.UNKNOWN,
     grpc.StatusCode.CANCELLED,
 }
+# Codes of a server that failed the work itself (an engine failure), not the network.
+ENGINE_FAILURES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+# After this many calls in a row answered with one of them, a replica is passed over for
+# AVOID_SECONDS while another healthy one is there (it is tried again after; a success resets).
+# NOTE: one bad request failing on every replica cannot take the pool down: with no other
+# replica left, an avoided one is still chosen.
+FAILING_AFTER = 3
+AVOID_SECONDS = 10.0
 
 
 class Replica:
-    def __init__(self, address: str, secret: str | None = None) -> None:
+    def __init__(self, address: str, secret: str | None = None, id: int = 0) -> None:
         self.address = address
+        self.id = id  # what clients see (see the module docstring)
         self.secret = secret  # the link secret sent with each gRPC call (`contract.secret`)
         self.healthy = False
         self.outstanding_tokens = 0
+        self.engine_failures = 0  # calls in a row answered INTERNAL / UNKNOWN
+        self.avoid_until = 0.0  # time.monotonic() before which it is passed over
         self.channel: Any = None
         self.embed: Any = None
         self.check: Any = None
@@ -87,10 +108,11 @@ class Replica:
             await self.channel.close()
 
 
-def to_api_error(error: grpc.aio.AioRpcError, replica: Replica, index: int) -> ApiError:
-    """The client's error for a failed server call. NOTE: replicas are named by their index: a
+def to_api_error(error: grpc.aio.AioRpcError, replica: Replica) -> ApiError:
+    """The client's error for a failed server call. NOTE: replicas are named by their id: a
     client never sees an internal address (the log keeps it), nor the transport's details,
     which carry addresses too."""
+    index = replica.id
     code, details = error.code(), error.details() or ""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return ApiError(400, details, param="input", code="invalid_value")
@@ -166,7 +188,9 @@ class ReplicaPool:
             raise ValueError("a gateway needs at least one --replica HOST:PORT")
         self.sources = tuple(addresses)
         self.secret = secret
-        self.replicas = [Replica(a, secret) for a in addresses if not is_source(a)]
+        fixed = [a for a in addresses if not is_source(a)]
+        self.replicas = [Replica(a, secret, i) for i, a in enumerate(fixed)]
+        self._ids = itertools.count(len(fixed))  # for the servers sources find
         self.timeout = timeout
         self.health_interval = health_interval
         self.resolve_interval = resolve_interval
@@ -197,15 +221,15 @@ class ReplicaPool:
         have = {r.address: r for r in self.replicas}
         for address in wanted:
             if address not in have:
-                replica = Replica(address, self.secret)
+                replica = Replica(address, self.secret, next(self._ids))
                 replica.open()
                 self.replicas.append(replica)
-                log.warning("replica %s added", address)
+                log.warning("replica %d (%s) added", replica.id, address)
         if failed:  # a lookup without an answer removes nothing
             return
         for replica in [r for r in self.replicas if r.address not in wanted]:
             self.replicas.remove(replica)
-            log.warning("replica %s removed", replica.address)
+            log.warning("replica %d (%s) removed", replica.id, replica.address)
             task = asyncio.create_task(self._close_when_idle(replica))
             self._closing.add(task)  # NOTE: a reference, or the loop may drop the task
             task.add_done_callback(self._closing.discard)
@@ -266,15 +290,14 @@ class ReplicaPool:
                 log.warning("replica health polling: %s", e)
 
     def choose(self, exclude: Replica | None = None) -> Replica | None:
-        """The healthy replica with the fewest outstanding tokens (not `exclude`)."""
-        best = None
+        """The healthy replica with the fewest outstanding tokens (not `exclude`), one whose
+        calls keep failing INTERNAL (`avoid_until`) only when there is no other."""
+        now = time.monotonic()
+        best, best_key = None, (True, 0)
         for r in self.replicas:
-            if (
-                r.healthy
-                and r is not exclude
-                and (best is None or r.outstanding_tokens < best.outstanding_tokens)
-            ):
-                best = r
+            key = (r.avoid_until > now, r.outstanding_tokens)
+            if r.healthy and r is not exclude and (best is None or key < best_key):
+                best, best_key = r, key
         return best
 
     async def embed(self, request: Any, num_tokens: int) -> Any:
@@ -287,27 +310,38 @@ class ReplicaPool:
         except grpc.aio.AioRpcError as e:
             other = self.choose(exclude=replica) if e.code() in RETRYABLE else None
             if other is None:
-                raise to_api_error(e, replica, self._index(replica)) from None
+                raise to_api_error(e, replica) from None
             log.warning("retrying on %s after %s from %s", other.address, e.code(), replica.address)
             try:
                 return await self._call(other, request, num_tokens)
             except grpc.aio.AioRpcError as e2:
-                raise to_api_error(e2, other, self._index(other)) from None
-
-    def _index(self, replica: Replica) -> int:
-        """A replica's index for clients (-1 once a lookup has dropped it)."""
-        return self.replicas.index(replica) if replica in self.replicas else -1
+                raise to_api_error(e2, other) from None
 
     async def _call(self, replica: Replica, request: Any, num_tokens: int) -> Any:
         called = REPLICAS_CALLED.get()
-        if called is not None and replica in self.replicas:
-            called.add(self.replicas.index(replica))
+        if called is not None:
+            called.add(replica.id)
         replica.outstanding_tokens += num_tokens
         try:
-            return await replica.embed(request, timeout=self.timeout)
+            answer = await replica.embed(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 replica.healthy = False  # until the next health check says otherwise
+            elif e.code() in ENGINE_FAILURES:
+                replica.engine_failures += 1
+                if replica.engine_failures >= FAILING_AFTER:
+                    if replica.avoid_until <= time.monotonic():
+                        log.warning(
+                            "replica %d (%s): %d calls in a row failed; avoided for %g s",
+                            replica.id,
+                            replica.address,
+                            replica.engine_failures,
+                            AVOID_SECONDS,
+                        )
+                    replica.avoid_until = time.monotonic() + AVOID_SECONDS
             raise
         finally:
             replica.outstanding_tokens -= num_tokens
+        replica.engine_failures = 0
+        replica.avoid_until = 0.0
+        return answer

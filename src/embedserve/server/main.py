@@ -2,15 +2,25 @@
 
 On a signal the health status turns NOT_SERVING (so gateways route elsewhere), new calls are
 refused, and calls already accepted finish (up to `drain_seconds`) before the process exits.
+
+An engine that can no longer serve (`server.guard`: failed steps in a row, a CUDA error, a step
+stuck past `--step-timeout`) turns the health NOT_SERVING too, fails what is queued as
+UNAVAILABLE (gateways retry it elsewhere) and ends the process with FATAL_EXIT_CODE after
+FATAL_LINGER_SECONDS, without waiting for the engine: `serve` then starts a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -21,11 +31,22 @@ from embedserve.contract.local import socket_path
 from embedserve.contract.secret import LOOPBACK, LinkSecretInterceptor, read_secret
 from embedserve.options import EngineOptions, Options, drain_option, option
 from embedserve.processes import say, write_ready
+from embedserve.server.faults import inject_faults
+from embedserve.server.guard import MAX_FAILED_STEPS, STEP_TIMEOUT_SECONDS, EngineGuard
 from embedserve.server.local import serve_local
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 
 log = logging.getLogger("embedserve.server")
+
+# The exit status of a server whose engine cannot serve (`serve` restarts it, as any exit).
+FATAL_EXIT_CODE = 3
+# How long it answers NOT_SERVING before it exits: a gateway's health poll (every 0.5 s) sees
+# the status rather than a refused connection, and answers already computed go out.
+FATAL_LINGER_SECONDS = 1.0
+# After this many more seconds the process ends from a thread of its own, in case the event
+# loop itself is stuck.
+FATAL_EXIT_BACKSTOP_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,17 @@ class ServerConfig(Options):
     insecure_link: bool = option(
         False, "serve a non-loopback --host without a link secret (a trusted network only)"
     )
+    max_failed_steps: int = option(
+        MAX_FAILED_STEPS,
+        "after this many engine batches in a row fail (or one CUDA error), health turns "
+        "NOT_SERVING and the server exits (serve restarts it)",
+    )
+    step_timeout: float = option(
+        STEP_TIMEOUT_SECONDS,
+        "a batch on the engine longer than this many seconds (a hung device) turns health "
+        "NOT_SERVING and the server exits (serve restarts it)",
+        metavar="SECONDS",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -79,6 +111,10 @@ class ServerConfig(Options):
             raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms}")
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
+        if self.max_failed_steps < 1:
+            raise ValueError(f"max_failed_steps must be >= 1, got {self.max_failed_steps}")
+        if self.step_timeout <= 0:
+            raise ValueError(f"step_timeout must be > 0 seconds, got {self.step_timeout}")
         self.scheduler(1)  # validates the budgets
 
     def scheduler(self, engine_batch_tokens: int) -> SchedulerConfig:
@@ -103,20 +139,50 @@ def load_engine(options: EngineOptions):  # type: ignore[no-untyped-def]
     )
     warm = PackedBatch.from_packed(np.arange(100, 132, dtype=np.int64), np.array([16, 16]))
     engine.step(warm).wait()
-    return engine
+    return inject_faults(engine)  # a no-op outside the tests (`server.faults`)
 
 
-async def serve(config: ServerConfig) -> None:
+def _local_socket_path(port: int) -> Path:
+    """Our socket in this user's folder (`contract.local.socket_dir`); when that name is taken
+    by something we cannot trust, one in a folder of our own that gateways do not know (they
+    call over gRPC then)."""
+    path = socket_path(port)
+    if path is None:
+        path = Path(tempfile.mkdtemp(prefix="embedserve-")) / f"{port}.sock"
+        log.warning("the local socket is at %s: gateways will call over gRPC", path)
+    return path
+
+
+def _exit_soon(code: int, seconds: float) -> None:
+    """End the process in `seconds` from a thread, whatever the event loop is doing."""
+    timer = threading.Timer(seconds, os._exit, (code,))
+    timer.daemon = True
+    timer.start()
+
+
+async def serve(config: ServerConfig) -> int:
+    """Serve until a signal (0) or until the engine cannot serve (FATAL_EXIT_CODE)."""
     engine = load_engine(config.engine)
     batch_wait_ms = config.batch_wait_ms
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
         batch_wait_ms = 3.0 if engine.device.type == "cpu" else 0.0
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_fatal(reason: str) -> None:  # from the engine, results or watchdog thread
+        _exit_soon(FATAL_EXIT_CODE, FATAL_LINGER_SECONDS + FATAL_EXIT_BACKSTOP_SECONDS)
+        loop.call_soon_threadsafe(stop.set)
+
+    guard = EngineGuard(
+        on_fatal, max_failures=config.max_failed_steps, step_timeout=config.step_timeout
+    )
     service = EmbedService(
         engine,
         config.scheduler(engine.batch_tokens),
         batch_wait=batch_wait_ms / 1000,
         output_rules=engine.spec.output_rules,
         span_pooler=engine.embed_spans,
+        guard=guard,
     )
     secret = read_secret(config.link_secret_file) if config.link_secret_file else None
     server = grpc.aio.server(
@@ -133,9 +199,10 @@ async def serve(config: ServerConfig) -> None:
     if port == 0:
         raise OSError(f"cannot listen on {config.host}:{config.port}")
     await service.start()
+    guard.start()
     await server.start()
     # the same calls over a unix socket, for a gateway on this host (`contract.local`)
-    local_path = socket_path(port)
+    local_path = _local_socket_path(port)
     local = await serve_local(local_path, service.answer)
     if config.metrics_port is not None:
         from embedserve.server.metrics import start_metrics_server
@@ -147,8 +214,6 @@ async def serve(config: ServerConfig) -> None:
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     what = (
@@ -170,13 +235,31 @@ async def serve(config: ServerConfig) -> None:
         }
     )
     await stop.wait()
+    if guard.fatal is not None:
+        return await _give_up(guard.fatal, health_servicer, server, local, service)
     say("embedserve server: draining")
     await health_servicer.enter_graceful_shutdown()
     await asyncio.gather(
         server.stop(grace=config.drain_seconds), local.stop(grace=config.drain_seconds)
     )
     await service.stop()
+    guard.stop()
     say("embedserve server: stopped")
+    return 0
+
+
+async def _give_up(
+    reason: str, health_servicer: Any, server: Any, local: Any, service: EmbedService
+) -> int:
+    """NOT_SERVING, queued work refused, FATAL_LINGER_SECONDS for the gateways to see it; the
+    engine's threads are not waited for (a hung device never returns)."""
+    say(f"embedserve server: NOT_SERVING, exiting ({reason})", err=True)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    service.abandon()
+    await asyncio.sleep(FATAL_LINGER_SECONDS)
+    await asyncio.gather(server.stop(grace=0), local.stop(grace=0))
+    return FATAL_EXIT_CODE
 
 
 def run(config: ServerConfig) -> int:
@@ -187,8 +270,13 @@ def run(config: ServerConfig) -> int:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(config))
-    return 0
+    code = asyncio.run(serve(config))
+    if code:  # the engine's threads may be stuck in the device: do not wait for them
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

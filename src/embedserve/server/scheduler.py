@@ -37,6 +37,8 @@ class Pending:
     # the answer; done once answered, failed or cancelled (the client went away)
     result: asyncio.Future[Any]
     arrived: float = field(default_factory=time.perf_counter)  # when it was queued
+    # its tokens count against the queue budget (`Scheduler.cancel` gives them back at once)
+    counted: bool = field(default=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -87,6 +89,18 @@ class Scheduler:
             )
         self._queue.append(request)
         self.num_queued_tokens += request.num_tokens
+        request.counted = True
+
+    def cancel(self, request: Pending) -> None:
+        """The client of a queued request went away: its tokens leave the budget now.
+
+        NOTE: it stays in the queue until it reaches the front (removing it from the middle of
+        a deque costs a scan); until this, its tokens counted there too, so under client
+        timeouts new work was refused (429) while the live work queued was small.
+        """
+        if request.counted:
+            request.counted = False
+            self.num_queued_tokens -= request.num_tokens
 
     def next_batch(self) -> list[Pending]:
         """Whole requests in arrival order until the next one would pass `max_batch_tokens`.
@@ -118,11 +132,13 @@ class Scheduler:
         left = list(self._queue)
         self._queue.clear()
         self.num_queued_tokens = 0
+        for request in left:
+            request.counted = False
         return left
 
     def _pop(self) -> Pending:
         request = self._queue.popleft()
-        self.num_queued_tokens -= request.num_tokens
+        self.cancel(request)  # out of the queue: its tokens leave the budget (once)
         return request
 
 

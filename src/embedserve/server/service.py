@@ -32,6 +32,7 @@ import numpy as np
 from embedserve.contract.codec import decode_request, encode_response
 from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch, check_spans
+from embedserve.server.guard import EngineGuard
 from embedserve.server.scheduler import (
     Overloaded,
     Pending,
@@ -141,10 +142,12 @@ class EmbedService:
         batch_wait: float = 0.0,
         output_rules: str = "generic",
         span_pooler: SpanPooler | None = None,
+        guard: EngineGuard | None = None,
     ) -> None:
         """`output_rules`: the model's (`ModelSpec.output_rules`), for int8/binary outputs and
         the smallest `dimensions` served. `span_pooler`: how span (late-chunking) requests run;
-        without it they are refused."""
+        without it they are refused. `guard`: told of each batch's outcome and time on the
+        engine, to find an engine that can no longer serve (`server.guard`)."""
         if batch_wait < 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
         self.engine = engine
@@ -153,6 +156,7 @@ class EmbedService:
         self.batch_wait = batch_wait
         self.output_rules = output_rules
         self.span_pooler = span_pooler
+        self.guard = guard
         # Guards the scheduler, `_in_flight` and `_stopping`, shared by the event loop (which
         # submits) and the engine and results threads (which take batches and free slots).
         self._work = threading.Condition(threading.Lock())
@@ -178,15 +182,29 @@ class EmbedService:
 
     async def stop(self) -> None:
         """Finish the batches on the engine; requests still queued fail as UNAVAILABLE."""
-        with self._work:
-            self._stopping = True
-            self._work.notify_all()
-            left = self.scheduler.drain()
+        left = self.refuse_work()
         for thread in self._threads:
             await asyncio.to_thread(thread.join)
         await asyncio.sleep(0)  # the answers the threads posted are delivered
+        self._unavailable(left)
+
+    def abandon(self) -> None:
+        """An engine that cannot serve (`server.guard`): new and queued requests fail as
+        UNAVAILABLE (a gateway retries them on another replica) at once, without waiting for
+        the engine's threads, which may never return."""
+        self._unavailable(self.refuse_work())
+
+    def refuse_work(self) -> list[Pending]:
+        """No new requests, no new batches: the requests that were queued."""
+        with self._work:
+            self._stopping = True
+            self._work.notify_all()
+            return self.scheduler.drain()
+
+    @staticmethod
+    def _unavailable(requests: list[Pending]) -> None:
         gone = RequestFailed(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
-        for request in left:
+        for request in requests:
             if not request.result.done():
                 request.result.set_exception(gone)
 
@@ -209,11 +227,12 @@ class EmbedService:
         except ValueError as e:
             raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         future: asyncio.Future[Any] = self._loop.create_future()
+        pending = Pending(batch, head, spans, future)
         with self._work:
             if self._stopping:
                 raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
             try:
-                self.scheduler.submit(Pending(batch, head, spans, future))
+                self.scheduler.submit(pending)
             except Overloaded as e:
                 raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
             self._work.notify()
@@ -221,6 +240,8 @@ class EmbedService:
             return await future
         except asyncio.CancelledError:
             future.cancel()  # the client went away: the engine thread drops it
+            with self._work:
+                self.scheduler.cancel(pending)  # and its tokens leave the queue budget now
             raise
 
     # The engine thread: take a batch, launch it, hand its handle to the results thread (or, when
@@ -241,11 +262,13 @@ class EmbedService:
             for request in batch:
                 observe("queue", taken - request.arrived)
             self._tokens_since_trim += sum(r.num_tokens for r in batch)
+            if self.guard is not None:
+                self.guard.begin(id(batch), taken)
             try:
                 handle = self._launch(batch)
             except Exception as e:
                 self._release_slot()
-                self._post(self._fail, batch, e)
+                self._batch_failed(batch, e)
                 continue
             finally:
                 self._engine_free_at = time.monotonic()
@@ -316,13 +339,22 @@ class EmbedService:
             ]
         except Exception as e:
             self._release_slot()
-            self._post(self._fail, batch, e)
+            self._batch_failed(batch, e)
         else:
             self._release_slot()
+            if self.guard is not None:
+                self.guard.end(id(batch))
+                self.guard.succeeded()
             encoded = time.perf_counter()
             self.stage_times.observe("device", ready - launched)
             self.stage_times.observe("encode", encoded - ready)
             self._post(self._deliver, batch, answers, encoded)
+
+    def _batch_failed(self, batch: list[Pending], error: Exception) -> None:
+        self._post(self._fail, batch, error)
+        if self.guard is not None:
+            self.guard.end(id(batch))
+            self.guard.failed(error)
 
     def _release_slot(self) -> None:
         with self._work:

@@ -34,12 +34,15 @@ def option(
     flag: str | None = None,
     metavar: str | None = None,
     aliases: Sequence[str] = (),
+    first_as: str | None = None,
 ) -> Any:
     """A config field that is also a flag: `--<flag>` (default: the field's name, dashed).
 
     No default: a required flag. A `tuple[...]` field is a repeatable flag; a `bool` one a switch.
     `aliases`: old names of a (single-valued) flag that still work, with a deprecation note on
-    stderr when used.
+    stderr when used. `first_as`: a repeatable flag's first value is also the value of the
+    (single-valued) field of that name in the configs parsed with it (`serve --model A --model
+    B`: the gateway's models, and the engine's `model` A).
     """
     metadata = {
         "help": help,
@@ -47,6 +50,7 @@ def option(
         "flag": flag,
         "metavar": metavar,
         "aliases": tuple(aliases),
+        "first_as": first_as,
     }
     return dataclasses.field(default=default, metadata=metadata)
 
@@ -74,6 +78,25 @@ class _RenamedFlag(argparse.Action):
         if option_string is not None and option_string != current:
             print(f"embedserve: {option_string} is deprecated; use {current}", file=sys.stderr)
         setattr(namespace, self.dest, values)
+
+
+class _AppendFirstAs(argparse.Action):
+    """Appends like argparse's "append", and stores the first value under a second name."""
+
+    def __init__(self, *args: Any, first_as: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.first_as = first_as
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        items = [*(getattr(namespace, self.dest, None) or []), values]
+        setattr(namespace, self.dest, items)
+        setattr(namespace, self.first_as, items[0])
 
 
 class Options:
@@ -107,7 +130,9 @@ class Options:
                 if metavar is None and f.metadata["choices"] is None:
                     metavar = _flag(f)[2:].upper().replace("-", "_")
                 kw.update(type=kind, choices=f.metadata["choices"], metavar=metavar)
-                if repeated:
+                if repeated and f.metadata.get("first_as"):
+                    kw.update(action=_AppendFirstAs, first_as=f.metadata["first_as"], default=None)
+                elif repeated:
                     kw.update(action="append", default=None)
                 else:
                     kw["default"] = None if f.default is dataclasses.MISSING else f.default

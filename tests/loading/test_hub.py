@@ -53,5 +53,5 @@ def test_offline_without_the_model_names_the_id_and_the_cache(hub_cache: Path) -
 def test_the_served_model_name_of_a_hub_id_is_the_id() -> None:
     from embedserve.gateway.main import GatewayConfig
 
-    config = GatewayConfig(replicas=("127.0.0.1:1",), model="BAAI/bge-small-en-v1.5@main")
+    config = GatewayConfig(replicas=("127.0.0.1:1",), models=("BAAI/bge-small-en-v1.5@main",))
     assert config.model_names == ("BAAI/bge-small-en-v1.5",)

@@ -1,7 +1,8 @@
 """`embedserve serve | server | gateway`: starting the serving processes.
 
 `server` runs one gRPC server (one engine), `gateway` the HTTP front for one or more servers, and
-`serve` both on one machine: it starts `--replicas` server processes, waits until each is ready
+`serve` both on one machine: it starts `--replicas` server processes per `--model` (several
+models: each its own servers, one gateway in front of all), waits until each is ready
 (its ready record: address and batch budget, `processes.write_ready`), starts the gateway in
 front of them, and on Ctrl-C / SIGTERM stops the gateway first (it drains
 in-flight requests) and then the servers.
@@ -18,6 +19,8 @@ import time
 from dataclasses import dataclass, replace
 
 from embedserve.gateway.main import GatewayConfig
+from embedserve.gateway.models import split_named
+from embedserve.gateway.served import default_names
 from embedserve.options import Options, option
 from embedserve.processes import Child, exit_with_parent, say, write_ready
 from embedserve.server.main import ServerConfig
@@ -44,16 +47,19 @@ class ServeConfig(Options):
             )
 
 
-# `serve`'s servers listen on 127.0.0.1, any free port; its --host / --port are the gateway's.
-SERVE_SERVER_FIXED = ("host", "port")
-# The gateway's replicas are the servers; --model, --drain-seconds and --link-secret-file are theirs, shared.
-SERVE_GATEWAY_FIXED = ("replicas", "model", "drain_seconds", "link_secret_file")
+# `serve`'s servers listen on 127.0.0.1, any free port; its --host / --port are the gateway's;
+# --cpu-threads is set by the sharing rule (several models on the CPU).
+SERVE_SERVER_FIXED = ("host", "port", "cpu_threads")
+# --model is the gateway's, repeatable: each server gets its model's.
+SERVE_ENGINE_FIXED = ("model",)
+# The gateway's replicas are the servers; --drain-seconds and --link-secret-file are theirs, shared.
+SERVE_GATEWAY_FIXED = ("replicas", "drain_seconds", "link_secret_file")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register the serving subcommands."""
     serve = sub.add_parser("serve", help="serve a model over HTTP: servers + gateway, one command")
-    ServerConfig.add_arguments(serve, skip=SERVE_SERVER_FIXED)
+    ServerConfig.add_arguments(serve, skip=(*SERVE_SERVER_FIXED, *SERVE_ENGINE_FIXED))
     GatewayConfig.add_arguments(serve, skip=SERVE_GATEWAY_FIXED)
     ServeConfig.add_arguments(serve)
     serve.set_defaults(run=run_serve)
@@ -110,22 +116,32 @@ def _server_devices(device: str, replicas: int) -> list[str]:
 
 
 def serve_configs(args: argparse.Namespace) -> tuple[list[ServerConfig], GatewayConfig]:
-    """`serve`'s flags as each server replica's config (its device; its metrics on PORT+i, or any
-    free port) and the gateway's, whose replicas are the servers' addresses (`HOST:0` until they
-    are up). Validates every flag before anything starts."""
+    """`serve`'s flags as each server replica's config (its model and device; its metrics on
+    PORT+i, or any free port) and the gateway's, whose replicas are the servers' addresses
+    (`HOST:0` until they are up; `NAME=HOST:0` with several models). Validates every flag
+    before anything starts."""
     num_replicas = ServeConfig.from_args(args).num_replicas
     server = ServerConfig.from_args(args, host=ServerConfig.host, port=0)  # any free port
+    models = GatewayConfig.from_args(args, replicas=("127.0.0.1:0",)).models
     devices = _server_devices(server.engine.device, num_replicas)
-    servers = [
-        replace(
-            server,
-            engine=replace(server.engine, device=device),
-            metrics_port=server.metrics_port and server.metrics_port + i,
-        )
-        for i, device in enumerate(devices)
-    ]
-    replicas = tuple(f"{s.host}:{s.port}" for s in servers)
-    return servers, GatewayConfig.from_args(args, replicas=replicas)
+    several = len(models) > 1
+    servers, replicas = [], []
+    for name, model in (split_named(m) for m in models):
+        threads = None
+        if several and all(d == "cpu" for d in devices):  # the rule in docs/serving.md
+            threads = max(1, (os.cpu_count() or 1) // len(models))
+        for device in devices:
+            servers.append(
+                replace(
+                    server,
+                    engine=replace(server.engine, model=model, device=device),
+                    metrics_port=server.metrics_port and server.metrics_port + len(servers),
+                    cpu_threads=threads,
+                )
+            )
+            prefix = f"{name or default_names(model)[0]}=" if several else ""
+            replicas.append(f"{prefix}{server.host}:{server.port}")
+    return servers, GatewayConfig.from_args(args, replicas=tuple(replicas))
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -157,6 +173,8 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         servers = [start_server(i) for i in range(len(configs))]
         addresses, budgets = [], []
+        # with several models, a replica is NAME=HOST:PORT: keep each server's NAME=
+        prefixes = [r.rpartition("=")[0] + "=" if "=" in r else "" for r in gateway.replicas]
         for s in servers:  # each server's ready record (`server.main.serve`)
             ready = s.wait_ready(600, cancel=stop_requested)
             s.forget_output()
@@ -167,7 +185,9 @@ def run_serve(args: argparse.Namespace) -> int:
             replace(c, port=int(a.rsplit(":", 1)[1]))
             for c, a in zip(configs, addresses, strict=True)
         ]
-        gateway = replace(gateway, replicas=tuple(addresses))
+        gateway = replace(
+            gateway, replicas=tuple(p + a for p, a in zip(prefixes, addresses, strict=True))
+        )
         if gateway.part_tokens is None:  # a part of a request is one batch of the servers'
             gateway = replace(gateway, part_tokens=min(budgets))
         gateway_proc = Child(
@@ -175,7 +195,8 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         url = str(gateway_proc.wait_ready(120, cancel=stop_requested)["url"])
         gateway_proc.forget_output()
-        say(f"embedserve: serving {gateway.model} at {url}")
+        served = ", ".join(e.names[0] for e in gateway.entries)
+        say(f"embedserve: serving {served} at {url}")
         write_ready({"url": url, "replicas": addresses})
         restarts: list[list[float]] = [[] for _ in servers]
         while not stop_requested.wait(0.2):

@@ -8,9 +8,11 @@ are in `checks`, the body and disconnects in `transport`, the metrics and log li
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import prometheus_client as prom
 
@@ -22,10 +24,11 @@ from embedserve.gateway.checks import (
     no_route,
     request_id,
 )
-from embedserve.gateway.errors import REQUEST_ID, ApiError, bad_request, from_input_error
+from embedserve.gateway.errors import REQUEST_ID, ApiError, from_input_error
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
-from embedserve.gateway.metrics import Metrics, log_request, track_request
+from embedserve.gateway.metrics import Metrics, log_request, set_request_model, track_request
+from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel, ServedModels
 from embedserve.gateway.openapi import openapi_document
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
 from embedserve.gateway.replicas import REPLICAS_CALLED
@@ -69,12 +72,12 @@ RETRY_AFTER_SECONDS = b"1"
 
 
 class GatewayApp:
-    """`await app(scope, receive, send)`; `pipeline` is built at lifespan startup."""
+    """`await app(scope, receive, send)`; each model's pipeline is built at lifespan startup."""
 
     def __init__(
         self,
-        make_pipeline: Callable[[], Pipeline],
-        limits: Limits,
+        make_pipeline: Callable[[], Pipeline] | ServedModels,
+        limits: Limits | None = None,
         *,
         max_body_bytes: int,
         body_timeout: float = BODY_TIMEOUT,
@@ -85,20 +88,26 @@ class GatewayApp:
     ) -> None:
         """`api_keys`: the keys a client must send as `Authorization: Bearer <key>` (read on
         every request, so a reload takes effect at once; empty: no authentication).
-        `allowed_hosts`: the Host header values (without port) served; empty: any."""
+        `allowed_hosts`: the Host header values (without port) served; empty: any.
+        One model: `make_pipeline` and its `limits`; several: a `ServedModels`."""
+        if isinstance(make_pipeline, ServedModels):
+            self.served = make_pipeline
+        else:
+            assert limits is not None, "one model's pipeline comes with its limits"
+            self.served = ServedModels([ServedModel(limits, make_pipeline)])
+        first = self.served.models[0]
+        limits = first.limits
         self.allowed_hosts = allowed_hosts
         self.log_requests = log_requests
-        self.make_pipeline = make_pipeline
         self.api_keys = api_keys
         # routes open without a key (the probes aside): metrics unless `metrics_auth`
         self.open_paths = set() if metrics_auth else {"/metrics"}
         self.limits = limits
-        self.max_json_strings = max_json_strings(limits)
+        self.max_json_strings = max(max_json_strings(m.limits) for m in self.served.models)
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout  # s for a body to arrive after its headers
         self.model_name = limits.model_names[0]
-        self.metrics = Metrics()
-        self.pipeline: Pipeline | None = None
+        self.metrics = Metrics(model_label=self.served.several)
         # set on SIGTERM (gateway.main.DrainingServer): every new request but /health gets 503
         # at once while the ones in flight (counted here) finish
         self.draining = False
@@ -128,7 +137,18 @@ class GatewayApp:
             self.tei_rerank,
             self.score,
         }
-        self._openapi = dumps(openapi_document(self.model_name, limits))
+        every_name = tuple(n for m in self.served.models for n in m.limits.model_names)
+        schema_limits = dataclasses.replace(limits, model_names=every_name)
+        self._openapi = dumps(openapi_document(", ".join(self.served.names()), schema_limits))
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        """The first (with one model: the) model's pipeline."""
+        return self.served.models[0].pipeline
+
+    @pipeline.setter
+    def pipeline(self, pipeline: Pipeline | None) -> None:
+        self.served.models[0].pipeline = pipeline
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -141,17 +161,19 @@ class GatewayApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
-                    self.pipeline = self.make_pipeline()
-                    await self.pipeline.replicas.start()
+                    for m in self.served.models:
+                        m.pipeline = m.make_pipeline()
+                        await m.pipeline.replicas.start()
                 except Exception as e:
                     log.exception("gateway startup failed")
                     await send({"type": "lifespan.startup.failed", "message": str(e)})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self.pipeline is not None:
-                    await self.pipeline.replicas.close()
-                    self.pipeline.close()
+                for m in self.served.models:
+                    if m.pipeline is not None:
+                        await m.pipeline.replicas.close()
+                        m.pipeline.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -174,6 +196,7 @@ class GatewayApp:
         counts = track_request()
         replicas: set[int] = set()
         REPLICAS_CALLED.set(replicas)
+        set_request_model("")
         try:
             admitted = self._admit(path, headers_in)
             if self.draining and path != "/health":
@@ -237,73 +260,63 @@ class GatewayApp:
             raise
         return True
 
-    def _ready_pipeline(self) -> Pipeline:
-        if self.pipeline is None:
-            raise ApiError(503, "the gateway is starting", code="starting")
-        return self.pipeline
-
-    def _embedding_pipeline(self) -> Pipeline:
-        pipeline = self._ready_pipeline()
-        if pipeline.pairs is not None:
-            raise bad_request(
-                f"model {self.model_name!r} is a reranker: it scores query/document pairs and "
-                "does not embed; use /v1/rerank, /rerank or /v1/score",
-                param="model",
-                code="wrong_model_task",
-            )
-        return pipeline
+    def _served(self, body: bytes, task: str) -> tuple[str, Limits, Pipeline, Any]:
+        """The request's model (its name, limits and pipeline) for a route of `task`, and its
+        parsed body (`gateway.models`: which model a request goes to)."""
+        if not self.served.several:  # the checks in a single-model gateway's order
+            pipeline = self.served.models[0].started()
+            chosen = self.served.pick(None, task)
+            data = parse_json(body, self.max_json_strings)
+        else:
+            data = parse_json(body, self.max_json_strings)
+            chosen = self.served.pick(data, task)
+            pipeline = chosen.started()
+            set_request_model(chosen.name)
+        return chosen.name, chosen.limits, pipeline, data
 
     async def embeddings(self, body: bytes) -> Answer:
-        pipeline = self._embedding_pipeline()
-        job = parse_embeddings(parse_json(body, self.max_json_strings), self.limits, pipeline.inputs)
+        name, limits, pipeline, data = self._served(body, EMBED)
+        job = parse_embeddings(data, limits, pipeline.inputs)
         vectors, num_tokens = await pipeline.embed(job)
         self.metrics.count(num_tokens, len(vectors))
-        return (
-            200,
-            JSON,
-            dumps(embeddings_body(vectors, job.encoding_format, self.model_name, num_tokens)),
-        )
+        return 200, JSON, dumps(embeddings_body(vectors, job.encoding_format, name, num_tokens))
 
     async def contextualized(self, body: bytes) -> Answer:
-        pipeline = self._embedding_pipeline()
-        job = parse_contextual(parse_json(body, self.max_json_strings), self.limits, pipeline.inputs)
+        name, limits, pipeline, data = self._served(body, EMBED)
+        job = parse_contextual(data, limits, pipeline.inputs)
         documents, num_tokens = await pipeline.contextual(job)
         self.metrics.count(num_tokens, job.num_chunks)
-        return (
-            200,
-            JSON,
-            dumps(contextual_body(documents, job.encoding_format, self.model_name, num_tokens)),
-        )
+        return 200, JSON, dumps(contextual_body(documents, job.encoding_format, name, num_tokens))
 
     async def rerank(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
-        job, top_n, return_documents = parse_rerank(parse_json(body, self.max_json_strings), self.limits)
+        name, limits, pipeline, data = self._served(body, SCORE)
+        job, top_n, return_documents = parse_rerank(data, limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
         docs = job.groups[0][1]
         return (
             200,
             JSON,
-            dumps(rerank_body(scores, docs, top_n, return_documents, self.model_name, num_tokens)),
+            dumps(rerank_body(scores, docs, top_n, return_documents, name, num_tokens)),
         )
 
     async def tei_rerank(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
-        job, return_text = parse_tei_rerank(parse_json(body, self.max_json_strings), self.limits)
+        _, limits, pipeline, data = self._served(body, SCORE)
+        job, return_text = parse_tei_rerank(data, limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
         return 200, JSON, dumps(tei_rerank_body(scores, job.groups[0][1], return_text))
 
     async def score(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
-        job = parse_score(parse_json(body, self.max_json_strings), self.limits)
+        name, limits, pipeline, data = self._served(body, SCORE)
+        job = parse_score(data, limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
-        return 200, JSON, dumps(score_body(scores, self.model_name, num_tokens))
+        return 200, JSON, dumps(score_body(scores, name, num_tokens))
 
     async def tokenize(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
-        texts, options = parse_tokenize(parse_json(body, self.max_json_strings), self.limits, pipeline.inputs)
+        name, limits, pipeline, data = self._served(body, ANY)
+        texts, options = parse_tokenize(data, limits, pipeline.inputs)
         tokens = await pipeline.tokenize(texts, options)
         count = sum(map(len, tokens))
         return (
@@ -311,7 +324,7 @@ class GatewayApp:
             JSON,
             dumps(
                 {
-                    "model": self.model_name,
+                    "model": name,
                     "tokens": tokens,
                     "num_tokens": [len(t) for t in tokens],
                     "usage": {"prompt_tokens": count, "total_tokens": count},
@@ -320,39 +333,56 @@ class GatewayApp:
         )
 
     async def models(self, body: bytes) -> Answer:
-        model = {
-            "id": self.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "embedserve",
-            # what the model does here: "embed" (embeddings, and rerank by cosine) or "score"
-            # (a reranker: /v1/rerank, /rerank and /v1/score only), and how it scores
-            "task": self.limits.task,
-            "scoring": self.limits.scoring,
-        }
-        return 200, JSON, dumps({"object": "list", "data": [model]})
+        data = [m.describe() for m in self.served.models]
+        return 200, JSON, dumps({"object": "list", "data": data})
 
     async def health(self, body: bytes) -> Answer:
         return 200, JSON, b'{"status":"ok"}'
 
     async def ready(self, body: bytes, *, detailed: bool = True) -> Answer:
-        """200 while a server replica is healthy, else 503; `detailed` (a request that passed
-        the Host and key checks): with each replica's health and load, else the status only."""
-        pool = self._ready_pipeline().replicas
-        # by id, never by address: internal addresses stay out of client answers
-        replicas = [
-            {"replica": r.id, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
-            for r in pool.replicas
-        ]
-        details = {"replicas": replicas} if detailed else {}
-        if pool.num_healthy == 0:
-            error = ApiError(503, "no healthy server replica", code="no_healthy_replica")
-            return 503, JSON, dumps({**error.body(), **details})
+        """200 while every model has a healthy server replica, else 503 (naming the models
+        that have none); `detailed` (a request that passed the Host and key checks): with each
+        replica's health and load, else the status only."""
+        if not self.served.several:
+            pool = self.served.models[0].started().replicas
+            details = {"replicas": _replica_states(pool.replicas)} if detailed else {}
+            if pool.num_healthy == 0:
+                error = ApiError(503, "no healthy server replica", code="no_healthy_replica")
+                return 503, JSON, dumps({**error.body(), **details})
+            return 200, JSON, dumps({"status": "ready", **details})
+        pools = {m.name: m.started().replicas for m in self.served.models}
+        models = {name: {"ready": p.num_healthy > 0} for name, p in pools.items()}
+        if detailed:
+            for name, p in pools.items():
+                models[name]["replicas"] = _replica_states(p.replicas)
+        details = {"models": models} if detailed else {}
+        missing = self.served.not_ready()
+        if missing:
+            error = ApiError(
+                503,
+                f"no healthy server replica for {', '.join(missing)}",
+                code="no_healthy_replica",
+            )
+            return 503, JSON, dumps({**error.body(), "not_ready": missing, **details})
         return 200, JSON, dumps({"status": "ready", **details})
 
     async def prometheus(self, body: bytes) -> Answer:
-        replicas = None if self.pipeline is None else self.pipeline.replicas.replicas
-        return 200, prom.CONTENT_TYPE_LATEST.encode(), self.metrics.export(replicas)
+        if not self.served.several:
+            pipeline = self.served.models[0].pipeline
+            replicas = None if pipeline is None else pipeline.replicas.replicas
+            return 200, prom.CONTENT_TYPE_LATEST.encode(), self.metrics.export(replicas)
+        by_model = {
+            m.name: m.pipeline.replicas.replicas for m in self.served.models if m.pipeline
+        }
+        return 200, prom.CONTENT_TYPE_LATEST.encode(), self.metrics.export_models(by_model)
 
     async def openapi(self, body: bytes) -> Answer:
         return 200, JSON, self._openapi
+
+
+def _replica_states(replicas: list[Any]) -> list[dict[str, Any]]:
+    # by id, never by address: internal addresses stay out of client answers
+    return [
+        {"replica": r.id, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
+        for r in replicas
+    ]

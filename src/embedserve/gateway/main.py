@@ -9,6 +9,7 @@ supervisor and every worker gets exactly one stop signal.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import multiprocessing
 import os
@@ -22,24 +23,20 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from embedserve.contract.secret import read_secret
 from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.core.inputs import InputPreparer
-from embedserve.core.outputs import min_dimensions
-from embedserve.core.pairs import PairPreparer, scoring_kind
-from embedserve.core.tokenization import TextTokenizer
+from embedserve.core.pairs import PairPreparer
 from embedserve.gateway.app import BODY_TIMEOUT, MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
 from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
+from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool, check_replica
-from embedserve.gateway.requests import Limits
-from embedserve.loading.bundled import BUNDLED, resolve_model
-from embedserve.loading.hub import is_hub_id
-from embedserve.loading.spec import read_model_spec
+from embedserve.gateway.served import ModelEntry, load_model, model_entries
+from embedserve.loading.bundled import DEFAULT_MODEL
 from embedserve.options import Options, drain_option, model_option, option
 from embedserve.processes import say, set_parent_death_signal, write_ready
 
@@ -59,11 +56,19 @@ DEFAULT_WORKERS = 2 if (os.cpu_count() or 1) >= 8 else 1
 class GatewayConfig(Options):
     replicas: tuple[str, ...] = option(
         help="a server's HOST:PORT, or dns:NAME:PORT (every address of the name) or file:PATH "
-        "(HOST:PORT lines), looked up again every --resolve-interval (repeatable)",
+        "(HOST:PORT lines), looked up again every --resolve-interval (repeatable); with "
+        "several models, MODEL=ADDRESS: a server of the model served as MODEL",
         flag="replica",
-        metavar="HOST:PORT",
+        metavar="[MODEL=]HOST:PORT",
     )
-    model: str = model_option()
+    models: tuple[str, ...] = option(
+        (DEFAULT_MODEL,),
+        f"{model_option().metadata['help']}; repeatable: several models behind one gateway, "
+        "each NAME=MODEL to serve it as NAME",
+        flag="model",
+        metavar="[NAME=]MODEL",
+        first_as="model",
+    )
     served_model_names: tuple[str, ...] = option(
         (),
         "a name clients use for the model, repeatable; the first is reported "
@@ -141,8 +146,11 @@ class GatewayConfig(Options):
         super().__post_init__()
         if not self.replicas:
             raise ValueError("a gateway needs at least one --replica HOST:PORT")
-        for r in self.replicas:
-            check_replica(r)
+        if not self.models:
+            raise ValueError("a gateway needs a --model")
+        for entry in self.entries:
+            for r in entry.replicas:
+                check_replica(r)
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in (
@@ -177,62 +185,68 @@ class GatewayConfig(Options):
         return frozenset()
 
     @property
+    def model(self) -> str:
+        """The first model's folder, bundled name or Hub id (with one model: the model)."""
+        return split_named(self.models[0])[1]
+
+    @property
     def model_names(self) -> tuple[str, ...]:
-        if self.served_model_names:
-            return self.served_model_names
-        if self.model in BUNDLED:
-            return (self.model,)
-        path = Path(self.model).expanduser()
-        if not path.is_dir() and is_hub_id(self.model):  # clients send the Hub id as `model`
-            return (self.model.partition("@")[0],)
-        return (path.resolve().name,)
+        """The first model's served names (with one model: its names)."""
+        return self.entries[0].names
+
+    @property
+    def entries(self) -> list[ModelEntry]:
+        """Each model's served names, folder and replicas, from --model and --replica."""
+        return model_entries(self.models, self.served_model_names, self.replicas)
 
 
 def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
     keys = keys or KeyRing(config.api_keys, config.api_key_file)
     secret = read_secret(config.link_secret_file) if config.link_secret_file else None
-    folder = resolve_model(config.model)
-    spec = read_model_spec(folder)
-    tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
-    inputs = InputPreparer(spec, tokenizer)
-    pairs = PairPreparer(spec, tokenizer) if spec.score is not None else None
-    limits = Limits(
-        spec.hidden_size,
-        config.max_inputs,
-        config.model_names,
-        min_dimensions=min_dimensions(spec.output_rules, spec.hidden_size),
-        default_output_dtype=spec.default_output_dtype,
-        max_chunks=config.max_chunks_per_document,
-        task=spec.task,
-        scoring=scoring_kind(spec),
-    )
-
-    def make_pipeline() -> Pipeline:  # inside the worker's event loop: grpc.aio channels
-        pool = ReplicaPool(
-            config.replicas,
-            secret=secret,
-            timeout=config.request_timeout,
-            health_interval=config.health_interval,
-            resolve_interval=config.resolve_interval,
+    served = []
+    for entry in config.entries:
+        limits, inputs, pairs = load_model(
+            entry, config.max_inputs, config.max_chunks_per_document
         )
-        return Pipeline(
-            inputs,
-            pool,
-            PipelineLimits(
-                config.max_tokens_per_request, config.part_tokens or DEFAULT_PART_TOKENS
-            ),
-            pairs,
+        served.append(
+            ServedModel(
+                limits,
+                functools.partial(make_pipeline, config, entry.replicas, secret, inputs, pairs),
+                max_tokens_per_request=config.max_tokens_per_request,
+            )
         )
-
     return GatewayApp(
-        make_pipeline,
-        limits,
+        ServedModels(served),
         max_body_bytes=config.max_body_bytes,
         body_timeout=config.body_timeout,
         api_keys=keys,
         metrics_auth=config.metrics_auth,
         allowed_hosts=config.host_names,
         log_requests=config.log_requests,
+    )
+
+
+def make_pipeline(
+    config: GatewayConfig,
+    replicas: tuple[str, ...],
+    secret: str | None,
+    inputs: InputPreparer,
+    pairs: PairPreparer | None,
+) -> Pipeline:
+    """One model's pipeline over its own replicas; inside the worker's event loop (grpc.aio
+    channels)."""
+    pool = ReplicaPool(
+        replicas,
+        secret=secret,
+        timeout=config.request_timeout,
+        health_interval=config.health_interval,
+        resolve_interval=config.resolve_interval,
+    )
+    return Pipeline(
+        inputs,
+        pool,
+        PipelineLimits(config.max_tokens_per_request, config.part_tokens or DEFAULT_PART_TOKENS),
+        pairs,
     )
 
 

@@ -3,6 +3,8 @@
 The metrics are per worker; with several gateway workers (PROMETHEUS_MULTIPROC_DIR set by the
 launcher) /metrics adds up every worker's files instead. The log line (`--log-requests`) never
 holds input text: its id, route, status, time, prompt tokens, inputs and the replicas called.
+A gateway of several models labels every series with its `model` too (one model: no such label,
+the series as they always were).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import prometheus_client as prom
@@ -25,84 +27,118 @@ request_log = logging.getLogger("embedserve.gateway.requests")
 _REQUEST_COUNTS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
     "embedserve_request_counts", default=None
 )
+# the current request's model (several models served), for its metric labels and log line
+_REQUEST_MODEL: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "embedserve_request_model", default=""
+)
 # NOTE: prometheus_client reads this when it is imported; the gateway launcher sets it for workers.
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, *, model_label: bool = False) -> None:
         self.registry = prom.CollectorRegistry()
+        self.model_label = model_label
+        by_model = ["model"] if model_label else []
         self.requests = prom.Counter(
             "embedserve_gateway_requests",
             "HTTP requests by route and status",
-            ["route", "status"],
+            ["route", "status", *by_model],
             registry=self.registry,
         )
         self.latency = prom.Histogram(
             "embedserve_gateway_request_seconds",
             "HTTP request latency by route",
-            ["route"],
+            ["route", *by_model],
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
             registry=self.registry,
         )
         self.prompt_tokens = prom.Counter(
-            "embedserve_gateway_prompt_tokens", "Prompt tokens embedded", registry=self.registry
+            "embedserve_gateway_prompt_tokens",
+            "Prompt tokens embedded",
+            by_model,
+            registry=self.registry,
         )
         self.inputs = prom.Counter(
-            "embedserve_gateway_inputs", "Inputs embedded", registry=self.registry
+            "embedserve_gateway_inputs", "Inputs embedded", by_model, registry=self.registry
         )
         self.healthy = prom.Gauge(
             "embedserve_gateway_replica_healthy",
             "1 when the replica passes health checks",
-            ["replica"],
+            ["replica", *by_model],
             registry=self.registry,
             multiprocess_mode="max",
         )
         self.outstanding = prom.Gauge(
             "embedserve_gateway_replica_outstanding_tokens",
             "Tokens sent to the replica and not answered yet",
-            ["replica"],
+            ["replica", *by_model],
             registry=self.registry,
             multiprocess_mode="livesum",
         )
-        self._route_children: dict[tuple[str, int], tuple[Any, Any]] = {}
-        self._labelled: set[str] = set()  # replica addresses with metric series
+        self._route_children: dict[tuple[str, int, str], tuple[Any, Any]] = {}
+        # the replica series there are: (address,) or, by model, (address, model)
+        self._labelled: set[tuple[str, ...]] = set()
+
+    def _model(self) -> tuple[str, ...]:
+        return (_REQUEST_MODEL.get(),) if self.model_label else ()
 
     def route(self, route: str, status: int) -> tuple[Any, Any]:
-        """The request counter and latency histogram of a route and status, looked up once."""
-        key = (route, status)
-        found = self._route_children.get(key)
+        """The request counter and latency histogram of a route and status (and the request's
+        model), looked up once."""
+        model = self._model()
+        key = (route, status, *model)
+        found = self._route_children.get(key)  # type: ignore[arg-type]
         if found is None:
-            found = (self.requests.labels(route, str(status)), self.latency.labels(route))
-            self._route_children[key] = found
+            found = (
+                self.requests.labels(route, str(status), *model),
+                self.latency.labels(route, *model),
+            )
+            self._route_children[key] = found  # type: ignore[index]
         return found
 
     def count(self, num_tokens: int, num_inputs: int) -> None:
         """A request's work: into the metrics, and into its log line."""
-        self.prompt_tokens.inc(num_tokens)
-        self.inputs.inc(num_inputs)
+        model = self._model()
+        if model:
+            self.prompt_tokens.labels(*model).inc(num_tokens)
+            self.inputs.labels(*model).inc(num_inputs)
+        else:
+            self.prompt_tokens.inc(num_tokens)
+            self.inputs.inc(num_inputs)
         counts = _REQUEST_COUNTS.get()
         if counts is not None:
             counts[:] = [num_tokens, num_inputs]
 
     def export(self, replicas: Sequence[Replica] | None) -> bytes:
         """The text exposition of /metrics, with the replicas' state as of now."""
+        return self._export({(r.address,): r for r in replicas or ()})
+
+    def export_models(self, replicas: Mapping[str, Sequence[Replica]]) -> bytes:
+        """`export` for several models: each model's replicas, labelled with its name."""
+        return self._export({(r.address, m): r for m, rs in replicas.items() for r in rs})
+
+    def _export(self, replicas: dict[tuple[str, ...], Replica]) -> bytes:
         # by address: the same server in every worker (an index named different ones); a
         # dropped replica's series go
-        addresses = {r.address for r in replicas or ()}
-        for address in self._labelled - addresses:
+        for labels in self._labelled - replicas.keys():
             for gauge in (self.healthy, self.outstanding):
-                gauge.labels(address).set(0)  # NOTE: a worker's file keeps it (multiprocess)
-                gauge.remove(address)
-        self._labelled = addresses
-        for r in replicas or ():
-            self.healthy.labels(r.address).set(float(r.healthy))
-            self.outstanding.labels(r.address).set(r.outstanding_tokens)
+                gauge.labels(*labels).set(0)  # NOTE: a worker's file keeps it (multiprocess)
+                gauge.remove(*labels)
+        self._labelled = set(replicas)
+        for labels, r in replicas.items():
+            self.healthy.labels(*labels).set(float(r.healthy))
+            self.outstanding.labels(*labels).set(r.outstanding_tokens)
         registry = self.registry
         if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files
             registry = prom.CollectorRegistry()
             MultiProcessCollector(registry)
         return prom.generate_latest(registry)
+
+
+def set_request_model(name: str) -> None:
+    """The model the request now handled goes to ("" before it is known, or one model)."""
+    _REQUEST_MODEL.set(name)
 
 
 def track_request() -> list[int]:

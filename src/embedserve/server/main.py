@@ -95,8 +95,16 @@ class ServerConfig(Options):
         metavar="SECONDS",
     )
 
+    cpu_threads: int | None = option(
+        None,
+        "torch's CPU threads (torch.set_num_threads); serve with several models gives each "
+        "model's servers max(1, cores // models) (default: torch's, every core)",
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.host not in LOOPBACK and not self.link_secret_file and not self.insecure_link:
             raise ValueError(
                 f"--host {self.host} exposes this server's gRPC port beyond this machine: pass "
@@ -162,6 +170,10 @@ def _exit_soon(code: int, seconds: float) -> None:
 
 async def serve(config: ServerConfig) -> int:
     """Serve until a signal (0) or until the engine cannot serve (FATAL_EXIT_CODE)."""
+    if config.cpu_threads is not None:  # before the engine loads: its warm-up runs on them
+        import torch
+
+        torch.set_num_threads(config.cpu_threads)
     engine = load_engine(config.engine)
     batch_wait_ms = config.batch_wait_ms
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not

@@ -1,0 +1,179 @@
+"""Several models behind one gateway: which served model a request goes to.
+
+Each served model has its own request core (`InputPreparer` / `PairPreparer`), `Limits` and
+`Pipeline`, whose `ReplicaPool` holds only that model's servers: one model's full queues, slow
+requests or dead replicas are never another's (they share nothing but the gateway's event loop).
+
+The rule a request follows (docs/serving.md, "Several models"):
+
+- one model served: every request goes to it, as with a single-model gateway (an unknown
+  `model` is a 404 from the request check, a reranker on an embedding route a 400);
+- several: a `model` naming a served model picks it (unknown: 404 listing the served names); a
+  request without `model` goes to the only model that does the route's task (embedding routes:
+  the only embedder; scoring routes: the only reranker, else the only embedder, by cosine); where
+  more than one could, `model` is required (400 naming them). A reranker asked to embed is a 400
+  naming the models that embed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from embedserve.gateway.errors import ApiError, bad_request
+from embedserve.gateway.pipeline import Pipeline
+from embedserve.gateway.requests import Limits
+
+EMBED = "embed"  # a route that embeds: only embedding models do
+SCORE = "score"  # a route that scores pairs: rerankers, or embedders by cosine
+ANY = "any"  # /tokenize: every model tokenizes
+
+
+@dataclass
+class ServedModel:
+    """One model of the gateway: its limits, and its pipeline once the worker has started."""
+
+    limits: Limits
+    make_pipeline: Callable[[], Pipeline]
+    pipeline: Pipeline | None = field(default=None)
+    max_tokens_per_request: int | None = None  # for /v1/models (None: not stated)
+
+    @property
+    def name(self) -> str:
+        return self.limits.model_names[0]
+
+    @property
+    def embeds(self) -> bool:
+        return self.limits.task == "embed"
+
+    def started(self) -> Pipeline:
+        if self.pipeline is None:
+            raise ApiError(503, "the gateway is starting", code="starting")
+        return self.pipeline
+
+    def describe(self) -> dict[str, Any]:
+        """This model's entry in /v1/models (OpenAI's fields first, then what it does here)."""
+        limits = self.limits
+        outputs = ["dense"] if self.embeds else ["score"]
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "embedserve",
+            # what the model does here: "embed" (embeddings, and rerank by cosine) or "score"
+            # (a reranker: /v1/rerank, /rerank and /v1/score only), and how it scores
+            "task": limits.task,
+            "scoring": limits.scoring,
+            "aliases": list(limits.model_names[1:]),
+            "dimensions": limits.hidden_size if self.embeds else None,
+            "min_dimensions": limits.min_dimensions if self.embeds else None,
+            "outputs": outputs,
+            "limits": {
+                "max_inputs": limits.max_inputs,
+                "max_tokens_per_request": self.max_tokens_per_request,
+                "max_chunks_per_document": limits.max_chunks,
+            },
+        }
+
+
+class ServedModels:
+    """The models of one gateway, in the order given (the first is the default's report)."""
+
+    def __init__(self, models: Sequence[ServedModel]) -> None:
+        if not models:
+            raise ValueError("a gateway serves at least one model")
+        self.models = list(models)
+        self.by_name: dict[str, ServedModel] = {}
+        for m in self.models:
+            for name in m.limits.model_names:
+                if name in self.by_name:
+                    raise ValueError(f"two served models are named {name!r}: give each its own")
+                self.by_name[name] = m
+
+    @property
+    def several(self) -> bool:
+        return len(self.models) > 1
+
+    def names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    def pick(self, body: Any, task: str) -> ServedModel:
+        """The model a request body (parsed JSON, any shape) goes to on a route of `task`."""
+        if not self.several:  # the single-model gateway's checks, unchanged, do the rest
+            only = self.models[0]
+            if task == EMBED and not only.embeds:
+                raise _not_an_embedder(only.name)
+            return only
+        name = body.get("model") if isinstance(body, dict) else None
+        if name is None:
+            return self._default(task)
+        if not isinstance(name, str):
+            raise bad_request(
+                f"'model' must be a string, got {type(name).__name__}",
+                param="model",
+                code="invalid_type",
+            )
+        found = self.by_name.get(name)
+        if found is None:
+            raise ApiError(
+                404,
+                f"model {name!r} is not served here; available: {', '.join(self.names())}",
+                param="model",
+                code="model_not_found",
+            )
+        if task == EMBED and not found.embeds:
+            embedders = [m.name for m in self.models if m.embeds]
+            raise bad_request(
+                f"model {name!r} is a reranker: it scores query/document pairs and does not "
+                f"embed; models that embed: {', '.join(embedders) or 'none'}",
+                param="model",
+                code="wrong_model_task",
+            )
+        return found
+
+    def _default(self, task: str) -> ServedModel:
+        if task == EMBED:
+            choices = [m for m in self.models if m.embeds]
+        elif task == SCORE:
+            choices = [m for m in self.models if not m.embeds] or self.models
+        else:
+            choices = self.models
+        if len(choices) == 1:
+            return choices[0]
+        if not choices:
+            raise bad_request(
+                f"no model served here does this; served: {', '.join(self.names())}",
+                param="model",
+                code="wrong_model_task",
+            )
+        raise bad_request(
+            "several models are served here: 'model' is required, one of "
+            f"{', '.join(m.name for m in choices)}",
+            param="model",
+            code="missing_required_parameter",
+        )
+
+    def not_ready(self) -> list[str]:
+        """The models without a healthy server replica (or not started yet)."""
+        return [
+            m.name for m in self.models if m.pipeline is None or m.pipeline.replicas.num_healthy == 0
+        ]
+
+
+def _not_an_embedder(name: str) -> ApiError:
+    return bad_request(
+        f"model {name!r} is a reranker: it scores query/document pairs and "
+        "does not embed; use /v1/rerank, /rerank or /v1/score",
+        param="model",
+        code="wrong_model_task",
+    )
+
+
+def split_named(value: str) -> tuple[str | None, str]:
+    """`NAME=VALUE` as (NAME, VALUE); a value without a `NAME=` prefix as (None, value). A
+    prefix holding `/` or `:` is part of a path or an address, not a name."""
+    name, sep, rest = value.partition("=")
+    if sep and name and not any(c in name for c in "/:") and rest:
+        return name, rest
+    return None, value

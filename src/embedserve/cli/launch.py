@@ -122,7 +122,7 @@ def serve_configs(args: argparse.Namespace) -> tuple[list[ServerConfig], Gateway
     before anything starts."""
     num_replicas = ServeConfig.from_args(args).num_replicas
     server = ServerConfig.from_args(args, host=ServerConfig.host, port=0)  # any free port
-    models = GatewayConfig.from_args(args, replicas=("127.0.0.1:0",)).models
+    models = tuple(args.models) if args.models else GatewayConfig.models
     devices = _server_devices(server.engine.device, num_replicas)
     several = len(models) > 1
     servers, replicas = [], []

@@ -1,0 +1,86 @@
+"""Which served model a request goes to (`gateway.models`) and the models from the gateway's
+flags (`gateway.served`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from embedserve.gateway.errors import ApiError
+from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel, ServedModels, split_named
+from embedserve.gateway.requests import Limits
+from embedserve.gateway.served import model_entries
+
+
+def served(*models: tuple[str, str]) -> ServedModels:
+    return ServedModels(
+        [
+            ServedModel(Limits(384, 8, (name,), task=task), lambda: None)  # type: ignore[arg-type,return-value]
+            for name, task in models
+        ]
+    )
+
+
+TWO = served(("minilm", "embed"), ("ms-marco", "score"))
+
+
+def error(models: ServedModels, body: object, task: str) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        models.pick(body, task)
+    return e.value
+
+
+def test_model_picks_and_the_only_model_of_a_task_is_the_default() -> None:
+    assert TWO.pick({"model": "ms-marco"}, SCORE).name == "ms-marco"
+    assert TWO.pick({"model": "minilm"}, SCORE).name == "minilm"  # by cosine
+    assert TWO.pick({}, EMBED).name == "minilm"
+    assert TWO.pick({}, SCORE).name == "ms-marco"
+    assert TWO.pick("not an object", EMBED).name == "minilm"  # the request check says why
+
+
+def test_wrong_task_unknown_and_ambiguous() -> None:
+    e = error(TWO, {"model": "ms-marco"}, EMBED)
+    assert (e.status, e.code) == (400, "wrong_model_task") and "embed: minilm" in e.message
+    e = error(TWO, {"model": "gpt"}, EMBED)
+    assert (e.status, e.code) == (404, "model_not_found")
+    assert "available: minilm, ms-marco" in e.message
+    e = error(TWO, {}, ANY)
+    assert e.status == 400 and e.param == "model" and "minilm, ms-marco" in e.message
+    e = error(served(("a", "embed"), ("b", "embed")), {}, EMBED)
+    assert e.status == 400 and "'model' is required, one of a, b" in e.message
+    assert error(TWO, {"model": 3}, EMBED).code == "invalid_type"
+
+
+def test_one_model_takes_every_request_as_before() -> None:
+    one = served(("minilm", "embed"))
+    assert one.pick({"model": "anything"}, EMBED).name == "minilm"  # the request check 404s
+    e = error(served(("ms-marco", "score")), {}, EMBED)
+    assert e.code == "wrong_model_task" and "use /v1/rerank" in e.message
+
+
+def test_ready_names_the_models_not_started() -> None:
+    assert TWO.not_ready() == ["minilm", "ms-marco"]
+
+
+def test_split_named_leaves_paths_and_addresses_whole() -> None:
+    assert split_named("ms-marco=/m") == ("ms-marco", "/m")
+    assert split_named("/a=b/m") == (None, "/a=b/m")
+    assert split_named("dns:x:1") == (None, "dns:x:1")
+    assert split_named("e=dns:x:1") == ("e", "dns:x:1")
+
+
+def test_entries_from_flags() -> None:
+    (one,) = model_entries(["minilm"], ["m", "alias"], ["127.0.0.1:1", "127.0.0.1:2"])
+    assert one.names == ("m", "alias") and one.replicas == ("127.0.0.1:1", "127.0.0.1:2")
+    a, b = model_entries(["minilm", "r=/x"], [], ["minilm=h:1", "r=h:2", "r=h:3"])
+    assert (a.names, a.model, a.replicas) == (("minilm",), "minilm", ("h:1",))
+    assert (b.names, b.model, b.replicas) == (("r",), "/x", ("h:2", "h:3"))
+    with pytest.raises(ValueError, match="names its model"):
+        model_entries(["minilm", "r=/x"], [], ["h:1"])
+    with pytest.raises(ValueError, match="no model is served as 'q'"):
+        model_entries(["minilm", "r=/x"], [], ["q=h:1"])
+    with pytest.raises(ValueError, match="'r' has no --replica"):
+        model_entries(["minilm", "r=/x"], [], ["minilm=h:1"])
+    with pytest.raises(ValueError, match="same served name"):
+        model_entries(["a=minilm", "a=/x"], [], ["a=h:1"])
+    with pytest.raises(ValueError, match="--served-model-name"):
+        model_entries(["minilm", "r=/x"], ["n"], ["minilm=h:1", "r=h:2"])

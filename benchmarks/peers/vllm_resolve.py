@@ -53,9 +53,6 @@ DROP = {
     "humming-kernels": "the 'humming' quantization method and its MoE only",
     "nvidia-cudnn-frontend": "FlashInfer / FA4 benchmark code only",
     "fastsafetensors": "--load-format fastsafetensors only (import guarded by try)",
-    "numba": "n-gram speculative decoding only; the image has its own numba",
-    "torch": "the image's torch 2.11.0+cu130 (the pin vLLM's wheel was built for)",
-    "torchaudio": "the image's", "torchvision": "the image's",
 }  # fmt: skip
 
 

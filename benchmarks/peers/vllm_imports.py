@@ -136,7 +136,9 @@ def closure(site: Path, entries: tuple[str, ...]) -> dict[str, dict[str, object]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("site", type=Path, help="a folder holding vllm/ (the unpacked wheel)")
     ap.add_argument("--entry", action="append", default=None, help="entry module (repeatable)")
     ap.add_argument("--json", action="store_true")

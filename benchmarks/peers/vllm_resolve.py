@@ -112,7 +112,9 @@ def download(req: Requirement, dest: Path) -> Path | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("wheels", type=Path)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -135,13 +137,19 @@ def main() -> None:
             entry = from_image.setdefault(key, {"image_version": have or "check on device",
                                                  "requirements": []})  # fmt: skip
             entry["requirements"].append(f"{by}: {req}")  # type: ignore[union-attr]
-            if have and req.specifier and not req.specifier.contains(Version(have), prereleases=True):
+            if (
+                have
+                and req.specifier
+                and not req.specifier.contains(Version(have), prereleases=True)
+            ):
                 problems.append(f"{by} wants {req}, the image has {have}")
             continue
         if key in bundled:
             entry = bundled[key]
             entry["asked_by"].append(f"{by}: {req}")  # type: ignore[union-attr]
-            if req.specifier and not req.specifier.contains(Version(str(entry["version"])), prereleases=True):
+            if req.specifier and not req.specifier.contains(
+                Version(str(entry["version"])), prereleases=True
+            ):
                 problems.append(f"{by} wants {req}, bundled {entry['version']}")
             new_extras = set(req.extras) - set(entry["extras"])  # type: ignore[arg-type]
             if new_extras:

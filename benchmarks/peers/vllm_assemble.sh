@@ -6,6 +6,7 @@
 # unpacks it (Python's tarfile + lzma: no xz binary needed) and prints the PYTHONPATH to use.
 #     bash benchmarks/peers/vllm_assemble.sh .carry/vllm-part      # each call, the part it carries
 #     eval "$(bash benchmarks/peers/vllm_assemble.sh --env)"        # later: PYTHONPATH, if installed
+#     bash benchmarks/peers/vllm_assemble.sh --check DIR   # the image's versions vs resolve.json in DIR
 # Exit status: 0 installed (now or earlier), 3 parts still missing (named), 1 a check failed.
 # SCRATCH (default /tmp/vllm-bundle) holds the parts; SITE (default /tmp/vllm-site) the install.
 # WITH_FA2=1 also waits for, and installs, the optional fa2.part-* set.
@@ -18,6 +19,29 @@ if [ "${1:-}" = "--env" ]; then
   [ -f "$SITE/.installed" ] || { say "not installed in $SITE" >&2; exit 3; }
   env_line; exit 0
 fi
+check_image() {  # the image's packages vLLM asked for, against their requirements (resolve.json)
+  PYTHONPATH=$SITE python3 - "$1" <<'PY'
+import json, sys
+from importlib import metadata
+from packaging.requirements import Requirement
+doc = json.load(open(sys.argv[1]))
+bad = []
+for name, entry in doc["from_image"].items():
+    for line in entry["requirements"]:
+        req = Requirement(line.split(": ", 1)[1])  # markers were evaluated for the device already
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            bad.append(f"{req} (asked by {line.split(':')[0]}): not installed")
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            bad.append(f"{req} (asked by {line.split(':')[0]}): have {have}")
+print("vllm_assemble: image packages vs requirements:", "all met" if not bad else "")
+for b in bad:
+    print("   ", b)
+PY
+}
+if [ "${1:-}" = "--check" ]; then check_image "${2:-.}/resolve.json"; exit 0; fi
 mkdir -p "$SCRATCH"
 if [ -n "${1:-}" ]; then
   src=$1
@@ -60,30 +84,8 @@ with tarfile.open(sys.argv[1], "r:xz") as t:
 PY
   rm -f "$SCRATCH/$s.tar.xz"
   touch "$SITE/.installed-$s"
-  say "$s installed in $SITE in $(echo "$(date +%s.%N) - $t0" | bc | cut -c1-5) s ($(du -sm "$SITE" | cut -f1) MiB)"
+  say "$s installed in $SITE in $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.1f", a - b }') s ($(du -sm "$SITE" | cut -f1) MiB)"
 done
 touch "$SITE/.installed"
-# the image's packages vLLM asked for, against their requirements (resolve.json)
-if [ -f "$SCRATCH/resolve.json" ]; then
-  PYTHONPATH=$SITE python3 - "$SCRATCH/resolve.json" <<'PY'
-import json, sys
-from importlib import metadata
-from packaging.requirements import Requirement
-doc = json.load(open(sys.argv[1]))
-bad = []
-for name, entry in doc["from_image"].items():
-    for line in entry["requirements"]:
-        req = Requirement(line.split(": ", 1)[1])
-        try:
-            have = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
-            bad.append(f"{req} (asked by {line.split(':')[0]}): not installed")
-            continue
-        if req.specifier and not req.specifier.contains(have, prereleases=True):
-            bad.append(f"{req} (asked by {line.split(':')[0]}): have {have}")
-print("vllm_assemble: image packages vs requirements:", "all met" if not bad else "")
-for b in bad:
-    print("   ", b)
-PY
-fi
+[ -f "$SCRATCH/resolve.json" ] && check_image "$SCRATCH/resolve.json"
 env_line

@@ -299,10 +299,11 @@ def run_worker(kind: str, job: dict[str, Any], vllm_site: Path | None, log: list
 
 
 def vllm_serve_argv(folder: Path, name: str, gpu_util: float, overrides: dict[str, Any] | None) -> list[str]:  # fmt: skip
+    # uvicorn stays at its info level: its "Application startup complete" is the ready line
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(folder),
             "--runner", "pooling", "--dtype", "bfloat16", "--port", "{port}",
             "--served-model-name", name, "--gpu-memory-utilization", str(gpu_util),
-            "--disable-log-stats", "--uvicorn-log-level", "warning"]  # fmt: skip
+            "--disable-log-stats"]  # fmt: skip
     if overrides:
         argv += ["--hf-overrides", json.dumps(overrides)]
     return argv

@@ -18,7 +18,8 @@ the same loader a user's checkpoint takes. A folder holds:
 
 Encoder families (`--arch` multilingual-e5-base, bge-reranker-v2-m3, nomic-embed-text-v1.5,
 modernbert-embed-base, embeddinggemma-300m, and a `-tiny` of each for tests): see
-`family_checkpoints`.
+`family_checkpoints`. Sequence classifiers (`minilm-l6-multilabel`, `minilm-l6-sentiment`,
+`xlm-roberta-classifier-tiny`): see `classifiers`.
 
 Rerankers (`--arch`):
 
@@ -38,6 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from embedserve.devtools.classifiers import CLASSIFIER_ARCHS
 from embedserve.devtools.family_checkpoints import ENCODER_ARCHS, make_family_checkpoint
 from embedserve.devtools.random_weights import make_readable, write_weights
 from embedserve.devtools.st_modules import write_st_modules
@@ -134,7 +136,9 @@ CROSS_ENCODERS: dict[str, dict[str, Any]] = {
         "vocab_size": 30522,
     },
 }
-ALL_ARCHS: tuple[str, ...] = (*ARCHS, *RERANKERS, *CROSS_ENCODERS, *ENCODER_ARCHS)
+# encoder families' folders and sequence classifiers, both built by transformers
+FAMILY_ARCHS = {**ENCODER_ARCHS, **CLASSIFIER_ARCHS}
+ALL_ARCHS: tuple[str, ...] = (*ARCHS, *RERANKERS, *CROSS_ENCODERS, *FAMILY_ARCHS)
 
 
 def qwen3_config(arch: str, attention: str) -> dict[str, Any]:
@@ -177,8 +181,10 @@ def make_checkpoint(
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise ValueError(f"{path} exists and is not empty; pass --overwrite to replace its files")
     shard_bytes = int(max_shard_gb * 2**30)
-    if arch in ENCODER_ARCHS:
-        make_family_checkpoint(path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from)
+    if arch in FAMILY_ARCHS:
+        make_family_checkpoint(
+            path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from, archs=FAMILY_ARCHS
+        )
         for weights in path.rglob("*.safetensors"):
             make_readable(weights)
         return path
@@ -233,7 +239,7 @@ def _run_make_checkpoint(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         tokenizer_from=args.tokenizer_from,
     )
-    if args.arch in ENCODER_ARCHS or args.arch in CROSS_ENCODERS or args.arch in RERANKERS:
+    if args.arch in FAMILY_ARCHS or args.arch in CROSS_ENCODERS or args.arch in RERANKERS:
         what = f"seed {args.seed}, {args.dtype}"  # the embedder options do not apply
     else:
         what = (

@@ -22,6 +22,7 @@ from embedserve.gateway.checks import (
     no_route,
     request_id,
 )
+from embedserve.gateway.classify import ClassifyRoutes, not_a_classifier_route
 from embedserve.gateway.errors import REQUEST_ID, ApiError, bad_request, from_input_error
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
@@ -103,6 +104,7 @@ class GatewayApp:
         # at once while the ones in flight (counted here) finish
         self.draining = False
         self.in_flight = 0
+        classify = ClassifyRoutes(self)  # /predict (TEI) and /classify (vLLM)
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/embeddings"): self.embeddings,
             ("POST", "/embeddings"): self.embeddings,
@@ -112,6 +114,8 @@ class GatewayApp:
             ("POST", "/rerank"): self.tei_rerank,
             ("POST", "/v1/score"): self.score,
             ("POST", "/score"): self.score,
+            ("POST", "/predict"): classify.predict,
+            ("POST", "/classify"): classify.classify,
             ("GET", "/v1/models"): self.models,
             ("POST", "/tokenize"): self.tokenize,
             ("GET", "/health"): self.health,
@@ -127,6 +131,8 @@ class GatewayApp:
             self.rerank,
             self.tei_rerank,
             self.score,
+            classify.predict,
+            classify.classify,
         }
         self._openapi = dumps(openapi_document(self.model_name, limits))
 
@@ -244,6 +250,8 @@ class GatewayApp:
 
     def _embedding_pipeline(self) -> Pipeline:
         pipeline = self._ready_pipeline()
+        if self.limits.task == "classify":
+            raise not_a_classifier_route(self.model_name)
         if pipeline.pairs is not None:
             raise bad_request(
                 f"model {self.model_name!r} is a reranker: it scores query/document pairs and "
@@ -252,6 +260,11 @@ class GatewayApp:
                 code="wrong_model_task",
             )
         return pipeline
+
+    def _scoring_pipeline(self) -> Pipeline:
+        if self.limits.task == "classify":
+            raise not_a_classifier_route(self.model_name)
+        return self._ready_pipeline()
 
     async def embeddings(self, body: bytes) -> Answer:
         pipeline = self._embedding_pipeline()
@@ -276,7 +289,7 @@ class GatewayApp:
         )
 
     async def rerank(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
+        pipeline = self._scoring_pipeline()
         job, top_n, return_documents = parse_rerank(parse_json(body, self.max_json_strings), self.limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
@@ -288,14 +301,14 @@ class GatewayApp:
         )
 
     async def tei_rerank(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
+        pipeline = self._scoring_pipeline()
         job, return_text = parse_tei_rerank(parse_json(body, self.max_json_strings), self.limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
         return 200, JSON, dumps(tei_rerank_body(scores, job.groups[0][1], return_text))
 
     async def score(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
+        pipeline = self._scoring_pipeline()
         job = parse_score(parse_json(body, self.max_json_strings), self.limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)

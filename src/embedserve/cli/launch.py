@@ -47,7 +47,7 @@ class ServeConfig(Options):
 # `serve`'s servers listen on 127.0.0.1, any free port; its --host / --port are the gateway's.
 SERVE_SERVER_FIXED = ("host", "port")
 # The gateway's replicas are the servers; --model, --drain-seconds and --link-secret-file are theirs, shared.
-SERVE_GATEWAY_FIXED = ("replicas", "model", "drain_seconds", "link_secret_file")
+SERVE_GATEWAY_FIXED = ("replicas", "model", "drain_seconds", "link_secret_file", "otlp_endpoint")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import prometheus_client as prom
 
+from embedserve.contract import tracing
 from embedserve.core.inputs import InputError
 from embedserve.gateway.checks import (
     authenticate,
@@ -177,6 +178,9 @@ class GatewayApp:
         headers_in = dict(scope["headers"])  # read once: the checks below all look in it
         answer_id = request_id(headers_in)
         REQUEST_ID.set(answer_id.decode("ascii"))  # a server failure's answer names it
+        span = None
+        if tracing.TRACER is not None:  # --otlp-endpoint: this request's span
+            span = tracing.gateway_span(headers_in, answer_id.decode("ascii"), method, route)
         counts = track_request()
         replicas: set[int] = set()
         REPLICAS_CALLED.set(replicas)
@@ -199,6 +203,7 @@ class GatewayApp:
         except ClientGone:  # nobody to answer: counted, and logged as the ordinary event it is
             log.info("%s %s: the client disconnected before its answer", method, route)
             self.metrics.requests.labels(route, "499").inc()
+            tracing.end_gateway_span(span, 499)
             if self.log_requests:
                 seconds = time.perf_counter() - start
                 log_request(answer_id, method, route, 499, seconds, counts, replicas)
@@ -222,6 +227,7 @@ class GatewayApp:
             headers.append((b"retry-after", RETRY_AFTER_SECONDS))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+        tracing.end_gateway_span(span, status)
         count, latency = self.metrics.route(route, status)
         count.inc()
         seconds = time.perf_counter() - start

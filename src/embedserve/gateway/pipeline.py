@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from embedserve.contract import tracing
 from embedserve.contract.codec import WireError, decode_response, encode_request
 from embedserve.core.budget import budget_groups, split_rows
 from embedserve.core.chunking import packed_spans
@@ -235,6 +236,7 @@ class Pipeline:
         offsets into these sequences packed back to back); `head` None: raw float32 rows;
         `second_segment`: pairs' token types (see the contract)."""
         request = encode_request(seqs, head, spans=spans, second_segment=second_segment)
+        tracing.stamp(request)  # the request's trace context, when tracing
         try:
             response = await self.replicas.embed(request, sum(map(len, seqs)))
         except ApiError as e:

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from embedserve.contract import SERVICE_NAME, add_embed_service
+from embedserve.contract import SERVICE_NAME, add_embed_service, tracing
 from embedserve.contract.local import socket_path
 from embedserve.contract.secret import LOOPBACK, LinkSecretInterceptor, read_secret
 from embedserve.options import EngineOptions, Options, drain_option, option
@@ -61,6 +61,12 @@ class ServerConfig(Options):
     )
     insecure_link: bool = option(
         False, "serve a non-loopback --host without a link secret (a trusted network only)"
+    )
+    otlp_endpoint: str | None = option(
+        None,
+        "export OpenTelemetry spans of each request over OTLP/HTTP (protobuf) to this collector "
+        "URL, e.g. http://127.0.0.1:4318 (POSTs to /v1/traces); default: no tracing",
+        metavar="URL",
     )
 
     def __post_init__(self) -> None:
@@ -107,6 +113,7 @@ def load_engine(options: EngineOptions):  # type: ignore[no-untyped-def]
 
 
 async def serve(config: ServerConfig) -> None:
+    tracing.configure(config.otlp_endpoint, "embedserve-server")
     engine = load_engine(config.engine)
     batch_wait_ms = config.batch_wait_ms
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
@@ -176,6 +183,8 @@ async def serve(config: ServerConfig) -> None:
         server.stop(grace=config.drain_seconds), local.stop(grace=config.drain_seconds)
     )
     await service.stop()
+    if tracing.TRACER is not None:
+        tracing.TRACER.shutdown()  # the last spans exported
     say("embedserve server: stopped")
 
 

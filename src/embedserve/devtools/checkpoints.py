@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from embedserve.devtools.classifiers import CLASSIFIER_ARCHS
+from embedserve.devtools.classifiers import CLASSIFIER_ARCHS, MINILM_L6, labelled
 from embedserve.devtools.family_checkpoints import ENCODER_ARCHS, make_family_checkpoint
 from embedserve.devtools.random_weights import make_readable, write_weights
 from embedserve.devtools.st_modules import write_st_modules
@@ -114,27 +114,11 @@ RERANKERS: dict[str, dict[str, Any]] = {
 
 # cross-encoder/ms-marco-MiniLM-L-6-v2's config.json
 CROSS_ENCODERS: dict[str, dict[str, Any]] = {
-    "ms-marco-minilm-l6": {
-        "architectures": ["BertForSequenceClassification"],
-        "model_type": "bert",
-        "attention_probs_dropout_prob": 0.1,
-        "hidden_act": "gelu",
-        "hidden_dropout_prob": 0.1,
-        "hidden_size": 384,
-        "id2label": {"0": "LABEL_0"},
-        "label2id": {"LABEL_0": 0},
-        "initializer_range": 0.02,
-        "intermediate_size": 1536,
-        "layer_norm_eps": 1e-12,
-        "max_position_embeddings": 512,
-        "num_attention_heads": 12,
-        "num_hidden_layers": 6,
-        "pad_token_id": 0,
-        "position_embedding_type": "absolute",
-        "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity",
-        "type_vocab_size": 2,
-        "vocab_size": 30522,
-    },
+    "ms-marco-minilm-l6": labelled(
+        MINILM_L6,
+        ("LABEL_0",),
+        sbert_ce_default_activation_function="torch.nn.modules.linear.Identity",
+    ),
 }
 # encoder families' folders and sequence classifiers, both built by transformers
 FAMILY_ARCHS = {**ENCODER_ARCHS, **CLASSIFIER_ARCHS}

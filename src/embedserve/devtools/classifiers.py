@@ -21,7 +21,7 @@ TOXIC_LABELS = ("toxic", "severe_toxic", "obscene", "threat", "insult", "identit
 SENTIMENT_LABELS = ("negative", "neutral", "positive")
 
 # cross-encoder/ms-marco-MiniLM-L-6-v2's BERT (MiniLM-L6-H384-uncased), without its head's keys
-_MINILM_L6: dict[str, Any] = {
+MINILM_L6: dict[str, Any] = {
     "architectures": ["BertForSequenceClassification"],
     "model_type": "bert",
     "attention_probs_dropout_prob": 0.1,
@@ -53,10 +53,10 @@ def labelled(config: dict[str, Any], labels: tuple[str, ...], **extra: Any) -> d
 
 CLASSIFIER_ARCHS: dict[str, EncoderArch] = {
     "minilm-l6-multilabel": EncoderArch(
-        labelled(_MINILM_L6, TOXIC_LABELS, problem_type="multi_label_classification"),
+        labelled(MINILM_L6, TOXIC_LABELS, problem_type="multi_label_classification"),
         "bert-uncased",
     ),
-    "minilm-l6-sentiment": EncoderArch(labelled(_MINILM_L6, SENTIMENT_LABELS), "bert-uncased"),
+    "minilm-l6-sentiment": EncoderArch(labelled(MINILM_L6, SENTIMENT_LABELS), "bert-uncased"),
     "xlm-roberta-classifier-tiny": EncoderArch(
         labelled(
             {

@@ -60,34 +60,25 @@ def classify_request(limits: Limits) -> dict[str, Any]:
     }
 
 
-def classify_response(usage: dict[str, Any]) -> dict[str, Any]:
+def classify_response(score_response: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's list object (`/v1/score`'s, `score_response`) with classification items."""
     item = {"type": "object", "required": ["index", "label", "probs", "num_classes"],
             "properties": {"index": {"type": "integer", "minimum": 0},
                            "label": {"type": "string"},
                            "probs": {"type": "array", "items": {"type": "number"}},
                            "num_classes": {"type": "integer", "minimum": 2}}}  # fmt: skip
-    return {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "data", "usage"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"type": "string", "enum": ["list"]},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "data": {"type": "array", "items": item},
-            "usage": usage,
-        },
-    }
+    properties = {**score_response["properties"], "data": {"type": "array", "items": item}}
+    return {**score_response, "properties": properties}
 
 
-def classify_schemas(limits: Limits, usage: dict[str, Any]) -> dict[str, Any]:
+def classify_schemas(limits: Limits, score_response: dict[str, Any]) -> dict[str, Any]:
     """(request, answer) of the two routes, by `openapi`'s schema names; none but for a
-    classifier."""
+    classifier. `score_response`: `/v1/score`'s answer, whose list object `/classify` shares."""
     if limits.task != "classify":
         return {}
     return {
         "predict": (predict_request(limits), predict_response()),
-        "classify": (classify_request(limits), classify_response(usage)),
+        "classify": (classify_request(limits), classify_response(score_response)),
     }
 
 

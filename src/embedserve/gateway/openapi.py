@@ -66,7 +66,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
         ),
         "tokenize": (_tokenize_request(limits, embeddings_request), None),
         **_scoring_schemas(limits, usage),
-        **classify_schemas(limits, usage),
+        **classify_schemas(limits, _score_response(usage)),
     }
     for request, _ in schemas.values():
         _optional_nullable(request)

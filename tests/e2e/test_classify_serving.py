@@ -41,8 +41,13 @@ def url(folder: Path) -> Iterator[str]:
         proc.stop()
 
 
-def test_inference_client_text_classification(url: str, offline: Classifier) -> None:
-    from huggingface_hub import InferenceClient
+def test_inference_client_text_classification(
+    url: str, offline: Classifier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import InferenceClient, constants
+
+    # a local server is no Hub: the offline mode a Hub test may have left on does not apply
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 
     client = InferenceClient(model=url + "/predict")
     want = offline.classify(TEXTS[0])[0]

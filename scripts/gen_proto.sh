@@ -3,3 +3,4 @@
 # grpcio-tools); run from the repository root.
 set -e
 cd src && python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. embedserve/contract/embedserve.proto
+python -m grpc_tools.protoc -I. --python_out=. embedserve/contract/otlp_trace.proto

@@ -1,4 +1,5 @@
-"""The offline scoring API: `Scorer(model).score(query, documents)` and `.rerank(...)`.
+"""The offline scoring API: `Scorer(model).score(query, documents)` and `.rerank(...)`; and a
+sequence classifier's, `Classifier(model).classify(texts)` (`core.classify`).
 
 A reranker folder (a cross-encoder or an LLM reranker, `spec.ScoreSpec`) scores each
 (query, document) pair in one forward; an embedding model scores by the cosine of the query's
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
+from embedserve.core.classify import ClassifyPreparer, Prediction
 from embedserve.core.pairs import (
     PairPreparer,
     check_top_n,
@@ -31,7 +33,9 @@ from embedserve.embedder import Embedder, run_batches
 from embedserve.engine.engine import Engine
 from embedserve.errors import InputError
 from embedserve.loading.bundled import DEFAULT_MODEL, resolve_model
-from embedserve.loading.spec import read_model_spec
+from embedserve.loading.spec import ModelLoadError, read_model_spec
+
+__all__ = ["Classifier", "Prediction", "Ranked", "Scorer"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,11 @@ class Scorer:
     ) -> None:
         folder = resolve_model(model)
         spec = read_model_spec(folder)
+        if spec.task == "classify":
+            raise ModelLoadError(
+                f"{folder}: a sequence classifier ({spec.output_width} labels), not a "
+                "reranker; classify with embedserve.scorer.Classifier"
+            )
         self.spec = spec
         self.embedder: Embedder | None = None
         self.pairs: PairPreparer | None = None
@@ -137,3 +146,64 @@ class Scorer:
         scores = self.score(query, docs, **options)
         order = ranked(scores, top_n)
         return [Ranked(i, float(scores[i]), docs[i]) for i in order]
+
+
+class Classifier:
+    """A sequence classifier's labels for texts and pairs of texts (task "classify").
+
+    >>> Classifier(folder).classify("I loved it")[0][0].label  # doctest: +SKIP
+    'positive'
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        device: str | None = "auto",
+        dtype: str | None = None,
+        attention_backend: str | None = None,
+    ) -> None:
+        folder = resolve_model(model)
+        spec = read_model_spec(folder)
+        if spec.labels is None:
+            raise ModelLoadError(
+                f"{folder}: not a sequence classifier ({spec.architecture}, task {spec.task!r}); "
+                "a *ForSequenceClassification folder with two labels or more classifies"
+            )
+        self.spec = spec
+        tokenizer = TextTokenizer(folder / "tokenizer.json", spec.max_seq_length)
+        self.preparer = ClassifyPreparer(spec, tokenizer)
+        self.engine = Engine(spec, device=device, dtype=dtype, attention_backend=attention_backend)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The labels, in the order of `predict`'s columns."""
+        return self.preparer.labels.labels
+
+    def predict(
+        self,
+        inputs: Any,
+        *,
+        truncate: Any = False,
+        raw: bool = False,
+        batch_tokens: int | None = None,
+    ) -> np.ndarray:
+        """[N, num_labels] float32 in input order (one text: [1, num_labels]): each label's
+        probability (softmax over the labels, or a sigmoid per label for a multi-label
+        classifier, `labels.LabelSpec`), or the logits with `raw`. `inputs`: a text, or a list of
+        texts and (text, text) pairs; `truncate` (True / "end" | "start") cuts an over-long one."""
+        prepared = self.preparer.prepare(inputs, truncate=truncate)
+        logits = run_batches(
+            self.engine,
+            prepared.seqs,
+            batch_tokens or self.engine.batch_tokens,
+            second_segment=prepared.second_segment,
+        )
+        return self.preparer.scores(logits, raw=raw)
+
+    def classify(
+        self, inputs: Any, *, top_k: int | None = None, **options: Any
+    ) -> list[list[Prediction]]:
+        """Per input, its labels by descending score, the first `top_k` (`predict`'s options)."""
+        top_k = check_top_n(top_k)
+        return self.preparer.predictions(self.predict(inputs, **options), top_k)

@@ -53,7 +53,7 @@ SERVE_SERVER_FIXED = ("host", "port", "cpu_threads")
 # --model is the gateway's, repeatable: each server gets its model's.
 SERVE_ENGINE_FIXED = ("model",)
 # The gateway's replicas are the servers; --drain-seconds and --link-secret-file are theirs, shared.
-SERVE_GATEWAY_FIXED = ("replicas", "drain_seconds", "link_secret_file")
+SERVE_GATEWAY_FIXED = ("replicas", "drain_seconds", "link_secret_file", "otlp_endpoint")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

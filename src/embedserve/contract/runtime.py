@@ -21,6 +21,8 @@ MESSAGES: dict[str, list[tuple[str, str, bool]]] = {
         ("span_bounds", "uint32", True),
         ("second_segment", "uint32", True),
         ("raw", "bool", False),
+        ("traceparent", "string", False),
+        ("request_id", "string", False),
     ],
     "EmbedResponse": [
         ("embeddings", "bytes", False),

@@ -95,15 +95,19 @@ class PairPreparer:
     """One scoring model's request core: pairs, their checks and truncation, the activation."""
 
     def __init__(self, spec: ModelSpec, tokenizer: TextTokenizer) -> None:
-        if spec.score is None:
+        if spec.score is None and spec.labels is None:
             raise ValueError(f"{spec.path}: not a scoring model")
         self.spec = spec
+        # a sequence classifier pairs as a cross-encoder does (`core.classify`); its labels'
+        # activation is its own, so `activate` is a scoring model's only
         self.score = spec.score
+        self.kind = spec.score.kind if spec.score is not None else "classifier"
         self.tokenizer = tokenizer
         self.max_length = spec.max_seq_length
 
     def activate(self, raw: np.ndarray) -> np.ndarray:
         """Raw scores (logits) -> the model's relevance scores (its activation), float32."""
+        assert self.score is not None, "a classifier's labels activate its logits"
         return np.asarray(self.score.activate(np.asarray(raw).reshape(-1)))
 
     def prepare(
@@ -124,7 +128,7 @@ class PairPreparer:
                 f'truncate must be false, "end" or "start" for scoring; got {shown(truncate)}',
                 param="truncate",
             )
-        if self.score.kind == "classifier":
+        if self.kind == "classifier":
             if instruction is not None:
                 raise InputError(
                     "instruction applies to LLM rerankers; this model is a cross-encoder",

@@ -18,7 +18,8 @@ the same loader a user's checkpoint takes. A folder holds:
 
 Encoder families (`--arch` multilingual-e5-base, bge-reranker-v2-m3, nomic-embed-text-v1.5,
 modernbert-embed-base, embeddinggemma-300m, and a `-tiny` of each for tests): see
-`family_checkpoints`.
+`family_checkpoints`. Sequence classifiers (`minilm-l6-multilabel`, `minilm-l6-sentiment`,
+`xlm-roberta-classifier-tiny`): see `classifiers`.
 
 Rerankers (`--arch`):
 
@@ -38,6 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from embedserve.devtools.classifiers import CLASSIFIER_ARCHS, MINILM_L6, labelled
 from embedserve.devtools.family_checkpoints import ENCODER_ARCHS, make_family_checkpoint
 from embedserve.devtools.random_weights import make_readable, write_weights
 from embedserve.devtools.st_modules import write_st_modules
@@ -112,29 +114,15 @@ RERANKERS: dict[str, dict[str, Any]] = {
 
 # cross-encoder/ms-marco-MiniLM-L-6-v2's config.json
 CROSS_ENCODERS: dict[str, dict[str, Any]] = {
-    "ms-marco-minilm-l6": {
-        "architectures": ["BertForSequenceClassification"],
-        "model_type": "bert",
-        "attention_probs_dropout_prob": 0.1,
-        "hidden_act": "gelu",
-        "hidden_dropout_prob": 0.1,
-        "hidden_size": 384,
-        "id2label": {"0": "LABEL_0"},
-        "label2id": {"LABEL_0": 0},
-        "initializer_range": 0.02,
-        "intermediate_size": 1536,
-        "layer_norm_eps": 1e-12,
-        "max_position_embeddings": 512,
-        "num_attention_heads": 12,
-        "num_hidden_layers": 6,
-        "pad_token_id": 0,
-        "position_embedding_type": "absolute",
-        "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity",
-        "type_vocab_size": 2,
-        "vocab_size": 30522,
-    },
+    "ms-marco-minilm-l6": labelled(
+        MINILM_L6,
+        ("LABEL_0",),
+        sbert_ce_default_activation_function="torch.nn.modules.linear.Identity",
+    ),
 }
-ALL_ARCHS: tuple[str, ...] = (*ARCHS, *RERANKERS, *CROSS_ENCODERS, *ENCODER_ARCHS)
+# encoder families' folders and sequence classifiers, both built by transformers
+FAMILY_ARCHS = {**ENCODER_ARCHS, **CLASSIFIER_ARCHS}
+ALL_ARCHS: tuple[str, ...] = (*ARCHS, *RERANKERS, *CROSS_ENCODERS, *FAMILY_ARCHS)
 
 
 def qwen3_config(arch: str, attention: str) -> dict[str, Any]:
@@ -177,8 +165,10 @@ def make_checkpoint(
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise ValueError(f"{path} exists and is not empty; pass --overwrite to replace its files")
     shard_bytes = int(max_shard_gb * 2**30)
-    if arch in ENCODER_ARCHS:
-        make_family_checkpoint(path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from)
+    if arch in FAMILY_ARCHS:
+        make_family_checkpoint(
+            path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from, archs=FAMILY_ARCHS
+        )
         for weights in path.rglob("*.safetensors"):
             make_readable(weights)
         return path
@@ -233,7 +223,7 @@ def _run_make_checkpoint(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         tokenizer_from=args.tokenizer_from,
     )
-    if args.arch in ENCODER_ARCHS or args.arch in CROSS_ENCODERS or args.arch in RERANKERS:
+    if args.arch in FAMILY_ARCHS or args.arch in CROSS_ENCODERS or args.arch in RERANKERS:
         what = f"seed {args.seed}, {args.dtype}"  # the embedder options do not apply
     else:
         what = (

@@ -298,11 +298,17 @@ def write_family_weights(out: Path, arch: EncoderArch, *, seed: int, dtype: str)
 
 
 def make_family_checkpoint(
-    path: Path, name: str, *, seed: int, dtype: str, tokenizer_from: Path | None = None
+    path: Path,
+    name: str,
+    *,
+    seed: int,
+    dtype: str,
+    tokenizer_from: Path | None = None,
+    archs: dict[str, EncoderArch] = ENCODER_ARCHS,
 ) -> Path:
-    """The folder for one `ENCODER_ARCHS` entry (the caller checked `path`); `tokenizer_from`:
+    """The folder for one `archs` entry (the caller checked `path`); `tokenizer_from`:
     a folder whose BERT uncased tokenizer to take instead of the family's own."""
-    arch = ENCODER_ARCHS[name]
+    arch = archs[name]
     path.mkdir(parents=True, exist_ok=True)
     write_family_weights(path, arch, seed=seed, dtype=dtype)
     # save_pretrained's config.json, with the published model's own keys on top (it adds the

@@ -16,6 +16,7 @@ from typing import Any
 
 import prometheus_client as prom
 
+from embedserve.contract import tracing
 from embedserve.core.inputs import InputError
 from embedserve.gateway.checks import (
     authenticate,
@@ -24,6 +25,7 @@ from embedserve.gateway.checks import (
     no_route,
     request_id,
 )
+from embedserve.gateway.classify import ClassifyRoutes
 from embedserve.gateway.errors import REQUEST_ID, ApiError, from_input_error
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
@@ -112,6 +114,7 @@ class GatewayApp:
         # at once while the ones in flight (counted here) finish
         self.draining = False
         self.in_flight = 0
+        classify = ClassifyRoutes(self)  # /predict (TEI) and /classify (vLLM)
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/embeddings"): self.embeddings,
             ("POST", "/embeddings"): self.embeddings,
@@ -121,6 +124,8 @@ class GatewayApp:
             ("POST", "/rerank"): self.tei_rerank,
             ("POST", "/v1/score"): self.score,
             ("POST", "/score"): self.score,
+            ("POST", "/predict"): classify.predict,
+            ("POST", "/classify"): classify.classify,
             ("GET", "/v1/models"): self.models,
             ("POST", "/tokenize"): self.tokenize,
             ("GET", "/health"): self.health,
@@ -136,6 +141,8 @@ class GatewayApp:
             self.rerank,
             self.tei_rerank,
             self.score,
+            classify.predict,
+            classify.classify,
         }
         every_name = tuple(n for m in self.served.models for n in m.limits.model_names)
         schema_limits = dataclasses.replace(limits, model_names=every_name)
@@ -193,6 +200,9 @@ class GatewayApp:
         headers_in = dict(scope["headers"])  # read once: the checks below all look in it
         answer_id = request_id(headers_in)
         REQUEST_ID.set(answer_id.decode("ascii"))  # a server failure's answer names it
+        span = None
+        if tracing.TRACER is not None:  # --otlp-endpoint: this request's span
+            span = tracing.gateway_span(headers_in, answer_id.decode("ascii"), method, route)
         counts = track_request()
         replicas: set[int] = set()
         REPLICAS_CALLED.set(replicas)
@@ -216,6 +226,7 @@ class GatewayApp:
         except ClientGone:  # nobody to answer: counted, and logged as the ordinary event it is
             log.info("%s %s: the client disconnected before its answer", method, route)
             self.metrics.requests.labels(route, "499").inc()
+            tracing.end_gateway_span(span, 499)
             if self.log_requests:
                 seconds = time.perf_counter() - start
                 log_request(answer_id, method, route, 499, seconds, counts, replicas)
@@ -239,6 +250,7 @@ class GatewayApp:
             headers.append((b"retry-after", RETRY_AFTER_SECONDS))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+        tracing.end_gateway_span(span, status)
         count, latency = self.metrics.route(route, status)
         count.inc()
         seconds = time.perf_counter() - start

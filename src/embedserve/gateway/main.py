@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from embedserve.contract import tracing
 from embedserve.contract.secret import read_secret
 from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.core.inputs import InputPreparer
@@ -129,6 +130,12 @@ class GatewayConfig(Options):
     )
     log_requests: bool = option(
         False, "one JSON line per request on stderr (id, route, status, ms, tokens; no text)"
+    )
+    otlp_endpoint: str | None = option(
+        None,
+        "export OpenTelemetry spans of each request over OTLP/HTTP (protobuf) to this collector "
+        "URL, e.g. http://127.0.0.1:4318 (POSTs to /v1/traces); default: no tracing",
+        metavar="URL",
     )
     link_secret_file: str | None = option(
         None,
@@ -304,6 +311,7 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         requests_log.setLevel(logging.INFO)
         requests_log.propagate = False
     app = build_app(config, keys)
+    tracing.configure(config.otlp_endpoint, "embedserve-gateway")  # per worker: its own thread
     server = draining_server(
         app,
         config.drain_seconds,
@@ -321,6 +329,8 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         ),
     )
     server.run(sockets=[sock])
+    if tracing.TRACER is not None:
+        tracing.TRACER.shutdown()
 
 
 def draining_server(app: GatewayApp, drain_seconds: float, config: Any) -> Any:

@@ -27,6 +27,7 @@ from embedserve.gateway.requests import Limits
 
 EMBED = "embed"  # a route that embeds: only embedding models do
 SCORE = "score"  # a route that scores pairs: rerankers, or embedders by cosine
+CLASSIFY = "classify"  # a route that gives each label's probability: sequence classifiers
 ANY = "any"  # /tokenize: every model tokenizes
 
 
@@ -46,6 +47,16 @@ class ServedModel:
     @property
     def embeds(self) -> bool:
         return self.limits.task == "embed"
+
+    def does(self, task: str) -> bool:
+        """Whether the model answers a route of `task` (an embedder scores by cosine too)."""
+        if task == EMBED:
+            return self.embeds
+        if task == SCORE:
+            return self.limits.task in ("score", "embed")
+        if task == CLASSIFY:
+            return self.limits.task == "classify"
+        return True  # tokenize, models: every model
 
     def started(self) -> Pipeline:
         if self.pipeline is None:
@@ -102,8 +113,8 @@ class ServedModels:
         """The model a request body (parsed JSON, any shape) goes to on a route of `task`."""
         if not self.several:  # the single-model gateway's checks, unchanged, do the rest
             only = self.models[0]
-            if task == EMBED and not only.embeds:
-                raise _not_an_embedder(only.name)
+            if not only.does(task):
+                raise _wrong_task(only, task, [])
             return only
         name = body.get("model") if isinstance(body, dict) else None
         if name is None:
@@ -122,23 +133,16 @@ class ServedModels:
                 param="model",
                 code="model_not_found",
             )
-        if task == EMBED and not found.embeds:
-            embedders = [m.name for m in self.models if m.embeds]
-            raise bad_request(
-                f"model {name!r} is a reranker: it scores query/document pairs and does not "
-                f"embed; models that embed: {', '.join(embedders) or 'none'}",
-                param="model",
-                code="wrong_model_task",
-            )
+        if not found.does(task):
+            raise _wrong_task(found, task, [m.name for m in self.models if m.does(task)])
         return found
 
     def _default(self, task: str) -> ServedModel:
-        if task == EMBED:
-            choices = [m for m in self.models if m.embeds]
-        elif task == SCORE:
-            choices = [m for m in self.models if not m.embeds] or self.models
+        if task == SCORE:  # a reranker first; else an embedder, by cosine
+            choices = [m for m in self.models if m.limits.task == "score"]
+            choices = choices or [m for m in self.models if m.does(SCORE)]
         else:
-            choices = self.models
+            choices = [m for m in self.models if m.does(task)]
         if len(choices) == 1:
             return choices[0]
         if not choices:
@@ -161,12 +165,21 @@ class ServedModels:
         ]
 
 
-def _not_an_embedder(name: str) -> ApiError:
+# what a model of each task is, and the routes that serve it: the 400 of a route it does not do
+_WHAT = {
+    "score": ("a reranker: it scores query/document pairs and does not embed",
+              "/v1/rerank, /rerank or /v1/score"),
+    "classify": ("a sequence classifier: it gives each label's probability and neither embeds "
+                 "nor ranks", "/predict or /classify"),
+    "embed": ("an embedding model, not a sequence classifier", "/v1/embeddings"),
+}  # fmt: skip
+
+
+def _wrong_task(model: ServedModel, task: str, others: list[str]) -> ApiError:
+    what, routes = _WHAT[model.limits.task]
+    where = f"models that {task}: {', '.join(others) or 'none'}" if others else f"use {routes}"
     return bad_request(
-        f"model {name!r} is a reranker: it scores query/document pairs and "
-        "does not embed; use /v1/rerank, /rerank or /v1/score",
-        param="model",
-        code="wrong_model_task",
+        f"model {model.name!r} is {what}; {where}", param="model", code="wrong_model_task"
     )
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from embedserve.core.inputs import INPUT_TYPES
 from embedserve.core.outputs import OUTPUT_DTYPES
+from embedserve.gateway.classify_schema import classify_paths, classify_schemas
 from embedserve.gateway.requests import Limits
 
 ERROR = {
@@ -65,6 +66,7 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
         ),
         "tokenize": (_tokenize_request(limits, embeddings_request), None),
         **_scoring_schemas(limits, usage),
+        **classify_schemas(limits, _score_response(usage)),
     }
     for request, _ in schemas.values():
         _optional_nullable(request)
@@ -400,6 +402,7 @@ def _work_paths(schemas: dict[str, Schemas]) -> dict[str, Any]:
             "tokenize",
             _errors(400, 404, 413, 415),
         ),
+        **classify_paths(post, schemas, work_errors),
     }
 
 

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from embedserve.contract import tracing
 from embedserve.contract.codec import WireError, decode_response, encode_request
 from embedserve.core.budget import budget_groups, split_rows
 from embedserve.core.chunking import packed_spans
@@ -133,28 +134,37 @@ class Pipeline:
 
         prepared = await self._off_loop(size, prepare)
         seqs = [s for p in prepared for s in p.seqs]
-        seconds = [x for p in prepared for x in p.second_segment]
-        lengths = [len(s) for s in seqs]
-        num_tokens = sum(lengths)
-        self._check_size(num_tokens)
-        # a query with many documents: token-budget parts across the replicas, back in order
-        rows = await self._fan_out(
-            [
-                functools.partial(
-                    self._embed_part,
-                    [seqs[i] for i in group],
-                    None,  # raw: one float32 logit per pair, activated here
-                    second_segment=[seconds[i] for i in group],
-                )
-                for group in budget_groups(lengths, self.limits.part_tokens)
-            ]
+        rows, num_tokens = await self.raw_rows(
+            seqs, [x for p in prepared for x in p.second_segment]
         )
-        raw = rows[:, 0]
+        raw = rows[:, 0]  # one float32 logit per pair, activated here
         if job.scores == "raw":
             return raw.astype(np.float32), num_tokens
         if job.scores == "sigmoid":
             return sigmoid(raw), num_tokens
         return pairs.activate(raw), num_tokens
+
+    async def raw_rows(
+        self, seqs: list[list[int]], second_segment: list[int]
+    ) -> tuple[np.ndarray, int]:
+        """The model's raw float32 rows [len(seqs), width] for checked sequences (a reranker's
+        logit, a classifier's logits per label), in order, and their tokens: token-budget
+        parts across the replicas. `second_segment`: per sequence, where token type 1 begins."""
+        lengths = [len(s) for s in seqs]
+        num_tokens = sum(lengths)
+        self._check_size(num_tokens)
+        rows = await self._fan_out(
+            [
+                functools.partial(
+                    self._embed_part,
+                    [seqs[i] for i in group],
+                    None,
+                    second_segment=[second_segment[i] for i in group],
+                )
+                for group in budget_groups(lengths, self.limits.part_tokens)
+            ]
+        )
+        return rows, num_tokens
 
     async def _cosine(self, job: ScoreJob) -> tuple[np.ndarray, int]:
         """An embedding model's scores: the bi-encoder plan of the request core
@@ -226,6 +236,7 @@ class Pipeline:
         offsets into these sequences packed back to back); `head` None: raw float32 rows;
         `second_segment`: pairs' token types (see the contract)."""
         request = encode_request(seqs, head, spans=spans, second_segment=second_segment)
+        tracing.stamp(request)  # the request's trace context, when tracing
         try:
             response = await self.replicas.embed(request, sum(map(len, seqs)))
         except ApiError as e:

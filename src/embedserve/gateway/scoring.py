@@ -95,6 +95,15 @@ def parse_tei_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, bool]:
         raise bad_request("'query' is required", param="query", code="missing_required_parameter")
     if "texts" not in body:
         raise bad_request("'texts' is required", param="texts", code="missing_required_parameter")
+    truncate = tei_truncate(body)
+    scores = "raw" if _flag(body, "raw_scores") else "sigmoid"
+    docs = _documents(body["texts"], "texts", limits)
+    return ScoreJob([(body["query"], docs)], truncate, None, scores), _flag(body, "return_text")
+
+
+def tei_truncate(body: dict[str, Any]) -> Any:
+    """TEI's `truncate` (a bool) and `truncation_direction` as the request core's rule: False,
+    "end" (Right: keep the beginning) or "start" (Left)."""
     direction = optional_string(body, "truncation_direction") or "Right"
     if direction not in ("Right", "Left"):
         raise bad_request(
@@ -102,10 +111,7 @@ def parse_tei_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, bool]:
             param="truncation_direction",
             code="invalid_value",
         )
-    truncate = ("end" if direction == "Right" else "start") if _flag(body, "truncate") else False
-    scores = "raw" if _flag(body, "raw_scores") else "sigmoid"
-    docs = _documents(body["texts"], "texts", limits)
-    return ScoreJob([(body["query"], docs)], truncate, None, scores), _flag(body, "return_text")
+    return ("end" if direction == "Right" else "start") if _flag(body, "truncate") else False
 
 
 def parse_score(body: Any, limits: Limits) -> ScoreJob:

@@ -25,6 +25,9 @@ What makes a folder a scoring model (task "score": one relevance score per query
   Qwen3 folder whose `embedserve.json` says `"task": "score"`: an LLM reranker, score = softmax
   of the "yes" and "no" logits at the last token (only those two rows of the output projection
   are loaded). `"task": "embed"` makes such a folder an embedder.
+
+A `*ForSequenceClassification` folder with two labels or more is a classifier (task "classify":
+one probability per label, `labels`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from embedserve.loading.families import (
     family_of,
 )
 from embedserve.loading.family_configs import BertConfig, FamilyConfig, ModelLoadError, Qwen3Config
+from embedserve.loading.labels import LabelSpec, cross_encoder_activation, num_labels, read_labels
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -55,7 +59,7 @@ __all__ = [
     "read_model_spec",
 ]
 
-Task = Literal["embed", "score"]
+Task = Literal["embed", "score", "classify"]
 Activation = Literal["sigmoid", "identity"]
 OutputRules = Literal["generic", "pplx"]
 
@@ -63,7 +67,7 @@ POOLING_METHODS: tuple[str, ...] = ("mean", "cls", "last")
 ATTENTION_KINDS: tuple[str, ...] = ("causal", "bidirectional")
 OUTPUT_RULES: tuple[str, ...] = ("generic", "pplx")
 
-TASKS: tuple[str, ...] = ("embed", "score")
+TASKS: tuple[str, ...] = ("embed", "score", "classify")
 # the architectures that only score pairs (cross-encoders with a one-label classifier); a
 # language model that scores by its logits embeds as well, and its folder decides
 SCORE_ARCHITECTURES: tuple[str, ...] = tuple(
@@ -123,10 +127,14 @@ class ModelSpec:
     task: Task = "embed"
     score: ScoreSpec | None = None  # set for task "score"
     dense: tuple[DenseLayer, ...] = ()  # sentence-transformers Dense modules, in order
+    labels: LabelSpec | None = None  # set for task "classify"
 
     @property
     def output_width(self) -> int:
-        """Columns of a row the engine returns: the embedding width, or 1 (the raw score)."""
+        """Columns of a row the engine returns: the embedding width, 1 (the raw score), or a
+        classifier's labels (their logits)."""
+        if self.labels is not None:
+            return self.labels.num_labels
         return 1 if self.task == "score" else self.hidden_size
 
     @property
@@ -247,19 +255,19 @@ def read_model_spec(
     if not isinstance(extra, dict):
         raise ModelLoadError(f"{extra_path}: expected a JSON object")
     config = family.read_config(cfg, config_path)
-    task = _task(path, family, arch, extra)
+    task = _task(path, family, arch, extra, cfg)
     kind = _attention_kind(family, attention, cfg, extra, config_path)
     score: ScoreSpec | None = None
     if task == "score" and family.scores_by_logits:
         score = ScoreSpec("yes_no", "sigmoid", _answer_ids(path, family.answer_tokens))
     elif task == "score":
-        score = ScoreSpec("classifier", _classifier_activation(cfg, config_path))
+        score = ScoreSpec("classifier", cross_encoder_activation(cfg, config_path))
     method = _pooling(path, family, kind, task, pooling)
     max_len, prompts, default_prompt_name = _sentence_transformers(path, config.max_positions)
     rules, default_dtype = _output_defaults(extra, extra_path)
     dense = _dense_layers(path, config.hidden_size)
-    if dense and task == "score":
-        raise ModelLoadError(f"{path / 'modules.json'}: a scoring model has no Dense modules")
+    if dense and task != "embed":
+        raise ModelLoadError(f"{path / 'modules.json'}: a {task} model has no Dense modules")
     return ModelSpec(
         path=path,
         family=family.name,
@@ -277,6 +285,7 @@ def read_model_spec(
         task=task,
         score=score,
         dense=dense,
+        labels=read_labels(cfg, config_path) if task == "classify" else None,
     )
 
 
@@ -308,7 +317,7 @@ def _pooling(
     scoring model reads its pair's score at one token, and pools nothing else."""
     declared = _pooling_from_folder(path)
     default = family.default_pooling(kind)
-    if task == "score":
+    if task != "embed":  # a classifier's head is a cross-encoder's
         declared, default = None, family.score_pooling
         if pooling is not None and pooling != default:
             raise ValueError(f"a scoring model pools {default!r}; got pooling {pooling!r}")
@@ -387,8 +396,8 @@ def _dense_layers(folder: Path, hidden: int) -> tuple[DenseLayer, ...]:
     return tuple(layers)
 
 
-def _task(path: Path, family: Family, arch: str, extra: dict[str, Any]) -> Task:
-    """embed or score (see the module docstring)."""
+def _task(path: Path, family: Family, arch: str, extra: dict[str, Any], cfg: Any) -> Task:
+    """embed, score or classify (see the module docstring)."""
     only_scores = arch in SCORE_ARCHITECTURES
     if "task" in extra:
         task = extra["task"]
@@ -396,13 +405,13 @@ def _task(path: Path, family: Family, arch: str, extra: dict[str, Any]) -> Task:
             raise ModelLoadError(
                 f"{path / EMBEDSERVE_CONFIG}: task {task!r} is not one of {', '.join(TASKS)}"
             )
-        if not family.scores_by_logits and (task == "score") != only_scores:
+        if not family.scores_by_logits and (task != "embed") != only_scores:
             raise ModelLoadError(
                 f"{path / EMBEDSERVE_CONFIG}: task {task!r} does not fit architecture {arch!r}"
             )
         return task
     if only_scores and not family.scores_by_logits:
-        return "score"
+        return "score" if num_labels(cfg) == 1 else "classify"
     if (
         family.scores_by_logits
         and arch in family.score_architectures
@@ -410,27 +419,6 @@ def _task(path: Path, family: Family, arch: str, extra: dict[str, Any]) -> Task:
     ):
         return "score"
     return "embed"
-
-
-def _classifier_activation(cfg: dict[str, Any], config_path: Path) -> Activation:
-    """A cross-encoder's activation, as sentence-transformers CrossEncoder reads it."""
-    labels = cfg.get("id2label")
-    num_labels = len(labels) if isinstance(labels, dict) else int(cfg.get("num_labels", 2))
-    if num_labels != 1:
-        raise ModelLoadError(
-            f"{config_path}: a sequence classifier with {num_labels} labels cannot rank; "
-            "a reranker has one (a relevance logit)"
-        )
-    name = (cfg.get("sentence_transformers") or {}).get("activation_fn") or cfg.get(
-        "sbert_ce_default_activation_function"
-    )
-    if name is None or str(name).endswith("Sigmoid"):
-        return "sigmoid"
-    if str(name).endswith("Identity"):
-        return "identity"
-    raise ModelLoadError(
-        f"{config_path}: activation {name!r} is not supported; expected Sigmoid or Identity"
-    )
 
 
 def _answer_ids(path: Path, answers: tuple[str, ...]) -> tuple[int, int]:

@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from embedserve.contract import SERVICE_NAME, add_embed_service
+from embedserve.contract import SERVICE_NAME, add_embed_service, tracing
 from embedserve.contract.local import socket_path
 from embedserve.contract.secret import LOOPBACK, LinkSecretInterceptor, read_secret
 from embedserve.options import EngineOptions, Options, drain_option, option
@@ -100,6 +100,12 @@ class ServerConfig(Options):
         "torch's CPU threads (torch.set_num_threads); serve with several models gives each "
         "model's servers max(1, cores // models) (default: torch's, every core)",
     )
+    otlp_endpoint: str | None = option(
+        None,
+        "export OpenTelemetry spans of each request over OTLP/HTTP (protobuf) to this collector "
+        "URL, e.g. http://127.0.0.1:4318 (POSTs to /v1/traces); default: no tracing",
+        metavar="URL",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -170,6 +176,7 @@ def _exit_soon(code: int, seconds: float) -> None:
 
 async def serve(config: ServerConfig) -> int:
     """Serve until a signal (0) or until the engine cannot serve (FATAL_EXIT_CODE)."""
+    tracing.configure(config.otlp_endpoint, "embedserve-server")
     if config.cpu_threads is not None:  # before the engine loads: its warm-up runs on them
         import torch
 
@@ -256,6 +263,8 @@ async def serve(config: ServerConfig) -> int:
     )
     await service.stop()
     guard.stop()
+    if tracing.TRACER is not None:
+        tracing.TRACER.shutdown()  # the last spans exported
     say("embedserve server: stopped")
     return 0
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.contract.tracing import RequestTrace, current_request
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch
@@ -39,6 +40,8 @@ class Pending:
     arrived: float = field(default_factory=time.perf_counter)  # when it was queued
     # its tokens count against the queue budget (`Scheduler.cancel` gives them back at once)
     counted: bool = field(default=False, repr=False)
+    # the traced server call it belongs to (`contract.tracing`, `--otlp-endpoint`), else None
+    trace: RequestTrace | None = field(default_factory=current_request)
 
     @property
     def num_tokens(self) -> int:

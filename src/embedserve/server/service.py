@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import grpc
 import numpy as np
 
+from embedserve.contract import tracing
 from embedserve.contract.codec import decode_request, encode_response
 from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch, check_spans
@@ -218,6 +219,12 @@ class EmbedService:
     async def answer(self, request: Any) -> Any:
         """One EmbedRequest's EmbedResponse, whatever the transport; raises RequestFailed.
         Cancelling the caller's task drops the request (before the engine if still queued)."""
+        if tracing.TRACER is None or not request.traceparent:
+            return await self._answer(request)
+        with tracing.ServerCall(request.traceparent, request.request_id):  # the gateway's span's child
+            return await self._answer(request)
+
+    async def _answer(self, request: Any) -> Any:
         try:
             batch, head, spans = parse_request(request, self.engine.output_width, self.output_rules)
             if spans is not None and self.span_pooler is None:
@@ -261,6 +268,8 @@ class EmbedService:
             taken = time.perf_counter()
             for request in batch:
                 observe("queue", taken - request.arrived)
+            if tracing.TRACER is not None:
+                tracing.step_started(batch, taken)
             self._tokens_since_trim += sum(r.num_tokens for r in batch)
             if self.guard is not None:
                 self.guard.begin(id(batch), taken)
@@ -346,6 +355,8 @@ class EmbedService:
                 self.guard.end(id(batch))
                 self.guard.succeeded()
             encoded = time.perf_counter()
+            if tracing.TRACER is not None:
+                tracing.step_finished(batch, ready)
             self.stage_times.observe("device", ready - launched)
             self.stage_times.observe("encode", encoded - ready)
             self._post(self._deliver, batch, answers, encoded)

@@ -1,16 +1,19 @@
-"""Score heads: a pooled row [S, H] to one raw relevance score per pair [S, 1], on the device.
+"""Score heads: a pooled row [S, H] to one raw relevance score per pair [S, 1] (a classifier:
+one logit per label [S, L]), on the device.
 
 - `ClassifierHead` (cross-encoders, `BertForSequenceClassification`): BERT's pooler (dense +
   tanh) on the CLS row, then the one-label classifier: the logit. An XLM-RoBERTa cross-encoder
   (bge-reranker-v2-m3) has the same computation under other names (`classifier.dense`, then
-  `classifier.out_proj`): the family registry's `classifier_tensors` names them.
+  `classifier.out_proj`): the family registry's `classifier_tensors` names them. A sequence
+  classifier (task "classify", `labels.LabelSpec`) is the same head with one row per label.
 - `YesNoHead` (LLM rerankers, Qwen3-Reranker style): the two rows of the output projection for
   the answer tokens "yes" and "no", sliced at load (never the vocabulary), on the last token's
   normed hidden state: raw score = yes logit - no logit, so that sigmoid(raw) is the softmax of
   the two logits' "yes" share, the reranker's probability.
 
 Both run in float32 after pooling (pooled rows are float32), inside the CUDA graph. The
-activation (sigmoid or identity) is the caller's: `spec.ScoreSpec.activation`.
+activation (sigmoid or identity; a classifier's softmax or sigmoid) is the caller's:
+`spec.ScoreSpec.activation`, `labels.LabelSpec.activation`.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ from embedserve.loading.spec import ModelLoadError, ModelSpec
 
 
 class ClassifierHead(nn.Module):
-    def __init__(self, hidden: int) -> None:
+    def __init__(self, hidden: int, num_labels: int = 1) -> None:
         super().__init__()
         self.pooler = nn.Linear(hidden, hidden)
-        self.classifier = nn.Linear(hidden, 1)
+        self.classifier = nn.Linear(hidden, num_labels)
 
-    def forward(self, cls_rows: torch.Tensor) -> torch.Tensor:  # [S, H] fp32 -> [S, 1]
+    def forward(self, cls_rows: torch.Tensor) -> torch.Tensor:  # [S, H] fp32 -> [S, labels]
         return self.classifier(torch.tanh(self.pooler(cls_rows)))
 
 
@@ -61,24 +64,25 @@ def _one(
 
 def build_score_head(spec: ModelSpec) -> nn.Module | None:
     """The folder's score head (fp32, on the CPU), or None for an embedding model."""
-    if spec.score is None:
+    if spec.score is None and spec.labels is None:
         return None
     folder, h = spec.path, spec.hidden_size
-    if spec.score.kind == "classifier":
-        # the family's names for the pooler (dense + tanh on CLS) and the one-label classifier
+    if spec.score is None or spec.score.kind == "classifier":
+        n = spec.output_width  # 1 for a cross-encoder, else the classifier's labels
+        # the family's names for the pooler (dense + tanh on CLS) and the classifier
         pooler, classifier = spec.family_row.classifier_tensors
         pooler_w, pooler_b = [p + "weight" for p in pooler], [p + "bias" for p in pooler]
         out_w, out_b = [c + "weight" for c in classifier], [c + "bias" for c in classifier]
         tensors = read_tensors(folder, [*pooler_w, *pooler_b, *out_w, *out_b])
-        head: nn.Module = ClassifierHead(h)
+        head: nn.Module = ClassifierHead(h, n)
         state = {
             "pooler.weight": _one(tensors, pooler_w, (h, h), folder),
             "pooler.bias": _one(tensors, pooler_b, (h,), folder),
-            "classifier.weight": _one(tensors, out_w, (1, h), folder),
-            "classifier.bias": _one(tensors, out_b, (1,), folder),
+            "classifier.weight": _one(tensors, out_w, (n, h), folder),
+            "classifier.bias": _one(tensors, out_b, (n,), folder),
         }
     else:
-        assert spec.score.yes_no_ids is not None
+        assert spec.score is not None and spec.score.yes_no_ids is not None
         vocab = spec.vocab_size
         # an untied checkpoint has its own output projection; a tied one reuses the embeddings
         names = ["lm_head.weight", "model.embed_tokens.weight", "embed_tokens.weight"]

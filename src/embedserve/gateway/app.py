@@ -22,11 +22,12 @@ from embedserve.gateway.checks import (
     no_route,
     request_id,
 )
+from embedserve.gateway.dropin import TEI_PATHS, DropInRoutes
 from embedserve.gateway.errors import REQUEST_ID, ApiError, bad_request, from_input_error
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
 from embedserve.gateway.metrics import Metrics, log_request, track_request
-from embedserve.gateway.openapi import openapi_document
+from embedserve.gateway.openapi_dropin import api_document
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
 from embedserve.gateway.replicas import REPLICAS_CALLED
 from embedserve.gateway.requests import (
@@ -92,6 +93,7 @@ class GatewayApp:
         self.api_keys = api_keys
         # routes open without a key (the probes aside): metrics unless `metrics_auth`
         self.open_paths = set() if metrics_auth else {"/metrics"}
+        self.open_paths |= {"/docs", "/redoc"}  # the API page holds nothing; it asks for a key
         self.limits = limits
         self.max_json_strings = max_json_strings(limits)
         self.max_body_bytes = max_body_bytes
@@ -119,6 +121,9 @@ class GatewayApp:
             ("GET", "/metrics"): self.prometheus,
             ("GET", "/openapi.json"): self.openapi,
         }
+        # TEI's other routes, Cohere's v2, the API page (`gateway.dropin`)
+        self.dropin = DropInRoutes(self)
+        self.routes.update(self.dropin.routes)
         self.paths = {path for _, path in self.routes}
         # the work a client's disconnect cancels (with its server calls)
         self.cancellable = {
@@ -127,8 +132,9 @@ class GatewayApp:
             self.rerank,
             self.tei_rerank,
             self.score,
+            *self.dropin.cancellable,
         }
-        self._openapi = dumps(openapi_document(self.model_name, limits))
+        self._openapi = dumps(api_document(self.model_name, limits))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -179,7 +185,7 @@ class GatewayApp:
             if self.draining and path != "/health":
                 raise ApiError(503, "the gateway is shutting down", code="shutting_down")
             if handler is None:
-                raise no_route(method, path, self.routes)
+                raise self._no_route(method, path)
             body = b""
             if method == "POST":
                 check_content_type(headers_in)
@@ -190,6 +196,7 @@ class GatewayApp:
                 status, content_type, payload = await self.ready(body, detailed=admitted)
             else:
                 status, content_type, payload = await handler(body)
+            extra = self.dropin.headers.get((method, path), ())
         except ClientGone:  # nobody to answer: counted, and logged as the ordinary event it is
             log.info("%s %s: the client disconnected before its answer", method, route)
             self.metrics.requests.labels(route, "499").inc()
@@ -198,14 +205,14 @@ class GatewayApp:
                 log_request(answer_id, method, route, 499, seconds, counts, replicas)
             return
         except ApiError as e:
-            status, content_type, payload = e.status, JSON, dumps(e.body())
+            status, content_type, payload = e.status, JSON, self._error_body(path, e)
             extra = e.headers
         except InputError as e:  # the request core's: the same message as the offline API's
-            status, content_type, payload = 400, JSON, dumps(from_input_error(e).body())
+            status, content_type, payload = 400, JSON, self._error_body(path, from_input_error(e))
         except Exception:
             log.exception("unhandled error on %s %s", method, path)
             error = ApiError(500, "internal error in the gateway", code="server_error")
-            status, content_type, payload = 500, JSON, dumps(error.body())
+            status, content_type, payload = 500, JSON, self._error_body(path, error)
         headers = [
             (b"content-type", content_type),
             (b"content-length", str(len(payload)).encode()),
@@ -223,6 +230,17 @@ class GatewayApp:
         if self.log_requests:
             log_request(answer_id, method, route, status, seconds, counts, replicas)
 
+    def _no_route(self, method: str, path: str) -> ApiError:
+        error = no_route(method, path, self.routes)
+        if error.status == 404:  # a new user's first wrong guess: where the routes are listed
+            error.message += "; every route is listed at /docs and in /openapi.json"
+        return error
+
+    @staticmethod
+    def _error_body(path: str, error: ApiError) -> bytes:
+        """The OpenAI shape, or TEI's on its routes (its clients read `error` as a string)."""
+        return dumps(error.tei_body() if path in TEI_PATHS else error.body())
+
     def _admit(self, path: str, headers: dict[bytes, bytes]) -> bool:
         """Whether the request passes the Host and API key checks; else the `ApiError` of the
         first it fails, but on a probe route, which answers anyway (False: with less)."""
@@ -237,24 +255,24 @@ class GatewayApp:
             raise
         return True
 
-    def _ready_pipeline(self) -> Pipeline:
+    def ready_pipeline(self) -> Pipeline:
         if self.pipeline is None:
             raise ApiError(503, "the gateway is starting", code="starting")
         return self.pipeline
 
-    def _embedding_pipeline(self) -> Pipeline:
-        pipeline = self._ready_pipeline()
+    def embedding_pipeline(self) -> Pipeline:
+        pipeline = self.ready_pipeline()
         if pipeline.pairs is not None:
             raise bad_request(
                 f"model {self.model_name!r} is a reranker: it scores query/document pairs and "
-                "does not embed; use /v1/rerank, /rerank or /v1/score",
+                "does not embed; use /v1/rerank, /v2/rerank, /rerank (or POST /) or /v1/score",
                 param="model",
                 code="wrong_model_task",
             )
         return pipeline
 
     async def embeddings(self, body: bytes) -> Answer:
-        pipeline = self._embedding_pipeline()
+        pipeline = self.embedding_pipeline()
         job = parse_embeddings(parse_json(body, self.max_json_strings), self.limits, pipeline.inputs)
         vectors, num_tokens = await pipeline.embed(job)
         self.metrics.count(num_tokens, len(vectors))
@@ -265,7 +283,7 @@ class GatewayApp:
         )
 
     async def contextualized(self, body: bytes) -> Answer:
-        pipeline = self._embedding_pipeline()
+        pipeline = self.embedding_pipeline()
         job = parse_contextual(parse_json(body, self.max_json_strings), self.limits, pipeline.inputs)
         documents, num_tokens = await pipeline.contextual(job)
         self.metrics.count(num_tokens, job.num_chunks)
@@ -276,7 +294,7 @@ class GatewayApp:
         )
 
     async def rerank(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
+        pipeline = self.ready_pipeline()
         job, top_n, return_documents = parse_rerank(parse_json(body, self.max_json_strings), self.limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
@@ -288,21 +306,21 @@ class GatewayApp:
         )
 
     async def tei_rerank(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
+        pipeline = self.ready_pipeline()
         job, return_text = parse_tei_rerank(parse_json(body, self.max_json_strings), self.limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
         return 200, JSON, dumps(tei_rerank_body(scores, job.groups[0][1], return_text))
 
     async def score(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
+        pipeline = self.ready_pipeline()
         job = parse_score(parse_json(body, self.max_json_strings), self.limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
         return 200, JSON, dumps(score_body(scores, self.model_name, num_tokens))
 
     async def tokenize(self, body: bytes) -> Answer:
-        pipeline = self._ready_pipeline()
+        pipeline = self.ready_pipeline()
         texts, options = parse_tokenize(parse_json(body, self.max_json_strings), self.limits, pipeline.inputs)
         tokens = await pipeline.tokenize(texts, options)
         count = sum(map(len, tokens))
@@ -338,7 +356,7 @@ class GatewayApp:
     async def ready(self, body: bytes, *, detailed: bool = True) -> Answer:
         """200 while a server replica is healthy, else 503; `detailed` (a request that passed
         the Host and key checks): with each replica's health and load, else the status only."""
-        pool = self._ready_pipeline().replicas
+        pool = self.ready_pipeline().replicas
         # by index, never by address: internal addresses stay out of client answers
         replicas = [
             {"replica": i, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}

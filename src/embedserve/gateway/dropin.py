@@ -1,0 +1,142 @@
+"""The handlers of the drop-in APIs: text-embeddings-inference's routes, Cohere's v2 and the API
+page. The app (`gateway.app`) merges `DropInRoutes.routes` into its table and runs them through
+the same checks, body reading, cancellation and metrics as its own.
+
+On TEI's routes an error answers TEI's shape (`TEI_PATHS`, `ApiError.tei_body`). `POST /` is
+TEI's route for the model's task, looked up in `ROOT_TASKS` by the model's task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from embedserve.gateway import cohere, tei
+from embedserve.gateway.docs_page import CONTENT_SECURITY_POLICY, HTML, docs_html
+from embedserve.gateway.errors import bad_request
+from embedserve.gateway.jsonio import dumps
+from embedserve.gateway.transport import Answer, parse_json
+
+if TYPE_CHECKING:
+    from embedserve.gateway.app import GatewayApp
+
+JSON = b"application/json"
+Headers = tuple[tuple[bytes, bytes], ...]
+Handler = Callable[[bytes], Awaitable[Answer]]
+# TEI's routes: their errors answer `{"error", "error_type"}`. NOTE: `/rerank` keeps the OpenAI
+# error shape it has always answered (its clients already read it)
+TEI_PATHS = frozenset({"/", "/embed", "/embed_all", "/similarity", "/decode", "/info"})
+# the API page's headers
+PAGE_HEADERS: Headers = ((b"content-security-policy", CONTENT_SECURITY_POLICY),)
+
+
+class DropInRoutes:
+    def __init__(self, app: GatewayApp) -> None:
+        self.app = app
+        # `POST /` per model task (`Limits.task`); a new task adds its handler here
+        self.root_tasks: dict[str, Handler] = {"embed": self.root_embed, "score": app.tei_rerank}
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/"): self.root,
+            ("POST", "/embed"): self.embed,
+            ("POST", "/embed_all"): self.embed_all,
+            ("POST", "/similarity"): self.similarity,
+            ("POST", "/decode"): self.decode,
+            ("GET", "/info"): self.info,
+            ("POST", "/v2/embed"): self.cohere_embed,
+            ("POST", "/v2/rerank"): self.cohere_rerank,
+            ("GET", "/docs"): self.docs,
+            ("GET", "/redoc"): self.docs,
+            ("GET", "/"): self.to_docs,
+        }
+        # the work a client's disconnect cancels
+        self.cancellable = {
+            self.root,
+            self.embed,
+            self.embed_all,
+            self.similarity,
+            self.cohere_embed,
+            self.cohere_rerank,
+        }
+        # the headers some answers add: the page's policy, the redirect's target
+        self.headers: dict[tuple[str, str], Headers] = {
+            ("GET", "/docs"): PAGE_HEADERS,
+            ("GET", "/redoc"): PAGE_HEADERS,
+            ("GET", "/"): ((b"location", b"/docs"),),
+        }
+
+    def _json(self, body: bytes) -> object:
+        return parse_json(body, self.app.max_json_strings)
+
+    async def root(self, body: bytes) -> Answer:
+        handler = self.root_tasks.get(self.app.limits.task)
+        if handler is None:
+            raise bad_request(
+                f"POST / has no route for this model's task {self.app.limits.task!r}",
+                param="model",
+                code="wrong_model_task",
+            )
+        return await handler(body)
+
+    async def root_embed(self, body: bytes) -> Answer:
+        """An embedding model's `POST /`: `/embed`, or `/similarity` for its body."""
+        if tei.is_similarity(self._json(body)):
+            return await self.similarity(body)
+        return await self.embed(body)
+
+    async def embed(self, body: bytes) -> Answer:
+        pipeline = self.app.embedding_pipeline()
+        job = tei.parse_embed(self._json(body), self.app.limits, pipeline.inputs)
+        vectors, num_tokens = await pipeline.embed(job)
+        self.app.metrics.count(num_tokens, len(vectors))
+        return 200, JSON, dumps(vectors)
+
+    async def embed_all(self, body: bytes) -> Answer:
+        pipeline = self.app.embedding_pipeline()
+        job = tei.parse_embed_all(self._json(body), self.app.limits, pipeline.inputs)
+        states, num_tokens = await pipeline.token_states(job)
+        self.app.metrics.count(num_tokens, len(states))
+        return 200, JSON, dumps(tei.token_rows(states))
+
+    async def similarity(self, body: bytes) -> Answer:
+        pipeline = self.app.embedding_pipeline()
+        job = tei.parse_similarity(self._json(body), self.app.limits, pipeline.inputs)
+        vectors, num_tokens = await pipeline.embed(job)
+        self.app.metrics.count(num_tokens, len(vectors))
+        return 200, JSON, dumps(tei.cosines(vectors))
+
+    async def decode(self, body: bytes) -> Answer:
+        pipeline = self.app.ready_pipeline()
+        batch, skip = tei.parse_decode(self._json(body), pipeline.inputs.vocab_size)
+        return 200, JSON, dumps(tei.decode(pipeline.inputs.spec.path, batch, skip))
+
+    async def info(self, body: bytes) -> Answer:
+        pipeline = self.app.ready_pipeline()
+        spec = pipeline.inputs.spec
+        facts = tei.InfoFacts(
+            pooling=str(spec.pooling),
+            max_input_length=spec.max_seq_length,
+            max_batch_tokens=pipeline.limits.part_tokens,
+            tokenization_workers=pipeline.tokenize_threads,
+        )
+        return 200, JSON, dumps(tei.info_body(self.app.model_name, self.app.limits, facts))
+
+    async def cohere_embed(self, body: bytes) -> Answer:
+        pipeline = self.app.embedding_pipeline()
+        job = cohere.parse_embed(self._json(body), self.app.limits, pipeline.inputs)
+        rows, num_tokens = await pipeline.embed(job.job)
+        self.app.metrics.count(num_tokens, len(rows))
+        return 200, JSON, dumps(cohere.embed_body(rows, job, num_tokens))
+
+    async def cohere_rerank(self, body: bytes) -> Answer:
+        pipeline = self.app.ready_pipeline()
+        job, top_n = cohere.parse_rerank(self._json(body), self.app.limits)
+        scores, num_tokens = await pipeline.score(job)
+        self.app.metrics.count(num_tokens, job.num_documents)
+        return 200, JSON, dumps(cohere.rerank_body(scores, top_n))
+
+    async def docs(self, body: bytes) -> Answer:
+        return 200, HTML, docs_html()
+
+    async def to_docs(self, body: bytes) -> Answer:
+        """`GET /`: the API page (`POST /` is TEI's route)."""
+        return 307, b"text/plain; charset=utf-8", b"see /docs\n"

@@ -153,7 +153,7 @@ def parse_embed(body: Any, limits: Limits, inputs: InputPreparer) -> CohereEmbed
     _priority(body)
     texts = _texts(body, limits)
     truncate = body.get("truncate")
-    if truncate is not None and truncate not in TRUNCATE:
+    if truncate is not None and (not isinstance(truncate, str) or truncate not in TRUNCATE):
         raise bad_request(
             f"truncate must be NONE, START or END; got {truncate!r}", param="truncate"
         )

@@ -29,7 +29,7 @@ TEI_ERROR = {
 NUMBERS = {"type": "array", "items": {"type": "number"}}
 TEI_TRUNCATION = {
     "truncate": {"type": "boolean", "default": False},
-    "truncation_direction": {"enum": ["Right", "Left"], "default": "Right"},
+    "truncation_direction": {"enum": ["Right", "Left", "right", "left"], "default": "Right"},
     "prompt_name": {"type": "string", "description": "one of the model's prompts"},
 }
 
@@ -106,7 +106,12 @@ def _tei_paths(limits: Limits, own: dict[str, Any], paths: dict[str, Any]) -> di
         "/embed_all": _post(
             "Every token's final hidden state per input (TEI shape)",
             _request(
-                ["inputs"], {"inputs": copy.deepcopy(inputs), **copy.deepcopy(TEI_TRUNCATION)}
+                ["inputs"],
+                {
+                    "inputs": copy.deepcopy(inputs),
+                    **copy.deepcopy(TEI_TRUNCATION),
+                    "normalize": {"type": "boolean", "description": "accepted, ignored (as TEI)"},
+                },
             ),
             {"type": "array", "items": vectors},
             errors,

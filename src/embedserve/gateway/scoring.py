@@ -89,15 +89,17 @@ def parse_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, int | None, bool]
 
 def tei_truncate(body: dict[str, Any]) -> str | bool:
     """TEI's `truncate` (a bool) and `truncation_direction` as our `truncate`: "Right" cuts the
-    end off (keeps the beginning: "end"), "Left" cuts the beginning off ("start")."""
+    end off (keeps the beginning: "end"), "Left" cuts the beginning off ("start"); also
+    lowercase, as `huggingface_hub` sends them."""
     direction = optional_string(body, "truncation_direction") or "Right"
-    if direction not in ("Right", "Left"):
+    if direction not in ("Right", "Left", "right", "left"):
         raise bad_request(
             f'truncation_direction must be "Right" or "Left", got {direction!r}',
             param="truncation_direction",
             code="invalid_value",
         )
-    return ("end" if direction == "Right" else "start") if flag(body, "truncate") else False
+    cut = "end" if direction in ("Right", "right") else "start"
+    return cut if flag(body, "truncate") else False
 
 
 def parse_tei_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, bool]:

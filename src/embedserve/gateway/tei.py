@@ -3,8 +3,8 @@
 - `POST /embed`: `inputs` (a string, strings, token ids or lists of them), `normalize` (true),
   `truncate` (false) with `truncation_direction` (`Right` cuts the end off, `Left` the
   beginning), `prompt_name`, `dimensions`; answers one float list per input, always a batch.
-- `POST /embed_all`: the same but `normalize` and `dimensions`; per input, one row per token
-  (special tokens included): the final hidden states, un-normalized.
+- `POST /embed_all`: the same but `dimensions` (`normalize` is taken and ignored, as TEI does);
+  per input, one row per token (special tokens included): the final hidden states, raw.
 - `POST /similarity`: `inputs: {source_sentence, sentences}` and the options of `/embed` that
   apply to a cosine (at the top level or in `parameters`); one cosine per sentence.
 - `POST /decode`: `ids` (one list of token ids, or several), `skip_special_tokens` (true);
@@ -33,7 +33,8 @@ from embedserve.gateway.scoring import flag, tei_truncate
 
 TRUNCATION_FIELDS = ("truncate", "truncation_direction", "prompt_name")
 EMBED_FIELDS = frozenset({"inputs", "normalize", "dimensions", *TRUNCATION_FIELDS})
-EMBED_ALL_FIELDS = frozenset({"inputs", *TRUNCATION_FIELDS})
+# NOTE: `normalize` is taken and ignored, as TEI does (tei-client sends it): token states are raw
+EMBED_ALL_FIELDS = frozenset({"inputs", "normalize", *TRUNCATION_FIELDS})
 SIMILARITY_FIELDS = frozenset({"inputs", "parameters", "dimensions", *TRUNCATION_FIELDS})
 SIMILARITY_INPUT_FIELDS = frozenset({"source_sentence", "sentences"})
 DECODE_FIELDS = frozenset({"ids", "skip_special_tokens"})
@@ -66,6 +67,7 @@ def parse_embed(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJob:
 def parse_embed_all(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJob:
     """`/embed_all`: the head is unused (token rows come back raw)."""
     body = check_object(body, EMBED_ALL_FIELDS)
+    flag(body, "normalize")  # a bool or null, like /embed's
     options = inputs.options(truncate=tei_truncate(body), prompt_name=body.get("prompt_name"))
     return EmbedJob(_inputs(body, limits), options, inputs.head(None, False, "float32"), "float")
 

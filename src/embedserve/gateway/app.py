@@ -22,7 +22,7 @@ from embedserve.gateway.checks import (
     no_route,
     request_id,
 )
-from embedserve.gateway.dropin import TEI_PATHS, DropInRoutes
+from embedserve.gateway.dropin import TEI_ROUTES, DropInRoutes
 from embedserve.gateway.errors import REQUEST_ID, ApiError, bad_request, from_input_error
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
@@ -93,7 +93,6 @@ class GatewayApp:
         self.api_keys = api_keys
         # routes open without a key (the probes aside): metrics unless `metrics_auth`
         self.open_paths = set() if metrics_auth else {"/metrics"}
-        self.open_paths |= {"/docs", "/redoc"}  # the API page holds nothing; it asks for a key
         self.limits = limits
         self.max_json_strings = max_json_strings(limits)
         self.max_body_bytes = max_body_bytes
@@ -174,6 +173,7 @@ class GatewayApp:
         handler = self.routes.get((method, path))
         route = path if path in self.paths else "other"
         extra: tuple[tuple[bytes, bytes], ...] = ()
+        tei_errors = False  # a TEI route's own errors (past the checks) answer TEI's shape
         headers_in = dict(scope["headers"])  # read once: the checks below all look in it
         answer_id = request_id(headers_in)
         REQUEST_ID.set(answer_id.decode("ascii"))  # a server failure's answer names it
@@ -190,6 +190,7 @@ class GatewayApp:
             if method == "POST":
                 check_content_type(headers_in)
                 body = await read_body(scope, receive, self.max_body_bytes, self.body_timeout)
+            tei_errors = (method, path) in TEI_ROUTES
             if handler in self.cancellable:
                 status, content_type, payload = await unless_disconnected(handler(body), receive)
             elif path == "/ready":
@@ -205,14 +206,14 @@ class GatewayApp:
                 log_request(answer_id, method, route, 499, seconds, counts, replicas)
             return
         except ApiError as e:
-            status, content_type, payload = e.status, JSON, self._error_body(path, e)
+            status, content_type, payload = e.status, JSON, self._error_body(tei_errors, e)
             extra = e.headers
         except InputError as e:  # the request core's: the same message as the offline API's
-            status, content_type, payload = 400, JSON, self._error_body(path, from_input_error(e))
+            status, content_type, payload = 400, JSON, self._error_body(tei_errors, from_input_error(e))
         except Exception:
             log.exception("unhandled error on %s %s", method, path)
             error = ApiError(500, "internal error in the gateway", code="server_error")
-            status, content_type, payload = 500, JSON, self._error_body(path, error)
+            status, content_type, payload = 500, JSON, self._error_body(tei_errors, error)
         headers = [
             (b"content-type", content_type),
             (b"content-length", str(len(payload)).encode()),
@@ -237,9 +238,11 @@ class GatewayApp:
         return error
 
     @staticmethod
-    def _error_body(path: str, error: ApiError) -> bytes:
-        """The OpenAI shape, or TEI's on its routes (its clients read `error` as a string)."""
-        return dumps(error.tei_body() if path in TEI_PATHS else error.body())
+    def _error_body(tei: bool, error: ApiError) -> bytes:
+        """The OpenAI shape, or TEI's for a TEI route's own errors (its clients read `error` as
+        a string). NOTE: the checks before a handler (Host, key, route, Content-Type, body
+        size) answer the OpenAI shape on every route, as they always have."""
+        return dumps(error.tei_body() if tei else error.body())
 
     def _admit(self, path: str, headers: dict[bytes, bytes]) -> bool:
         """Whether the request passes the Host and API key checks; else the `ApiError` of the

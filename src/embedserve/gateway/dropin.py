@@ -2,7 +2,7 @@
 page. The app (`gateway.app`) merges `DropInRoutes.routes` into its table and runs them through
 the same checks, body reading, cancellation and metrics as its own.
 
-On TEI's routes an error answers TEI's shape (`TEI_PATHS`, `ApiError.tei_body`). `POST /` is
+On TEI's routes an error answers TEI's shape (`TEI_ROUTES`, `ApiError.tei_body`). `POST /` is
 TEI's route for the model's task, looked up in `ROOT_TASKS` by the model's task.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from embedserve.gateway import cohere, tei
 from embedserve.gateway.docs_page import CONTENT_SECURITY_POLICY, HTML, docs_html
-from embedserve.gateway.errors import bad_request
+from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.transport import Answer, parse_json
 
@@ -25,7 +25,10 @@ Headers = tuple[tuple[bytes, bytes], ...]
 Handler = Callable[[bytes], Awaitable[Answer]]
 # TEI's routes: their errors answer `{"error", "error_type"}`. NOTE: `/rerank` keeps the OpenAI
 # error shape it has always answered (its clients already read it)
-TEI_PATHS = frozenset({"/", "/embed", "/embed_all", "/similarity", "/decode", "/info"})
+TEI_ROUTES = frozenset(
+    {("POST", p) for p in ("/", "/embed", "/embed_all", "/similarity", "/decode")}
+    | {("GET", "/info")}
+)
 # the API page's headers
 PAGE_HEADERS: Headers = ((b"content-security-policy", CONTENT_SECURITY_POLICY),)
 
@@ -46,7 +49,7 @@ class DropInRoutes:
             ("POST", "/v2/rerank"): self.cohere_rerank,
             ("GET", "/docs"): self.docs,
             ("GET", "/redoc"): self.docs,
-            ("GET", "/"): self.to_docs,
+            ("GET", "/"): self.not_a_page,
         }
         # the work a client's disconnect cancels
         self.cancellable = {
@@ -57,11 +60,10 @@ class DropInRoutes:
             self.cohere_embed,
             self.cohere_rerank,
         }
-        # the headers some answers add: the page's policy, the redirect's target
+        # the headers some answers add: the page's policy
         self.headers: dict[tuple[str, str], Headers] = {
             ("GET", "/docs"): PAGE_HEADERS,
             ("GET", "/redoc"): PAGE_HEADERS,
-            ("GET", "/"): ((b"location", b"/docs"),),
         }
 
     def _json(self, body: bytes) -> object:
@@ -137,6 +139,11 @@ class DropInRoutes:
     async def docs(self, body: bytes) -> Answer:
         return 200, HTML, docs_html()
 
-    async def to_docs(self, body: bytes) -> Answer:
-        """`GET /`: the API page (`POST /` is TEI's route)."""
-        return 307, b"text/plain; charset=utf-8", b"see /docs\n"
+    async def not_a_page(self, body: bytes) -> Answer:
+        """`GET /`: the 404 it always was (not a 405: `POST /` is TEI's), pointing the way."""
+        raise ApiError(
+            404,
+            "no route GET /: POST / is text-embeddings-inference's route for the model's task; "
+            "every route is listed at /docs and in /openapi.json",
+            code="not_found",
+        )

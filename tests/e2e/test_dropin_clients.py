@@ -6,6 +6,7 @@ and their scores `/v1/rerank`'s."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,3 +176,11 @@ def test_a_reranker_through_tei_client_cohere_and_the_root(reranker: str) -> Non
     assert status == 400 and "is a reranker" in reply["error"] and "/rerank" in reply["error"]
     with pytest.raises(cohere.errors.BadRequestError, match="reranker"):
         co.embed(model="ms-marco", texts=["x"], input_type="search_query")
+
+
+@pytest.mark.parametrize("name", ["huggingface_hub", "tei_client", "cohere"])
+def test_the_clients_doc_snippets_run_as_written(served: str, name: str) -> None:
+    text = (Path(__file__).parents[2] / "docs" / "clients.md").read_text(encoding="utf-8")
+    blocks = dict(re.findall(r"<!-- tested-root: (\w+) -->\n```python\n(.*?)```", text, re.S))
+    exec(compile(blocks[name], f"clients.md:{name}", "exec"), {"SERVER_URL": served})
+

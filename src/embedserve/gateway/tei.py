@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from embedserve import __version__
 from embedserve.core.inputs import InputPreparer
 from embedserve.gateway.errors import bad_request
-from embedserve.gateway.requests import EmbedJob, Limits, check_object
+from embedserve.gateway.requests import EmbedJob, Limits, check_object, input_value
 from embedserve.gateway.scoring import flag, tei_truncate
 
 TRUNCATION_FIELDS = ("truncate", "truncation_direction", "prompt_name")
@@ -42,26 +42,13 @@ DECODE_FIELDS = frozenset({"ids", "skip_special_tokens"})
 TEI_POOLING = {"mean": "mean", "cls": "cls", "last": "last_token"}
 
 
-def _inputs(body: dict[str, Any], limits: Limits) -> Any:
-    value = body.get("inputs")
-    if value is None:
-        raise bad_request("'inputs' is required", param="inputs", code="missing_required_parameter")
-    if isinstance(value, list) and len(value) > limits.max_inputs:
-        raise bad_request(
-            f"'inputs' has {len(value)} items, over the limit of {limits.max_inputs} per request",
-            param="inputs",
-            code="too_many_inputs",
-        )
-    return value
-
-
 def parse_embed(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJob:
     """`/embed` (and `POST /` for an embedding model): float vectors, whatever the folder's
     native output (TEI has no other encodings)."""
     body = check_object(body, EMBED_FIELDS)
     options = inputs.options(truncate=tei_truncate(body), prompt_name=body.get("prompt_name"))
     head = inputs.head(body.get("dimensions"), body.get("normalize"), "float32")
-    return EmbedJob(_inputs(body, limits), options, head, "float")
+    return EmbedJob(input_value(body, limits, key="inputs"), options, head, "float")
 
 
 def parse_embed_all(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJob:
@@ -69,7 +56,12 @@ def parse_embed_all(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJo
     body = check_object(body, EMBED_ALL_FIELDS)
     flag(body, "normalize")  # a bool or null, like /embed's
     options = inputs.options(truncate=tei_truncate(body), prompt_name=body.get("prompt_name"))
-    return EmbedJob(_inputs(body, limits), options, inputs.head(None, False, "float32"), "float")
+    return EmbedJob(
+        input_value(body, limits, key="inputs"),
+        options,
+        inputs.head(None, False, "float32"),
+        "float",
+    )
 
 
 def parse_similarity(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJob:
@@ -82,7 +74,7 @@ def parse_similarity(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJ
             if options.get(key) is not None:
                 raise bad_request(f"{key!r} is given twice", param=key, code="conflict")
             options[key] = value
-    pair = _inputs(body, limits)
+    pair = input_value(body, limits, key="inputs")
     if not isinstance(pair, dict):
         raise bad_request(
             "'inputs' must be an object {source_sentence, sentences}",

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from embedserve import __version__
 from embedserve.core.inputs import InputPreparer
 from embedserve.gateway.errors import bad_request
 from embedserve.gateway.requests import EmbedJob, Limits, check_object, input_value
@@ -38,6 +38,10 @@ EMBED_ALL_FIELDS = frozenset({"inputs", "normalize", *TRUNCATION_FIELDS})
 SIMILARITY_FIELDS = frozenset({"inputs", "parameters", "dimensions", *TRUNCATION_FIELDS})
 SIMILARITY_INPUT_FIELDS = frozenset({"source_sentence", "sentences"})
 DECODE_FIELDS = frozenset({"ids", "skip_special_tokens"})
+try:  # NOTE: not `embedserve.__version__`: the package's __init__ imports the engine
+    VERSION = metadata.version("embedserve")
+except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    VERSION = "unknown"
 # TEI's pooling names for ours (tei-client checks them against its list)
 TEI_POOLING = {"mean": "mean", "cls": "cls", "last": "last_token"}
 
@@ -183,7 +187,7 @@ def info_body(model: str, limits: Limits, facts: InfoFacts) -> dict[str, Any]:
         "max_client_batch_size": limits.max_inputs,
         "auto_truncate": False,
         "tokenization_workers": facts.tokenization_workers,
-        "version": __version__,
+        "version": VERSION,
         "sha": None,
         "docker_label": None,
     }

@@ -50,7 +50,7 @@ TYPES = {
 # TEI's error kinds by our status (its own: validation, tokenizer, overloaded, backend,
 # unhealthy, empty); the statuses TEI has no kind for keep our type's name
 TEI_TYPES = {400: "validation", 413: "validation", 429: "overloaded", 500: "backend",
-             501: "validation", 503: "unhealthy"}  # fmt: skip
+             503: "unhealthy"}  # fmt: skip
 
 
 class ApiError(Exception):

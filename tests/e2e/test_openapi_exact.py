@@ -37,11 +37,15 @@ EXAMPLES: dict[Any, Any] = {
     "dimensions": 64,
     "top_n": 1,
     ("/v1/contextualizedembeddings", "input"): [["a chunk", "another chunk"], ["one more"]],
+    "ids": [101, 7592, 102],  # the bundled model's [CLS] hello [SEP]
+    ("/similarity", "inputs"): {"source_sentence": "a query", "sentences": ["a document"]},
+    "parameters": {"truncate": True},
 }
 # constraints the schema cannot state, left out of the generated cases (with why)
 SCHEMA_CANNOT_SAY = {
     ("/v1/embeddings", "prompt_name"),  # the model's prompt names (this one has none)
     ("/tokenize", "prompt_name"),
+    *((path, "prompt_name") for path in ("/", "/embed", "/embed_all", "/similarity")),
 }
 
 

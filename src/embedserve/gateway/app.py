@@ -26,12 +26,13 @@ from embedserve.gateway.checks import (
     request_id,
 )
 from embedserve.gateway.classify import ClassifyRoutes
+from embedserve.gateway.dropin import TEI_ROUTES, DropInRoutes
 from embedserve.gateway.errors import REQUEST_ID, ApiError, from_input_error
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
 from embedserve.gateway.metrics import Metrics, log_request, set_request_model, track_request
 from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel, ServedModels
-from embedserve.gateway.openapi import openapi_document
+from embedserve.gateway.openapi_dropin import api_document
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
 from embedserve.gateway.replicas import REPLICAS_CALLED
 from embedserve.gateway.requests import (
@@ -133,6 +134,9 @@ class GatewayApp:
             ("GET", "/metrics"): self.prometheus,
             ("GET", "/openapi.json"): self.openapi,
         }
+        # TEI's other routes, Cohere's v2, the API page (`gateway.dropin`)
+        self.dropin = DropInRoutes(self)
+        self.routes.update(self.dropin.routes)
         self.paths = {path for _, path in self.routes}
         # the work a client's disconnect cancels (with its server calls)
         self.cancellable = {
@@ -143,10 +147,11 @@ class GatewayApp:
             self.score,
             classify.predict,
             classify.classify,
+            *self.dropin.cancellable,
         }
         every_name = tuple(n for m in self.served.models for n in m.limits.model_names)
         schema_limits = dataclasses.replace(limits, model_names=every_name)
-        self._openapi = dumps(openapi_document(", ".join(self.served.names()), schema_limits))
+        self._openapi = dumps(api_document(", ".join(self.served.names()), schema_limits))
 
     @property
     def pipeline(self) -> Pipeline | None:
@@ -197,6 +202,7 @@ class GatewayApp:
         handler = self.routes.get((method, path))
         route = path if path in self.paths else "other"
         extra: tuple[tuple[bytes, bytes], ...] = ()
+        tei_errors = False  # a TEI route's own errors (past the checks) answer TEI's shape
         headers_in = dict(scope["headers"])  # read once: the checks below all look in it
         answer_id = request_id(headers_in)
         REQUEST_ID.set(answer_id.decode("ascii"))  # a server failure's answer names it
@@ -212,17 +218,19 @@ class GatewayApp:
             if self.draining and path != "/health":
                 raise ApiError(503, "the gateway is shutting down", code="shutting_down")
             if handler is None:
-                raise no_route(method, path, self.routes)
+                raise self._no_route(method, path)
             body = b""
             if method == "POST":
                 check_content_type(headers_in)
                 body = await read_body(scope, receive, self.max_body_bytes, self.body_timeout)
+            tei_errors = (method, path) in TEI_ROUTES
             if handler in self.cancellable:
                 status, content_type, payload = await unless_disconnected(handler(body), receive)
             elif path == "/ready":
                 status, content_type, payload = await self.ready(body, detailed=admitted)
             else:
                 status, content_type, payload = await handler(body)
+            extra = self.dropin.headers.get((method, path), ())
         except ClientGone:  # nobody to answer: counted, and logged as the ordinary event it is
             log.info("%s %s: the client disconnected before its answer", method, route)
             self.metrics.requests.labels(route, "499").inc()
@@ -232,14 +240,14 @@ class GatewayApp:
                 log_request(answer_id, method, route, 499, seconds, counts, replicas)
             return
         except ApiError as e:
-            status, content_type, payload = e.status, JSON, dumps(e.body())
+            status, content_type, payload = e.status, JSON, self._error_body(tei_errors, e)
             extra = e.headers
         except InputError as e:  # the request core's: the same message as the offline API's
-            status, content_type, payload = 400, JSON, dumps(from_input_error(e).body())
+            status, content_type, payload = 400, JSON, self._error_body(tei_errors, from_input_error(e))
         except Exception:
             log.exception("unhandled error on %s %s", method, path)
             error = ApiError(500, "internal error in the gateway", code="server_error")
-            status, content_type, payload = 500, JSON, dumps(error.body())
+            status, content_type, payload = 500, JSON, self._error_body(tei_errors, error)
         headers = [
             (b"content-type", content_type),
             (b"content-length", str(len(payload)).encode()),
@@ -257,6 +265,19 @@ class GatewayApp:
         latency.observe(seconds)
         if self.log_requests:
             log_request(answer_id, method, route, status, seconds, counts, replicas)
+
+    def _no_route(self, method: str, path: str) -> ApiError:
+        error = no_route(method, path, self.routes)
+        if error.status == 404:  # a new user's first wrong guess: where the routes are listed
+            error.message += "; every route is listed at /docs and in /openapi.json"
+        return error
+
+    @staticmethod
+    def _error_body(tei: bool, error: ApiError) -> bytes:
+        """The OpenAI shape, or TEI's for a TEI route's own errors (its clients read `error` as
+        a string). NOTE: the checks before a handler (Host, key, route, Content-Type, body
+        size) answer the OpenAI shape on every route, as they always have."""
+        return dumps(error.tei_body() if tei else error.body())
 
     def _admit(self, path: str, headers: dict[bytes, bytes]) -> bool:
         """Whether the request passes the Host and API key checks; else the `ApiError` of the

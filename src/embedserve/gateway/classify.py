@@ -29,7 +29,7 @@ from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.models import CLASSIFY
 from embedserve.gateway.requests import Limits, check_model, check_object, optional_string
-from embedserve.gateway.scoring import _flag, tei_truncate
+from embedserve.gateway.scoring import flag, tei_truncate
 from embedserve.gateway.transport import Answer
 from embedserve.loading.labels import LabelSpec
 
@@ -87,7 +87,7 @@ def parse_predict(body: Any, limits: Limits) -> ClassifyJob:
             f"function_to_apply must be one of {', '.join(FUNCTIONS)}, got {function!r}",
             param="function_to_apply",
         )
-    if _flag(body, "raw_scores"):
+    if flag(body, "raw_scores"):
         function = "none"
     top_k = check_top_n(params.get("top_k"))
     return ClassifyJob(inputs, single, tei_truncate(body), function, top_k)

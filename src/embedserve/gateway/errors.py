@@ -13,6 +13,10 @@
 | 429    | rate_limit_error      | every replica's queue is full (the server refused)            |
 | 500    | server_error          | an engine failure                                             |
 | 503    | service_unavailable   | no healthy replica, or a replica did not answer in time       |
+
+The routes of text-embeddings-inference's API answer its shape instead, `{"error": message,
+"error_type": kind}` (`ApiError.tei_body`), with the same statuses (docs/serving.md says where
+they differ from TEI's).
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ TYPES = {
     500: "server_error",
     503: "service_unavailable",
 }
+# TEI's error kinds by our status (its own: validation, tokenizer, overloaded, backend,
+# unhealthy, empty); the statuses TEI has no kind for keep our type's name
+TEI_TYPES = {400: "validation", 413: "validation", 429: "overloaded", 500: "backend",
+             503: "unhealthy"}  # fmt: skip
 
 
 class ApiError(Exception):
@@ -61,6 +69,11 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers  # extra response headers (405's Allow, 401's WWW-Authenticate)
+
+    def tei_body(self) -> dict[str, str]:
+        """text-embeddings-inference's error shape, for its routes (its clients read `error`)."""
+        kind = TEI_TYPES.get(self.status) or TYPES.get(self.status, "server_error")
+        return {"error": self.message, "error_type": kind}
 
     def body(self) -> dict[str, Any]:
         return {

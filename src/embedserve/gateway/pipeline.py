@@ -25,7 +25,7 @@ import numpy as np
 
 from embedserve.contract import tracing
 from embedserve.contract.codec import WireError, decode_response, encode_request
-from embedserve.core.budget import budget_groups, split_rows
+from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.chunking import packed_spans
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
 from embedserve.core.outputs import Head, sigmoid, to_base64
@@ -36,6 +36,7 @@ from embedserve.gateway.requests import ContextualJob, EmbedJob
 from embedserve.gateway.scoring import ScoreJob
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
+TOKENIZE_THREADS = 2  # the pool large requests are prepared on
 
 T = TypeVar("T")
 
@@ -70,7 +71,8 @@ class Pipeline:
         self.pairs = pairs
         self.replicas = replicas
         self.limits = limits
-        self._threads = ThreadPoolExecutor(2, thread_name_prefix="tokenize")
+        self.tokenize_threads = TOKENIZE_THREADS
+        self._threads = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
 
     def close(self) -> None:
         self._threads.shutdown(wait=False)
@@ -247,6 +249,22 @@ class Pipeline:
             return decode_response(response, len(seqs) if spans is None else len(spans))
         except WireError as e:
             raise ApiError(500, str(e)) from None
+
+    async def token_states(self, job: EmbedJob) -> tuple[list[np.ndarray], int]:
+        """Per input, its tokens' final hidden states [num_tokens, width] float32 (TEI's
+        `/embed_all`), and the prompt tokens: one late-chunking span per token, so the servers
+        pool each token alone, raw."""
+        prepared = await self._prepare(job)
+        lengths = [len(s) for s in prepared.seqs]
+        num_tokens = sum(lengths)
+        self._check_size(num_tokens)
+        calls = []
+        for group in budget_groups(lengths, self.limits.part_tokens):
+            sizes = [lengths[i] for i in group]
+            spans = shift_spans([[(t, t + 1) for t in range(n)] for n in sizes], sizes)
+            seqs = [prepared.seqs[i] for i in group]
+            calls.append(functools.partial(self._embed_part, seqs, None, spans))
+        return split_rows(await self._fan_out(calls), lengths), num_tokens
 
     async def contextual(self, job: ContextualJob) -> tuple[list[np.ndarray], int]:
         """Per document, encoded chunk vectors [num_chunks, width]; and the prompt tokens."""

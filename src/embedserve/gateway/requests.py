@@ -93,14 +93,17 @@ def check_model(body: dict[str, Any], limits: Limits) -> None:
         )
 
 
-def _input(body: dict[str, Any], limits: Limits, what: str = "items") -> Any:
-    value = body.get("input")
+def input_value(
+    body: dict[str, Any], limits: Limits, what: str = "items", key: str = "input"
+) -> Any:
+    """The required inputs field `key` as sent, within the per-request count."""
+    value = body.get(key)
     if value is None:
-        raise bad_request("'input' is required", param="input", code="missing_required_parameter")
+        raise bad_request(f"{key!r} is required", param=key, code="missing_required_parameter")
     if isinstance(value, list) and len(value) > limits.max_inputs:
         raise bad_request(
-            f"'input' has {len(value)} {what}, over the limit of {limits.max_inputs} per request",
-            param="input",
+            f"{key!r} has {len(value)} {what}, over the limit of {limits.max_inputs} per request",
+            param=key,
             code="too_many_inputs",
         )
     return value
@@ -132,7 +135,7 @@ def parse_embeddings(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJ
     encoding_format = _encoding_format(body)
     head = _head(body, inputs)
     options = _options(body, inputs)
-    return EmbedJob(_input(body, limits), options, head, encoding_format)
+    return EmbedJob(input_value(body, limits), options, head, encoding_format)
 
 
 def parse_contextual(body: Any, limits: Limits, inputs: InputPreparer) -> ContextualJob:
@@ -142,7 +145,7 @@ def parse_contextual(body: Any, limits: Limits, inputs: InputPreparer) -> Contex
     optional_string(body, "user")
     encoding_format = _encoding_format(body)
     head = _head(body, inputs)
-    documents = inputs.read_documents(_input(body, limits, "documents"), limits.max_chunks)
+    documents = inputs.read_documents(input_value(body, limits, "documents"), limits.max_chunks)
     job = ContextualJob(documents, body.get("separator"), head, encoding_format)
     if job.num_chunks > limits.max_request_chunks:  # before any is tokenized
         raise bad_request(
@@ -161,7 +164,7 @@ def parse_tokenize(body: Any, limits: Limits, inputs: InputPreparer) -> tuple[An
     options = _options(body, inputs)
     if options.truncate == "chunk":
         raise bad_request('/tokenize takes truncate false, "end" or "start"', param="truncate")
-    value = _input(body, limits)
+    value = input_value(body, limits)
     texts, _ = inputs.read_inputs(value)
     if texts is None:
         raise bad_request("/tokenize takes text input", param="input", code="invalid_type")

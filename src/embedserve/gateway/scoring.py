@@ -47,7 +47,7 @@ class ScoreJob:
         return sum(len(docs) for _, docs in self.groups)
 
 
-def _flag(body: dict[str, Any], key: str) -> bool:
+def flag(body: dict[str, Any], key: str) -> bool:
     value = body.get(key, False)
     if value is None:
         return False
@@ -60,7 +60,7 @@ def _flag(body: dict[str, Any], key: str) -> bool:
     return value
 
 
-def _documents(value: Any, param: str, limits: Limits) -> list[str]:
+def documents_of(value: Any, param: str, limits: Limits) -> list[str]:
     docs = read_documents(value, param)
     if len(docs) > limits.max_inputs:
         raise bad_request(
@@ -82,9 +82,24 @@ def parse_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, int | None, bool]
             "'documents' is required", param="documents", code="missing_required_parameter"
         )
     top_n = check_top_n(body.get("top_n"))
-    docs = _documents(body["documents"], "documents", limits)
+    docs = documents_of(body["documents"], "documents", limits)
     job = ScoreJob([(body["query"], docs)], body.get("truncate"), body.get("instruction"))
-    return job, top_n, _flag(body, "return_documents")
+    return job, top_n, flag(body, "return_documents")
+
+
+def tei_truncate(body: dict[str, Any]) -> str | bool:
+    """TEI's `truncate` (a bool) and `truncation_direction` as our `truncate`: "Right" cuts the
+    end off (keeps the beginning: "end"), "Left" cuts the beginning off ("start"); also
+    lowercase, as `huggingface_hub` sends them."""
+    direction = optional_string(body, "truncation_direction") or "Right"
+    if direction not in ("Right", "Left", "right", "left"):
+        raise bad_request(
+            f'truncation_direction must be "Right" or "Left", got {direction!r}',
+            param="truncation_direction",
+            code="invalid_value",
+        )
+    cut = "end" if direction in ("Right", "right") else "start"
+    return cut if flag(body, "truncate") else False
 
 
 def parse_tei_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, bool]:
@@ -96,22 +111,9 @@ def parse_tei_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, bool]:
     if "texts" not in body:
         raise bad_request("'texts' is required", param="texts", code="missing_required_parameter")
     truncate = tei_truncate(body)
-    scores = "raw" if _flag(body, "raw_scores") else "sigmoid"
-    docs = _documents(body["texts"], "texts", limits)
-    return ScoreJob([(body["query"], docs)], truncate, None, scores), _flag(body, "return_text")
-
-
-def tei_truncate(body: dict[str, Any]) -> Any:
-    """TEI's `truncate` (a bool) and `truncation_direction` as the request core's rule: False,
-    "end" (Right: keep the beginning) or "start" (Left)."""
-    direction = optional_string(body, "truncation_direction") or "Right"
-    if direction not in ("Right", "Left"):
-        raise bad_request(
-            f'truncation_direction must be "Right" or "Left", got {direction!r}',
-            param="truncation_direction",
-            code="invalid_value",
-        )
-    return ("end" if direction == "Right" else "start") if _flag(body, "truncate") else False
+    scores = "raw" if flag(body, "raw_scores") else "sigmoid"
+    docs = documents_of(body["texts"], "texts", limits)
+    return ScoreJob([(body["query"], docs)], truncate, None, scores), flag(body, "return_text")
 
 
 def parse_score(body: Any, limits: Limits) -> ScoreJob:
@@ -123,7 +125,7 @@ def parse_score(body: Any, limits: Limits) -> ScoreJob:
         if key not in body:
             raise bad_request(f"{key!r} is required", param=key, code="missing_required_parameter")
     first, second = body["text_1"], body["text_2"]
-    seconds = _documents([second] if isinstance(second, str) else second, "text_2", limits)
+    seconds = documents_of([second] if isinstance(second, str) else second, "text_2", limits)
     if isinstance(first, list) and len(first) != 1:
         if len(first) != len(seconds):
             raise bad_request(
@@ -132,7 +134,7 @@ def parse_score(body: Any, limits: Limits) -> ScoreJob:
                 param="text_1",
                 code="invalid_value",
             )
-        firsts = _documents(first, "text_1", limits)
+        firsts = documents_of(first, "text_1", limits)
         # consecutive pairs that share a text_1 go together
         groups: list[tuple[Any, Any]] = []
         for q, d in zip(firsts, seconds, strict=True):

@@ -1,0 +1,151 @@
+"""The handlers of the drop-in APIs: text-embeddings-inference's routes, Cohere's v2 and the API
+page. The app (`gateway.app`) merges `DropInRoutes.routes` into its table and runs them through
+the same checks, body reading, cancellation and metrics as its own.
+
+On TEI's routes an error answers TEI's shape (`TEI_ROUTES`, `ApiError.tei_body`). `POST /` is
+TEI's route for the model's task, looked up in `ROOT_TASKS` by the model's task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from embedserve.gateway import cohere, tei
+from embedserve.gateway.docs_page import CONTENT_SECURITY_POLICY, HTML, docs_html
+from embedserve.gateway.errors import ApiError, bad_request
+from embedserve.gateway.jsonio import dumps
+from embedserve.gateway.models import ANY, EMBED, SCORE
+from embedserve.gateway.transport import Answer, parse_json
+
+if TYPE_CHECKING:
+    from embedserve.gateway.app import GatewayApp
+
+JSON = b"application/json"
+Headers = tuple[tuple[bytes, bytes], ...]
+Handler = Callable[[bytes], Awaitable[Answer]]
+# TEI's routes: their errors answer `{"error", "error_type"}`. NOTE: `/rerank` keeps the OpenAI
+# error shape it has always answered (its clients already read it)
+TEI_ROUTES = frozenset(
+    {("POST", p) for p in ("/", "/embed", "/embed_all", "/similarity", "/decode")}
+    | {("GET", "/info")}
+)
+# the API page's headers
+PAGE_HEADERS: Headers = ((b"content-security-policy", CONTENT_SECURITY_POLICY),)
+
+
+class DropInRoutes:
+    def __init__(self, app: GatewayApp) -> None:
+        self.app = app
+        # `POST /` per model task (`Limits.task`); a new task adds its handler here
+        self.root_tasks: dict[str, Handler] = {"embed": self.root_embed, "score": app.tei_rerank}
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/"): self.root,
+            ("POST", "/embed"): self.embed,
+            ("POST", "/embed_all"): self.embed_all,
+            ("POST", "/similarity"): self.similarity,
+            ("POST", "/decode"): self.decode,
+            ("GET", "/info"): self.info,
+            ("POST", "/v2/embed"): self.cohere_embed,
+            ("POST", "/v2/rerank"): self.cohere_rerank,
+            ("GET", "/docs"): self.docs,
+            ("GET", "/redoc"): self.docs,
+            ("GET", "/"): self.not_a_page,
+        }
+        # the work a client's disconnect cancels
+        self.cancellable = {
+            self.root,
+            self.embed,
+            self.embed_all,
+            self.similarity,
+            self.cohere_embed,
+            self.cohere_rerank,
+        }
+        # the headers some answers add: the page's policy
+        self.headers: dict[tuple[str, str], Headers] = {
+            ("GET", "/docs"): PAGE_HEADERS,
+            ("GET", "/redoc"): PAGE_HEADERS,
+        }
+
+    def _json(self, body: bytes) -> object:
+        return parse_json(body, self.app.max_json_strings)
+
+    async def root(self, body: bytes) -> Answer:
+        handler = self.root_tasks.get(self.app.limits.task)
+        if handler is None:
+            raise bad_request(
+                f"POST / has no route for this model's task {self.app.limits.task!r}",
+                param="model",
+                code="wrong_model_task",
+            )
+        return await handler(body)
+
+    async def root_embed(self, body: bytes) -> Answer:
+        """An embedding model's `POST /`: `/embed`, or `/similarity` for its body."""
+        if tei.is_similarity(self._json(body)):
+            return await self.similarity(body)
+        return await self.embed(body)
+
+    async def embed(self, body: bytes) -> Answer:
+        _, limits, pipeline, data = self.app._served(body, EMBED)
+        job = tei.parse_embed(data, limits, pipeline.inputs)
+        vectors, num_tokens = await pipeline.embed(job)
+        self.app.metrics.count(num_tokens, len(vectors))
+        return 200, JSON, dumps(vectors)
+
+    async def embed_all(self, body: bytes) -> Answer:
+        _, limits, pipeline, data = self.app._served(body, EMBED)
+        job = tei.parse_embed_all(data, limits, pipeline.inputs)
+        states, num_tokens = await pipeline.token_states(job)
+        self.app.metrics.count(num_tokens, len(states))
+        return 200, JSON, dumps(tei.token_rows(states))
+
+    async def similarity(self, body: bytes) -> Answer:
+        _, limits, pipeline, data = self.app._served(body, EMBED)
+        job = tei.parse_similarity(data, limits, pipeline.inputs)
+        vectors, num_tokens = await pipeline.embed(job)
+        self.app.metrics.count(num_tokens, len(vectors))
+        return 200, JSON, dumps(tei.cosines(vectors))
+
+    async def decode(self, body: bytes) -> Answer:
+        _, _, pipeline, data = self.app._served(body, ANY)
+        batch, skip = tei.parse_decode(data, pipeline.inputs.vocab_size)
+        return 200, JSON, dumps(tei.decode(pipeline.inputs.spec.path, batch, skip))
+
+    async def info(self, body: bytes) -> Answer:
+        model = self.app.served.pick(None, ANY)  # several models: 400 naming them (no body)
+        pipeline = model.started()
+        spec = pipeline.inputs.spec
+        facts = tei.InfoFacts(
+            pooling=str(spec.pooling),
+            max_input_length=spec.max_seq_length,
+            max_batch_tokens=pipeline.limits.part_tokens,
+            tokenization_workers=pipeline.tokenize_threads,
+        )
+        return 200, JSON, dumps(tei.info_body(model.name, model.limits, facts))
+
+    async def cohere_embed(self, body: bytes) -> Answer:
+        _, limits, pipeline, data = self.app._served(body, EMBED)
+        job = cohere.parse_embed(data, limits, pipeline.inputs)
+        rows, num_tokens = await pipeline.embed(job.job)
+        self.app.metrics.count(num_tokens, len(rows))
+        return 200, JSON, dumps(cohere.embed_body(rows, job, num_tokens))
+
+    async def cohere_rerank(self, body: bytes) -> Answer:
+        _, limits, pipeline, data = self.app._served(body, SCORE)
+        job, top_n = cohere.parse_rerank(data, limits)
+        scores, num_tokens = await pipeline.score(job)
+        self.app.metrics.count(num_tokens, job.num_documents)
+        return 200, JSON, dumps(cohere.rerank_body(scores, top_n))
+
+    async def docs(self, body: bytes) -> Answer:
+        return 200, HTML, docs_html()
+
+    async def not_a_page(self, body: bytes) -> Answer:
+        """`GET /`: the 404 it always was (not a 405: `POST /` is TEI's), pointing the way."""
+        raise ApiError(
+            404,
+            "no route GET /: POST / is text-embeddings-inference's route for the model's task; "
+            "every route is listed at /docs and in /openapi.json",
+            code="not_found",
+        )

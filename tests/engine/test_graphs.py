@@ -369,3 +369,51 @@ def test_model_gets_its_ops_at_construction(minilm_path) -> None:  # type: ignor
     torch.testing.assert_close(got, engine.model(ids, pos, types, layout, engine.attend))
     num_layers = len(engine.model.layers)
     assert counts == {"bert_embed": 1, "linear": 4 * num_layers, "add_layer_norm": 2 * num_layers}
+
+
+class _FailingGraph(EagerGraph):
+    """A capture that raises, as CUDA's does when a kernel cannot be captured or memory is out."""
+
+    attempts = 0
+
+    def capture(self, fn):  # type: ignore[no-untyped-def]
+        type(self).attempts += 1
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+@torch.inference_mode()
+def test_a_bucket_whose_capture_fails_runs_eagerly_from_then_on(minilm_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    engine = _bert_engine(minilm_path)
+    runner = GraphRunner(
+        engine._forward,
+        device=torch.device("cpu"),
+        config=GraphConfig(attention=("block_mask",)),
+        stats=engine.stats,
+        choices=KernelChoices(),
+        max_positions=engine.max_positions,
+        make_graph=_FailingGraph,
+    )
+    rng = np.random.default_rng(9)
+    _FailingGraph.attempts = 0
+    with caplog.at_level("WARNING", logger="embedserve.engine.graphs"):
+        for _ in range(5):
+            batch = _random_batch(rng, [12, 30], engine.vocab_size)
+            got = runner.run(batch)  # every hit answers: the first eagerly, then never a capture
+            assert got is not None
+            want = torch.from_numpy(engine.step(batch).wait())
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    assert _FailingGraph.attempts == 1  # captured once, never retried
+    stats = engine.stats
+    assert (stats.capture_failures, stats.captures, stats.replays, stats.eager_runs) == (1, 0, 0, 5)
+    assert runner.num_graphs == 0
+    warnings = [r for r in caplog.records if "capture failed" in r.getMessage()]
+    assert len(warnings) == 1 and "t64-s4-l64" in warnings[0].getMessage()
+
+
+def test_capture_failures_are_a_server_metric() -> None:
+    from embedserve.engine.stats import EngineStats
+    from embedserve.server.metrics import ENGINE_COUNTERS
+
+    names = {field: name for field, name, _ in ENGINE_COUNTERS}
+    assert names["capture_failures"] == "embedserve_engine_capture_failures"
+    assert EngineStats().capture_failures == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,10 @@ class Engine:
         self.dtype = DTYPES[dtype_name]
         on_cuda = self.device.type == "cuda"
         self.stats = EngineStats()
+        # NOTE: one step at a time: the graphs' static inputs, output buffers and staging ring
+        # are shared by every caller, so two threads (an `Embedder` used from both) would read
+        # each other's vectors. Held from staging to the queued copy-out of the result.
+        self._lock = threading.Lock()
         # what this engine measured on its device: attention per bucket, GEMM kernel per shape,
         # whether cuDNN takes grouped heads; filled in as shapes are first seen
         self.choices = KernelChoices()
@@ -232,12 +237,15 @@ class Engine:
         handle's copy to the host is queued behind it, and this returns without waiting.
         """
         self.check(batch)
-        if self.runner is not None:
-            pooled = self.runner.run(batch)
-            if pooled is not None:
-                return LazyTensor.from_device(pooled)
-            self.stats.eager_runs += 1  # above the largest bucket
-        return LazyTensor.from_device(_eager_run(self._forward, batch, self.device, self.attend))
+        with self._lock:
+            if self.runner is not None:
+                pooled = self.runner.run(batch)
+                if pooled is not None:
+                    return LazyTensor.from_device(pooled)
+                self.stats.eager_runs += 1  # above the largest bucket
+            return LazyTensor.from_device(
+                _eager_run(self._forward, batch, self.device, self.attend)
+            )
 
     @torch.inference_mode()
     def embed_spans(self, batch: PackedBatch, spans: np.ndarray) -> np.ndarray:
@@ -251,10 +259,11 @@ class Engine:
             raise ValueError("a scoring model does not pool spans (late chunking embeds)")
         self.check(batch)
         spans = check_spans(spans, batch)
-        hidden = _eager_run(self._hidden, batch, self.device, self.attend)
-        spans_dev = torch.from_numpy(spans).to(self.device, non_blocking=True)
-        pooled = pool_spans(hidden, spans_dev)
-        return (pooled if self.dense is None else self.dense(pooled)).cpu().numpy()
+        with self._lock:  # the compile context and the kernel choices are shared too
+            hidden = _eager_run(self._hidden, batch, self.device, self.attend)
+            spans_dev = torch.from_numpy(spans).to(self.device, non_blocking=True)
+            pooled = pool_spans(hidden, spans_dev)
+            return (pooled if self.dense is None else self.dense(pooled)).cpu().numpy()
 
 
 def _eager_run(

@@ -26,6 +26,7 @@ from embedserve.engine.attention import (
     model_backend,
 )
 from embedserve.engine.batch import PackedBatch, check_spans
+from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.fidelity import SCORE_MAX_DIFF, check_fidelity, make_probes
 from embedserve.engine.graphs import GraphConfig, GraphRunner
@@ -238,14 +239,31 @@ class Engine:
         """
         self.check(batch)
         with self._lock:
-            if self.runner is not None:
-                pooled = self.runner.run(batch)
-                if pooled is not None:
-                    return LazyTensor.from_device(pooled)
+            if self.runner is None:
+                return LazyTensor.from_device(
+                    _eager_run(self._forward, batch, self.device, self.attend)
+                )
+            pooled = self.runner.run(batch)
+            if pooled is not None:
+                return LazyTensor.from_device(pooled)
+            return LazyTensor.from_device(self._run_parts(batch, self.runner))
+
+    def _run_parts(self, batch: PackedBatch, runner: GraphRunner) -> torch.Tensor:
+        """A batch above the bucket grid, split into runs of sequences that buckets hold (one
+        sequence longer than the largest bucket runs eagerly alone): its rows [S, width]."""
+        out = torch.empty(
+            (batch.num_seqs, self.output_width), dtype=torch.float32, device=self.device
+        )
+        for start, stop in grid_parts(batch.seqlens, runner.config, self.max_positions):
+            part = batch.sequences(start, stop)
+            pooled = runner.run(part)
+            if pooled is None:
                 self.stats.eager_runs += 1  # above the largest bucket
-            return LazyTensor.from_device(
-                _eager_run(self._forward, batch, self.device, self.attend)
-            )
+                pooled = _eager_run(self._forward, part, self.device, self.attend)
+            # NOTE: copied before the next part: a bucket's output is rewritten by its next run
+            out[start:stop].copy_(pooled)
+        self.stats.split_batches += 1
+        return out
 
     @torch.inference_mode()
     def embed_spans(self, batch: PackedBatch, spans: np.ndarray) -> np.ndarray:

@@ -26,6 +26,7 @@ from embedserve.engine.attention import (
     RaggedLayout,
     attention_backends,
 )
+from embedserve.engine.attention.masks import MAX_MASK_TOKENS
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.buckets import (
     SMALL_TOKENS,
@@ -51,8 +52,9 @@ class GraphConfig:
     # attention backends timed against each other when a bucket is captured; the fastest is kept
     attention: tuple[str, ...] = ("varlen", "block_mask", "cudnn")
     # block_mask (and cudnn, unless the bucket holds one real sequence) materialize a [T, T] mask
-    # and do T² work: only candidates up to here
-    max_block_mask_tokens: int = 2048
+    # and do T² work: only candidates up to here (above `MAX_MASK_TOKENS` they would run
+    # `padded`'s bounded form anyway, named or not)
+    max_block_mask_tokens: int = MAX_MASK_TOKENS
     # (num_tokens, num_seqs) batches captured at start-up; off by default
     warmup: tuple[tuple[int, int], ...] = ()
     staging_slots: int = 4  # pinned input buffers in flight before the host waits

@@ -267,12 +267,20 @@ def _chunk(
 
 
 def chunk_mask(
-    scope: Scope, chunk: PaddedChunk, dtype: torch.dtype, device: torch.device
+    scope: Scope, chunk: PaddedChunk, dtype: torch.dtype, device: torch.device, *, keep: bool
 ) -> torch.Tensor:
-    """One chunk's mask: [C, 1, 1 or L, L] bool, or [C, N, L, L] float with the bias."""
-    length = chunk.length
-    keep = chunk.keep
-    near = allowed(length, device, scope.causal, scope.window, None)
-    if near is not None:
-        keep = keep & near
-    return keep if scope.bias is None else additive(keep, scope.bias, length, dtype, device)
+    """One chunk's mask: [C, 1, 1 or L, L] bool, or [C, N, L, L] float with the bias; kept in
+    the layout's cache for the forward's other layers when `keep`."""
+
+    def build() -> torch.Tensor:
+        length = chunk.length
+        real = chunk.keep
+        near = allowed(length, device, scope.causal, scope.window, None)
+        if near is not None:
+            real = real & near
+        return real if scope.bias is None else additive(real, scope.bias, length, dtype, device)
+
+    if not keep:
+        return build()
+    key = ("padded", scope.causal, scope.window, scope.bias is not None, dtype)
+    return cached(scope.layout, key, build)

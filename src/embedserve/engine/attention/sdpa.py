@@ -79,13 +79,9 @@ def padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scope: Scope) -> t
     chunks = masks.padded_chunks(scope, t, q.device)
     out = q.new_empty((t + 1, *q.shape[1:]))
     for chunk in chunks:
-        if len(chunks) == 1:  # one chunk: its mask is kept for every layer of the forward
-            key = ("padded-mask", scope.causal, scope.window, scope.bias is not None, q.dtype)
-            mask = masks.cached(
-                scope.layout, key, lambda c=chunk: masks.chunk_mask(scope, c, q.dtype, q.device)
-            )
-        else:  # several: each built when used, so only one chunk's is alive at a time
-            mask = masks.chunk_mask(scope, chunk, q.dtype, q.device)
+        # one chunk: its mask is kept for every layer of the forward; several: each is built
+        # when used, so only one chunk's is alive at a time
+        mask = masks.chunk_mask(scope, chunk, q.dtype, q.device, keep=len(chunks) == 1)
         qp, kp, vp = (x[chunk.rows].transpose(1, 2) for x in (q, k, v))  # [C, N, L, D]
         o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
         out.index_copy_(0, chunk.dst.flatten(), o.transpose(1, 2).flatten(0, 1))

@@ -200,3 +200,48 @@ def test_tokenizing_overlapped_with_the_engine_gives_the_same_rows_and_errors(
     texts[4] = "short"
     with pytest.raises(InputTooLong, match=r"input\[7\] has \d+ tokens"):
         minilm.encode(texts)
+
+
+def test_two_threads_through_one_embedder_get_their_own_vectors(minilm_path: Path) -> None:
+    """The graphs' buffers (static inputs, a bucket's output) are shared by every caller of one
+    engine: here through the CPU stand-in graphs (`graphs.EagerGraph`), which share them as
+    CUDA graphs do. Both threads' batches land in one bucket (t64-s4-l64)."""
+    import threading
+
+    import torch
+
+    from embedserve.engine.graphs import EagerGraph, GraphConfig, GraphRunner
+
+    embedder = Embedder(minilm_path, device="cpu")
+    engine = embedder.engine
+    texts = {
+        "a": ["the cat sat on the mat", "a short query about rust"],
+        "b": ["quarterly revenue grew by nine percent", "how do volcanoes form"],
+    }
+    want = {k: embedder.encode(v) for k, v in texts.items()}  # eager, before any graph
+    engine.runner = GraphRunner(
+        engine._forward,
+        device=torch.device("cpu"),
+        config=GraphConfig(attention=("block_mask",)),
+        stats=engine.stats,
+        choices=engine.choices,
+        max_positions=engine.max_positions,
+        make_graph=EagerGraph,
+    )
+    wrong: list[str] = []
+    start = threading.Barrier(2)
+
+    def encode(key: str) -> None:
+        start.wait()
+        for _ in range(40):
+            got = embedder.encode(texts[key])
+            if not np.allclose(got, want[key], atol=1e-5, rtol=0):
+                wrong.append(key)
+
+    threads = [threading.Thread(target=encode, args=(k,)) for k in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert engine.stats.replays > 0  # the shared bucket was captured and replayed
+    assert not wrong, f"{len(wrong)} of 80 encodes got another thread's vectors"

@@ -93,3 +93,29 @@ def test_attention_backends_agree(minilm_path: Path, texts: list[str]) -> None:
         subset, truncate="end"
     )
     assert cosines(loop, mask).min() >= COSINE_MIN
+
+
+@torch.inference_mode()
+def test_mpnet_positions_start_after_index_1_whatever_pad_token_id(tmp_path: Path) -> None:
+    """transformers' MPNet fixes its padding index at 1 (positions 2, 3, ...) and ignores the
+    config's pad_token_id; a folder saying pad_token_id 0 must not shift our positions."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    from embedserve.devtools.checkpoints import make_checkpoint
+    from embedserve.engine.batch import PackedBatch
+    from embedserve.engine.engine import Engine
+
+    folder = make_checkpoint(tmp_path / "mpnet", arch="mpnet-tiny", dtype="float32", seed=5)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "pad_token_id": 0}))
+    # no id 1 inside a text: transformers would count it as padding and not advance positions
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(2, 500, n).tolist() for n in (5, 40, 120)]
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    assert model.config.pad_token_id == 0
+    want = np.stack(
+        [model(input_ids=torch.tensor([s])).last_hidden_state[0].mean(0).numpy() for s in ids]
+    )
+    got = Engine.from_folder(folder, device="cpu").step(PackedBatch.from_token_lists(ids)).wait()
+    assert cosines(got, want).min() >= COSINE_MIN

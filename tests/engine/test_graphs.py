@@ -6,6 +6,8 @@ runner's logic (static buffers, padding, eager → capture → replay) is exerci
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -369,3 +371,95 @@ def test_model_gets_its_ops_at_construction(minilm_path) -> None:  # type: ignor
     torch.testing.assert_close(got, engine.model(ids, pos, types, layout, engine.attend))
     num_layers = len(engine.model.layers)
     assert counts == {"bert_embed": 1, "linear": 4 * num_layers, "add_layer_norm": 2 * num_layers}
+
+
+class _FailingGraph(EagerGraph):
+    """A capture that raises, as CUDA's does when a kernel cannot be captured or memory is out."""
+
+    attempts = 0
+
+    def capture(self, fn):  # type: ignore[no-untyped-def]
+        type(self).attempts += 1
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+@torch.inference_mode()
+def test_a_bucket_whose_capture_fails_runs_eagerly_from_then_on(minilm_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    engine = _bert_engine(minilm_path)
+    runner = GraphRunner(
+        engine._forward,
+        device=torch.device("cpu"),
+        config=GraphConfig(attention=("block_mask",)),
+        stats=engine.stats,
+        choices=KernelChoices(),
+        max_positions=engine.max_positions,
+        make_graph=_FailingGraph,
+    )
+    rng = np.random.default_rng(9)
+    _FailingGraph.attempts = 0
+    with caplog.at_level("WARNING", logger="embedserve.engine.graphs"):
+        for _ in range(5):
+            batch = _random_batch(rng, [12, 30], engine.vocab_size)
+            got = runner.run(batch)  # every hit answers: the first eagerly, then never a capture
+            assert got is not None
+            want = torch.from_numpy(engine.step(batch).wait())
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    assert _FailingGraph.attempts == 1  # captured once, never retried
+    stats = engine.stats
+    assert (stats.capture_failures, stats.captures, stats.replays, stats.eager_runs) == (1, 0, 0, 5)
+    assert runner.num_graphs == 0
+    warnings = [r for r in caplog.records if "capture failed" in r.getMessage()]
+    assert len(warnings) == 1 and "t64-s4-l64" in warnings[0].getMessage()
+
+
+def test_capture_failures_are_a_server_metric() -> None:
+    from embedserve.engine.stats import EngineStats
+    from embedserve.server.metrics import ENGINE_COUNTERS
+
+    names = {field: name for field, name, _ in ENGINE_COUNTERS}
+    assert names["capture_failures"] == "embedserve_engine_capture_failures"
+    assert EngineStats().capture_failures == 0
+
+
+def test_grid_parts_cover_the_batch_in_order_each_in_a_bucket() -> None:
+    from embedserve.engine.buckets import grid_parts
+
+    config = GraphConfig(max_tokens=256, max_seqs=8)
+    rng = np.random.default_rng(4)
+    seqlens = np.concatenate([rng.integers(1, 60, 40), [300], [1] * 30]).astype(np.int32)
+    parts = grid_parts(seqlens, config, max_positions=512)
+    assert parts[0][0] == 0 and parts[-1][1] == len(seqlens)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(parts))
+    for start, stop in parts:
+        plan = plan_bucket(seqlens[start:stop], config, 512)
+        # only a sequence longer than the largest bucket is left outside the grid, alone
+        assert plan is not None or (stop - start == 1 and seqlens[start] > 256)
+
+
+@torch.inference_mode()
+def test_a_batch_above_the_grid_is_split_in_the_step(minilm_path) -> None:  # type: ignore[no-untyped-def]
+    """No forward sees more tokens than the largest bucket (but a sequence longer than it,
+    alone); the rows equal the unsplit eager run."""
+    engine = _bert_engine(minilm_path)
+    want_engine = _bert_engine(minilm_path)
+    seen: list[int] = []
+    forward = engine._forward
+
+    def recording(ids, *rest):  # type: ignore[no-untyped-def]
+        seen.append(int(ids.shape[0]))
+        return forward(ids, *rest)
+
+    engine._forward = recording  # type: ignore[method-assign]
+    engine.runner = _runner(
+        engine, GraphConfig(max_tokens=256, max_seqs=8, attention=("block_mask",))
+    )
+    rng = np.random.default_rng(6)
+    seqlens = [*rng.integers(1, 60, 30).tolist(), 400, *([2] * 20)]
+    batch = _random_batch(rng, seqlens, engine.vocab_size)
+    for _ in range(3):  # eager first hits, then captures, then replays
+        seen.clear()
+        got = engine.step(batch).wait()
+        want = want_engine.step(batch).wait()
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+        assert max(n for n in seen if n != 400) <= 256 and seen.count(400) == 1
+    assert engine.stats.split_batches == 3 and engine.stats.replays > 0

@@ -332,3 +332,30 @@ def test_rerankers_on_graphs_match_eager_fp32(
     scale = max(1.0, float(np.abs(want).max()))
     assert float(np.abs(got - want).max()) <= 1e-2 * scale, (got, want)
     assert fast.engine.stats.replays >= 1
+
+
+@torch.inference_mode()
+def test_padded_attention_peak_memory_is_bounded_for_one_long_text_among_short_ones() -> None:
+    """The issue's batch (one 384-token text among 2,600 three-token ones) at MPNet's shape:
+    the unbounded mask was 9.2 GB; now every buffer is within `masks.padded_bound`."""
+    from embedserve.engine.attention import masks
+
+    seqlens = [384] + [3] * 2600
+    t, heads, dim = sum(seqlens), 12, 64
+    q, k, v = (torch.randn(t, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(heads, 257, device="cuda")
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), dtype=torch.int32, device="cuda")
+    layout = RaggedLayout(cu, 384, tuple(seqlens))
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = BACKENDS["padded"](q, k, v, layout, False, None, bias)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    bound_bytes = masks.padded_bound(t, 384, heads, dim) * 2  # bf16
+    assert peak <= 4 * bound_bytes < 1e9, peak  # a few buffers of the bound at once
+    want = BACKENDS["sdpa_loop"](q.float(), k.float(), v.float(), layout, False, None, bias)
+    assert (
+        row_cosines(out.float().flatten(1).cpu().numpy(), want.flatten(1).cpu().numpy()).min()
+        > 0.999
+    )

@@ -34,6 +34,18 @@ class PackedBatch:
     def max_seqlen(self) -> int:
         return int(self.seqlens.max()) if self.num_seqs else 0
 
+    def sequences(self, start: int, stop: int) -> PackedBatch:
+        """The batch of sequences [start, stop) of this one (views of its arrays)."""
+        a, b = int(self.cu_seqlens[start]), int(self.cu_seqlens[stop])
+        return PackedBatch(
+            self.input_ids[a:b],
+            self.seqlens[start:stop],
+            self.cu_seqlens[start : stop + 1] - a,
+            self.positions[a:b],
+            self.seq_ids[a:b] - start,
+            self.token_type_ids[a:b],
+        )
+
     @classmethod
     def from_packed(
         cls,

@@ -88,6 +88,27 @@ def plan_bucket(
     return BucketPlan(tokens, seqs, max_seqlen, pads, solo=solo, dense=solo and not pads)
 
 
+def grid_parts(
+    seqlens: np.ndarray, config: GraphConfig, max_positions: int
+) -> list[tuple[int, int]]:
+    """[start, stop) runs of sequences, in order, each held by a bucket (a sequence longer than
+    the largest bucket alone in its run): how a batch above the grid is split, so no batch runs
+    eagerly at more tokens than the grid's (and attention's buffers stay bounded by them)."""
+    cu = np.concatenate([[0], np.cumsum(seqlens, dtype=np.int64)])
+    parts: list[tuple[int, int]] = []
+    start, n = 0, len(seqlens)
+    while start < n:
+        # the most sequences whose tokens and count fit, then fewer while padding's dummy
+        # sequences push the plan over the sequence bucket
+        fit = int(np.searchsorted(cu, cu[start] + config.max_tokens, side="right")) - 1
+        stop = max(start + 1, min(fit, start + config.max_seqs, n))
+        while stop > start + 1 and plan_bucket(seqlens[start:stop], config, max_positions) is None:
+            stop -= 1
+        parts.append((start, stop))
+        start = stop
+    return parts
+
+
 @functools.lru_cache(maxsize=4096)
 def _pad_tail(plan: BucketPlan, num_seqs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(positions, seq ids) of the padding tokens and cu_seqlens after the real sequences, for a

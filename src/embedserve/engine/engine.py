@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from embedserve.engine.attention import (
     model_backend,
 )
 from embedserve.engine.batch import PackedBatch, check_spans
+from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.fidelity import SCORE_MAX_DIFF, check_fidelity, make_probes
 from embedserve.engine.graphs import GraphConfig, GraphRunner
@@ -87,6 +89,10 @@ class Engine:
         self.dtype = DTYPES[dtype_name]
         on_cuda = self.device.type == "cuda"
         self.stats = EngineStats()
+        # NOTE: one step at a time: the graphs' static inputs, output buffers and staging ring
+        # are shared by every caller, so two threads (an `Embedder` used from both) would read
+        # each other's vectors. Held from staging to the queued copy-out of the result.
+        self._lock = threading.Lock()
         # what this engine measured on its device: attention per bucket, GEMM kernel per shape,
         # whether cuDNN takes grouped heads; filled in as shapes are first seen
         self.choices = KernelChoices()
@@ -232,12 +238,32 @@ class Engine:
         handle's copy to the host is queued behind it, and this returns without waiting.
         """
         self.check(batch)
-        if self.runner is not None:
+        with self._lock:
+            if self.runner is None:
+                return LazyTensor.from_device(
+                    _eager_run(self._forward, batch, self.device, self.attend)
+                )
             pooled = self.runner.run(batch)
             if pooled is not None:
                 return LazyTensor.from_device(pooled)
-            self.stats.eager_runs += 1  # above the largest bucket
-        return LazyTensor.from_device(_eager_run(self._forward, batch, self.device, self.attend))
+            return LazyTensor.from_device(self._run_parts(batch, self.runner))
+
+    def _run_parts(self, batch: PackedBatch, runner: GraphRunner) -> torch.Tensor:
+        """A batch above the bucket grid, split into runs of sequences that buckets hold (one
+        sequence longer than the largest bucket runs eagerly alone): its rows [S, width]."""
+        out = torch.empty(
+            (batch.num_seqs, self.output_width), dtype=torch.float32, device=self.device
+        )
+        for start, stop in grid_parts(batch.seqlens, runner.config, self.max_positions):
+            part = batch.sequences(start, stop)
+            pooled = runner.run(part)
+            if pooled is None:
+                self.stats.eager_runs += 1  # above the largest bucket
+                pooled = _eager_run(self._forward, part, self.device, self.attend)
+            # NOTE: copied before the next part: a bucket's output is rewritten by its next run
+            out[start:stop].copy_(pooled)
+        self.stats.split_batches += 1
+        return out
 
     @torch.inference_mode()
     def embed_spans(self, batch: PackedBatch, spans: np.ndarray) -> np.ndarray:
@@ -251,10 +277,11 @@ class Engine:
             raise ValueError("a scoring model does not pool spans (late chunking embeds)")
         self.check(batch)
         spans = check_spans(spans, batch)
-        hidden = _eager_run(self._hidden, batch, self.device, self.attend)
-        spans_dev = torch.from_numpy(spans).to(self.device, non_blocking=True)
-        pooled = pool_spans(hidden, spans_dev)
-        return (pooled if self.dense is None else self.dense(pooled)).cpu().numpy()
+        with self._lock:  # the compile context and the kernel choices are shared too
+            hidden = _eager_run(self._hidden, batch, self.device, self.attend)
+            spans_dev = torch.from_numpy(spans).to(self.device, non_blocking=True)
+            pooled = pool_spans(hidden, spans_dev)
+            return (pooled if self.dense is None else self.dense(pooled)).cpu().numpy()
 
 
 def _eager_run(

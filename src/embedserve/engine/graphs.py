@@ -10,6 +10,7 @@ later hit replays it. Batches above the largest bucket return None here and run 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from embedserve.engine.attention import (
     RaggedLayout,
     attention_backends,
 )
+from embedserve.engine.attention.masks import MAX_MASK_TOKENS
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.buckets import (
     SMALL_TOKENS,
@@ -50,8 +52,9 @@ class GraphConfig:
     # attention backends timed against each other when a bucket is captured; the fastest is kept
     attention: tuple[str, ...] = ("varlen", "block_mask", "cudnn")
     # block_mask (and cudnn, unless the bucket holds one real sequence) materialize a [T, T] mask
-    # and do T² work: only candidates up to here
-    max_block_mask_tokens: int = 2048
+    # and do T² work: only candidates up to here (above `MAX_MASK_TOKENS` they would run
+    # `padded`'s bounded form anyway, named or not)
+    max_block_mask_tokens: int = MAX_MASK_TOKENS
     # (num_tokens, num_seqs) batches captured at start-up; off by default
     warmup: tuple[tuple[int, int], ...] = ()
     staging_slots: int = 4  # pinned input buffers in flight before the host waits
@@ -76,6 +79,8 @@ class GraphConfig:
         if self.staging_slots < 1:
             raise ValueError("staging_slots must be at least 1")
 
+
+log = logging.getLogger(__name__)
 
 # a candidate attention backend must agree with the first (the reference) on every real row
 CANDIDATE_MIN_COSINE = 0.999
@@ -152,6 +157,7 @@ class _Bucket:
     hits: int = 0
     graph: Graph | None = None
     output: torch.Tensor | None = None  # [plan.num_seqs, H] fp32, written by each replay
+    eager_only: bool = False  # its capture failed: every hit runs eagerly
 
 
 class GraphRunner:
@@ -225,13 +231,17 @@ class GraphRunner:
         if bucket.graph is not None:
             bucket.graph.replay()
             self.stats.replays += 1
-        elif bucket.hits == 1:
+        elif bucket.hits == 1 or bucket.eager_only:
             t0 = time.perf_counter()
             bucket.output = self._run_static(bucket, self._candidates(plan)[0])
             self.stats.eager_runs += 1
-            self.stats.first_run_seconds += time.perf_counter() - t0
+            if bucket.hits == 1:
+                self.stats.first_run_seconds += time.perf_counter() - t0
         else:
-            self._capture(bucket, batch.num_seqs)
+            try:
+                self._capture(bucket, batch.num_seqs)
+            except Exception as e:
+                self._give_up_capture(bucket, e)
         assert bucket.output is not None
         return bucket.output[: batch.num_seqs]
 
@@ -295,6 +305,21 @@ class GraphRunner:
             cu_seqlens, plan.max_seqlen, (), seq_ids, dense=plan.dense, solo=plan.solo
         )
         return self._forward(ids, pos, types, seq_ids, layout, self._backends[attention])
+
+    def _give_up_capture(self, bucket: _Bucket, error: Exception) -> None:
+        """A bucket whose capture failed runs eagerly from now on: its first hit ran eagerly,
+        so this batch does too, and no later hit pays for (or fails on) another capture."""
+        bucket.eager_only = True
+        bucket.graph = None
+        self.stats.capture_failures += 1
+        log.warning(
+            "CUDA graph capture failed for bucket %s; it runs eagerly from now on (%s: %s)",
+            bucket.plan.key,
+            type(error).__name__,
+            str(error)[:300],
+        )
+        bucket.output = self._run_static(bucket, self._candidates(bucket.plan)[0])
+        self.stats.eager_runs += 1
 
     def _capture(self, bucket: _Bucket, real_rows: int) -> None:
         """Capture one graph per attention candidate, keep the fastest whose output agrees with

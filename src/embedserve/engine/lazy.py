@@ -20,7 +20,9 @@ class LazyTensor:
     def from_device(cls, result: torch.Tensor) -> LazyTensor:
         """Start the copy of `result` to the host and return without waiting for it."""
         if result.device.type != "cuda":
-            return cls(result.detach())
+            # a copy: the result may be a view of a buffer the next step rewrites (a bucket's
+            # output, with the CPU stand-in graphs of the tests)
+            return cls(result.detach().clone())
         host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
         host.copy_(result, non_blocking=True)
         event = torch.cuda.Event()

@@ -13,6 +13,10 @@ class EngineStats:
     captures: int = 0  # CUDA graphs captured (one per bucket, the second time it is hit)
     replays: int = 0  # steps served by replaying a captured graph
     eager_runs: int = 0  # steps run without a graph: a bucket's first hit, or above the largest
+    # batches above the bucket grid, split into parts that buckets hold (`Engine.step`)
+    split_batches: int = 0
+    # buckets whose graph capture failed (each then runs eagerly, and is never captured again)
+    capture_failures: int = 0
     capture_seconds: float = 0.0  # host seconds spent capturing (warm-up run + capture + tuning)
     first_run_seconds: float = 0.0  # host seconds of buckets' first (eager) hits
     compiles: int = 0  # torch.compile compilations of the fused ops

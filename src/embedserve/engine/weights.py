@@ -35,11 +35,41 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
                 raise ModelLoadError(f"{shard_path}: shard named in {INDEX_FILE} not found")
             tensors.update(load_file(str(shard_path)))
         return tensors
-    others = sorted(p.name for p in folder.glob("*.bin")) + sorted(
+    raise ModelLoadError(
+        f"{folder}: no weights; expected {WEIGHT_FILE} or {INDEX_FILE}{_pickled(folder)}"
+    )
+
+
+def _pickled(folder: Path) -> str:
+    """What to say of pickled weights in `folder`: they are never read (a pickle can run code
+    when loaded), so the way to convert one, or nothing when there are none."""
+    found = sorted(p.name for p in folder.glob("*.bin")) + sorted(
         p.name for p in folder.glob("*.pt")
     )
-    hint = f" (found {', '.join(others)}: convert them to safetensors)" if others else ""
-    raise ModelLoadError(f"{folder}: no weights; expected {WEIGHT_FILE} or {INDEX_FILE}{hint}")
+    if not found:
+        return ""
+    return (
+        f" (found {', '.join(found)}: pickled weights are refused; convert with: "
+        f"{convert_command(folder / found[0])})"
+    )
+
+
+def convert_command(pickled: Path) -> str:
+    """One shell line that turns a pickled state dict into `model.safetensors` beside it."""
+    out = pickled.with_name(WEIGHT_FILE)
+    return (
+        'python -c "import torch, safetensors.torch as st; '
+        f"st.save_file({{k: v.contiguous().clone() for k, v in torch.load('{pickled}', "
+        f"weights_only=True).items()}}, '{out}')\""
+    )
+
+
+def read_dense_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """A sentence-transformers Dense module's tensors, from its `model.safetensors` only."""
+    single = folder / WEIGHT_FILE
+    if single.exists():
+        return load_file(str(single))
+    raise ModelLoadError(f"{folder}: no Dense weights; expected {WEIGHT_FILE}{_pickled(folder)}")
 
 
 def read_tensors(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:

@@ -218,7 +218,9 @@ def read_bert(
         type_vocab_size=1 if mpnet else int(cfg.get("type_vocab_size", 1 if roberta else 2)),
         layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12 if not roberta else 1e-5)),
         hidden_act=str(cfg.get("hidden_act", "gelu")),
-        position_offset=int(cfg.get("pad_token_id", 1)) + 1 if roberta else 0,
+        # NOTE: transformers' MPNet counts positions from its fixed padding index 1 whatever the
+        # config's pad_token_id says (`MPNetEmbeddings.padding_idx = 1`); RoBERTa reads the config
+        position_offset=2 if mpnet else int(cfg.get("pad_token_id", 1)) + 1 if roberta else 0,
         relative_buckets=int(cfg.get("relative_attention_num_buckets", 32)) if mpnet else 0,
     )
     _heads_divide(bert.hidden_size, bert.num_heads, path)

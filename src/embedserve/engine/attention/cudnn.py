@@ -3,7 +3,8 @@ faster than FlashAttention-2 at long T). With one real sequence (`solo`: a singl
 latency case) no [T, T] mask: none when it fills the bucket (`dense`) or attention is causal (the
 padding comes after it, so it never sees it), else a [T] mask of the padding keys. With several
 sequences, the block-diagonal mask, so padding and dummy sequences never mix with a real one (the
-masks are `masks.bucket_mask`'s). On the CPU plain SDPA (for tests).
+masks are `masks.bucket_mask`'s; above `masks.MAX_MASK_TOKENS` tokens such a [T, T] mask is never
+built: `sdpa.padded` runs instead). On the CPU plain SDPA (for tests).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from embedserve.engine.attention import masks
+from embedserve.engine.attention import masks, sdpa
 from embedserve.engine.attention.layout import Scope
 from embedserve.engine.attention.sdpa import expand_kv
 
@@ -20,6 +21,8 @@ def cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scope: Scope) -> to
     """`choices.cudnn_gqa` (whether cuDNN takes grouped K/V heads) is learned on the first call
     with grouped heads, which is never inside a capture (a bucket's first hit runs eagerly, and
     every capture is preceded by a warm-up run)."""
+    if masks.square_over_limit(scope, q.shape[0], bucket=True):
+        return sdpa.padded(q, k, v, scope)  # bounded: no [T, T] mask above MAX_MASK_TOKENS
     choices = scope.choices
     mask = masks.bucket_mask(scope, q.shape[0], q.dtype, q.device)
     on_cuda = q.device.type == "cuda"

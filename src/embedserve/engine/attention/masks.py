@@ -10,8 +10,12 @@ form its kernel wants:
 - `block_diagonal` (block_mask): [T, T] over the whole packed batch, sequences never mixing.
 - `bucket_mask` (cudnn): as `block_diagonal`, but None or a [T] mask of the padding keys where a
   graph bucket holds one real sequence (`solo`, `dense` layouts), and always additive.
-- `padded_rows` (padded): sequences gathered into [S, L] rows, a mask over each row's keys, and
-  the indices that gather and scatter back.
+- `padded_chunks` + `chunk_mask` (padded): sequences gathered into [C, L] rows, chunk by chunk
+  (each chunk's slots bounded by the batch's tokens, `padded_bound`), a mask over each row's keys,
+  and the indices that gather and scatter back.
+
+Memory is bounded by design: no [T, T] mask above `MAX_MASK_TOKENS` (`needs_square` says where a
+backend would build one), and no [S, N, L, L] one over all sequences at once.
 
 The forward's layers share one score bias (MPNet's table is computed once per forward), so a
 mask is cached by whether it has a bias, not by which.
@@ -19,18 +23,26 @@ mask is cached by whether it has a bias, not by which.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import numpy as np
 import torch
 
 from embedserve.engine.attention.layout import RaggedLayout, Scope
 
 M = TypeVar("M")
 
+# A [T, T] mask (block_mask, cudnn over several sequences) is built up to this many tokens; above
+# it those backends run `padded`'s bounded form instead (its buffers grow as T, not T²).
+MAX_MASK_TOKENS = 2048
+# `padded` gathers at most this many row slots per token of the batch into one chunk.
+PADDED_SLOTS_PER_TOKEN = 2
 
-def _cached(layout: RaggedLayout, key: Hashable, build: Callable[[], M]) -> M:
+
+def cached(layout: RaggedLayout, key: Hashable, build: Callable[[], M]) -> M:
     if key not in layout.cache:
         layout.cache[key] = build()
     return layout.cache[key]
@@ -101,7 +113,7 @@ def same_sequence(layout: RaggedLayout, device: torch.device) -> torch.Tensor:
             )
         return seq_ids[:, None] == seq_ids[None, :]
 
-    return _cached(layout, "same-sequence", build)
+    return cached(layout, "same-sequence", build)
 
 
 def _cutting(window: int | None, n: int) -> int | None:
@@ -126,7 +138,7 @@ def sequence_mask(
         return additive(None if keep is None else keep[None, None], scope.bias, n, dtype, device)
 
     key = ("sequence", n, scope.causal, window, scope.bias is not None, dtype)
-    return _cached(scope.layout, key, build)
+    return cached(scope.layout, key, build)
 
 
 def block_diagonal(scope: Scope, t: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -141,7 +153,18 @@ def block_diagonal(scope: Scope, t: int, dtype: torch.dtype, device: torch.devic
         return additive(keep[None, None], scope.bias, t, dtype, device)
 
     key = ("block", scope.causal, scope.window, scope.bias is not None, dtype)
-    return _cached(scope.layout, key, build)
+    return cached(scope.layout, key, build)
+
+
+def square_over_limit(scope: Scope, t: int, *, bucket: bool) -> bool:
+    """Whether a whole-batch mask of t tokens would be [T, T] above `MAX_MASK_TOKENS`: always
+    for `block_diagonal`; for `bucket_mask` (`bucket`) unless one plain real sequence needs at
+    most a [T] mask."""
+    if t <= MAX_MASK_TOKENS:
+        return False
+    layout = scope.layout
+    plain = scope.bias is None and _cutting(scope.window, t) is None
+    return not (bucket and plain and (layout.dense or layout.solo))
 
 
 def bucket_mask(
@@ -166,38 +189,98 @@ def bucket_mask(
         return additive(None if keep is None else keep[None, None], scope.bias, t, dtype, device)
 
     key = ("bucket", scope.causal, window, scope.bias is not None, dtype)
-    return _cached(layout, key, build)
+    return cached(layout, key, build)
 
 
 @dataclass(frozen=True)
-class PaddedRows:
-    """Sequences gathered into [S, L] rows (L: the layout's `max_seqlen`) inside attention."""
+class PaddedChunk:
+    """Some sequences gathered into [C, L] rows inside attention (`padded`)."""
 
-    rows: torch.Tensor  # [S, L] the token index of each row slot (clamped; masked past the end)
-    mask: torch.Tensor  # [S, 1, L or 1, L] bool, or [S, N, L, L] float with the bias
-    back: tuple[torch.Tensor, torch.Tensor]  # [T] each: token -> (row, slot), to scatter back
+    rows: torch.Tensor  # [C, L] the token index of each row slot (clamped; masked past the end)
+    keep: torch.Tensor  # [C, 1, 1, L] bool: the slot holds a real key of the row's sequence
+    dst: (
+        torch.Tensor
+    )  # [C, L] where each slot's output goes: its token, or T (dropped) past the end
+
+    @property
+    def length(self) -> int:
+        return int(self.rows.shape[1])
 
 
-def padded_rows(scope: Scope, t: int, dtype: torch.dtype, device: torch.device) -> PaddedRows:
+def padded_bound(t: int, length: int, heads: int, head_dim: int) -> int:
+    """Elements of the largest buffer `padded` builds for t tokens whose rows are `length` long:
+    a chunk holds at most PADDED_SLOTS_PER_TOKEN * max(t, length) row slots, so its mask (and
+    SDPA's scores) [C, N, L, L] and its gathers [C, N, L, D] stay within this."""
+    return heads * PADDED_SLOTS_PER_TOKEN * max(t, length) * max(length, head_dim)
+
+
+def padded_chunks(scope: Scope, t: int, device: torch.device) -> tuple[PaddedChunk, ...]:
+    """The rows of a forward, in chunks of at most `PADDED_SLOTS_PER_TOKEN * max(t, L)` slots.
+
+    With the host's lengths (eager), sequences are grouped by length (sorted, so a long one does
+    not pad thousands of short ones to its length) and each chunk is as long as its longest.
+    Inside a CUDA graph (no host lengths) every row is the bucket's `max_seqlen` long and the
+    chunks are runs of sequences in order: shapes fixed by the bucket alone."""
     layout = scope.layout
 
-    def build() -> PaddedRows:
-        length = layout.max_seqlen
+    def build() -> tuple[PaddedChunk, ...]:
         cu = layout.cu_seqlens.long()
         starts, lens = cu[:-1], cu[1:] - cu[:-1]  # [S]
-        offsets = torch.arange(length, device=device)
-        rows = (starts[:, None] + offsets[None, :]).clamp_max(t - 1)
-        keep = (offsets[None, :] < lens[:, None])[:, None, None, :]  # [S, 1, 1, L] real keys
+        if layout.seqlens:
+            groups = _length_groups(layout.seqlens, t)
+            index = torch.from_numpy(np.concatenate([g for g, _ in groups])).to(device)
+            sizes = [len(g) for g, _ in groups]
+            picks = zip(torch.split(index, sizes), (n for _, n in groups), strict=True)
+        else:
+            length = layout.max_seqlen
+            per = max(1, PADDED_SLOTS_PER_TOKEN * max(t, length) // length)
+            seqs = torch.arange(starts.shape[0], device=device)
+            picks = zip(torch.split(seqs, per), itertools.repeat(length))
+        return tuple(_chunk(starts[g], lens[g], n, t, device) for g, n in picks)
+
+    return cached(layout, "padded-chunks", build)
+
+
+def _length_groups(seqlens: tuple[int, ...], t: int) -> list[tuple[np.ndarray, int]]:
+    """(sequence indices, row length) per chunk: sorted by length, each chunk grown while its
+    rows times its longest stay within the slot budget."""
+    lens = np.asarray(seqlens)
+    order = np.argsort(lens, kind="stable")
+    budget = PADDED_SLOTS_PER_TOKEN * max(t, int(lens.max()))
+    groups: list[tuple[np.ndarray, int]] = []
+    first = 0
+    for i in range(1, len(order) + 1):
+        if i == len(order) or (i - first + 1) * int(lens[order[i]]) > budget:
+            groups.append((order[first:i], int(lens[order[i - 1]])))
+            first = i
+    return groups
+
+
+def _chunk(
+    starts: torch.Tensor, lens: torch.Tensor, length: int, t: int, device: torch.device
+) -> PaddedChunk:
+    offsets = torch.arange(length, device=device)
+    tokens = starts[:, None] + offsets[None, :]
+    real = offsets[None, :] < lens[:, None]  # [C, L]
+    dst = torch.where(real, tokens, torch.full_like(tokens, t))
+    return PaddedChunk(tokens.clamp_max(t - 1), real[:, None, None, :], dst)
+
+
+def chunk_mask(
+    scope: Scope, chunk: PaddedChunk, dtype: torch.dtype, device: torch.device, *, keep: bool
+) -> torch.Tensor:
+    """One chunk's mask: [C, 1, 1 or L, L] bool, or [C, N, L, L] float with the bias; kept in
+    the layout's cache for the forward's other layers when `keep`."""
+
+    def build() -> torch.Tensor:
+        length = chunk.length
+        real = chunk.keep
         near = allowed(length, device, scope.causal, scope.window, None)
         if near is not None:
-            keep = keep & near
-        mask = keep if scope.bias is None else additive(keep, scope.bias, length, dtype, device)
-        seq_ids = layout.seq_ids
-        if seq_ids is None:
-            seq_ids = torch.repeat_interleave(
-                torch.arange(len(layout.seqlens), device=device), lens
-            )
-        return PaddedRows(rows, mask, (seq_ids, torch.arange(t, device=device) - starts[seq_ids]))
+            real = real & near
+        return real if scope.bias is None else additive(real, scope.bias, length, dtype, device)
 
+    if not keep:
+        return build()
     key = ("padded", scope.causal, scope.window, scope.bias is not None, dtype)
-    return _cached(layout, key, build)
+    return cached(scope.layout, key, build)

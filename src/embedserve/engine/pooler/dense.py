@@ -3,25 +3,10 @@ float32 on the device, inside the CUDA graph, between pooling and the per-reques
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
+from embedserve.engine.weights import read_dense_tensors
 from embedserve.loading.spec import ModelLoadError, ModelSpec
-
-
-def _read_dense(folder: object, names: list[str]) -> dict[str, torch.Tensor]:
-    from pathlib import Path
-
-    path = Path(str(folder))
-    safe = path / "model.safetensors"
-    if safe.exists():
-        from safetensors.torch import load_file
-
-        return load_file(str(safe))
-    legacy = path / "pytorch_model.bin"
-    if legacy.exists():
-        return dict(torch.load(str(legacy), map_location="cpu", weights_only=True))
-    raise ModelLoadError(f"{path}: no weights (expected model.safetensors) for {', '.join(names)}")
 
 
 def build_dense(spec: ModelSpec) -> nn.Module | None:
@@ -31,7 +16,7 @@ def build_dense(spec: ModelSpec) -> nn.Module | None:
     layers: list[nn.Module] = []
     for layer in spec.dense:
         folder = spec.path / layer.path
-        tensors = _read_dense(folder, ["linear.weight"])
+        tensors = read_dense_tensors(folder)
         linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
         state = {"weight": tensors.get("linear.weight")}
         if layer.bias:

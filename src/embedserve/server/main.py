@@ -174,6 +174,28 @@ def _exit_soon(code: int, seconds: float) -> None:
     timer.start()
 
 
+def _grpc_server(
+    config: ServerConfig, service: EmbedService
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """The gRPC server of `service` (the link secret checked when set) with its health service,
+    bound to `config`'s address, not started; and the port it got."""
+    secret = read_secret(config.link_secret_file) if config.link_secret_file else None
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 256 << 20),
+        ],
+        interceptors=[LinkSecretInterceptor(secret)] if secret else None,
+    )
+    add_embed_service(server, service.embed)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise OSError(f"cannot listen on {config.host}:{config.port}")
+    return server, health_servicer, port
+
+
 async def serve(config: ServerConfig) -> int:
     """Serve until a signal (0) or until the engine cannot serve (FATAL_EXIT_CODE)."""
     tracing.configure(config.otlp_endpoint, "embedserve-server")
@@ -203,20 +225,7 @@ async def serve(config: ServerConfig) -> int:
         span_pooler=engine.embed_spans,
         guard=guard,
     )
-    secret = read_secret(config.link_secret_file) if config.link_secret_file else None
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 256 << 20),
-        ],
-        interceptors=[LinkSecretInterceptor(secret)] if secret else None,
-    )
-    add_embed_service(server, service.embed)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise OSError(f"cannot listen on {config.host}:{config.port}")
+    server, health_servicer, port = _grpc_server(config, service)
     await service.start()
     guard.start()
     await server.start()

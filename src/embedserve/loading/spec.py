@@ -45,6 +45,8 @@ from embedserve.loading.families import (
     family_of,
 )
 from embedserve.loading.family_configs import BertConfig, FamilyConfig, ModelLoadError, Qwen3Config
+from embedserve.loading.retrieval import Output, RetrievalSpec, read_retrieval
+from embedserve.loading.score_readers import Activation, answer_ids, classifier_activation
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -56,7 +58,6 @@ __all__ = [
 ]
 
 Task = Literal["embed", "score"]
-Activation = Literal["sigmoid", "identity"]
 OutputRules = Literal["generic", "pplx"]
 
 POOLING_METHODS: tuple[str, ...] = ("mean", "cls", "last")
@@ -123,6 +124,8 @@ class ModelSpec:
     task: Task = "embed"
     score: ScoreSpec | None = None  # set for task "score"
     dense: tuple[DenseLayer, ...] = ()  # sentence-transformers Dense modules, in order
+    retrieval: RetrievalSpec | None = None  # SPLADE / bge-m3 / ColBERT heads (`retrieval`)
+    outputs: tuple[Output, ...] = ("dense",)  # what it embeds: dense, sparse, multivector
 
     @property
     def output_width(self) -> int:
@@ -251,13 +254,15 @@ def read_model_spec(
     kind = _attention_kind(family, attention, cfg, extra, config_path)
     score: ScoreSpec | None = None
     if task == "score" and family.scores_by_logits:
-        score = ScoreSpec("yes_no", "sigmoid", _answer_ids(path, family.answer_tokens))
+        score = ScoreSpec("yes_no", "sigmoid", answer_ids(path, family.answer_tokens))
     elif task == "score":
-        score = ScoreSpec("classifier", _classifier_activation(cfg, config_path))
+        score = ScoreSpec("classifier", classifier_activation(cfg, config_path))
     method = _pooling(path, family, kind, task, pooling)
     max_len, prompts, default_prompt_name = _sentence_transformers(path, config.max_positions)
     rules, default_dtype = _output_defaults(extra, extra_path)
-    dense = _dense_layers(path, config.hidden_size)
+    retrieval = read_retrieval(path, family.marker, config.hidden_size) if family.marker else None
+    # a ColBERT folder's Dense modules project every token (its own head), not a pooled vector
+    dense = () if family.marker == "colbert" else _dense_layers(path, config.hidden_size)
     if dense and task == "score":
         raise ModelLoadError(f"{path / 'modules.json'}: a scoring model has no Dense modules")
     return ModelSpec(
@@ -277,6 +282,8 @@ def read_model_spec(
         task=task,
         score=score,
         dense=dense,
+        retrieval=retrieval,
+        outputs=retrieval.outputs if retrieval else () if task == "score" else ("dense",),
     )
 
 
@@ -410,40 +417,3 @@ def _task(path: Path, family: Family, arch: str, extra: dict[str, Any]) -> Task:
     ):
         return "score"
     return "embed"
-
-
-def _classifier_activation(cfg: dict[str, Any], config_path: Path) -> Activation:
-    """A cross-encoder's activation, as sentence-transformers CrossEncoder reads it."""
-    labels = cfg.get("id2label")
-    num_labels = len(labels) if isinstance(labels, dict) else int(cfg.get("num_labels", 2))
-    if num_labels != 1:
-        raise ModelLoadError(
-            f"{config_path}: a sequence classifier with {num_labels} labels cannot rank; "
-            "a reranker has one (a relevance logit)"
-        )
-    name = (cfg.get("sentence_transformers") or {}).get("activation_fn") or cfg.get(
-        "sbert_ce_default_activation_function"
-    )
-    if name is None or str(name).endswith("Sigmoid"):
-        return "sigmoid"
-    if str(name).endswith("Identity"):
-        return "identity"
-    raise ModelLoadError(
-        f"{config_path}: activation {name!r} is not supported; expected Sigmoid or Identity"
-    )
-
-
-def _answer_ids(path: Path, answers: tuple[str, ...]) -> tuple[int, int]:
-    """The token ids of an LLM reranker's answers ("yes", "no") in the folder's tokenizer."""
-    from tokenizers import Tokenizer  # no torch
-
-    tokenizer_path = path / "tokenizer.json"
-    try:
-        tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    except Exception as e:  # tokenizers raises a bare Exception
-        raise ModelLoadError(f"{tokenizer_path}: cannot read the tokenizer ({e})") from None
-    ids = [tokenizer.token_to_id(t) for t in answers]
-    if None in ids:
-        named = " and ".join(map(repr, answers))
-        raise ModelLoadError(f"{tokenizer_path}: no single token for {named}")
-    return ids[0], ids[1]  # type: ignore[return-value]

@@ -20,6 +20,9 @@ Encoder families (`--arch` multilingual-e5-base, bge-reranker-v2-m3, nomic-embed
 modernbert-embed-base, embeddinggemma-300m, and a `-tiny` of each for tests): see
 `family_checkpoints`.
 
+Sparse and multi-vector layouts (`--arch` splade-v3, splade-minilm-l6, bge-m3, bge-m3-tiny,
+answerai-colbert-small-v1): see `retrieval_checkpoints`.
+
 Rerankers (`--arch`):
 
 - `qwen3-reranker-0.6b` (`-tiny` for tests): Qwen3-Reranker-0.6B's config, a `Qwen3ForCausalLM`
@@ -40,6 +43,7 @@ from typing import Any
 
 from embedserve.devtools.family_checkpoints import ENCODER_ARCHS, make_family_checkpoint
 from embedserve.devtools.random_weights import make_readable, write_weights
+from embedserve.devtools.retrieval_checkpoints import RETRIEVAL_ARCHS, make_retrieval_checkpoint
 from embedserve.devtools.st_modules import write_st_modules
 from embedserve.devtools.tokenizer_sources import write_bert_tokenizer, write_tokenizer
 
@@ -134,7 +138,13 @@ CROSS_ENCODERS: dict[str, dict[str, Any]] = {
         "vocab_size": 30522,
     },
 }
-ALL_ARCHS: tuple[str, ...] = (*ARCHS, *RERANKERS, *CROSS_ENCODERS, *ENCODER_ARCHS)
+ALL_ARCHS: tuple[str, ...] = (
+    *ARCHS,
+    *RERANKERS,
+    *CROSS_ENCODERS,
+    *ENCODER_ARCHS,
+    *RETRIEVAL_ARCHS,
+)
 
 
 def qwen3_config(arch: str, attention: str) -> dict[str, Any]:
@@ -177,8 +187,13 @@ def make_checkpoint(
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise ValueError(f"{path} exists and is not empty; pass --overwrite to replace its files")
     shard_bytes = int(max_shard_gb * 2**30)
-    if arch in ENCODER_ARCHS:
-        make_family_checkpoint(path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from)
+    if arch in ENCODER_ARCHS or arch in RETRIEVAL_ARCHS:
+        if arch in RETRIEVAL_ARCHS:  # SPLADE, bge-m3, ColBERT (`retrieval_checkpoints`)
+            make_retrieval_checkpoint(path, arch, seed=seed, dtype=dtype)
+        else:
+            make_family_checkpoint(
+                path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from
+            )
         for weights in path.rglob("*.safetensors"):
             make_readable(weights)
         return path
@@ -233,7 +248,7 @@ def _run_make_checkpoint(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         tokenizer_from=args.tokenizer_from,
     )
-    if args.arch in ENCODER_ARCHS or args.arch in CROSS_ENCODERS or args.arch in RERANKERS:
+    if args.arch not in ARCHS:
         what = f"seed {args.seed}, {args.dtype}"  # the embedder options do not apply
     else:
         what = (

@@ -176,7 +176,7 @@ def _pooling_from_folder(folder: Path) -> PoolingMethod | None:
     if not modules_path.exists():
         return None
     for module in _read_json(modules_path):
-        if module.get("type", "").endswith("Pooling"):
+        if module.get("type", "").endswith(".Pooling"):  # not SpladePooling
             pool_cfg_path = folder / module.get("path", "1_Pooling") / "config.json"
             pool_cfg = _read_json(pool_cfg_path)
             # sentence-transformers 6 writes one "pooling_mode"; older versions one flag per mode

@@ -67,7 +67,7 @@ def _linear(state: dict[str, torch.Tensor], source: Path, fan_in: int) -> nn.Lin
     return linear
 
 
-def _read_pt(path: Path, fan_in: int) -> nn.Linear:
+def read_pt_head(path: Path, fan_in: int) -> nn.Linear:
     """A FlagEmbedding head file, unpickled with weights_only=True (tensors only, no code)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -118,8 +118,8 @@ class RetrievalHeads(nn.Module):
         hidden = spec.config.hidden_size
         ids: Sequence[int] = ()
         if r.m3 is not None:
-            self.sparse_linear = _read_pt(spec.path / M3_SPARSE_HEAD, hidden)
-            self.colbert_linear = _read_pt(spec.path / M3_COLBERT_HEAD, hidden)
+            self.sparse_linear = read_pt_head(spec.path / M3_SPARSE_HEAD, hidden)
+            self.colbert_linear = read_pt_head(spec.path / M3_COLBERT_HEAD, hidden)
             ids = r.m3.unused_ids
         if r.colbert is not None:
             layers = []
@@ -131,6 +131,12 @@ class RetrievalHeads(nn.Module):
                 layers.append(_linear(state, weights, fan_in))
             self.colbert_linear = nn.Sequential(*layers)
             ids = r.colbert.skiplist_ids
+        # the width of each multi-vector row (0: none)
+        self.multivector_dims = (
+            0
+            if self.colbert_linear is None
+            else int(self.colbert_linear(torch.zeros(1, hidden)).shape[-1])
+        )
         # bge-m3's dropped special tokens, or ColBERT's document skip-list
         self.register_buffer(
             "drop_ids", torch.tensor(list(ids), dtype=torch.int64), persistent=False

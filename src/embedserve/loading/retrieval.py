@@ -45,7 +45,6 @@ class SpladeSpec:
 
 @dataclass(frozen=True)
 class M3Spec:
-    colbert_dim: int  # the width of each multi-vector row
     unused_ids: tuple[int, ...]  # token ids whose lexical weight is dropped (CLS, EOS, PAD, UNK)
 
 
@@ -160,15 +159,11 @@ def _splade(folder: Path) -> SpladeSpec:
     raise ModelLoadError(f"{folder / 'modules.json'}: no SpladePooling module")
 
 
-def _m3(folder: Path, hidden: int) -> M3Spec:
-    # the widths come from the files' own shapes when the engine loads them; bge-m3's colbert
-    # head keeps the hidden size unless the folder says otherwise (FlagEmbedding's colbert_dim)
+def _m3(folder: Path) -> M3Spec:
+    # the heads' widths are their files' shapes, read when the engine loads them
     vocab = _Vocab(folder)
     names = ("cls_token", "eos_token", "pad_token", "unk_token")
-    unused = tuple(sorted({i for i in map(vocab.special, names) if i is not None}))
-    extra_path = folder / "embedserve.json"
-    extra = _json(extra_path) if extra_path.exists() else {}
-    return M3Spec(int(extra.get("colbert_dim", hidden)), unused)
+    return M3Spec(tuple(sorted({i for i in map(vocab.special, names) if i is not None})))
 
 
 def _colbert(folder: Path, hidden: int) -> ColbertSpec:
@@ -230,7 +225,7 @@ def read_retrieval(folder: Path, kind: str, hidden: int) -> RetrievalSpec:
         return RetrievalSpec("splade", ("sparse",), splade=_splade(folder))
     if kind == "bge-m3":
         outputs: tuple[Output, ...] = ("dense", "sparse", "multivector")
-        return RetrievalSpec("bge-m3", outputs, m3=_m3(folder, hidden))
+        return RetrievalSpec("bge-m3", outputs, m3=_m3(folder))
     if kind == "colbert":
         return RetrievalSpec("colbert", ("multivector",), colbert=_colbert(folder, hidden))
     raise ValueError(f"unknown retrieval kind {kind!r}")

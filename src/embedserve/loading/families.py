@@ -193,7 +193,7 @@ RETRIEVAL_FAMILIES: tuple[Family, ...] = (
         (),
         read_bert,
         "embedserve.engine.models.bert:BertEncoder",
-        "naver/splade-v3, splade-cocondenser, opensearch-neural-sparse (BERT ones)",
+        "naver/splade-v3, naver/splade-cocondenser-ensembledistil",
         "sentence-transformers SparseEncoder folder (MLMTransformer + SpladePooling); "
         "log(1 + ReLU(MLM logits)) pooled per input in token blocks",
         marker="splade",

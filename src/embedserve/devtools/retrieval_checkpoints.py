@@ -172,7 +172,7 @@ def _write_colbert(out: Path, config: dict[str, Any], width: int, **kw: Any) -> 
     weight = (torch.randn(width, hidden, generator=gen) * hidden**-0.5).contiguous()
     save_file({"linear.weight": weight}, str(out / "1_Dense" / "model.safetensors"))
     _write_json(out / "sentence_bert_config.json", {"max_seq_length": 299, "do_lower_case": False})
-    st = {
+    st: dict[str, Any] = {
         "model_type": "ColBERT",
         "prompts": {},
         "default_prompt_name": None,

@@ -114,7 +114,8 @@ class RetrievalHeads(nn.Module):
         self.spec: RetrievalSpec = r
         self.vocab = spec.vocab_size
         self.splade = _splade_head(spec) if r.splade is not None else None
-        self.sparse_linear = self.colbert_linear = None
+        self.sparse_linear: nn.Linear | None = None
+        self.colbert_linear: nn.Module | None = None
         hidden = spec.config.hidden_size
         ids: Sequence[int] = ()
         if r.m3 is not None:
@@ -138,6 +139,7 @@ class RetrievalHeads(nn.Module):
             else int(self.colbert_linear(torch.zeros(1, hidden)).shape[-1])
         )
         # bge-m3's dropped special tokens, or ColBERT's document skip-list
+        self.drop_ids: torch.Tensor
         self.register_buffer(
             "drop_ids", torch.tensor(list(ids), dtype=torch.int64), persistent=False
         )
@@ -187,10 +189,9 @@ def visible_keys_attention(visible: Sequence[int]) -> AttentionFn:
         v: torch.Tensor,
         layout: RaggedLayout,
         causal: bool,
-        window: int | None = None,
-        bias: torch.Tensor | None = None,
+        *window_bias: object,
     ) -> torch.Tensor:
-        if causal or window is not None or bias is not None:
+        if causal or any(x is not None for x in window_bias):
             raise ValueError("query expansion runs bidirectional encoders without windows")
         out = torch.empty_like(q)
         start = 0
@@ -201,4 +202,4 @@ def visible_keys_attention(visible: Sequence[int]) -> AttentionFn:
             start += n
         return out
 
-    return attend  # type: ignore[return-value]
+    return attend  # type: ignore[return-value]  # keyword names aside, the same call

@@ -24,6 +24,13 @@ from embedserve.engine.engine import Engine
 from embedserve.errors import InputError
 from embedserve.loading.bundled import DEFAULT_MODEL, resolve_model
 from embedserve.loading.spec import ModelLoadError, read_model_spec
+from embedserve.retrieval.inputs import ColbertInputs
+from embedserve.retrieval.outputs import (
+    MAX_MULTIVECTOR_VALUES,
+    EncodedOutputs,
+    check_multivector_size,
+    check_outputs,
+)
 
 # Texts per piece when tokenizing overlaps the engine (a list of more texts than this, on CUDA).
 # NOTE: measured on the H200 host (benchmarks/host_path_gpu.py): 1,000 passages took 17.6 ms to
@@ -67,6 +74,12 @@ class Embedder:
         # tokenize long lists piece by piece on a thread while the engine runs the piece before;
         # not on the CPU, where the tokenizer's threads would take the model's cores
         self.overlap_tokenizing = self.engine.device.type == "cuda"
+        retrieval = self.spec.retrieval
+        self.colbert = (
+            ColbertInputs(retrieval.colbert, folder / "tokenizer.json")
+            if retrieval is not None and retrieval.colbert is not None
+            else None
+        )
 
     @property
     def dimensions(self) -> int:
@@ -126,6 +139,12 @@ class Embedder:
         (each with the input's special and prompt tokens) whose pooled vectors are averaged,
         weighted by content tokens, before the head; "end" / "start" cut it; False refuses it.
         """
+        if "dense" not in self.spec.outputs:
+            raise InputError(
+                f"this model ({self.spec.family}) has no dense output; its outputs are "
+                f"{', '.join(self.spec.outputs)}: use encode_outputs",
+                param="outputs",
+            )
         head = self.inputs.head(dimensions, normalize, output_dtype)
         options = self.inputs.options(
             prompt_name=prompt_name,
@@ -137,6 +156,63 @@ class Embedder:
         return self.encode_checked(
             inputs, options, head, batch_tokens=batch_tokens, show_progress=show_progress
         )
+
+    def encode_outputs(
+        self,
+        inputs: str | Sequence[str] | Sequence[Sequence[int]],
+        *,
+        outputs: str | Sequence[str] | None = None,
+        input_type: str | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        normalize: bool = True,
+        output_dtype: str | None = None,
+        truncate: Truncate = False,
+        batch_tokens: int | None = None,
+        max_multivector_values: int = MAX_MULTIVECTOR_VALUES,
+    ) -> EncodedOutputs:
+        """Dense, sparse and/or multi-vector outputs (`outputs`, default: all the model has,
+        `spec.outputs`) of every input from one forward per batch, in input order (a single
+        string is a list of one); see `retrieval.outputs`. `dimensions`, `normalize` and
+        `output_dtype` apply to the dense vectors. ColBERT: `input_type="query"` encodes
+        queries (marker, expansion to the query length), otherwise documents. An answer over
+        `max_multivector_values` floats is an InputError before the model runs."""
+        from embedserve.retrieval.runner import run_outputs
+
+        asked = check_outputs(outputs, self.spec.outputs)
+        head = self.inputs.head(dimensions, normalize, output_dtype)
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        visible, query = None, input_type == "query"
+        if self.colbert is not None:
+            if input_type not in (None, "query", "document"):
+                raise InputError(
+                    f'input_type must be "query" or "document"; got {input_type!r}',
+                    param="input_type",
+                )
+            cut = self.inputs.options(truncate=truncate).truncate
+            if cut == "chunk":
+                raise InputError('truncate="chunk" averages windows: dense outputs only')
+            prepared = self.colbert.prepare(texts, query=query, truncate=cut)  # type: ignore[arg-type]
+            seqs, visible, counts = prepared.seqs, prepared.visible, prepared.vectors
+        else:
+            options = self.inputs.options(
+                prompt_name=prompt_name, prompt=prompt, input_type=input_type, truncate=truncate
+            )
+            if options.truncate == "chunk":
+                raise InputError('truncate="chunk" averages windows: dense outputs only')
+            seqs = self.inputs.prepare(texts, options).seqs
+            counts = [len(s) - 1 for s in seqs]  # bge-m3: every token after CLS
+        if "multivector" in asked:
+            check_multivector_size(counts, self.multivector_dims, max_multivector_values)
+        budget = self._batch_tokens(batch_tokens)
+        return run_outputs(self.engine, seqs, asked, head, budget, query=query, visible=visible)
+
+    @property
+    def multivector_dims(self) -> int:
+        """The width of each multi-vector row (0 for a model without them)."""
+        heads = self.engine.retrieval
+        return heads.multivector_dims if heads is not None else 0
 
     def encode_checked(
         self,

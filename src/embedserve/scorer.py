@@ -34,6 +34,7 @@ from embedserve.engine.engine import Engine
 from embedserve.errors import InputError
 from embedserve.loading.bundled import DEFAULT_MODEL, resolve_model
 from embedserve.loading.spec import ModelLoadError, read_model_spec
+from embedserve.retrieval.scores import M3_MODES, m3_scores, maxsim, sparse_dot
 
 __all__ = ["Classifier", "Prediction", "Ranked", "Scorer"]
 
@@ -98,8 +99,13 @@ class Scorer:
         instruction: str | None = None,
         raw: bool = False,
         batch_tokens: int | None = None,
+        weights: Sequence[float] | None = None,
     ) -> np.ndarray:
         """One score per document [N] float32, in document order.
+
+        Sparse and multi-vector models: ColBERT by MaxSim (PyLate's), SPLADE by the sparse dot
+        product, bge-m3 by FlagEmbedding's weighted "colbert+sparse+dense" (`weights`: dense,
+        sparse, colbert; default 1, 1, 1); `score_modes` gives each of bge-m3's scores.
 
         Rerankers: the model's activation of its logit (sentence-transformers CrossEncoder's
         convention; an LLM reranker's probability of "yes"), or the logit itself with `raw`.
@@ -108,6 +114,10 @@ class Scorer:
         reranker's (or a Qwen3 embedder's query) instruction.
         """
         budget = batch_tokens or self.engine.batch_tokens
+        if self.spec.retrieval is not None:
+            if raw or instruction is not None:
+                raise InputError("raw and instruction are for rerankers", param="raw")
+            return self._late_scores(query, documents, truncate, budget, weights)
         if self.pairs is None:
             assert self.embedder is not None
             if raw:
@@ -131,6 +141,62 @@ class Scorer:
             self.engine, prepared.seqs, budget, second_segment=prepared.second_segment
         )[:, 0]
         return logits.astype(np.float32) if raw else self.pairs.activate(logits)
+
+    def score_modes(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        weights: Sequence[float] = (1.0, 1.0, 1.0),
+        truncate: Any = False,
+        batch_tokens: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """bge-m3's five scores per document, as FlagEmbedding's `compute_score` names them
+        (`retrieval.scores.M3_MODES`); `weights`: (dense, sparse, colbert)."""
+        if self.spec.retrieval is None or self.spec.retrieval.kind != "bge-m3":
+            raise InputError("score_modes is for bge-m3 (dense + sparse + multi-vector)")
+        assert self.embedder is not None
+        budget = batch_tokens or self.engine.batch_tokens
+        encode = functools.partial(self.embedder.encode_outputs, batch_tokens=budget)
+        q = encode([query], truncate=truncate)
+        d = encode(list(read_documents(documents)), truncate=truncate)
+        assert q.dense is not None and q.sparse is not None and q.multivector is not None
+        assert d.dense is not None and d.sparse is not None and d.multivector is not None
+        triples = list(zip(d.dense, d.sparse, d.multivector, strict=True))
+        return m3_scores((q.dense[0], q.sparse[0], q.multivector[0]), triples, weights)
+
+    def _late_scores(
+        self,
+        query: str,
+        documents: Sequence[str],
+        truncate: Any,
+        budget: int,
+        weights: Sequence[float] | None,
+    ) -> np.ndarray:
+        assert self.embedder is not None and self.spec.retrieval is not None
+        kind = self.spec.retrieval.kind
+        if kind == "bge-m3":
+            modes = self.score_modes(
+                query, documents, weights=weights or (1.0, 1.0, 1.0), truncate=truncate,
+                batch_tokens=budget,
+            )  # fmt: skip
+            return modes[M3_MODES[-1]]
+        if weights is not None:
+            raise InputError("weights are bge-m3's (dense, sparse, colbert)", param="weights")
+        output = "multivector" if kind == "colbert" else "sparse"
+        encode = functools.partial(
+            self.embedder.encode_outputs, outputs=(output,), batch_tokens=budget
+        )
+        docs = list(read_documents(documents))
+        q = encode([query], input_type="query", truncate=truncate)
+        d = encode(docs, input_type="document", truncate=truncate)
+        if kind == "colbert":
+            assert q.multivector is not None and d.multivector is not None
+            scores = [maxsim(q.multivector[0], m) for m in d.multivector]
+        else:
+            assert q.sparse is not None and d.sparse is not None
+            scores = [sparse_dot(q.sparse[0], s) for s in d.sparse]
+        return np.asarray(scores, dtype=np.float32)
 
     def rerank(
         self,

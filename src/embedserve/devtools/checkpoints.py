@@ -21,6 +21,9 @@ modernbert-embed-base, embeddinggemma-300m, and a `-tiny` of each for tests): se
 `family_checkpoints`. Sequence classifiers (`minilm-l6-multilabel`, `minilm-l6-sentiment`,
 `xlm-roberta-classifier-tiny`): see `classifiers`.
 
+Sparse and multi-vector layouts (`--arch` splade-v3, splade-minilm-l6, bge-m3, bge-m3-tiny,
+answerai-colbert-small-v1): see `retrieval_checkpoints`.
+
 Rerankers (`--arch`):
 
 - `qwen3-reranker-0.6b` (`-tiny` for tests): Qwen3-Reranker-0.6B's config, a `Qwen3ForCausalLM`
@@ -42,6 +45,7 @@ from typing import Any
 from embedserve.devtools.classifiers import CLASSIFIER_ARCHS, MINILM_L6, labelled
 from embedserve.devtools.family_checkpoints import ENCODER_ARCHS, make_family_checkpoint
 from embedserve.devtools.random_weights import make_readable, write_weights
+from embedserve.devtools.retrieval_checkpoints import RETRIEVAL_ARCHS, make_retrieval_checkpoint
 from embedserve.devtools.st_modules import write_st_modules
 from embedserve.devtools.tokenizer_sources import write_bert_tokenizer, write_tokenizer
 
@@ -120,9 +124,8 @@ CROSS_ENCODERS: dict[str, dict[str, Any]] = {
         sbert_ce_default_activation_function="torch.nn.modules.linear.Identity",
     ),
 }
-# encoder families' folders and sequence classifiers, both built by transformers
 FAMILY_ARCHS = {**ENCODER_ARCHS, **CLASSIFIER_ARCHS}
-ALL_ARCHS: tuple[str, ...] = (*ARCHS, *RERANKERS, *CROSS_ENCODERS, *FAMILY_ARCHS)
+ALL_ARCHS: tuple[str, ...] = (*ARCHS, *RERANKERS, *CROSS_ENCODERS, *FAMILY_ARCHS, *RETRIEVAL_ARCHS)
 
 
 def qwen3_config(arch: str, attention: str) -> dict[str, Any]:
@@ -165,6 +168,11 @@ def make_checkpoint(
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise ValueError(f"{path} exists and is not empty; pass --overwrite to replace its files")
     shard_bytes = int(max_shard_gb * 2**30)
+    if arch in RETRIEVAL_ARCHS:  # SPLADE, bge-m3, ColBERT (`retrieval_checkpoints`)
+        make_retrieval_checkpoint(path, arch, seed=seed, dtype=dtype)
+        for weights in path.rglob("*.safetensors"):
+            make_readable(weights)
+        return path
     if arch in FAMILY_ARCHS:
         make_family_checkpoint(
             path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from, archs=FAMILY_ARCHS
@@ -223,7 +231,7 @@ def _run_make_checkpoint(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         tokenizer_from=args.tokenizer_from,
     )
-    if args.arch in FAMILY_ARCHS or args.arch in CROSS_ENCODERS or args.arch in RERANKERS:
+    if args.arch not in ARCHS:
         what = f"seed {args.seed}, {args.dtype}"  # the embedder options do not apply
     else:
         what = (

@@ -36,6 +36,7 @@ from embedserve.engine.ops import EAGER_OPS, compile_limits, compiled_ops
 from embedserve.engine.pooler.dense import build_dense
 from embedserve.engine.pooler.score_heads import build_score_head
 from embedserve.engine.pooler.spans import pool_spans
+from embedserve.engine.retrieval import BatchOutputs, build_retrieval, visible_keys_attention
 from embedserve.engine.stats import EngineStats
 from embedserve.loading.spec import ModelSpec, PoolingMethod, read_model_spec
 
@@ -118,6 +119,9 @@ class Engine:
         self.dense = dense.to(self.device) if dense is not None else None
         # what follows pooling on the device: the Dense modules or the score head (never both)
         self.after_pooling = self.score_head if self.score_head is not None else self.dense
+        # a sparse / multi-vector layout's heads (`retrieval`), in float32; None if dense only
+        retrieval = build_retrieval(spec)
+        self.retrieval = retrieval.to(self.device) if retrieval is not None else None
         self.runner: GraphRunner | None = None
         if graphs is None:
             # an explicitly named backend that a graph cannot hold (sdpa_loop) means eager
@@ -282,6 +286,33 @@ class Engine:
             spans_dev = torch.from_numpy(spans).to(self.device, non_blocking=True)
             pooled = pool_spans(hidden, spans_dev)
             return (pooled if self.dense is None else self.dense(pooled)).cpu().numpy()
+
+    @torch.inference_mode()
+    def encode_outputs(
+        self,
+        batch: PackedBatch,
+        outputs: tuple[str, ...],
+        *,
+        query: bool = False,
+        visible_keys: tuple[int, ...] | None = None,
+    ) -> BatchOutputs:
+        """Dense, sparse and/or multi-vector outputs of a sparse or multi-vector model from one
+        forward (`retrieval`). `query`: a ColBERT query (every token kept); `visible_keys`: per
+        sequence, how many of its first tokens are attended to (query expansion). Runs eagerly,
+        outside the graphs, and waits for the device."""
+        if self.retrieval is None:
+            raise ValueError(f"{self.spec.path}: a dense-only model; use step()")
+        self.check(batch)
+        attend = self.attend if visible_keys is None else visible_keys_attention(visible_keys)
+        hidden = _eager_run(self._hidden, batch, self.device, attend)
+        dev = {
+            k: torch.from_numpy(getattr(batch, k)).to(self.device)
+            for k in ("input_ids", "positions", "seq_ids")
+        }
+        seqlens = tuple(batch.seqlens.tolist())
+        return self.retrieval(
+            hidden, dev["input_ids"], dev["positions"], dev["seq_ids"], seqlens, outputs, query
+        )
 
 
 def _eager_run(

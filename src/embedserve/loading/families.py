@@ -24,6 +24,7 @@ from embedserve.loading.family_configs import (
     read_nomic_bert,
     read_qwen3,
 )
+from embedserve.loading.retrieval import MARKERS
 
 PoolingMethod = Literal["mean", "cls", "last"]
 AttentionKind = Literal["bidirectional", "causal"]
@@ -67,6 +68,10 @@ class Family:
     # (no sentence-transformers modules, or embedserve.json "task": "score").
     answer_tokens: tuple[str, ...] = ()
     classifier_tensors: tuple[tuple[str, ...], tuple[str, ...]] = BERT_CLASSIFIER
+    # a retrieval layout on another family's encoder (`retrieval.MARKERS`: splade, bge-m3,
+    # colbert): the row applies to a folder of its model_types only when the marker is found
+    marker: str = ""
+    outputs: tuple[str, ...] = ("dense",)  # what it embeds: dense, sparse, multivector
 
     @property
     def attention_kinds(self) -> tuple[AttentionKind, ...]:
@@ -178,10 +183,54 @@ FAMILIES: tuple[Family, ...] = (
     ),
 )
 
-FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
+# The retrieval layouts: each is a folder of a family above (its encoder, its model file) plus
+# the heads of its outputs (`retrieval`), recognised by its marker before the plain family.
+RETRIEVAL_FAMILIES: tuple[Family, ...] = (
+    Family(
+        "splade",
+        ("bert",),
+        ("BertForMaskedLM",),
+        (),
+        read_bert,
+        "embedserve.engine.models.bert:BertEncoder",
+        "naver/splade-v3, naver/splade-cocondenser-ensembledistil",
+        "sentence-transformers SparseEncoder folder (MLMTransformer + SpladePooling); "
+        "log(1 + ReLU(MLM logits)) pooled per input in token blocks",
+        marker="splade",
+        outputs=("sparse",),
+    ),
+    Family(
+        "bge-m3",
+        ("xlm-roberta",),
+        ("XLMRobertaModel",),
+        (),
+        partial(read_bert, roberta=True),
+        "embedserve.engine.models.bert:BertEncoder",
+        "BAAI/bge-m3",
+        "sparse_linear.pt + colbert_linear.pt beside the encoder; dense, sparse and "
+        "multi-vector from one forward",
+        marker="bge-m3",
+        outputs=("dense", "sparse", "multivector"),
+    ),
+    Family(
+        "colbert",
+        ("bert",),
+        ("BertModel", "BertForMaskedLM"),
+        (),
+        read_bert,
+        "embedserve.engine.models.bert:BertEncoder",
+        "answerai-colbert-small-v1, colbertv2.0 (PyLate folders)",
+        "PyLate folder: query/document markers, query expansion, document skip-list, "
+        "projection per token",
+        marker="colbert",
+        outputs=("multivector",),
+    ),
+)
+
+FAMILY_BY_NAME = {f.name: f for f in FAMILIES + RETRIEVAL_FAMILIES}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(
-    a for f in FAMILIES for a in dict.fromkeys(f.embed_architectures + f.score_architectures)
+    dict.fromkeys(a for f in FAMILIES for a in f.embed_architectures + f.score_architectures)
 )
 
 
@@ -191,6 +240,9 @@ def family_of(cfg: dict[str, Any], path: Path) -> tuple[Family, str]:
     architectures = cfg.get("architectures") or []
     arch = architectures[0] if architectures else cfg.get("model_type", "<none>")
     model_type = cfg.get("model_type")
+    for family in RETRIEVAL_FAMILIES:
+        if model_type in family.model_types and MARKERS[family.marker](path.parent):
+            return family, arch
     for family in FAMILIES:
         if model_type in family.model_types:
             return family, arch
@@ -224,5 +276,16 @@ def models_table() -> str:
             f"| {f.name} | {', '.join(f.model_types)} | {', '.join(f.embed_architectures)} | "
             f"{', '.join(f.score_architectures) or '-'} | {attention} | {pooling} | "
             f"{f.examples} | {f.notes or '-'} |"
+        )
+    return "\n".join(rows)
+
+
+def retrieval_table() -> str:
+    """The Markdown table of the sparse and multi-vector layouts (docs/models.md)."""
+    rows = ["| layout | encoder | outputs | examples | notes |", "|---|---|---|---|---|"]
+    for f in RETRIEVAL_FAMILIES:
+        rows.append(
+            f"| {f.name} | {', '.join(f.embed_architectures)} | {', '.join(f.outputs)} | "
+            f"{f.examples} | {f.notes} |"
         )
     return "\n".join(rows)

@@ -49,6 +49,8 @@ from embedserve.loading.families import (
 )
 from embedserve.loading.family_configs import BertConfig, FamilyConfig, ModelLoadError, Qwen3Config
 from embedserve.loading.labels import LabelSpec, cross_encoder_activation, num_labels, read_labels
+from embedserve.loading.retrieval import Output, RetrievalSpec, read_retrieval
+from embedserve.loading.score_readers import answer_ids
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -128,6 +130,8 @@ class ModelSpec:
     score: ScoreSpec | None = None  # set for task "score"
     dense: tuple[DenseLayer, ...] = ()  # sentence-transformers Dense modules, in order
     labels: LabelSpec | None = None  # set for task "classify"
+    retrieval: RetrievalSpec | None = None  # SPLADE / bge-m3 / ColBERT heads (`retrieval`)
+    outputs: tuple[Output, ...] = ("dense",)  # what it embeds: dense, sparse, multivector
 
     @property
     def output_width(self) -> int:
@@ -181,7 +185,7 @@ def _pooling_from_folder(folder: Path) -> PoolingMethod | None:
     if not modules_path.exists():
         return None
     for module in _read_json(modules_path):
-        if module.get("type", "").endswith("Pooling"):
+        if module.get("type", "").endswith(".Pooling"):  # not SpladePooling
             pool_cfg_path = folder / module.get("path", "1_Pooling") / "config.json"
             pool_cfg = _read_json(pool_cfg_path)
             # sentence-transformers 6 writes one "pooling_mode"; older versions one flag per mode
@@ -259,13 +263,15 @@ def read_model_spec(
     kind = _attention_kind(family, attention, cfg, extra, config_path)
     score: ScoreSpec | None = None
     if task == "score" and family.scores_by_logits:
-        score = ScoreSpec("yes_no", "sigmoid", _answer_ids(path, family.answer_tokens))
+        score = ScoreSpec("yes_no", "sigmoid", answer_ids(path, family.answer_tokens))
     elif task == "score":
         score = ScoreSpec("classifier", cross_encoder_activation(cfg, config_path))
     method = _pooling(path, family, kind, task, pooling)
     max_len, prompts, default_prompt_name = _sentence_transformers(path, config.max_positions)
     rules, default_dtype = _output_defaults(extra, extra_path)
-    dense = _dense_layers(path, config.hidden_size)
+    retrieval = read_retrieval(path, family.marker, config.hidden_size) if family.marker else None
+    # a ColBERT folder's Dense modules project every token (its own head), not a pooled vector
+    dense = () if family.marker == "colbert" else _dense_layers(path, config.hidden_size)
     if dense and task != "embed":
         raise ModelLoadError(f"{path / 'modules.json'}: a {task} model has no Dense modules")
     return ModelSpec(
@@ -286,6 +292,8 @@ def read_model_spec(
         score=score,
         dense=dense,
         labels=read_labels(cfg, config_path) if task == "classify" else None,
+        retrieval=retrieval,
+        outputs=retrieval.outputs if retrieval else () if task != "embed" else ("dense",),
     )
 
 
@@ -419,19 +427,3 @@ def _task(path: Path, family: Family, arch: str, extra: dict[str, Any], cfg: Any
     ):
         return "score"
     return "embed"
-
-
-def _answer_ids(path: Path, answers: tuple[str, ...]) -> tuple[int, int]:
-    """The token ids of an LLM reranker's answers ("yes", "no") in the folder's tokenizer."""
-    from tokenizers import Tokenizer  # no torch
-
-    tokenizer_path = path / "tokenizer.json"
-    try:
-        tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    except Exception as e:  # tokenizers raises a bare Exception
-        raise ModelLoadError(f"{tokenizer_path}: cannot read the tokenizer ({e})") from None
-    ids = [tokenizer.token_to_id(t) for t in answers]
-    if None in ids:
-        named = " and ".join(map(repr, answers))
-        raise ModelLoadError(f"{tokenizer_path}: no single token for {named}")
-    return ids[0], ids[1]  # type: ignore[return-value]

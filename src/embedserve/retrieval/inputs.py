@@ -1,0 +1,56 @@
+"""ColBERT's (PyLate's) sequences: the marker token after CLS, queries cut to the query length
+and filled up to it with the mask token (query expansion), documents cut to the document length.
+
+PyLate tokenizes with a limit one below the length (the marker is inserted after tokenizing), so
+do we. A query is always cut and expanded to exactly `query_length` tokens (that is the model's
+query); a document over `document_length` follows `truncate` (an error unless "end"/"start").
+With `attend_to_expansion_tokens` off, the expansion tokens attend to the query but nothing
+attends to them: `visible` says how many leading tokens of each sequence are attended to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from embedserve.core.tokenization import Cut, TextTokenizer
+from embedserve.errors import InputError
+from embedserve.loading.retrieval import ColbertSpec
+
+
+@dataclass(frozen=True)
+class ColbertSequences:
+    seqs: list[list[int]]
+    visible: tuple[int, ...] | None  # per sequence, its attended leading tokens (None: all)
+    vectors: list[int]  # the vectors each will give (a document drops its skip-list tokens)
+
+
+class ColbertInputs:
+    def __init__(self, spec: ColbertSpec, tokenizer_path: Path) -> None:
+        self.spec = spec
+        marker = 1 if spec.query_prefix_id is not None else 0
+        self.query_tokens = TextTokenizer(tokenizer_path, spec.query_length - marker)
+        marker = 1 if spec.document_prefix_id is not None else 0
+        self.document_tokens = TextTokenizer(tokenizer_path, spec.document_length - marker)
+
+    def prepare(self, texts: Sequence[str], *, query: bool, truncate: Cut) -> ColbertSequences:
+        if not all(isinstance(t, str) for t in texts):
+            raise InputError("a ColBERT model takes texts (strings), not token ids")
+        spec = self.spec
+        if query:
+            ids = self.query_tokens.encode(texts, truncate="end")
+            marker = spec.query_prefix_id
+        else:
+            ids = self.document_tokens.encode(texts, truncate=truncate)
+            marker = spec.document_prefix_id
+        seqs = [[*s[:1], marker, *s[1:]] if marker is not None else list(s) for s in ids]
+        if not query:
+            skip = set(spec.skiplist_ids)
+            return ColbertSequences(seqs, None, [sum(t not in skip for t in s) for s in seqs])
+        if not spec.expansion:
+            return ColbertSequences(seqs, None, [len(s) for s in seqs])
+        real = [len(s) for s in seqs]
+        seqs = [s + [spec.mask_id] * (spec.query_length - len(s)) for s in seqs]
+        visible = None if spec.attend_to_expansion else tuple(real)
+        return ColbertSequences(seqs, visible, [len(s) for s in seqs])

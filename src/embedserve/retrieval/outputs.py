@@ -1,0 +1,67 @@
+"""What an encode of a sparse or multi-vector model returns, and the stated limit on its size.
+
+- dense: [inputs, dims] float32 (after the usual head: truncation, normalization, encoding);
+- sparse: per input `{"indices": [...], "values": [...]}` (ascending token ids, values > 0), the
+  shape Qdrant, Milvus and Pinecone take;
+- multivector: per input a [tokens, dims] float32 array of unit vectors.
+
+A multi-vector answer is tokens x dims floats per input, so one call is capped at
+`MAX_MULTIVECTOR_VALUES` floats in all (128 MiB of float32); more is an `InputError` that says so,
+raised before the model runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypedDict
+
+import numpy as np
+
+from embedserve.errors import InputError
+
+# floats of multi-vector output per call: 32 Mi (128 MiB as float32), e.g. 64 bge-m3 documents of
+# 512 tokens (1,024 dims) or 1,165 ColBERT documents of 300 tokens at 96 dims
+MAX_MULTIVECTOR_VALUES = 32 * 2**20
+
+
+class SparseVector(TypedDict):
+    indices: list[int]
+    values: list[float]
+
+
+@dataclass(frozen=True)
+class EncodedOutputs:
+    """The outputs asked for, each in input order (None where not asked for)."""
+
+    dense: np.ndarray | None = None
+    sparse: list[SparseVector] | None = None
+    multivector: list[np.ndarray] | None = None
+
+
+def check_outputs(asked: str | Sequence[str] | None, available: Sequence[str]) -> tuple[str, ...]:
+    """The outputs asked for (all the model has when None), each one the model has."""
+    if asked is None:
+        return tuple(available)
+    names = (asked,) if isinstance(asked, str) else tuple(asked)
+    wrong = [n for n in names if n not in available]
+    if not names or wrong:
+        raise InputError(
+            f"outputs must be a non-empty list of {', '.join(available)} (what this model "
+            f"has); got {list(names)!r}",
+            param="outputs",
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def check_multivector_size(vectors_per_input: Sequence[int], dims: int, limit: int) -> None:
+    """An InputError before the model runs when the multi-vector answer would be too large."""
+    total = int(sum(vectors_per_input)) * dims
+    if total > limit:
+        raise InputError(
+            f"the multi-vector output would be {sum(vectors_per_input)} token vectors x {dims} "
+            f"dims = {total} floats, over the limit of {limit} per call; send fewer or shorter "
+            "inputs per call",
+            param="input",
+            code="output_too_large",
+        )

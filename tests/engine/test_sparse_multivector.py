@@ -1,0 +1,320 @@
+"""Sparse and multi-vector outputs against their reference libraries (CPU, fp32, random weights
+in the published layouts from `make-checkpoint`): SPLADE vs sentence-transformers
+`SparseEncoder`, bge-m3 vs FlagEmbedding `BGEM3FlagModel` (encode and compute_score), ColBERT vs
+PyLate. Token ids equal the reference's; an input alone equals it inside a batch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embedserve.devtools.checkpoints import make_checkpoint
+from embedserve.embedder import Embedder
+from embedserve.engine.pooler.sparse import SPLADE_BLOCK_TOKENS
+from embedserve.engine.retrieval import read_pt_head
+from embedserve.errors import InputError
+from embedserve.loading.spec import ModelLoadError, read_model_spec
+from embedserve.scorer import Scorer
+
+TEXTS = [
+    "what is late interaction retrieval?",
+    "SPLADE expands queries and documents over the vocabulary, with weights.",
+    "Zürich, 東京 and São Paulo: cities (and punctuation!) in one line...",
+    "short",
+    " ".join(["a passage of some length about sparse and dense retrieval models"] * 14),
+]
+QUERIES = ["what is colbert?", "sparse lexical weights for search"]
+# the PyLate reference environment (see pylate_reference.py): pip install --no-deps --target
+# .venv/pylate-ref transformers==5.3.0 sentence-transformers==5.3.0 huggingface-hub==1.3.0
+# tokenizers==0.22.2 datasets==4.4.1 (pylate 1.6.0 itself in the test environment)
+PYLATE_ENV = Path(
+    os.environ.get("EMBEDSERVE_PYLATE_ENV", Path(__file__).parents[2] / ".venv/pylate-ref")
+)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("retrieval")
+    archs = ("splade-minilm-l6", "bge-m3-tiny", "answerai-colbert-small-v1")
+    return {a: make_checkpoint(root / a, arch=a, dtype="float32", seed=5) for a in archs}
+
+
+def test_the_spec_names_each_layouts_outputs(folders: dict[str, Path]) -> None:
+    expected = {
+        "splade-minilm-l6": ("splade", ("sparse",)),
+        "bge-m3-tiny": ("bge-m3", ("dense", "sparse", "multivector")),
+        "answerai-colbert-small-v1": ("colbert", ("multivector",)),
+    }
+    for arch, (family, outputs) in expected.items():
+        spec = read_model_spec(folders[arch])
+        assert (spec.family, spec.outputs) == (family, outputs)
+    colbert = read_model_spec(folders["answerai-colbert-small-v1"]).retrieval
+    assert colbert is not None and colbert.colbert is not None
+    c = colbert.colbert
+    assert (c.query_prefix_id, c.document_prefix_id, c.query_length, c.mask_id) == (1, 2, 32, 103)
+
+
+def _alone_equals_batch(embedder: Embedder, **kw: object) -> None:
+    batch = embedder.encode_outputs(TEXTS, **kw)  # type: ignore[arg-type]
+    for i, text in enumerate(TEXTS):
+        alone = embedder.encode_outputs([text], **kw)  # type: ignore[arg-type]
+        if batch.dense is not None:
+            assert alone.dense is not None
+            np.testing.assert_allclose(alone.dense[0], batch.dense[i], atol=1e-6)
+        if batch.sparse is not None:
+            assert alone.sparse is not None
+            assert alone.sparse[0]["indices"] == batch.sparse[i]["indices"]
+            np.testing.assert_allclose(
+                alone.sparse[0]["values"], batch.sparse[i]["values"], rtol=1e-5, atol=1e-6
+            )
+        if batch.multivector is not None:
+            assert alone.multivector is not None
+            np.testing.assert_allclose(alone.multivector[0], batch.multivector[i], atol=1e-6)
+
+
+# -- SPLADE ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def splade(folders: dict[str, Path]) -> Embedder:
+    return Embedder(folders["splade-minilm-l6"], device="cpu")
+
+
+def test_splade_equals_sparse_encoder(splade: Embedder, folders: dict[str, Path]) -> None:
+    from sentence_transformers import SparseEncoder
+
+    ref = SparseEncoder(str(folders["splade-minilm-l6"]), device="cpu")
+    tokens = ref.tokenize(TEXTS)
+    ref_ids = [
+        ids[mask.bool()].tolist()
+        for ids, mask in zip(tokens["input_ids"], tokens["attention_mask"], strict=True)
+    ]
+    assert splade.tokenize(TEXTS) == ref_ids
+    expected = ref.encode(TEXTS, convert_to_tensor=True).to_dense().numpy()
+    ours = splade.encode_outputs(TEXTS)
+    assert ours.dense is None and ours.multivector is None and ours.sparse is not None
+    for row, vec in zip(expected, ours.sparse, strict=True):
+        nz = np.flatnonzero(row)
+        assert vec["indices"] == nz.tolist()
+        # 1e-5 relative; a value near zero is a logit of sums that cancel, whose fp32 rounding
+        # (~1e-7 of its terms, differing with the matmul's blocking) is up to 1e-6 absolute
+        np.testing.assert_allclose(vec["values"], row[nz], rtol=1e-5, atol=1e-6)
+
+
+def test_splade_alone_equals_batch_and_blocks_cut_sequences(splade: Embedder) -> None:
+    _alone_equals_batch(splade)
+    # a block size that cuts most sequences, and one of a single token: the same vectors
+    heads = splade.engine.retrieval
+    assert heads is not None and heads.splade is not None
+    whole = splade.encode_outputs(TEXTS).sparse
+    for block in (7, 1):
+        heads.splade.block = block
+        try:
+            cut = splade.encode_outputs(TEXTS).sparse
+        finally:
+            heads.splade.block = SPLADE_BLOCK_TOKENS
+        assert cut is not None and whole is not None
+        for a, b in zip(whole, cut, strict=True):
+            assert a["indices"] == b["indices"]
+            np.testing.assert_allclose(a["values"], b["values"], rtol=1e-5, atol=1e-6)
+
+
+def test_splade_never_holds_a_whole_batchs_logits(splade: Embedder) -> None:
+    """The largest buffer while encoding a full 2,048-token batch is one block's logits, not
+    the batch's [T, V]: measured with the profiler's per-op memory."""
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab = splade.spec.vocab_size
+    texts = [" ".join(["retrieval"] * 500)] * 4  # 4 x 502 tokens in one batch
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        splade.encode_outputs(texts, batch_tokens=2048)
+    ops = [e for e in prof.events() if e.cpu_memory_usage > 0]
+    largest = max(e.cpu_memory_usage for e in ops)
+    batch_logits = 4 * 502 * vocab * 4
+    assert largest <= SPLADE_BLOCK_TOKENS * vocab * 4 < batch_logits / 3
+
+
+def test_sparse_only_models_refuse_dense_encode(splade: Embedder) -> None:
+    with pytest.raises(InputError, match="no dense output"):
+        splade.encode(TEXTS)
+    with pytest.raises(InputError, match="outputs must be"):
+        splade.encode_outputs(TEXTS, outputs=("multivector",))
+
+
+# -- bge-m3 ---------------------------------------------------------------------------------
+
+
+def _bge_m3_model():  # type: ignore[no-untyped-def]
+    """FlagEmbedding's BGEM3FlagModel (M3Embedder). NOTE: FlagEmbedding 1.4.2's package
+    __init__ imports every model, one of them (MiniCPM's reranker) a transformers 4 module, so
+    the m3 module is imported without the package __init__s."""
+    spec = importlib.util.find_spec("FlagEmbedding")
+    if spec is None:
+        pytest.skip("FlagEmbedding is not installed")
+    root = next(iter(spec.submodule_search_locations or []))
+    for name in (
+        "FlagEmbedding",
+        "FlagEmbedding.inference",
+        "FlagEmbedding.inference.embedder",
+        "FlagEmbedding.inference.embedder.encoder_only",
+    ):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [os.path.join(root, *name.split(".")[1:])]
+            sys.modules[name] = package
+    from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
+
+    return M3Embedder
+
+
+@pytest.fixture(scope="module")
+def bge_m3(folders: dict[str, Path]):  # type: ignore[no-untyped-def]
+    model = _bge_m3_model()(str(folders["bge-m3-tiny"]), use_fp16=False, devices="cpu")
+    return model, Embedder(folders["bge-m3-tiny"], device="cpu")
+
+
+def test_bge_m3_three_outputs_equal_flagembedding(bge_m3) -> None:  # type: ignore[no-untyped-def]
+    ref, ours = bge_m3
+    expected = ref.encode(TEXTS, return_dense=True, return_sparse=True, return_colbert_vecs=True)
+    tokens = ref.tokenizer(TEXTS)["input_ids"]
+    assert ours.tokenize(TEXTS) == tokens
+    got = ours.encode_outputs(TEXTS)
+    assert got.dense is not None and got.sparse is not None and got.multivector is not None
+    assert cosines(got.dense, expected["dense_vecs"]).min() >= 0.99999
+    np.testing.assert_allclose(ours.encode(TEXTS), got.dense, atol=1e-5)  # the graph path
+    for vec, weights in zip(got.sparse, expected["lexical_weights"], strict=True):
+        assert sorted(map(int, weights)) == vec["indices"]
+        np.testing.assert_allclose(
+            vec["values"], [weights[str(i)] for i in vec["indices"]], rtol=1e-5, atol=1e-6
+        )
+    for mine, theirs in zip(got.multivector, expected["colbert_vecs"], strict=True):
+        assert mine.shape == theirs.shape
+        assert cosines(mine, theirs).min() >= 0.99999
+
+
+def test_bge_m3_scores_equal_compute_score(folders: dict[str, Path], bge_m3) -> None:  # type: ignore[no-untyped-def]
+    ref, _ = bge_m3
+    scorer = Scorer(folders["bge-m3-tiny"], device="cpu")
+    weights = [0.4, 0.2, 0.4]
+    docs = TEXTS[1:]
+    # batch_size=1: FlagEmbedding pads a batch's passages with zero vectors that MaxSim then
+    # counts as 0-similarity tokens; one pair per batch has no padding
+    expected = ref.compute_score(
+        [(QUERIES[1], d) for d in docs], batch_size=1, weights_for_different_modes=weights
+    )
+    modes = scorer.score_modes(QUERIES[1], docs, weights=weights)
+    for mode, values in expected.items():
+        np.testing.assert_allclose(modes[mode], values, rtol=1e-5, atol=1e-6, err_msg=mode)
+    combined = scorer.score(QUERIES[1], docs, weights=weights)
+    np.testing.assert_allclose(combined, expected["colbert+sparse+dense"], rtol=1e-5, atol=1e-6)
+
+
+def test_bge_m3_alone_equals_batch(bge_m3) -> None:  # type: ignore[no-untyped-def]
+    _alone_equals_batch(bge_m3[1])
+
+
+def test_bge_m3_heads_are_read_without_pickled_code(tmp_path: Path) -> None:
+    """A head file holding any object but tensors is refused, with the conversion command;
+    exactly a Linear's weight and bias is read."""
+    path = tmp_path / "sparse_linear.pt"
+    torch.save({"weight": torch.ones(1, 8), "bias": torch.zeros(1)}, path)
+    assert read_pt_head(path, 8).weight.shape == (1, 8)
+    torch.save(
+        {"weight": torch.ones(1, 8), "bias": torch.zeros(1), "x": types.SimpleNamespace()}, path
+    )
+    with pytest.raises(ModelLoadError, match="not a plain tensor file.*safetensors"):
+        read_pt_head(path, 8)
+    torch.save({"weight": torch.ones(1, 8), "extra": torch.zeros(1)}, path)
+    with pytest.raises(ModelLoadError, match="a Linear's weight"):
+        read_pt_head(path, 8)
+
+
+def test_multivector_size_limit(bge_m3) -> None:  # type: ignore[no-untyped-def]
+    ours = bge_m3[1]
+    with pytest.raises(InputError, match="over the limit of 1000 per call") as e:
+        ours.encode_outputs(TEXTS, max_multivector_values=1000)
+    assert e.value.code == "output_too_large"
+    assert (
+        ours.encode_outputs(
+            TEXTS, outputs=("dense", "sparse"), max_multivector_values=1
+        ).multivector
+        is None
+    )
+
+
+# -- ColBERT (PyLate) -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pylate_outputs(
+    folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, np.ndarray]:
+    if (
+        not (PYLATE_ENV / "sentence_transformers").exists()
+        or importlib.util.find_spec("pylate") is None
+    ):
+        pytest.skip(f"PyLate's reference environment is missing ({PYLATE_ENV}; see PYLATE_ENV)")
+    work = tmp_path_factory.mktemp("pylate")
+    (work / "in.json").write_text(json.dumps({"queries": QUERIES, "documents": TEXTS}))
+    env = {**os.environ, "PYTHONPATH": str(PYLATE_ENV)}
+    script = Path(__file__).with_name("pylate_reference.py")
+    args = [
+        sys.executable,
+        str(script),
+        str(folders["answerai-colbert-small-v1"]),
+        str(work / "in.json"),
+        str(work / "out.npz"),
+    ]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(np.load(work / "out.npz"))
+
+
+@pytest.mark.slow  # PyLate in a subprocess of its own environment: ~2 minutes on 2 cores
+def test_colbert_equals_pylate(
+    folders: dict[str, Path], pylate_outputs: dict[str, np.ndarray]
+) -> None:
+    ours = Embedder(folders["answerai-colbert-small-v1"], device="cpu")
+    assert ours.colbert is not None
+    queries = ours.encode_outputs(QUERIES, input_type="query").multivector
+    docs = ours.encode_outputs(TEXTS, input_type="document").multivector
+    assert queries is not None and docs is not None
+    q_ids = ours.colbert.prepare(QUERIES, query=True, truncate=False).seqs
+    d_ids = ours.colbert.prepare(TEXTS, query=False, truncate=False).seqs
+    for kind, got, ids in (("queries", queries, q_ids), ("documents", docs, d_ids)):
+        for i, mine in enumerate(got):
+            assert ids[i] == pylate_outputs[f"{kind}_ids_{i}"].tolist()
+            theirs = pylate_outputs[f"{kind}_{i}"]
+            assert mine.shape == theirs.shape
+            assert cosines(mine, theirs).min() >= 0.99999
+    scorer = Scorer(folders["answerai-colbert-small-v1"], device="cpu")
+    for qi, query in enumerate(QUERIES):
+        ref = [
+            float(
+                (pylate_outputs[f"queries_{qi}"] @ pylate_outputs[f"documents_{d}"].T).max(1).sum()
+            )
+            for d in range(len(TEXTS))
+        ]
+        mine = scorer.score(query, TEXTS)
+        np.testing.assert_allclose(mine, ref, rtol=1e-4)
+        assert np.argsort(-mine).tolist() == np.argsort(-np.asarray(ref)).tolist()
+
+
+def test_colbert_alone_equals_batch(folders: dict[str, Path]) -> None:
+    ours = Embedder(folders["answerai-colbert-small-v1"], device="cpu")
+    _alone_equals_batch(ours, input_type="query")
+    _alone_equals_batch(ours, input_type="document")

@@ -122,27 +122,7 @@ class Engine:
         # a sparse / multi-vector layout's heads (`retrieval`), in float32; None if dense only
         retrieval = build_retrieval(spec)
         self.retrieval = retrieval.to(self.device) if retrieval is not None else None
-        self.runner: GraphRunner | None = None
-        if graphs is None:
-            # an explicitly named backend that a graph cannot hold (sdpa_loop) means eager
-            graphs = on_cuda and (
-                attention_backend in (None, "auto") or attention_backend in CAPTURE_SAFE
-            )
-        if graphs is not False:
-            config = graph_config(
-                spec,
-                graphs if isinstance(graphs, GraphConfig) else GraphConfig(),
-                attention_backend,
-            )
-            self.runner = GraphRunner(
-                self._forward,
-                device=self.device,
-                config=config,
-                stats=self.stats,
-                choices=self.choices,
-                max_positions=spec.max_position_embeddings,
-            )
-            self.runner.warm_up()
+        self.runner = self._graph_runner(graphs, attention_backend)
         self.vocab_size = spec.vocab_size
         self.max_positions = spec.max_position_embeddings
         self.fidelity_cosine: float | None = None
@@ -159,6 +139,31 @@ class Engine:
                 activate=spec.score.activate if spec.score is not None else None,
             )
             del reference
+
+    def _graph_runner(
+        self, graphs: GraphConfig | bool | None, attention_backend: str | None
+    ) -> GraphRunner | None:
+        """The CUDA-graph runner of this engine's forward, warmed up; None to run eagerly."""
+        if graphs is None:
+            # an explicitly named backend that a graph cannot hold (sdpa_loop) means eager
+            graphs = self.device.type == "cuda" and (
+                attention_backend in (None, "auto") or attention_backend in CAPTURE_SAFE
+            )
+        if graphs is False:
+            return None
+        config = graph_config(
+            self.spec, graphs if isinstance(graphs, GraphConfig) else GraphConfig(), attention_backend
+        )
+        runner = GraphRunner(
+            self._forward,
+            device=self.device,
+            config=config,
+            stats=self.stats,
+            choices=self.choices,
+            max_positions=self.spec.max_position_embeddings,
+        )
+        runner.warm_up()
+        return runner
 
     @classmethod
     def from_folder(

@@ -192,13 +192,19 @@ def test_second_hit_captures_third_replays(minilm_folder: Path) -> None:
         seen.append((s.eager_runs, s.captures, s.replays))
     assert seen == [(1, 0, 0), (1, 1, 0), (1, 1, 1), (1, 1, 2)]
     assert engine.runner is not None and engine.runner.num_graphs == 1
-    # above the largest bucket: eager, never captured
+    # one sequence above the largest bucket: eager, never captured
     small = Engine.from_folder(
         minilm_folder, device="cuda", fidelity=False, graphs=GraphConfig(max_tokens=256)
     )
     for _ in range(3):
-        small.step(_batch(rng, [200, 200], small.vocab_size)).wait()
+        small.step(_batch(rng, [300], small.vocab_size)).wait()
     assert (small.stats.eager_runs, small.stats.captures) == (3, 0)
+    # a batch above the grid whose sequences fit: split into parts the buckets hold (issue 24)
+    for _ in range(3):
+        small.step(_batch(rng, [200, 200], small.vocab_size)).wait()
+    # 6 parts: the first eager, the second captured, then replayed (the 300s ran eagerly)
+    s = small.stats
+    assert (s.eager_runs, s.captures, s.replays) == (4, 1, 4) and s.split_batches >= 3
 
 
 def test_padding_never_leaks(bert_pair: tuple[Engine, Engine], monkeypatch) -> None:  # type: ignore[no-untyped-def]

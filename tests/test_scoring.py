@@ -36,7 +36,7 @@ def llm_reranker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_cross_encoder_logits_match_transformers(cross_encoder: Path) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    scorer = Scorer(cross_encoder, device="cpu")
+    scorer = Scorer(cross_encoder, device="cpu", dtype="float32")
     assert scorer.kind == "cross-encoder"
     got = scorer.score(QUERY, DOCS, raw=True)
     tok = AutoTokenizer.from_pretrained(cross_encoder)
@@ -54,7 +54,7 @@ def test_cross_encoder_logits_match_transformers(cross_encoder: Path) -> None:
 def test_cross_encoder_ranks_as_sentence_transformers(cross_encoder: Path) -> None:
     from sentence_transformers import CrossEncoder
 
-    scorer = Scorer(cross_encoder, device="cpu")
+    scorer = Scorer(cross_encoder, device="cpu", dtype="float32")
     st = CrossEncoder(str(cross_encoder), device="cpu")
     want = st.predict([(QUERY, d) for d in DOCS])
     got = scorer.score(QUERY, DOCS)
@@ -68,7 +68,7 @@ def test_cross_encoder_ranks_as_sentence_transformers(cross_encoder: Path) -> No
 def test_llm_reranker_yes_probability_matches_transformers(llm_reranker: Path) -> None:
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-    scorer = Scorer(llm_reranker, device="cpu")
+    scorer = Scorer(llm_reranker, device="cpu", dtype="float32")
     assert scorer.kind == "llm-reranker"
     got = scorer.score(QUERY, DOCS)
     # the reference as Qwen3-Reranker's model card computes it
@@ -89,9 +89,9 @@ def test_llm_reranker_yes_probability_matches_transformers(llm_reranker: Path) -
 def test_bi_encoder_scores_are_the_cosine_of_embeddings() -> None:
     from embedserve.embedder import Embedder
 
-    scorer = Scorer("minilm", device="cpu")
+    scorer = Scorer("minilm", device="cpu", dtype="float32")
     assert scorer.kind == "bi-encoder"
-    embedder = Embedder("minilm", device="cpu")
+    embedder = Embedder("minilm", device="cpu", dtype="float32")
     q, d = embedder.encode(QUERY), embedder.encode(DOCS)
     np.testing.assert_allclose(scorer.score(QUERY, DOCS), d @ q, atol=1e-5)
     with pytest.raises(InputError, match="raw scores"):
@@ -101,7 +101,7 @@ def test_bi_encoder_scores_are_the_cosine_of_embeddings() -> None:
 def test_over_long_pairs_cut_the_document_never_the_query(cross_encoder: Path) -> None:
     from transformers import AutoTokenizer
 
-    scorer = Scorer(cross_encoder, device="cpu")
+    scorer = Scorer(cross_encoder, device="cpu", dtype="float32")
     long_doc = "vector search ranks documents " * 200
     with pytest.raises(InputTooLong, match=r"documents\[1\]"):
         scorer.score(QUERY, [DOCS[0], long_doc])
@@ -117,7 +117,7 @@ def test_over_long_pairs_cut_the_document_never_the_query(cross_encoder: Path) -
 
 
 def test_llm_reranker_truncates_the_document(llm_reranker: Path) -> None:
-    scorer = Scorer(llm_reranker, device="cpu")
+    scorer = Scorer(llm_reranker, device="cpu", dtype="float32")
     assert scorer.pairs is not None
     scorer.pairs.max_length = 128  # a small limit for the test
     long_doc = "vector search ranks documents " * 100
@@ -147,7 +147,7 @@ def test_llm_reranker_truncates_the_document(llm_reranker: Path) -> None:
 def test_bad_scoring_input(
     cross_encoder: Path, query: object, documents: object, options: dict, words: str
 ) -> None:
-    scorer = Scorer(cross_encoder, device="cpu")
+    scorer = Scorer(cross_encoder, device="cpu", dtype="float32")
     with pytest.raises(InputError, match=words):
         scorer.rerank(query, documents, **options)  # type: ignore[arg-type]
 
@@ -156,16 +156,18 @@ def test_documents_as_objects_and_embedder_refuses_a_reranker(cross_encoder: Pat
     from embedserve.embedder import Embedder
     from embedserve.loading.spec import ModelLoadError
 
-    scorer = Scorer(cross_encoder, device="cpu")
+    scorer = Scorer(cross_encoder, device="cpu", dtype="float32")
     a = scorer.score(QUERY, [{"text": d} for d in DOCS[:2]])  # type: ignore[list-item]
     np.testing.assert_array_equal(a, scorer.score(QUERY, DOCS[:2]))
     with pytest.raises(ModelLoadError, match="scoring model"):
-        Embedder(cross_encoder, device="cpu")
+        Embedder(cross_encoder, device="cpu", dtype="float32")
 
 
 @pytest.mark.parametrize("which", ["cross_encoder", "llm_reranker"])
 def test_the_fidelity_guard_runs_on_score_heads(which: str, request: pytest.FixtureRequest) -> None:
     from embedserve.engine.engine import Engine
 
-    engine = Engine.from_folder(request.getfixturevalue(which), device="cpu", fidelity=True)
+    engine = Engine.from_folder(
+        request.getfixturevalue(which), device="cpu", dtype="float32", fidelity=True
+    )
     assert engine.fidelity_cosine is not None and engine.fidelity_cosine > 0.999

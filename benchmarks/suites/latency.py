@@ -118,7 +118,8 @@ def bench_model(name: str, weights: str, folder: Path, device: str, lengths: lis
             extra = {"cosine_min": round(cos, 6)} if system == OURS else {}
             for metric, q in (("p50_ms", 50), ("p99_ms", 99)):
                 value = percentile(ms, q)
-                records.append(dict(system=system, dtype=label, metric=metric,
+                records.append(dict(system=system, metric=metric,
+                                    dtype=ours.engine.dtype_name if system == OURS else label,
                                     value=round(value, 4), reps=len(ms), **base, **extra))  # fmt: skip
         p50 = {s: median(v) for s, v in times.items()}
         rows.append(

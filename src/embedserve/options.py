@@ -213,7 +213,9 @@ class EngineOptions(Options):
     model: str = model_option()
     device: str = option("auto", "cpu, cuda, cuda:N, or auto (a GPU when present)")
     dtype: str | None = option(
-        None, "float32 | bfloat16 | float16 (default: float32 on the CPU, bfloat16 on a GPU)"
+        None,
+        "float32 | bfloat16 | float16 (default: bfloat16 on a GPU and on a CPU with native "
+        "bf16, AVX-512 BF16 or AMX, checked against fp32 at start-up; else float32)",
     )
     pooling: str | None = option(None, "override the folder's pooling", choices=POOLING_METHODS)
     attention: str | None = option(

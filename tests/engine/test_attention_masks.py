@@ -101,7 +101,7 @@ def test_a_model_with_a_score_bias_never_gets_flash_attention(tmp_path) -> None:
 
     folder = make_checkpoint(tmp_path / "m", arch="mpnet-tiny", dtype="float32", seed=1)
     with pytest.raises(ValueError, match="score bias"):
-        Engine.from_folder(folder, device="cpu", attention_backend="varlen")
+        Engine.from_folder(folder, device="cpu", dtype="float32", attention_backend="varlen")
     # its graphs try the padded backend first, the masked ones after (here on the CPU
     # stand-in for CUDA graphs): eager hit, capture, replay all equal the eager engine
     from embedserve.engine.batch import PackedBatch
@@ -109,7 +109,7 @@ def test_a_model_with_a_score_bias_never_gets_flash_attention(tmp_path) -> None:
     from embedserve.engine.engine import graph_config
     from embedserve.engine.graphs import EagerGraph, GraphConfig, GraphRunner
 
-    engine = Engine.from_folder(folder, device="cpu")
+    engine = Engine.from_folder(folder, device="cpu", dtype="float32")
     config = graph_config(engine.spec, GraphConfig(max_tokens=512), None)
     assert config.attention == ("padded", "cudnn", "block_mask")
     runner = GraphRunner(

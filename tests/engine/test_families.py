@@ -94,7 +94,7 @@ def test_vectors_equal_transformers(folder: Path) -> None:
     ids = token_ids(folder, TEXTS)
     # the local windows (8 tokens in the tiny configs) are exercised: some texts are longer
     assert max(len(s) for s in ids) > 64
-    engine = Engine.from_folder(folder, device="cpu")
+    engine = Engine.from_folder(folder, device="cpu", dtype="float32")
     got = engine.step(PackedBatch.from_token_lists(ids)).wait()
     want = reference(folder, ids)
     cos = row_cosines(got, want)
@@ -110,7 +110,7 @@ def test_sentence_transformers_gives_the_same_vectors(folder: Path) -> None:
 
     st = SentenceTransformer(str(folder), device="cpu")
     want = st.encode(TEXTS, convert_to_numpy=True)
-    ours = Embedder(folder, device="cpu")
+    ours = Embedder(folder, device="cpu", dtype="float32")
     got = ours.encode(TEXTS)
     assert got.shape == want.shape
     assert row_cosines(got, want).min() >= MIN_COSINE
@@ -142,7 +142,7 @@ def xlmr_reranker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_xlm_roberta_cross_encoder_matches_transformers(xlmr_reranker: Path) -> None:
     from sentence_transformers import CrossEncoder
 
-    scorer = Scorer(xlmr_reranker, device="cpu")
+    scorer = Scorer(xlmr_reranker, device="cpu", dtype="float32")
     assert scorer.kind == "cross-encoder"
     got = scorer.score(RERANK_QUERY, RERANK_DOCS, raw=True)
     tok = transformers.AutoTokenizer.from_pretrained(xlmr_reranker)
@@ -182,7 +182,7 @@ def test_real_all_mpnet_base_v2_equals_sentence_transformers(real_mpnet: Path) -
         384,
     )
     want = SentenceTransformer(str(real_mpnet), device="cpu").encode(TEXTS, convert_to_numpy=True)
-    ours = Embedder(real_mpnet, device="cpu")
+    ours = Embedder(real_mpnet, device="cpu", dtype="float32")
     got = ours.encode(TEXTS)
     assert row_cosines(got, want).min() >= MIN_COSINE
     # a trained model: related texts are closer than unrelated ones

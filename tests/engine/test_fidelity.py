@@ -101,9 +101,10 @@ def test_guard_rejects_nan() -> None:
 
 
 def test_engine_guard_on_cpu_passes_and_refuses_a_broken_model(minilm_path) -> None:  # type: ignore[no-untyped-def]
-    engine = Engine.from_folder(minilm_path, device="cpu", fidelity=True)
+    # fp32 asked for: the CPU's default on a native-bf16 CPU is bf16 (`engine.cpu`)
+    engine = Engine.from_folder(minilm_path, device="cpu", dtype="float32", fidelity=True)
     assert engine.fidelity_cosine is not None and engine.fidelity_cosine > 0.99999
-    broken = Engine.from_folder(minilm_path, device="cpu")
+    broken = Engine.from_folder(minilm_path, device="cpu", dtype="float32")
     with torch.no_grad():
         broken.model.layers[2].down.weight.mul_(-3.0)  # a wrong kernel, in effect
     probes = make_probes(engine.vocab_size, engine.max_positions)

@@ -105,7 +105,7 @@ def test_stage_inputs_layout() -> None:
 
 
 def _bert_engine(minilm_path) -> Engine:  # type: ignore[no-untyped-def]
-    return Engine.from_folder(minilm_path, device="cpu")
+    return Engine.from_folder(minilm_path, device="cpu", dtype="float32")
 
 
 def _runner(engine: Engine, config: GraphConfig | None = None) -> GraphRunner:

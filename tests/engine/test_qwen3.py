@@ -102,7 +102,7 @@ def check_against_hf(
 
 
 def test_tiny_causal_last_token_matches_transformers(tiny: Path) -> None:
-    engine = Engine.from_folder(tiny, device="cpu")
+    engine = Engine.from_folder(tiny, device="cpu", dtype="float32")
     assert (engine.spec.family, engine.spec.attention, engine.spec.pooling) == (
         "qwen3",
         "causal",
@@ -115,7 +115,7 @@ def test_tiny_causal_last_token_matches_transformers(tiny: Path) -> None:
 
 def test_tiny_bidirectional_mean_matches_transformers(tiny_bidirectional: Path) -> None:
     folder = tiny_bidirectional
-    engine = Engine.from_folder(folder, device="cpu")
+    engine = Engine.from_folder(folder, device="cpu", dtype="float32")
     assert (engine.spec.attention, engine.spec.pooling) == ("bidirectional", "mean")
     hf_full_mask = hf_model(folder)
     check_against_hf(folder, engine, hf_full_mask)
@@ -128,7 +128,7 @@ def test_tiny_bidirectional_mean_matches_transformers(tiny_bidirectional: Path) 
     assert (full - causal).abs().max() > 1e-2  # the reference really is not causal
 
     # the override flag: the same folder run causally is no longer bidirectional
-    causal_engine = Engine.from_folder(folder, device="cpu", attention="causal")
+    causal_engine = Engine.from_folder(folder, device="cpu", dtype="float32", attention="causal")
     assert causal_engine.spec.attention == "causal"
     got_causal = ours(causal_engine, [seq])[0]
     assert cosine(got_causal, causal.mean(0)) >= 0.99999
@@ -137,7 +137,7 @@ def test_tiny_bidirectional_mean_matches_transformers(tiny_bidirectional: Path) 
 
 @pytest.mark.parametrize("kind", ["causal", "bidirectional"])
 def test_alone_equals_in_a_mixed_batch(tiny: Path, kind: str) -> None:
-    engine = Engine.from_folder(tiny, device="cpu", attention=kind, pooling="mean")
+    engine = Engine.from_folder(tiny, device="cpu", dtype="float32", attention=kind, pooling="mean")
     ids = token_ids(tiny)
     batch = ours(engine, ids)
     for i, seq in enumerate(ids):
@@ -150,7 +150,7 @@ def test_alone_equals_in_a_mixed_batch(tiny: Path, kind: str) -> None:
 
 def test_sharded_and_prefixed_checkpoints_load_alike(tiny: Path, tmp_path: Path) -> None:
     """Shards + index, and a Qwen3ForCausalLM layout ('model.' prefix, lm_head ignored)."""
-    single = Engine.from_folder(tiny, device="cpu")
+    single = Engine.from_folder(tiny, device="cpu", dtype="float32")
     ids = token_ids(tiny)
     expected = ours(single, ids)
 
@@ -160,7 +160,9 @@ def test_sharded_and_prefixed_checkpoints_load_alike(tiny: Path, tmp_path: Path)
     assert not (sharded / "model.safetensors").exists()
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
-    np.testing.assert_array_equal(ours(Engine.from_folder(sharded, device="cpu"), ids), expected)
+    np.testing.assert_array_equal(
+        ours(Engine.from_folder(sharded, device="cpu", dtype="float32"), ids), expected
+    )
 
     causal_lm = tmp_path / "causal_lm"
     shutil.copytree(tiny, causal_lm, ignore=shutil.ignore_patterns("model.safetensors"))
@@ -170,7 +172,7 @@ def test_sharded_and_prefixed_checkpoints_load_alike(tiny: Path, tmp_path: Path)
     cfg = json.loads((tiny / "config.json").read_text())
     cfg["architectures"] = ["Qwen3ForCausalLM"]
     (causal_lm / "config.json").write_text(json.dumps(cfg))
-    engine = Engine.from_folder(causal_lm, device="cpu", pooling="last")
+    engine = Engine.from_folder(causal_lm, device="cpu", dtype="float32", pooling="last")
     np.testing.assert_array_equal(ours(engine, ids), expected)
 
 
@@ -187,11 +189,11 @@ def test_qwen3_0_6b_config_matches_transformers(tmp_path: Path) -> None:
     assert cfg["vocab_size"] == 151669
     hf = hf_model(folder)
     texts = TEXTS[:2]  # two short inputs keep this under a minute on two cores
-    causal = Engine.from_folder(folder, device="cpu")
+    causal = Engine.from_folder(folder, device="cpu", dtype="float32")
     print("0.6B causal, last token: cosines", check_against_hf(folder, causal, hf, texts))
     del causal
     bidirectional = Engine.from_folder(
-        folder, device="cpu", attention="bidirectional", pooling="mean"
+        folder, device="cpu", dtype="float32", attention="bidirectional", pooling="mean"
     )
     cosines = check_against_hf(folder, bidirectional, hf, texts)
     print("0.6B bidirectional, mean: cosines", cosines)

@@ -46,12 +46,12 @@ def bi_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def causal(causal_folder: Path) -> Embedder:
-    return Embedder(causal_folder, device="cpu")
+    return Embedder(causal_folder, device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="module")
 def bi(bi_folder: Path) -> Embedder:
-    return Embedder(bi_folder, device="cpu")
+    return Embedder(bi_folder, device="cpu", dtype="float32")
 
 
 def assert_same_vectors(a: np.ndarray, b: np.ndarray) -> None:
@@ -165,7 +165,7 @@ DOCUMENT = [
 @pytest.mark.parametrize("kind", ["bidirectional", "causal"])
 def test_late_chunking_matches_reference(bi_folder: Path, causal_folder: Path, kind: str) -> None:
     folder = bi_folder if kind == "bidirectional" else causal_folder
-    embedder = Embedder(folder, device="cpu", pooling="mean")
+    embedder = Embedder(folder, device="cpu", dtype="float32", pooling="mean")
     expected = reference_chunks(folder, DOCUMENT, " ", bidirectional=kind == "bidirectional")
     [got] = embedder.encode_contextual([DOCUMENT], normalize=False, output_dtype="float32")
     assert got.shape == (3, embedder.dimensions)
@@ -221,7 +221,7 @@ def short_limit(tmp_path_factory: pytest.TempPathFactory) -> Embedder:
         seed=13,
         max_seq_length=32,
     )
-    return Embedder(folder, device="cpu")
+    return Embedder(folder, device="cpu", dtype="float32")
 
 
 def test_truncate_chunk_averages_windows(short_limit: Embedder) -> None:

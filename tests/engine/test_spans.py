@@ -11,7 +11,7 @@ from embedserve.engine.engine import Engine
 
 @pytest.fixture(scope="module")
 def engine(minilm_path) -> Engine:  # type: ignore[no-untyped-def]
-    return Engine.from_folder(minilm_path, device="cpu")
+    return Engine.from_folder(minilm_path, device="cpu", dtype="float32")
 
 
 def _docs(engine: Engine) -> PackedBatch:

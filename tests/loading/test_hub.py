@@ -36,7 +36,7 @@ def test_a_hub_id_in_the_cache_loads_like_the_folder(hub_cache: Path, minilm: Em
     folder = resolve_model("sentence-transformers/all-MiniLM-L6-v2")
     assert folder.name == COMMIT and folder.is_relative_to(hub_cache)
     assert resolve_model("sentence-transformers/all-MiniLM-L6-v2@v1") == folder
-    by_id = Embedder("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
+    by_id = Embedder("sentence-transformers/all-MiniLM-L6-v2", device="cpu", dtype="float32")
     np.testing.assert_array_equal(by_id.encode(["a query"]), minilm.encode(["a query"]))
 
 

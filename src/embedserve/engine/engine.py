@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +29,13 @@ from embedserve.engine.attention import (
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
-from embedserve.engine.fidelity import SCORE_MAX_DIFF, check_fidelity, make_probes
+from embedserve.engine.cpu import default_dtype
+from embedserve.engine.fidelity import (
+    SCORE_MAX_DIFF,
+    FidelityError,
+    check_fidelity,
+    make_probes,
+)
 from embedserve.engine.graphs import GraphConfig, GraphRunner
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
@@ -39,6 +46,8 @@ from embedserve.engine.pooler.spans import pool_spans
 from embedserve.engine.retrieval import BatchOutputs, build_retrieval, visible_keys_attention
 from embedserve.engine.stats import EngineStats
 from embedserve.loading.spec import ModelSpec, PoolingMethod, read_model_spec
+
+log = logging.getLogger(__name__)
 
 # NOTE: on the CPU, small batches win: at 16k tokens the [tokens, 1536] FFN activations fall out
 # of cache and a 2-core run took 1.8x as long as at 2k (measured on all-MiniLM-L6-v2).
@@ -79,12 +88,14 @@ class Engine:
         fidelity: bool | None = None,
     ) -> None:
         """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU, where
-        the engine runs exactly the eager path. `graphs` may be a GraphConfig.
+        the engine runs exactly the eager path. `graphs` may be a GraphConfig. `dtype` defaults
+        to bf16 on CUDA and on a CPU with native bf16 (`cpu.native_bf16`), else fp32; a CPU's
+        default bf16 is held to the fidelity guard and falls back to fp32 if it fails.
         `attention_backend` names the attention kernel (`attention.BACKEND_NAMES`); by default
         the device's, and with graphs the fastest candidate per bucket."""
         self.spec = spec
         self.device = resolve_device(device)
-        dtype_name = dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
+        dtype_name = dtype or default_dtype(self.device)
         if dtype_name not in DTYPES:
             raise ValueError(f"dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
         self.dtype = DTYPES[dtype_name]
@@ -107,7 +118,9 @@ class Engine:
         self._compiling: contextlib.AbstractContextManager[Any] = (
             compile_limits() if fused else contextlib.nullcontext()
         )
-        check = on_cuda if fidelity is None else fidelity
+        # a CPU's bf16 chosen by default (not asked for) is checked, and may fall back to fp32
+        cpu_default = not on_cuda and dtype is None and self.dtype != torch.float32
+        check = (on_cuda or cpu_default) if fidelity is None else fidelity
         # the fidelity reference: fp32, eager ops (read from the folder a second time)
         reference = build_model(spec, EAGER_OPS).to(self.device) if check else None
         self.model = build_model(spec, self.ops).to(self.device, self.dtype)
@@ -127,18 +140,7 @@ class Engine:
         self.max_positions = spec.max_position_embeddings
         self.fidelity_cosine: float | None = None
         if reference is not None:
-            self.fidelity_cosine = check_fidelity(
-                lambda b: self.step(b).wait().copy(),
-                lambda b: _reference_run(
-                    reference, self.after_pooling, b, self.device, spec.pooling
-                ),
-                make_probes(self.vocab_size, self.max_positions),
-                # one score per row: compared by difference (a cosine of one number is ±1),
-                # after the activation, as the scores are served
-                max_diff=SCORE_MAX_DIFF if self.score_head is not None else None,
-                activate=spec.score.activate if spec.score is not None else None,
-            )
-            del reference
+            self.fidelity_cosine = self._check_fidelity(reference, fall_back=cpu_default)
 
     def _graph_runner(
         self, graphs: GraphConfig | bool | None, attention_backend: str | None
@@ -178,6 +180,33 @@ class Engine:
         other keywords go to `Engine` (`attention_backend` names the attention kernel)."""
         spec = read_model_spec(folder, pooling=pooling, attention=attention)
         return cls(spec, **kwargs)
+
+    def _check_fidelity(self, reference: nn.Module, *, fall_back: bool) -> float | None:
+        """The guard's least cosine against `reference` (the eager fp32 model). When it fails:
+        raise, or with `fall_back` serve the reference itself (None: nothing left to check)."""
+        try:
+            return check_fidelity(
+                lambda b: self.step(b).wait().copy(),
+                lambda b: _reference_run(
+                    reference, self.after_pooling, b, self.device, self.spec.pooling
+                ),
+                make_probes(self.vocab_size, self.max_positions),
+                # one score per row: compared by difference (a cosine of one number is ±1),
+                # after the activation, as the scores are served
+                max_diff=SCORE_MAX_DIFF if self.score_head is not None else None,
+                activate=self.spec.score.activate if self.spec.score is not None else None,
+            )
+        except FidelityError as err:
+            if not fall_back:
+                raise
+            log.warning("%s: %s; serving float32, the reference, instead", self.dtype_name, err)
+            self.model, self.dtype = reference, torch.float32
+            return None
+
+    @property
+    def dtype_name(self) -> str:
+        """The dtype the model runs in, as `--dtype` names it ("bfloat16", "float32")."""
+        return str(self.dtype).removeprefix("torch.")
 
     @property
     def batch_tokens(self) -> int:

@@ -244,6 +244,9 @@ async def serve(config: ServerConfig) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    checked = engine.fidelity_cosine
+    # the dtype served: a CPU's default bf16 falls back to fp32 if the guard fails (`Engine`)
+    precision = engine.dtype_name + (f", fidelity {checked:.5f}" if checked is not None else "")
     what = (
         f"{engine.output_width} dims"
         if engine.spec.score is None
@@ -251,7 +254,7 @@ async def serve(config: ServerConfig) -> int:
     )
     say(
         f"embedserve server: ready on {config.host}:{port} "
-        f"({config.engine.model}, {engine.device}, {what}, "
+        f"({config.engine.model}, {engine.device}, {precision}, {what}, "
         f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
         f"batch tokens {service.scheduler.config.max_batch_tokens}, local socket {local_path})",
     )

@@ -15,6 +15,7 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    InfoMetricFamily,
     Metric,
 )
 
@@ -48,6 +49,13 @@ class ServerCollector:
         self.service = service
 
     def collect(self) -> Iterator[Metric]:
+        dtype = getattr(self.engine, "dtype_name", None)
+        if dtype is not None:  # the dtype served (a CPU's default bf16 may have fallen back)
+            yield InfoMetricFamily(
+                "embedserve_engine",
+                "The engine's device and dtype",
+                value={"device": str(self.engine.device), "dtype": dtype},
+            )
         stats = getattr(self.engine, "stats", None)
         if stats is not None:
             for field, name, help_text in ENGINE_COUNTERS:

@@ -12,9 +12,12 @@ from embedserve.cli.embed import read_texts
 from embedserve.cli.main import main
 from embedserve.embedder import Embedder
 
+# the CLI's vectors are compared with the float32 `minilm` fixture (the CPU default may be bf16)
+FP32 = ("--dtype", "float32")
+
 
 def test_embed_prints_json(minilm: Embedder, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["embed", "hello world", "second", "--dimensions", "8"]) == 0
+    assert main(["embed", *FP32, "hello world", "second", "--dimensions", "8"]) == 0
     out = json.loads(capsys.readouterr().out)
     got = np.array(out["embeddings"], dtype=np.float32)
     np.testing.assert_allclose(
@@ -26,7 +29,7 @@ def test_embed_file_to_npy_and_parquet(minilm: Embedder, tmp_path: Path) -> None
     src = tmp_path / "corpus.jsonl"
     src.write_text('{"text": "first doc"}\n\n"second doc"\n{"text": "third"}\n', encoding="utf-8")
     npy = tmp_path / "v.npy"
-    assert main(["embed", "--input", str(src), "--output", str(npy)]) == 0
+    assert main(["embed", *FP32, "--input", str(src), "--output", str(npy)]) == 0
     vectors = np.load(npy)
     np.testing.assert_allclose(
         vectors, minilm.encode(["first doc", "second doc", "third"]), atol=1e-6
@@ -37,7 +40,7 @@ def test_embed_file_to_npy_and_parquet(minilm: Embedder, tmp_path: Path) -> None
     pq_path = tmp_path / "v.parquet"
     txt = tmp_path / "corpus.txt"
     txt.write_text("first doc\nsecond doc\n\nthird\n", encoding="utf-8")
-    argv = ["embed", "--input", str(txt), "--output", str(pq_path), "--output-dtype", "int8"]
+    argv = ["embed", *FP32, "--input", str(txt), "--output", str(pq_path), "--output-dtype", "int8"]
     assert main(argv) == 2  # line 3 is empty: an error naming it
     assert main([*argv, "--skip-empty"]) == 0
     table = pq.read_table(pq_path)
@@ -56,13 +59,13 @@ def test_every_line_is_one_row_and_jsonl_ids_are_kept(
     txt = tmp_path / "lines.txt"
     txt.write_text("first\n   \nthird\n", encoding="utf-8")  # whitespace-only text is embedded
     out = tmp_path / "v.npy"
-    assert main(["embed", "--input", str(txt), "--output", str(out)]) == 0
+    assert main(["embed", *FP32, "--input", str(txt), "--output", str(out)]) == 0
     np.testing.assert_allclose(np.load(out), minilm.encode(["first", "   ", "third"]), atol=1e-6)
     txt.write_text("first\n\nthird\n", encoding="utf-8")
-    assert main(["embed", "--input", str(txt), "--output", str(out), "--overwrite"]) == 2
+    assert main(["embed", *FP32, "--input", str(txt), "--output", str(out), "--overwrite"]) == 2
     assert "lines.txt:2: an empty text" in capsys.readouterr().err
     assert (
-        main(["embed", "--input", str(txt), "--output", str(out), "--overwrite", "--skip-empty"])
+        main(["embed", *FP32, "--input", str(txt), "--output", str(out), "--overwrite", "--skip-empty"])
         == 0
     )
     assert "skipped 1 empty lines: [2]" in capsys.readouterr().err
@@ -71,7 +74,7 @@ def test_every_line_is_one_row_and_jsonl_ids_are_kept(
         '{"id": "doc-a", "text": "alpha"}\n{"id": "doc-b", "text": "beta"}\n', encoding="utf-8"
     )
     pq_path = tmp_path / "v.parquet"
-    assert main(["embed", "--input", str(src), "--output", str(pq_path)]) == 0
+    assert main(["embed", *FP32, "--input", str(src), "--output", str(pq_path)]) == 0
     assert pq.read_table(pq_path).column("id").to_pylist() == ["doc-a", "doc-b"]
 
 

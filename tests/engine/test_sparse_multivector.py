@@ -91,7 +91,7 @@ def _alone_equals_batch(embedder: Embedder, **kw: object) -> None:
 
 @pytest.fixture(scope="module")
 def splade(folders: dict[str, Path]) -> Embedder:
-    return Embedder(folders["splade-minilm-l6"], device="cpu")
+    return Embedder(folders["splade-minilm-l6"], device="cpu", dtype="float32")
 
 
 def test_splade_equals_sparse_encoder(splade: Embedder, folders: dict[str, Path]) -> None:
@@ -184,7 +184,7 @@ def _bge_m3_model():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def bge_m3(folders: dict[str, Path]):  # type: ignore[no-untyped-def]
     model = _bge_m3_model()(str(folders["bge-m3-tiny"]), use_fp16=False, devices="cpu")
-    return model, Embedder(folders["bge-m3-tiny"], device="cpu")
+    return model, Embedder(folders["bge-m3-tiny"], device="cpu", dtype="float32")
 
 
 def test_bge_m3_three_outputs_equal_flagembedding(bge_m3) -> None:  # type: ignore[no-untyped-def]
@@ -208,7 +208,7 @@ def test_bge_m3_three_outputs_equal_flagembedding(bge_m3) -> None:  # type: igno
 
 def test_bge_m3_scores_equal_compute_score(folders: dict[str, Path], bge_m3) -> None:  # type: ignore[no-untyped-def]
     ref, _ = bge_m3
-    scorer = Scorer(folders["bge-m3-tiny"], device="cpu")
+    scorer = Scorer(folders["bge-m3-tiny"], device="cpu", dtype="float32")
     weights = [0.4, 0.2, 0.4]
     docs = TEXTS[1:]
     # batch_size=1: FlagEmbedding pads a batch's passages with zero vectors that MaxSim then
@@ -288,7 +288,7 @@ def pylate_outputs(
 def test_colbert_equals_pylate(
     folders: dict[str, Path], pylate_outputs: dict[str, np.ndarray]
 ) -> None:
-    ours = Embedder(folders["answerai-colbert-small-v1"], device="cpu")
+    ours = Embedder(folders["answerai-colbert-small-v1"], device="cpu", dtype="float32")
     assert ours.colbert is not None
     queries = ours.encode_outputs(QUERIES, input_type="query").multivector
     docs = ours.encode_outputs(TEXTS, input_type="document").multivector
@@ -301,7 +301,7 @@ def test_colbert_equals_pylate(
             theirs = pylate_outputs[f"{kind}_{i}"]
             assert mine.shape == theirs.shape
             assert cosines(mine, theirs).min() >= 0.99999
-    scorer = Scorer(folders["answerai-colbert-small-v1"], device="cpu")
+    scorer = Scorer(folders["answerai-colbert-small-v1"], device="cpu", dtype="float32")
     for qi, query in enumerate(QUERIES):
         ref = [
             float(
@@ -315,6 +315,6 @@ def test_colbert_equals_pylate(
 
 
 def test_colbert_alone_equals_batch(folders: dict[str, Path]) -> None:
-    ours = Embedder(folders["answerai-colbert-small-v1"], device="cpu")
+    ours = Embedder(folders["answerai-colbert-small-v1"], device="cpu", dtype="float32")
     _alone_equals_batch(ours, input_type="query")
     _alone_equals_batch(ours, input_type="document")

@@ -1,0 +1,248 @@
+"""The CPU's strongest peers side by side in one run: one short query, one passage, a corpus.
+
+Every system embeds the same texts with all-MiniLM-L6-v2's real weights (the bundled folder),
+tokenization included, each in a process of its own (one after the other, never two at once):
+
+- **embedserve** `Embedder.encode` at its CPU defaults (bf16 where the CPU has native bf16,
+  under the fidelity guard), and `dtype="float32"`;
+- **sentence-transformers** with its torch backend (fp32: the reference of every cosine), and with
+  its ONNX backend as its docs advise for CPUs (`backend="onnx"`: an ONNX export of the same
+  folder through Optimum; its O3-optimized export beside it);
+- **fastembed** (ONNX Runtime) on a local fp32 export of the same weights, registered with
+  `TextEmbedding.add_custom_model` (no hub is reachable), plain and run through onnxruntime's
+  transformer optimizer (its fused attention / LayerNorm / GELU graph).
+
+The ONNX peers need transformers < 4.58 (optimum-onnx's pin), which our package does not run on,
+so they run under another interpreter (`--peers-python`, a venv of
+`fastembed==0.9.1 sentence-transformers==5.1.2 transformers==4.57.1 optimum-onnx[onnxruntime]`).
+
+Measured per system: one short query (3-12 words) per call, p50/p99 of `--calls`; one
+passage cut at 256 tokens per call, p50; `--corpus` passages in one call (the library's own
+batching), texts/s. Fidelity: every query and passage vector against sentence-transformers torch
+fp32's, the least cosine (the guard is 0.999).
+
+Writes benchmarks/results/latency/latency-cpu2-peers-YYYYMMDD.{json,md} (or into --out).
+
+    .venv/bin/python benchmarks/suites/cpu_peers.py --peers-python /path/to/peers/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, report  # neither imports embedserve: the peers' worker runs them
+from harness.timing import percentile
+
+GUARD = 0.999
+# (system, interpreter: "ours" or "peers"); the first torch-ST row is every cosine's reference
+SYSTEMS = [
+    ("sentence-transformers torch fp32", "ours"),
+    ("embedserve (CPU default)", "ours"),
+    ("embedserve float32", "ours"),
+    ("sentence-transformers onnx", "peers"),
+    ("sentence-transformers onnx O3", "peers"),
+    ("fastembed (fp32 export)", "peers"),
+    ("fastembed (ORT-optimized export)", "peers"),
+]
+REFERENCE = SYSTEMS[0][0]
+
+
+# ---------------------------------------------------------------- the workers (one per process)
+
+
+def _encoder(system: str, folder: Path) -> tuple[Any, Any, str]:
+    """(encode one list of texts -> float32 rows, encode a corpus -> rows, what ran)."""
+    if system.startswith("embedserve"):
+        from embedserve import Embedder
+
+        dtype = "float32" if "float32" in system else None
+        e = Embedder(str(folder), device="cpu", dtype=dtype)
+        return e.encode, e.encode, f"dtype {e.engine.dtype_name}"
+    if system.startswith("sentence-transformers"):
+        from sentence_transformers import SentenceTransformer
+
+        if "onnx" in system:
+            kwargs = {"file_name": "onnx/model_O3.onnx"} if "O3" in system else {}
+            m = SentenceTransformer(str(folder), backend="onnx", model_kwargs=kwargs)
+        else:
+            m = SentenceTransformer(str(folder), device="cpu")
+
+        def enc(texts: list[str]) -> np.ndarray:
+            return m.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+
+        return enc, enc, "batch 32"
+    from fastembed import TextEmbedding
+    from fastembed.common.model_description import ModelSource, PoolingType
+
+    file = "onnx/model_ortopt.onnx" if "optimized" in system else "onnx/model.onnx"
+    name = f"local/minilm-{Path(file).stem}"
+    TextEmbedding.add_custom_model(
+        name, pooling=PoolingType.MEAN, normalization=True,
+        sources=ModelSource(hf="local/none"), dim=384, model_file=file,
+    )  # fmt: skip
+    fe = TextEmbedding(name, specific_model_path=str(folder))
+
+    def fenc(texts: list[str]) -> np.ndarray:
+        return np.stack(list(fe.embed(texts)))
+
+    return fenc, fenc, "batch 256"
+
+
+def worker(system: str, folder: Path, texts_file: Path, out: Path, calls: int) -> None:
+    texts = json.loads(texts_file.read_text())
+    queries, passages, corp = texts["queries"], texts["passages"], texts["corpus"]
+    one, bulk, detail = _encoder(system, folder)
+    for t in queries[:20] + passages[:5]:
+        one([t])
+    q_ms, p_ms = [], []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        one([queries[i % len(queries)]])
+        q_ms.append((time.perf_counter() - t0) * 1e3)
+    for i in range(calls):
+        t0 = time.perf_counter()
+        one([passages[i % len(passages)]])
+        p_ms.append((time.perf_counter() - t0) * 1e3)
+    bulk(corp[:64])
+    t0 = time.perf_counter()
+    bulk(corp)
+    corpus_s = time.perf_counter() - t0
+    vectors = np.concatenate([bulk(queries), bulk(passages)]).astype(np.float32)
+    np.save(out.with_suffix(".npy"), vectors)
+    out.write_text(json.dumps({"query_ms": q_ms, "passage_ms": p_ms, "corpus_s": corpus_s,
+                               "detail": detail}))  # fmt: skip
+
+
+# ---------------------------------------------------------------- the run
+
+
+def export_onnx(peers: str, folder: Path) -> None:
+    """The folder's ONNX exports (Optimum's, as sentence-transformers makes it; its O3; the
+    onnxruntime transformer optimizer's), written once into `folder/onnx/`."""
+    script = f"""
+import shutil, sys
+from pathlib import Path
+from sentence_transformers import SentenceTransformer, export_optimized_onnx_model
+folder = Path({str(folder)!r})
+m = SentenceTransformer(str(folder), backend="onnx")  # exports onnx/model.onnx when missing
+m.save_pretrained(str(folder))
+export_optimized_onnx_model(m, "O3", str(folder))
+from onnxruntime.transformers import optimizer
+opt = optimizer.optimize_model(str(folder / "onnx/model.onnx"), model_type="bert",
+                               num_heads=12, hidden_size=384, opt_level=1)
+opt.save_model_to_file(str(folder / "onnx/model_ortopt.onnx"))
+"""
+    subprocess.run([peers, "-c", script], check=True)
+
+
+def prepare_texts(folder: Path, n_corpus: int) -> dict[str, list[str]]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_truncation()  # the file truncates at 128
+    queries = corpus.queries(256)
+    cut = []
+    for text in corpus.passages(3000, min_words=150, max_words=400):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        if len(ids) >= 254:  # 254 + [CLS] + [SEP]: the model's limit of 256
+            cut.append(tok.decode(ids[:254]))
+    mixed = []  # nobody truncates: every text fits the model's 256 tokens
+    for text in corpus.passages(n_corpus, min_words=20, max_words=180, seed=3):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        mixed.append(tok.decode(ids[:254]) if len(ids) > 254 else text)
+    return {"queries": queries, "passages": cut[:150], "corpus": mixed}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--peers-python", default=None, help="the ONNX peers' interpreter (else skipped)")
+    p.add_argument("--calls", type=int, default=150)
+    p.add_argument("--corpus", type=int, default=1000)
+    p.add_argument("--systems", default=None, help="comma-separated subset of the systems")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--worker", nargs=4, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        system, folder, texts, out = args.worker
+        worker(system, Path(folder), Path(texts), Path(out), args.calls)
+        return
+    from embedserve.loading.bundled import resolve_model
+    from harness.machine import load1
+
+    work = Path(tempfile.mkdtemp(prefix="cpu-peers-"))
+    folder = work / "all-MiniLM-L6-v2"
+    shutil.copytree(resolve_model("minilm"), folder)
+    chosen = [s for s in SYSTEMS if args.systems is None or s[0] in args.systems.split(",")]
+    if args.peers_python:
+        export_onnx(args.peers_python, folder)
+    texts = prepare_texts(folder, args.corpus)
+    (work / "texts.json").write_text(json.dumps(texts))
+    results: dict[str, dict[str, Any]] = {}
+    for system, which in chosen:
+        python = sys.executable if which == "ours" else args.peers_python
+        if python is None:
+            results[system] = {"skipped": "no --peers-python"}
+            continue
+        out = work / f"r{len(results)}.json"
+        load = load1()
+        argv = [python, __file__, "--worker", system, str(folder), str(work / "texts.json"),
+                str(out), "--calls", str(args.calls)]  # fmt: skip
+        subprocess.run(argv, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        results[system] = {**json.loads(out.read_text()), "load1_before": load}
+        results[system]["vectors"] = np.load(out.with_suffix(".npy"))
+        print(f"{system}: query p50 {np.median(results[system]['query_ms']):.2f} ms", flush=True)
+    write(args, texts, results)
+
+
+def write(args: argparse.Namespace, texts: dict[str, list[str]], results: dict[str, Any]) -> None:
+    """One record per system and metric (BENCHMARKS.md's shape), each with the system's least
+    cosine against sentence-transformers torch fp32."""
+    ref = results.get(REFERENCE, {}).get("vectors")
+    records: list[dict[str, Any]] = []
+    for system, r in results.items():
+        if "skipped" in r:
+            records.append({"system": system, "metric": "skipped", "value": r["skipped"]})
+            continue
+        cos = None
+        if ref is not None:
+            v = r["vectors"]
+            cos = float(np.min(np.sum(v * ref, axis=1) / (
+                np.linalg.norm(v, axis=1) * np.linalg.norm(ref, axis=1))))  # fmt: skip
+        base = {"system": system, "model": "all-MiniLM-L6-v2", "weights": "real",
+                "dtype": r["detail"], "concurrency": 1, "scope": "in process, tokenize included",
+                "cosine_min": cos, "load1_before": r["load1_before"]}  # fmt: skip
+        metrics = [
+            ("one short query p50 (ms)", "3-12 words", percentile(r["query_ms"], 50)),
+            ("one short query p99 (ms)", "3-12 words", percentile(r["query_ms"], 99)),
+            ("one passage p50 (ms)", "256", percentile(r["passage_ms"], 50)),
+            ("corpus (texts/s)", "20-180 words", len(texts["corpus"]) / r["corpus_s"]),
+        ]
+        for metric, tokens, value in metrics:
+            records.append({**base, "metric": metric, "tokens": tokens, "value": round(value, 3)})
+        if cos is not None and cos < GUARD:
+            print(f"{system}: least cosine {cos:.6f} is under the guard's {GUARD}", flush=True)
+    notes = (f"{args.calls} calls per latency row (queries of 3-12 words; passages of exactly 256 "
+             f"tokens); {len(texts['corpus'])} passages of 20-180 words in one call per library "
+             "(its own batching); each system in its own process, one after the other; the "
+             "machine's 1-minute load before each is in the JSON.")  # fmt: skip
+    software = report.versions("torch", "embedserve", "sentence-transformers", "onnxruntime")
+    path, table = report.write("latency", report.cpu_hardware(), "cpu2-peers", records,
+                               software, notes, args.out)  # fmt: skip
+    print(table)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -136,8 +136,12 @@ import shutil, sys
 from pathlib import Path
 from sentence_transformers import SentenceTransformer, export_optimized_onnx_model
 folder = Path({str(folder)!r})
-m = SentenceTransformer(str(folder), backend="onnx")  # exports onnx/model.onnx when missing
-m.save_pretrained(str(folder))
+m = SentenceTransformer(str(folder), backend="onnx")  # exports the model when onnx/ is missing
+# saved aside and only onnx/ kept: save_pretrained also rewrites tokenizer_config.json with
+# "max_length": 128 (tokenizer.json's truncation), which fastembed would then truncate at
+m.save_pretrained(str(folder / "st-saved"))
+shutil.copytree(folder / "st-saved" / "onnx", folder / "onnx")
+shutil.rmtree(folder / "st-saved")
 export_optimized_onnx_model(m, "O3", str(folder))
 from onnxruntime.transformers import optimizer
 opt = optimizer.optimize_model(str(folder / "onnx/model.onnx"), model_type="bert",

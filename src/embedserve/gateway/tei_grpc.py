@@ -72,7 +72,11 @@ def body_of(request: Any) -> dict[str, Any]:
         if field.has_presence and not request.HasField(field.name):
             continue
         value = getattr(request, field.name)
-        body[field.name] = list(value) if field.label == field.LABEL_REPEATED else value
+        # NOTE: `is_repeated` in protobuf 6+ (where `label` went), `label` before
+        repeated = getattr(field, "is_repeated", None)
+        if repeated is None:
+            repeated = field.label == field.LABEL_REPEATED
+        body[field.name] = list(value) if repeated else value
     if "truncation_direction" in body:
         body["truncation_direction"] = DIRECTIONS[body["truncation_direction"]]
     return body

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -195,7 +196,9 @@ class TeiGrpc:
             try:
                 async for request in requests:
                     pending.append(
-                        asyncio.ensure_future(self._guarded(m, context, lambda r=request: fn(r)))
+                        asyncio.ensure_future(
+                            self._guarded(m, context, functools.partial(fn, request))
+                        )
                     )
                     while pending and (len(pending) >= STREAM_WINDOW or pending[0].done()):
                         yield await pending.popleft()

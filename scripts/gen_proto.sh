@@ -4,3 +4,4 @@
 set -e
 cd src && python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. embedserve/contract/embedserve.proto
 python -m grpc_tools.protoc -I. --python_out=. embedserve/contract/otlp_trace.proto
+python ../scripts/tei_descriptor.py

@@ -47,7 +47,7 @@ def test_bad_options(minilm: Embedder) -> None:
     # the value as the HTTP client wrote it (JSON), not Python's True
     with pytest.raises(ValueError, match=r'or "chunk"; got true$'):
         minilm.encode(["x"], truncate=True)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="unknown prompt_name 'query'"):
+    with pytest.raises(ValueError, match="prompt_name 'query': this model has no prompts"):
         minilm.encode(["x"], prompt_name="query")
 
 

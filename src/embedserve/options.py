@@ -57,7 +57,9 @@ def option(
 
 def model_option() -> Any:
     known = ", ".join(f"{k}: {v[1]}" for k, v in BUNDLED.items())
-    return option(DEFAULT_MODEL, f"model folder or bundled name ({known})")
+    return option(
+        DEFAULT_MODEL, f"model folder, bundled name ({known}) or Hugging Face Hub id (org/name)"
+    )
 
 
 def drain_option() -> Any:

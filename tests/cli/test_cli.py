@@ -200,3 +200,21 @@ def test_a_native_integer_output_is_said_out_loud(
     captured = capsys.readouterr()
     assert "native output is int8" in captured.err and "--output-dtype float32" in captured.err
     assert all(isinstance(x, int) for x in json.loads(captured.out)["embeddings"][0])
+
+
+def test_key_help_strings_say_what_the_docs_say() -> None:
+    """`--help` in step with docs/serving.md and the README: the truncate choices, the model
+    kinds --model takes, TEI's gRPC port."""
+    from pathlib import Path
+
+    from embedserve.cli.main import build_parser
+
+    root = Path(__file__).resolve().parents[2]
+    serving = (root / "docs" / "serving.md").read_text(encoding="utf-8")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    sub = next(a for a in build_parser()._actions if a.choices and "embed" in a.choices).choices
+    embed_help = " ".join(sub["embed"].format_help().split())
+    assert "{end,start,chunk}" in embed_help and '`"chunk"`' in serving
+    serve_help = " ".join(sub["serve"].format_help().split())
+    assert "Hugging Face Hub id" in serve_help and "Hub" in readme
+    assert "--tei-grpc-port" in serve_help and "--tei-grpc-port" in serving

@@ -40,8 +40,30 @@ def test_prompt_name_a_literal_prompt_and_the_folders_default() -> None:
     assert defaulted.prompt(prompt="") == ""  # an explicit empty prompt wins over it
 
 
+# a folder whose query prompt is in Qwen3-Embedding's instruction format
+QWEN3_PROMPTS = {**PROMPTS, "query": "Instruct: Given a web search query\nQuery:"}
+
+
+def test_one_rule_on_a_model_without_prompts() -> None:
+    """all-MiniLM-L6-v2: `instruction` and `prompt_name` are errors naming the option,
+    `input_type` adds nothing (Cohere's clients always send one)."""
+    core = preparer()
+    with pytest.raises(InputError, match="no instruction template") as caught:
+        core.options(instruction="Find the answer")
+    assert caught.value.param == "instruction"
+    with pytest.raises(InputError, match="this model has no prompts") as caught:
+        core.options(prompt_name="query")
+    assert caught.value.param == "prompt_name"
+    plain = core.prepare("hello world").seqs
+    for kind in ("query", "document"):
+        assert core.prepare("hello world", core.options(input_type=kind)).seqs == plain
+    # a folder with prompts but none in the instruction format refuses an instruction too
+    with pytest.raises(InputError, match="no instruction template"):
+        preparer(prompts=PROMPTS).options(instruction="x")
+
+
 def test_instruction_is_qwen3s_query_format_with_or_without_input_type_query() -> None:
-    core = preparer(prompts=PROMPTS)
+    core = preparer(prompts=QWEN3_PROMPTS)
     expected = "Instruct: Find the answer\nQuery:"
     assert INSTRUCTION_TEMPLATE.format(instruction="Find the answer") == expected
     assert core.prompt(instruction="Find the answer") == expected
@@ -64,7 +86,7 @@ def test_instruction_is_qwen3s_query_format_with_or_without_input_type_query() -
 def test_bad_prompt_options_name_their_parameter(
     kwargs: dict[str, object], error: type[InputError], param: str, message: str
 ) -> None:
-    core = preparer(prompts=PROMPTS)
+    core = preparer(prompts=QWEN3_PROMPTS)
     with pytest.raises(error, match=message) as caught:
         core.options(**kwargs)  # type: ignore[arg-type]
     assert caught.value.param == param

@@ -146,3 +146,33 @@ def test_weights_are_as_readable_as_the_other_files(tmp_path: Path) -> None:
     weights = stat.S_IMODE(os.stat(folder / "model.safetensors").st_mode)
     config = stat.S_IMODE(os.stat(folder / "config.json").st_mode)
     assert weights == config and weights & 0o044, oct(weights)
+
+
+def test_a_failing_maker_leaves_nothing_and_a_rerun_needs_no_overwrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder is written beside the target and renamed into place only when complete."""
+    from embedserve.devtools import checkpoints
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise ImportError("No module named 'sentencepiece' (the [checkpoints] extra)")
+
+    out = tmp_path / "made"
+    monkeypatch.setattr(checkpoints, "write_weights", fail)
+    with pytest.raises(ImportError, match="checkpoints"):
+        make_checkpoint(out, arch="qwen3-tiny", dtype="float32")
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor its temporary one
+    monkeypatch.undo()
+    assert main(["make-checkpoint", "--arch", "qwen3-tiny", "--out", str(out)]) == 0
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["made"]
+
+
+def test_overwrite_replaces_the_folder_whole(tmp_path: Path) -> None:
+    out = tmp_path / "made"
+    out.mkdir()
+    (out / "stale.txt").write_text("from before")
+    folder = make_checkpoint(out, arch="qwen3-tiny", dtype="float32", overwrite=True)
+    assert folder == out and (out / "config.json").exists()
+    assert not (out / "stale.txt").exists()  # replaced, not written into
+    assert [p.name for p in tmp_path.iterdir()] == ["made"]

@@ -37,7 +37,6 @@ GOOD: list[tuple[str, Any, dict[str, Any]]] = [
     ("chunk with a prompt", [LONG], {"truncate": "chunk", "prompt": "query: "}),
     ("prompt", TEXTS, {"prompt": "query: "}),
     ("input_type", TEXTS, {"input_type": "query"}),
-    ("instruction", TEXTS, {"instruction": "Find passages that answer the question"}),
     ("token ids", IDS, {}),
     ("one flat list of ids", IDS[0], {}),
     ("token ids chunked", [[101, *([7592] * 600), 102]], {"truncate": "chunk"}),
@@ -65,6 +64,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("unknown prompt_name", TEXTS, {"prompt_name": "query"}),
     ("two prompts", TEXTS, {"prompt": "a", "prompt_name": "b"}),
     ("instruction for documents", TEXTS, {"instruction": "x", "input_type": "document"}),
+    ("instruction without a template", TEXTS, {"instruction": "Find passages"}),
     ("blank instruction", TEXTS, {"instruction": "  "}),
     ("unknown input_type", TEXTS, {"input_type": "passage"}),
 ]

@@ -46,6 +46,8 @@ SCHEMA_CANNOT_SAY = {
     ("/v1/embeddings", "prompt_name"),  # the model's prompt names (this one has none)
     ("/tokenize", "prompt_name"),
     *((path, "prompt_name") for path in ("/", "/embed", "/embed_all", "/similarity")),
+    # an instruction template (this model has none: a 400, docs/serving.md)
+    *((path, "instruction") for path in ("/v1/embeddings", "/v1/rerank", "/v1/score", "/tokenize")),
 }
 
 

@@ -50,8 +50,9 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--truncate",
         default=None,
-        choices=["end", "start"],
-        help="cut over-long inputs instead of failing",
+        choices=["end", "start", "chunk"],
+        help="over-long inputs, instead of failing: end (keep the beginning), start (keep the "
+        "end and the prompt) or chunk (embed windows, averaged by content tokens)",
     )
     p.add_argument(
         "--prompt-name", default=None, help="a prompt the model folder defines (e.g. query)"

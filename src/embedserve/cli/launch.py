@@ -193,11 +193,15 @@ def run_serve(args: argparse.Namespace) -> int:
         gateway_proc = Child(
             [*cli, "gateway", *gateway.to_argv()], name="gateway", relay=sys.stderr
         )
-        url = str(gateway_proc.wait_ready(120, cancel=stop_requested)["url"])
+        ready = gateway_proc.wait_ready(120, cancel=stop_requested)
+        url = str(ready["url"])
         gateway_proc.forget_output()
         served = ", ".join(e.names[0] for e in gateway.entries)
         say(f"embedserve: serving {served} at {url}")
-        write_ready({"url": url, "replicas": addresses})
+        grpc_address = {k: ready[k] for k in ("tei_grpc",) if k in ready}
+        for address in grpc_address.values():
+            say(f"embedserve: TEI's gRPC API at {address}")
+        write_ready({"url": url, "replicas": addresses, **grpc_address})
         restarts: list[list[float]] = [[] for _ in servers]
         while not stop_requested.wait(0.2):
             if gateway_proc.proc.poll() is not None:

@@ -6,7 +6,9 @@ to one `InputPreparer` and gets back `PreparedInputs` (the sequences the engine 
 front end. No torch: the gateway runs this.
 
 - inputs: a string, a list of strings, a list of token ids, or a list of token id lists;
-- prompts: `prompt`, `prompt_name`, `input_type` (`query` / `document`), `instruction`;
+- prompts: `prompt`, `prompt_name`, `input_type` (`query` / `document`), `instruction`. On a
+  model without prompts (all-MiniLM-L6-v2): `prompt_name` and `instruction` are a 400 naming
+  the option, `input_type` adds nothing (Cohere's clients always send one; docs/serving.md);
 - `truncate`: False (an over-long input is an error), "end", "start", or "chunk" (embed
   consecutive windows and average them, weighted by content tokens; see `chunking`);
 - the head: `dimensions`, `normalize`, `output_dtype` under the model's output rules;
@@ -109,6 +111,14 @@ class InputPreparer:
 
     # -- prompts and truncation -------------------------------------------------------------
 
+    @property
+    def takes_instruction(self) -> bool:
+        """Whether `instruction` applies: the folder's query prompt is in the instruction
+        format (Qwen3-Embedding's `Instruct: …\nQuery:`)."""
+        head, _, tail = INSTRUCTION_TEMPLATE.partition("{instruction}")
+        query = self.spec.prompts.get("query", "")
+        return query.startswith(head) and query.rstrip().endswith(tail.rstrip())
+
     def options(
         self,
         *,
@@ -167,6 +177,13 @@ class InputPreparer:
                 param="input_type",
             )
         if instruction is not None:
+            if not self.takes_instruction:
+                raise InputError(
+                    "this model has no instruction template (its folder's query prompt is not "
+                    f"{INSTRUCTION_TEMPLATE.format(instruction='…')!r}): drop instruction, or "
+                    "pass a literal prompt",
+                    param="instruction",
+                )
             if input_type == "document":
                 raise InputError(
                     "an instruction applies to queries; documents take none",
@@ -183,8 +200,13 @@ class InputPreparer:
         chosen = prompt_name if prompt_name is not None else self.spec.default_prompt_name
         if chosen is None:
             return ""
+        if not self.spec.prompts:
+            raise InputError(
+                f"prompt_name {chosen!r}: this model has no prompts (its folder names none)",
+                param="prompt_name",
+            )
         if chosen not in self.spec.prompts:
-            known = ", ".join(sorted(self.spec.prompts)) or "none"
+            known = ", ".join(sorted(self.spec.prompts))
             raise InputError(
                 f"unknown prompt_name {chosen!r}; this model's prompts: {known}",
                 param="prompt_name",

@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +166,44 @@ def make_checkpoint(
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
-    path = Path(out)
-    if path.exists() and any(path.iterdir()) and not overwrite:
-        raise ValueError(f"{path} exists and is not empty; pass --overwrite to replace its files")
+    target = Path(out)
+    if target.exists() and any(target.iterdir()) and not overwrite:
+        raise ValueError(f"{target} exists and is not empty; pass --overwrite to replace it")
+    # NOTE: written into a temporary folder beside the target and renamed into place once
+    # complete: a maker that fails (a missing extra, a full disk) leaves nothing behind, so the
+    # same command works again without --overwrite
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        _write_checkpoint(path, arch, attention, pooling, output_rules, seed, dtype,
+                          max_seq_length, max_shard_gb, tokenizer_from)  # fmt: skip
+        path.chmod(0o755)  # mkdtemp's folder is the owner's only; a model folder is not
+        if target.exists():  # empty, or --overwrite: the old folder goes once the new is whole
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            target.rename(old / target.name)
+            path.rename(target)
+            shutil.rmtree(old)
+        else:
+            path.rename(target)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return target
+
+
+def _write_checkpoint(
+    path: Path,
+    arch: str,
+    attention: str,
+    pooling: str | None,
+    output_rules: str | None,
+    seed: int,
+    dtype: str,
+    max_seq_length: int | None,
+    max_shard_gb: float,
+    tokenizer_from: Path | None,
+) -> Path:
+    """`make_checkpoint`'s folder, written into `path` (an empty folder)."""
     shard_bytes = int(max_shard_gb * 2**30)
     if arch in RETRIEVAL_ARCHS:  # SPLADE, bge-m3, ColBERT (`retrieval_checkpoints`)
         make_retrieval_checkpoint(path, arch, seed=seed, dtype=dtype)
@@ -282,7 +319,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--max-seq-length", type=int, default=None, help="default: max_position_embeddings"
     )
     p.add_argument("--max-shard-gb", type=float, default=4.0, help="split weights past this size")
-    p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty folder (once the new one is complete)",
+    )
     p.add_argument(
         "--tokenizer-from",
         type=Path,

@@ -115,7 +115,11 @@ class GatewayApp:
         # at once while the ones in flight (counted here) finish
         self.draining = False
         self.in_flight = 0
-        classify = ClassifyRoutes(self)  # /predict (TEI) and /classify (vLLM)
+        # /predict (TEI) and /classify (vLLM); TEI's gRPC Predict calls it too
+        self.classify = classify = ClassifyRoutes(self)
+        # what else the worker serves from its loop (TEI's gRPC API): `start()` once the
+        # pipelines are up, `stop()` before they close
+        self.services: list[Any] = []
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/embeddings"): self.embeddings,
             ("POST", "/embeddings"): self.embeddings,
@@ -176,12 +180,16 @@ class GatewayApp:
                     for m in self.served.models:
                         m.pipeline = m.make_pipeline()
                         await m.pipeline.replicas.start()
+                    for service in self.services:
+                        await service.start()
                 except Exception as e:
                     log.exception("gateway startup failed")
                     await send({"type": "lifespan.startup.failed", "message": str(e)})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                for service in self.services:  # uvicorn has drained the HTTP requests
+                    await service.stop()
                 for m in self.served.models:
                     if m.pipeline is not None:
                         await m.pipeline.replicas.close()
@@ -243,7 +251,11 @@ class GatewayApp:
             status, content_type, payload = e.status, JSON, self._error_body(tei_errors, e)
             extra = e.headers
         except InputError as e:  # the request core's: the same message as the offline API's
-            status, content_type, payload = 400, JSON, self._error_body(tei_errors, from_input_error(e))
+            status, content_type, payload = (
+                400,
+                JSON,
+                self._error_body(tei_errors, from_input_error(e)),
+            )
         except Exception:
             log.exception("unhandled error on %s %s", method, path)
             error = ApiError(500, "internal error in the gateway", code="server_error")
@@ -404,9 +416,7 @@ class GatewayApp:
             pipeline = self.served.models[0].pipeline
             replicas = None if pipeline is None else pipeline.replicas.replicas
             return 200, prom.CONTENT_TYPE_LATEST.encode(), self.metrics.export(replicas)
-        by_model = {
-            m.name: m.pipeline.replicas.replicas for m in self.served.models if m.pipeline
-        }
+        by_model = {m.name: m.pipeline.replicas.replicas for m in self.served.models if m.pipeline}
         return 200, prom.CONTENT_TYPE_LATEST.encode(), self.metrics.export_models(by_model)
 
     async def openapi(self, body: bytes) -> Answer:

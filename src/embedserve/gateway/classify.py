@@ -122,13 +122,17 @@ class ClassifyRoutes:
 
     def _job(self, body: bytes, parse: Any) -> tuple[str, ClassifyPreparer, Pipeline, ClassifyJob]:
         name, limits, pipeline, data = self.app._served(body, CLASSIFY)
+        return name, self.preparer(name, pipeline), pipeline, parse(data, limits)
+
+    def preparer(self, name: str, pipeline: Pipeline) -> ClassifyPreparer:
+        """The request core of the served classifier `name` (made on its first request)."""
         preparer = self._preparers.get(name)
         if preparer is None:
             preparer = ClassifyPreparer(pipeline.inputs.spec, pipeline.inputs.tokenizer)
             self._preparers[name] = preparer
-        return name, preparer, pipeline, parse(data, limits)
+        return preparer
 
-    async def _scores(
+    async def scores(
         self, preparer: ClassifyPreparer, pipeline: Pipeline, job: ClassifyJob
     ) -> tuple[np.ndarray, int]:
         prepared: PreparedClassify = preparer.prepare(job.inputs, truncate=job.truncate)
@@ -140,14 +144,14 @@ class ClassifyRoutes:
 
     async def predict(self, body: bytes) -> Answer:
         _, preparer, pipeline, job = self._job(body, parse_predict)
-        scores, _ = await self._scores(preparer, pipeline, job)
+        scores, _ = await self.scores(preparer, pipeline, job)
         preds = preparer.predictions(scores, job.top_k)
         out = [[{"score": p.score, "label": p.label} for p in row] for row in preds]
         return 200, JSON, dumps(out[0] if job.single else out)
 
     async def classify(self, body: bytes) -> Answer:
         name, preparer, pipeline, job = self._job(body, parse_classify)
-        probs, num_tokens = await self._scores(preparer, pipeline, job)
+        probs, num_tokens = await self.scores(preparer, pipeline, job)
         labels = preparer.labels.labels
         data = [
             {

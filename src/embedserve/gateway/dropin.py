@@ -9,13 +9,13 @@ TEI's route for the model's task, looked up in `ROOT_TASKS` by the model's task.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from embedserve.gateway import cohere, tei
 from embedserve.gateway.docs_page import CONTENT_SECURITY_POLICY, HTML, docs_html
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.jsonio import dumps
-from embedserve.gateway.models import ANY, EMBED, SCORE
+from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel
 from embedserve.gateway.transport import Answer, parse_json
 
 if TYPE_CHECKING:
@@ -114,6 +114,11 @@ class DropInRoutes:
 
     async def info(self, body: bytes) -> Answer:
         model = self.app.served.pick(None, ANY)  # several models: 400 naming them (no body)
+        return 200, JSON, dumps(self.info_of(model))
+
+    @staticmethod
+    def info_of(model: ServedModel) -> dict[str, Any]:
+        """TEI's `/info` of a served model (its gRPC `Info` too)."""
         pipeline = model.started()
         spec = pipeline.inputs.spec
         facts = tei.InfoFacts(
@@ -122,7 +127,7 @@ class DropInRoutes:
             max_batch_tokens=pipeline.limits.part_tokens,
             tokenization_workers=pipeline.tokenize_threads,
         )
-        return 200, JSON, dumps(tei.info_body(model.name, model.limits, facts))
+        return tei.info_body(model.name, model.limits, facts)
 
     async def cohere_embed(self, body: bytes) -> Answer:
         _, limits, pipeline, data = self.app._served(body, EMBED)

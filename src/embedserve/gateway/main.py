@@ -8,7 +8,7 @@ supervisor and every worker gets exactly one stop signal.
 
 from __future__ import annotations
 
-import errno
+import dataclasses
 import functools
 import logging
 import multiprocessing
@@ -37,6 +37,8 @@ from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool, check_replica
 from embedserve.gateway.served import ModelEntry, load_model, model_entries
+from embedserve.gateway.sockets import bind, reserve_port
+from embedserve.gateway.tei_grpc import TeiGrpc
 from embedserve.loading.bundled import DEFAULT_MODEL
 from embedserve.options import Options, drain_option, model_option, option
 from embedserve.processes import say, set_parent_death_signal, write_ready
@@ -148,6 +150,11 @@ class GatewayConfig(Options):
         5.0, "how often dns: and file: replicas are looked up again (s)"
     )
     drain_seconds: float = drain_option()
+    tei_grpc_port: int | None = option(
+        None,
+        "serve text-embeddings-inference's gRPC API (tei.proto) on this port too, from every "
+        "worker, on --host (0: any free port); default: off",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -158,8 +165,9 @@ class GatewayConfig(Options):
         for entry in self.entries:
             for r in entry.replicas:
                 check_replica(r)
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("port", "tei_grpc_port"):
+            if not 0 <= (getattr(self, name) or 0) < 65536:
+                raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
         for name in (
             "workers",
             "max_body_bytes",
@@ -212,9 +220,7 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
     secret = read_secret(config.link_secret_file) if config.link_secret_file else None
     served = []
     for entry in config.entries:
-        limits, inputs, pairs = load_model(
-            entry, config.max_inputs, config.max_chunks_per_document
-        )
+        limits, inputs, pairs = load_model(entry, config.max_inputs, config.max_chunks_per_document)
         served.append(
             ServedModel(
                 limits,
@@ -257,31 +263,6 @@ def make_pipeline(
     )
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket; a clear ValueError (one line: what, where, what to do) when the
-    address cannot be had."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise ValueError(
-                f"port {port} on {host} is already in use (another server?): stop it, or pick "
-                "another with --port (--port 0: any free port)"
-            ) from None
-        if e.errno == errno.EADDRNOTAVAIL:
-            raise ValueError(
-                f"{host} is not an address of this machine: use --host 127.0.0.1 (this machine "
-                "only) or 0.0.0.0 (every interface)"
-            ) from None
-        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-    sock.set_inheritable(True)
-    return sock
-
-
 def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
     os.setpgrp()
     set_parent_death_signal()
@@ -311,6 +292,8 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         requests_log.setLevel(logging.INFO)
         requests_log.propagate = False
     app = build_app(config, keys)
+    if config.tei_grpc_port is not None:
+        app.services.append(TeiGrpc(app, config.host, config.tei_grpc_port))
     tracing.configure(config.otlp_endpoint, "embedserve-gateway")  # per worker: its own thread
     server = draining_server(
         app,
@@ -387,6 +370,9 @@ def run(config: GatewayConfig) -> int:
 def _supervise(config: GatewayConfig) -> int:
     sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
+    grpc_sock = reserve_port(config.host, config.tei_grpc_port)  # the workers' one port
+    if grpc_sock is not None:
+        config = dataclasses.replace(config, tei_grpc_port=grpc_sock.getsockname()[1])
     ctx = multiprocessing.get_context("spawn")
     workers = [
         ctx.Process(target=run_worker, args=(config, sock), name=f"gateway-{i}", daemon=False)
@@ -426,12 +412,17 @@ def _supervise(config: GatewayConfig) -> int:
     # NOTE: the workers hold the listening socket now. Our copy would keep the port open after
     # they have all gone (connections piling up unanswered): once they exit, the port is free.
     sock.close()
+    grpc_address = {}
+    if grpc_sock is not None:
+        grpc_sock.close()
+        grpc_address["tei_grpc"] = f"{host}:{config.tei_grpc_port}"
     say(
         f"embedserve gateway: listening on {url} ({config.workers} worker"
         f"{'s' if config.workers > 1 else ''}, replicas {', '.join(config.replicas)}, "
-        f"parts of {config.part_tokens or DEFAULT_PART_TOKENS} tokens)",
+        f"parts of {config.part_tokens or DEFAULT_PART_TOKENS} tokens)"
+        + "".join(f"; TEI gRPC API on {a}" for a in grpc_address.values()),
     )
-    write_ready({"url": url, "workers": config.workers})
+    write_ready({"url": url, "workers": config.workers, **grpc_address})
     while any(w.is_alive() for w in workers):
         for w in workers:
             w.join(0.2)

@@ -1,0 +1,53 @@
+"""The sockets the gateway's supervisor binds before its workers start: the HTTP port (`bind`),
+which the workers inherit, and the TEI gRPC port's reservation (`reserve_port`), which they bind
+again themselves (grpc cannot take a socket it did not make).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket; a clear ValueError (one line: what, where, what to do) when the
+    address cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"port {port} on {host} is already in use (another server?): stop it, or pick "
+                "another with --port (--port 0: any free port)"
+            ) from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(
+                f"{host} is not an address of this machine: use --host 127.0.0.1 (this machine "
+                "only) or 0.0.0.0 (every interface)"
+            ) from None
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def reserve_port(host: str, port: int | None) -> socket.socket | None:
+    """A socket bound to the gRPC port (0: a free one) and not listening, held by the
+    supervisor until its workers listen there (SO_REUSEPORT, as they bind it): port 0 becomes
+    one real port for all of them, and a port in use fails in the launcher with a clear error."""
+    if port is None:
+        return None
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(
+            f"cannot listen for TEI's gRPC API on {host}:{port}: {e.strerror}; pick another "
+            "with --tei-grpc-port (0: any free port)"
+        ) from None
+    return sock

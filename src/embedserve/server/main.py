@@ -224,6 +224,8 @@ async def serve(config: ServerConfig) -> int:
         output_rules=engine.spec.output_rules,
         span_pooler=engine.embed_spans,
         guard=guard,
+        outputs_encoder=engine.encode_outputs if engine.retrieval is not None else None,
+        model_outputs=tuple(engine.spec.outputs) if engine.retrieval is not None else (),
     )
     server, health_servicer, port = _grpc_server(config, service)
     await service.start()

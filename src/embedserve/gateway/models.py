@@ -79,12 +79,13 @@ class ServedModel:
             "created": 0,
             "owned_by": "embedserve",
             # what the model does here: "embed" (embeddings, and rerank by cosine) or "score"
-            # (a reranker: /v1/rerank, /rerank and /v1/score only), and how it scores
+            # (a reranker: /v1/rerank, /rerank and /v1/score only), and how it scores (a sparse
+            # or multi-vector model: splade, bge-m3 or colbert, by its own outputs)
             "task": limits.task,
             "scoring": limits.scoring,
             "aliases": list(limits.model_names[1:]),
-            "dimensions": limits.hidden_size if self.embeds else None,
-            "min_dimensions": limits.min_dimensions if self.embeds else None,
+            "dimensions": limits.hidden_size if self.has(("dense",)) else None,
+            "min_dimensions": limits.min_dimensions if self.has(("dense",)) else None,
             "outputs": outputs,
             "limits": {
                 "max_inputs": limits.max_inputs,

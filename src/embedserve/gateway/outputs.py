@@ -41,7 +41,9 @@ OUTPUTS_FIELDS = frozenset(
     {"input", "model", "encoding_format", "user", "truncate", "outputs", "input_type",
      "prompt_name", "prompt", *HEAD_FIELDS}
 )  # fmt: skip
-EMBED_SPARSE_FIELDS = frozenset({"inputs", "truncate", "truncation_direction", "prompt_name"})
+EMBED_SPARSE_FIELDS = frozenset(
+    {"inputs", "truncate", "truncation_direction", "prompt_name", "model"}
+)
 
 
 def asked_outputs(body: Any) -> tuple[str, ...] | None:
@@ -99,6 +101,7 @@ def parse_embed_sparse(body: Any, limits: Limits, head: Head) -> OutputsJob:
     """TEI's `/embed_sparse` body as a job for the sparse output (TEI's `truncate`, a bool,
     with `truncation_direction`)."""
     body = check_object(body, EMBED_SPARSE_FIELDS)
+    check_model(body, limits)
     inputs = input_value(body, limits, key="inputs")
     truncate = tei_truncate(body)
     return OutputsJob(

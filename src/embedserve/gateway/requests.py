@@ -40,7 +40,8 @@ class Limits:
     max_chunks: int = MAX_CHUNKS_PER_DOCUMENT  # chunks per document (contextualized embeddings)
     max_request_chunks: int = MAX_CHUNKS_PER_REQUEST  # chunks of all its documents
     task: str = "embed"  # the model's: "embed" or "score" (spec.ModelSpec.task)
-    scoring: str = "bi-encoder"  # how it scores: bi-encoder (cosine), cross-encoder, llm-reranker
+    # how it scores: bi-encoder (cosine), cross-encoder, llm-reranker; splade, bge-m3, colbert
+    scoring: str = "bi-encoder"
     outputs: tuple[str, ...] = ("dense",)  # what it embeds (spec.outputs): dense, sparse, multivector
     retrieval: str | None = None  # splade | bge-m3 | colbert (spec.retrieval.kind); None: dense only
     multivector_dims: int = 0  # the width of each multi-vector row (0: none)

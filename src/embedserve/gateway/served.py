@@ -107,7 +107,8 @@ def load_model(
         default_output_dtype=spec.default_output_dtype,
         max_chunks=max_chunks,
         task=spec.task,
-        scoring=scoring_kind(spec),
+        # a sparse or multi-vector model scores by its own outputs (`retrieval.scores.late_plan`)
+        scoring=spec.retrieval.kind if spec.retrieval is not None else scoring_kind(spec),
         outputs=tuple(spec.outputs),
         retrieval=spec.retrieval.kind if spec.retrieval is not None else None,
         multivector_dims=spec.retrieval.multivector_dims if spec.retrieval is not None else 0,

@@ -61,6 +61,10 @@ class ServedModel:
             return self.limits.task == "classify"
         return True  # tokenize, models: every model
 
+    @property
+    def embeds_dense(self) -> bool:
+        return self.embeds and self.has(("dense",))
+
     def has(self, outputs: Sequence[str]) -> bool:
         return all(o in self.limits.outputs for o in outputs)
 
@@ -84,8 +88,8 @@ class ServedModel:
             "task": limits.task,
             "scoring": limits.scoring,
             "aliases": list(limits.model_names[1:]),
-            "dimensions": limits.hidden_size if self.has(("dense",)) else None,
-            "min_dimensions": limits.min_dimensions if self.has(("dense",)) else None,
+            "dimensions": limits.hidden_size if self.embeds_dense else None,
+            "min_dimensions": limits.min_dimensions if self.embeds_dense else None,
             "outputs": outputs,
             "limits": {
                 "max_inputs": limits.max_inputs,

@@ -27,6 +27,11 @@ TEI_ERROR = {
     "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
 }
 NUMBERS = {"type": "array", "items": {"type": "number"}}
+SPARSE_VALUE = {
+    "type": "object",
+    "required": ["index", "value"],
+    "properties": {"index": {"type": "integer", "minimum": 0}, "value": {"type": "number"}},
+}
 TEI_TRUNCATION = {
     "truncate": {"type": "boolean", "default": False},
     "truncation_direction": {"enum": ["Right", "Left", "right", "left"], "default": "Right"},
@@ -116,6 +121,14 @@ def _tei_paths(limits: Limits, own: dict[str, Any], paths: dict[str, Any]) -> di
             {"type": "array", "items": vectors},
             errors,
         ),
+        "/embed_sparse": _post(
+            "Sparse (lexical) vectors per input, pooled and thresholded (TEI shape): SPLADE, "
+            "bge-m3's lexical weights",
+            _request(["inputs"], {"inputs": copy.deepcopy(inputs), **copy.deepcopy(TEI_TRUNCATION),
+                                  "model": _model_name(limits)}),
+            {"type": "array", "items": {"type": "array", "items": SPARSE_VALUE}},
+            errors,
+        ),  # fmt: skip
         "/similarity": _post(
             "Cosine of the source sentence with each sentence (TEI shape)",
             similarity,

@@ -40,12 +40,16 @@ EXAMPLES: dict[Any, Any] = {
     "ids": [101, 7592, 102],  # the bundled model's [CLS] hello [SEP]
     ("/similarity", "inputs"): {"source_sentence": "a query", "sentences": ["a document"]},
     "parameters": {"truncate": True},
+    "outputs": ["dense"],
 }
 # constraints the schema cannot state, left out of the generated cases (with why)
 SCHEMA_CANNOT_SAY = {
     ("/v1/embeddings", "prompt_name"),  # the model's prompt names (this one has none)
     ("/tokenize", "prompt_name"),
     *((path, "prompt_name") for path in ("/", "/embed", "/embed_all", "/similarity")),
+    # bge-m3's score weights: the model's kind (this one is a dense embedder)
+    ("/v1/rerank", "weights"),
+    ("/v1/score", "weights"),
 }
 
 

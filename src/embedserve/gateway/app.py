@@ -152,7 +152,9 @@ class GatewayApp:
             *self.dropin.cancellable,
         }
         every_name = tuple(n for m in self.served.models for n in m.limits.model_names)
-        schema_limits = dataclasses.replace(limits, model_names=every_name)
+        # the schema lists every model's names and outputs (the first model's other limits)
+        every_output = tuple(dict.fromkeys(o for m in self.served.models for o in m.limits.outputs))
+        schema_limits = dataclasses.replace(limits, model_names=every_name, outputs=every_output)
         self._openapi = dumps(api_document(", ".join(self.served.names()), schema_limits))
 
     @property
@@ -321,8 +323,6 @@ class GatewayApp:
             encoded, num_tokens = await pipeline.outputs(asked, limits)
             self.metrics.count(num_tokens, len(encoded))
             return 200, JSON, dumps(outputs_body(encoded, asked, name, num_tokens))
-        if outputs is not None:  # a dense-only model asked for its dense vectors
-            data = {k: v for k, v in data.items() if k != "outputs"}
         job = parse_embeddings(data, limits, pipeline.inputs)
         vectors, num_tokens = await pipeline.embed(job)
         self.metrics.count(num_tokens, len(vectors))

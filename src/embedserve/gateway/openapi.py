@@ -8,7 +8,6 @@ from embedserve.core.inputs import INPUT_TYPES
 from embedserve.core.outputs import OUTPUT_DTYPES
 from embedserve.gateway.classify_schema import classify_paths, classify_schemas
 from embedserve.gateway.requests import Limits
-from embedserve.loading.retrieval import OUTPUTS
 
 ERROR = {
     "type": "object",
@@ -135,10 +134,11 @@ def _embeddings_request(limits: Limits) -> dict[str, Any]:
             },
             "outputs": {
                 "type": "array",
-                "items": {"type": "string", "enum": list(OUTPUTS)},
+                "items": {"type": "string", "enum": list(limits.outputs)},
                 "minItems": 1,
                 "description": "embedserve's extension for sparse and multi-vector models "
-                "(SPLADE, bge-m3, ColBERT; /v1/models lists each model's outputs): any of "
+                "(SPLADE, bge-m3, ColBERT; /v1/models lists each model's outputs; those of the "
+                "models served are listed here): any of "
                 "dense (`embedding`), sparse (`sparse`: {indices, values}) and multivector "
                 "(`multivector`: one vector per token), from one forward; encoding_format and "
                 "output_dtype apply to the vectors, dimensions to the dense one. ColBERT: "

@@ -121,14 +121,7 @@ def _tei_paths(limits: Limits, own: dict[str, Any], paths: dict[str, Any]) -> di
             {"type": "array", "items": vectors},
             errors,
         ),
-        "/embed_sparse": _post(
-            "Sparse (lexical) vectors per input, pooled and thresholded (TEI shape): SPLADE, "
-            "bge-m3's lexical weights",
-            _request(["inputs"], {"inputs": copy.deepcopy(inputs), **copy.deepcopy(TEI_TRUNCATION),
-                                  "model": _model_name(limits)}),
-            {"type": "array", "items": {"type": "array", "items": SPARSE_VALUE}},
-            errors,
-        ),  # fmt: skip
+        **_sparse_path(limits, inputs, errors),
         "/similarity": _post(
             "Cosine of the source sentence with each sentence (TEI shape)",
             similarity,
@@ -148,6 +141,18 @@ def _tei_paths(limits: Limits, own: dict[str, Any], paths: dict[str, Any]) -> di
             }
         },
     }
+
+
+def _sparse_path(limits: Limits, inputs: Any, errors: Any) -> dict[str, Any]:
+    """`/embed_sparse`, listed when a model served has a sparse output (else it answers 400)."""
+    if "sparse" not in limits.outputs:
+        return {}
+    request = _request(["inputs"], {"inputs": copy.deepcopy(inputs),
+                                    **copy.deepcopy(TEI_TRUNCATION), "model": _model_name(limits)})  # fmt: skip
+    answer = {"type": "array", "items": {"type": "array", "items": SPARSE_VALUE}}
+    summary = ("Sparse (lexical) vectors per input, pooled and thresholded (TEI shape): SPLADE, "
+               "bge-m3's lexical weights")  # fmt: skip
+    return {"/embed_sparse": _post(summary, request, answer, errors)}
 
 
 def _info() -> dict[str, Any]:

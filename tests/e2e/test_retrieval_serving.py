@@ -79,7 +79,9 @@ def _same_vectors(got: list[Any], want: list[np.ndarray]) -> None:
         np.testing.assert_allclose(np.asarray(g), w, atol=1e-5)
 
 
-def test_bge_m3s_three_outputs_equal_the_offline_ones(url: str, offline: dict[str, Embedder]) -> None:
+def test_bge_m3s_three_outputs_equal_the_offline_ones(
+    url: str, offline: dict[str, Embedder]
+) -> None:
     data = _embed(url, model="m3", input=TEXTS, outputs=["dense", "sparse", "multivector"])
     want = offline["m3"].encode_outputs(TEXTS)
     assert want.dense is not None and want.sparse is not None and want.multivector is not None
@@ -141,7 +143,9 @@ def test_scoring_routes_score_by_maxsim_and_bge_m3s_weights(
     url: str, folders: dict[str, Path]
 ) -> None:
     colbert = Scorer(folders["colbert"], device="cpu").score(QUERY, TEXTS)
-    status, reply = post(url, "/v1/rerank", {"model": "colbert", "query": QUERY, "documents": TEXTS})
+    status, reply = post(
+        url, "/v1/rerank", {"model": "colbert", "query": QUERY, "documents": TEXTS}
+    )
     assert status == 200
     assert [r["index"] for r in reply["results"]] == list(np.argsort(-colbert, kind="stable"))
     got = {r["index"]: r["relevance_score"] for r in reply["results"]}

@@ -84,7 +84,10 @@ def test_outputs_requests_are_batched_by_kind_and_each_gets_its_slice() -> None:
         assert got.multivector is not None and got.multivector[0][:, 2:].tolist() == [[1, 2]] * 4
         assert np.frombuffer(plain.embeddings, plain.dtype).reshape(plain.shape)[0, 0] == 2
         # the two document requests in one forward, the query one apart, the plain one apart
-        assert [c[:3] for c in encoder.calls] == [([5, 7, 8], ALL, False), ([3], ("multivector",), True)]
+        assert [c[:3] for c in encoder.calls] == [
+            ([5, 7, 8], ALL, False),
+            ([3], ("multivector",), True),
+        ]
         assert encoder.calls[1][3] == (2,) and engine.batches == [[1], [2]]
 
     with_server(engine, body, outputs_encoder=encoder, model_outputs=ALL)
@@ -94,7 +97,11 @@ def test_outputs_requests_are_batched_by_kind_and_each_gets_its_slice() -> None:
     ("options", "served", "message"),
     [
         ({"outputs": ["sparse"]}, (), "no sparse or multi-vector outputs"),
-        ({"outputs": ["sparse"]}, ("multivector",), "no sparse output; its outputs are multivector"),
+        (
+            {"outputs": ["sparse"]},
+            ("multivector",),
+            "no sparse output; its outputs are multivector",
+        ),
         ({"outputs": ["multivector"], "visible_tokens": [3, 1]}, ALL, "2 entries for 1 sequences"),
         ({"outputs": ["multivector"], "visible_tokens": [4]}, ALL, "in [1, its sequence's length]"),
         ({"outputs": ["sparse"], "raw": True}, ALL, "no span_bounds, second_segment or raw"),

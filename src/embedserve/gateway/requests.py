@@ -44,10 +44,13 @@ class Limits:
     task: str = "embed"  # the model's: "embed" or "score" (spec.ModelSpec.task)
     # how it scores: bi-encoder (cosine), cross-encoder, llm-reranker; splade, bge-m3, colbert
     scoring: str = "bi-encoder"
-    outputs: tuple[str, ...] = ("dense",)  # what it embeds (spec.outputs): dense, sparse, multivector
-    retrieval: str | None = None  # splade | bge-m3 | colbert (spec.retrieval.kind); None: dense only
+    # what it embeds (spec.outputs): dense, sparse, multivector
+    outputs: tuple[str, ...] = ("dense",)
+    # splade | bge-m3 | colbert (spec.retrieval.kind); None: a dense-only model
+    retrieval: str | None = None
     multivector_dims: int = 0  # the width of each multi-vector row (0: none)
-    max_multivector_values: int = MAX_MULTIVECTOR_VALUES  # floats of multi-vector answer per request
+    # floats of multi-vector answer per request (--max-multivector-values)
+    max_multivector_values: int = MAX_MULTIVECTOR_VALUES
 
 
 @dataclass(frozen=True)

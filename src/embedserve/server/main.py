@@ -247,9 +247,11 @@ async def serve(config: ServerConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     what = (
-        f"{engine.output_width} dims"
-        if engine.spec.score is None
-        else f"scores pairs ({engine.spec.score.kind})"
+        f"scores pairs ({engine.spec.score.kind})"
+        if engine.spec.score is not None
+        else f"outputs {', '.join(engine.spec.outputs)}"
+        if engine.retrieval is not None
+        else f"{engine.output_width} dims"
     )
     say(
         f"embedserve server: ready on {config.host}:{port} "

@@ -99,7 +99,7 @@ def prepare_outputs(
             texts = [texts]
         if not isinstance(texts, (list, tuple)):
             raise InputError("input must be a string or a list of strings", param="input")
-        out = colbert.prepare(texts, query=query, truncate=cut)  # type: ignore[arg-type]
+        out = colbert.prepare(texts, query=query, truncate=cut)
         return OutputSequences(out.seqs, out.visible, out.vectors, query)
     options = inputs.options(
         prompt_name=prompt_name, prompt=prompt, input_type=input_type, truncate=truncate

@@ -59,7 +59,7 @@ def join_outputs(parts: Sequence[EncodedOutputs]) -> EncodedOutputs:
     """The outputs of consecutive parts of one input list, as one (each part asked alike)."""
     first = parts[0]
     return EncodedOutputs(
-        None if first.dense is None else np.concatenate([p.dense for p in parts]),  # type: ignore[misc]
+        None if first.dense is None else np.concatenate([p.dense for p in parts]),
         None if first.sparse is None else [v for p in parts for v in p.sparse or ()],
         None if first.multivector is None else [v for p in parts for v in p.multivector or ()],
     )

@@ -24,7 +24,7 @@ from embedserve.engine.engine import Engine
 from embedserve.errors import InputError
 from embedserve.loading.bundled import DEFAULT_MODEL, resolve_model
 from embedserve.loading.spec import ModelLoadError, read_model_spec
-from embedserve.retrieval.inputs import ColbertInputs
+from embedserve.retrieval.inputs import ColbertInputs, prepare_outputs
 from embedserve.retrieval.outputs import (
     MAX_MULTIVECTOR_VALUES,
     EncodedOutputs,
@@ -182,31 +182,17 @@ class Embedder:
 
         asked = check_outputs(outputs, self.spec.outputs)
         head = self.inputs.head(dimensions, normalize, output_dtype)
-        texts = [inputs] if isinstance(inputs, str) else inputs
-        visible, query = None, input_type == "query"
-        if self.colbert is not None:
-            if input_type not in (None, "query", "document"):
-                raise InputError(
-                    f'input_type must be "query" or "document"; got {input_type!r}',
-                    param="input_type",
-                )
-            cut = self.inputs.options(truncate=truncate).truncate
-            if cut == "chunk":
-                raise InputError('truncate="chunk" averages windows: dense outputs only')
-            prepared = self.colbert.prepare(texts, query=query, truncate=cut)  # type: ignore[arg-type]
-            seqs, visible, counts = prepared.seqs, prepared.visible, prepared.vectors
-        else:
-            options = self.inputs.options(
-                prompt_name=prompt_name, prompt=prompt, input_type=input_type, truncate=truncate
-            )
-            if options.truncate == "chunk":
-                raise InputError('truncate="chunk" averages windows: dense outputs only')
-            seqs = self.inputs.prepare(texts, options).seqs
-            counts = [len(s) - 1 for s in seqs]  # bge-m3: every token after CLS
+        prepared = prepare_outputs(
+            self.inputs, self.colbert, inputs, input_type=input_type,
+            prompt_name=prompt_name, prompt=prompt, truncate=truncate,
+        )  # fmt: skip
         if "multivector" in asked:
-            check_multivector_size(counts, self.multivector_dims, max_multivector_values)
+            check_multivector_size(prepared.vectors, self.multivector_dims, max_multivector_values)
         budget = self._batch_tokens(batch_tokens)
-        return run_outputs(self.engine, seqs, asked, head, budget, query=query, visible=visible)
+        return run_outputs(
+            self.engine, prepared.seqs, asked, head, budget,
+            query=prepared.query, visible=prepared.visible,
+        )  # fmt: skip
 
     @property
     def multivector_dims(self) -> int:

@@ -34,7 +34,7 @@ from embedserve.engine.engine import Engine
 from embedserve.errors import InputError
 from embedserve.loading.bundled import DEFAULT_MODEL, resolve_model
 from embedserve.loading.spec import ModelLoadError, read_model_spec
-from embedserve.retrieval.scores import M3_MODES, m3_scores, maxsim, sparse_dot
+from embedserve.retrieval.scores import M3_DEFAULT_WEIGHTS, late_plan, m3_scores
 
 __all__ = ["Classifier", "Prediction", "Ranked", "Scorer"]
 
@@ -147,7 +147,7 @@ class Scorer:
         query: str,
         documents: Sequence[str],
         *,
-        weights: Sequence[float] = (1.0, 1.0, 1.0),
+        weights: Sequence[float] = M3_DEFAULT_WEIGHTS,
         truncate: Any = False,
         batch_tokens: int | None = None,
     ) -> dict[str, np.ndarray]:
@@ -174,29 +174,14 @@ class Scorer:
         weights: Sequence[float] | None,
     ) -> np.ndarray:
         assert self.embedder is not None and self.spec.retrieval is not None
-        kind = self.spec.retrieval.kind
-        if kind == "bge-m3":
-            modes = self.score_modes(
-                query, documents, weights=weights or (1.0, 1.0, 1.0), truncate=truncate,
-                batch_tokens=budget,
-            )  # fmt: skip
-            return modes[M3_MODES[-1]]
-        if weights is not None:
-            raise InputError("weights are bge-m3's (dense, sparse, colbert)", param="weights")
-        output = "multivector" if kind == "colbert" else "sparse"
+        plan = late_plan(self.spec.retrieval.kind, weights)
         encode = functools.partial(
-            self.embedder.encode_outputs, outputs=(output,), batch_tokens=budget
-        )
-        docs = list(read_documents(documents))
-        q = encode([query], input_type="query", truncate=truncate)
-        d = encode(docs, input_type="document", truncate=truncate)
-        if kind == "colbert":
-            assert q.multivector is not None and d.multivector is not None
-            scores = [maxsim(q.multivector[0], m) for m in d.multivector]
-        else:
-            assert q.sparse is not None and d.sparse is not None
-            scores = [sparse_dot(q.sparse[0], s) for s in d.sparse]
-        return np.asarray(scores, dtype=np.float32)
+            self.embedder.encode_outputs, outputs=plan.outputs, batch_tokens=budget,
+            truncate=truncate,
+        )  # fmt: skip
+        q = encode([query], input_type=plan.query_type)
+        d = encode(list(read_documents(documents)), input_type=plan.document_type)
+        return plan.scores(q, d)
 
     def rerank(
         self,

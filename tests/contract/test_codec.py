@@ -9,8 +9,10 @@ import pytest
 from embedserve.contract import EmbedRequest, EmbedResponse
 from embedserve.contract.codec import (
     WireError,
+    decode_outputs_response,
     decode_request,
     decode_response,
+    encode_outputs_response,
     encode_request,
     encode_response,
 )
@@ -108,3 +110,32 @@ def test_an_answer_of_the_wrong_shape_is_a_wire_error() -> None:
     sent = encode_response(np.zeros((2, 4), dtype=np.float32), None)
     with pytest.raises(WireError, match=r"replica answered shape \(2, 4\) for 3 rows"):
         decode_response(sent, 3)
+
+
+def test_outputs_round_trip_compactly_per_sequence() -> None:
+    sent = encode_request([[101, 7, 102], [101, 102]], Head(4, True, "float32"),
+                          outputs=["sparse", "multivector"], query=True, visible=[2, 2])  # fmt: skip
+    got = decode_request(over_the_wire(sent), 4)
+    assert (got.outputs, got.query, got.visible) == (("sparse", "multivector"), True, (2, 2))
+    assert decode_request(over_the_wire(encode_request([[1]], None)), 4).outputs == ()
+    dense = np.array([[3.0, 4.0, 0, 0], [0, 0, 0, 2.0]], np.float32)
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
+    response = encode_outputs_response(
+        Head(2, True, "float32"), dense,
+        (np.array([2, 1]), np.array([5, 9, 7]), np.array([0.5, 1.5, 2.5])),
+        (np.array([1, 2]), vectors),
+    )  # fmt: skip
+    wire = EmbedResponse.FromString(response.SerializeToString())
+    # ids as int32 and values as float32: 12 + 12 bytes for three entries, never a vocabulary row
+    assert len(wire.sparse_indices) == len(wire.sparse_values) == 12
+    out = decode_outputs_response(wire, 2, ("dense", "sparse", "multivector"))
+    assert out.dense is not None  # the head applied: truncated to 2, normalized
+    np.testing.assert_allclose(out.dense, [[0.6, 0.8], [0.0, 0.0]], rtol=1e-6)
+    assert out.sparse == [{"indices": [5, 9], "values": [0.5, 1.5]},
+                          {"indices": [7], "values": [2.5]}]  # fmt: skip
+    assert out.multivector is not None
+    assert [m.tolist() for m in out.multivector] == [vectors[:1].tolist(), vectors[1:].tolist()]
+    with pytest.raises(WireError, match="for 3 rows"):
+        decode_outputs_response(wire, 3, ("sparse",))
+    with pytest.raises(WireError, match="for 3 rows"):
+        decode_outputs_response(wire, 3, ("multivector",))

@@ -40,6 +40,7 @@ EXAMPLES: dict[Any, Any] = {
     "ids": [101, 7592, 102],  # the bundled model's [CLS] hello [SEP]
     ("/similarity", "inputs"): {"source_sentence": "a query", "sentences": ["a document"]},
     "parameters": {"truncate": True},
+    "outputs": ["dense"],
 }
 # constraints the schema cannot state, left out of the generated cases (with why)
 SCHEMA_CANNOT_SAY = {
@@ -48,6 +49,9 @@ SCHEMA_CANNOT_SAY = {
     *((path, "prompt_name") for path in ("/", "/embed", "/embed_all", "/similarity")),
     # an instruction template (this model has none: a 400, docs/serving.md)
     *((path, "instruction") for path in ("/v1/embeddings", "/v1/rerank", "/v1/score", "/tokenize")),
+    # bge-m3's score weights: the model's kind (this one is a dense embedder)
+    ("/v1/rerank", "weights"),
+    ("/v1/score", "weights"),
 }
 
 

@@ -57,6 +57,33 @@ def test_one_model_takes_every_request_as_before() -> None:
     assert e.code == "wrong_model_task" and "use /v1/rerank" in e.message
 
 
+def test_embedding_routes_pick_models_that_have_the_outputs_asked() -> None:
+    def model(name: str, *outputs: str) -> ServedModel:
+        return ServedModel(Limits(64, 8, (name,), outputs=outputs), lambda: None)  # type: ignore[arg-type,return-value]
+
+    three = ServedModels([model("splade", "sparse"), model("m3", "dense", "sparse", "multivector"),
+                          model("colbert", "multivector")])  # fmt: skip
+    assert three.pick({}, EMBED).name == "m3"  # the only one with dense vectors
+    assert three.pick({}, EMBED, ("multivector", "dense")).name == "m3"
+    assert three.pick({"model": "colbert"}, EMBED, ("multivector",)).name == "colbert"
+    with pytest.raises(ApiError) as e:
+        three.pick({"model": "colbert"}, EMBED, ("sparse",))
+    assert (e.value.status, e.value.code, e.value.param) == (400, "output_not_available", "outputs")
+    assert "no sparse output; its outputs are multivector" in e.value.message
+    assert "models with them: splade, m3" in e.value.message
+    assert "'model' is required, one of splade, m3" in error_of(three, {}, ("sparse",)).message
+    alone = ServedModels([model("splade", "sparse")])
+    assert "no dense output; its outputs are sparse" in error_of(alone, {}, None).message
+    assert alone.models[0].describe()["dimensions"] is None
+    assert alone.models[0].describe()["outputs"] == ["sparse"]
+
+
+def error_of(models: ServedModels, body: object, outputs: tuple[str, ...] | None) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        models.pick(body, EMBED, outputs)
+    return e.value
+
+
 def test_ready_names_the_models_not_started() -> None:
     assert TWO.not_ready() == ["minilm", "ms-marco"]
 

@@ -79,6 +79,7 @@ def with_server(
     batch_wait: float = 0.0,
     output_rules: str = "generic",
     span_pooler: Any = None,
+    **service_options: Any,
 ) -> None:
     async def main() -> None:
         service = EmbedService(
@@ -87,6 +88,7 @@ def with_server(
             batch_wait=batch_wait,
             output_rules=output_rules,
             span_pooler=span_pooler,
+            **service_options,
         )
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((embed_handler(service.embed),))

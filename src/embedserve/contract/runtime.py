@@ -23,11 +23,20 @@ MESSAGES: dict[str, list[tuple[str, str, bool]]] = {
         ("raw", "bool", False),
         ("traceparent", "string", False),
         ("request_id", "string", False),
+        ("outputs", "string", True),
+        ("query", "bool", False),
+        ("visible_tokens", "uint32", True),
     ],
     "EmbedResponse": [
         ("embeddings", "bytes", False),
         ("shape", "uint32", True),
         ("dtype", "string", False),
+        ("sparse_counts", "uint32", True),
+        ("sparse_indices", "bytes", False),
+        ("sparse_values", "bytes", False),
+        ("vector_counts", "uint32", True),
+        ("vectors", "bytes", False),
+        ("vector_dims", "uint32", False),
     ],
 }
 

@@ -138,6 +138,12 @@ class RetrievalHeads(nn.Module):
             if self.colbert_linear is None
             else int(self.colbert_linear(torch.zeros(1, hidden)).shape[-1])
         )
+        if self.multivector_dims != r.multivector_dims:
+            raise ModelLoadError(
+                f"{spec.path}: the multi-vector head gives {self.multivector_dims} dims, not the "
+                f"{r.multivector_dims} the folder declares (bge-m3: colbert_linear.pt is "
+                "hidden -> hidden)"
+            )
         # bge-m3's dropped special tokens, or ColBERT's document skip-list
         self.drop_ids: torch.Tensor
         self.register_buffer(

@@ -33,10 +33,12 @@ from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # g
 from embedserve.gateway.metrics import Metrics, log_request, set_request_model, track_request
 from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel, ServedModels
 from embedserve.gateway.openapi_dropin import api_document
+from embedserve.gateway.outputs import asked_outputs, outputs_body, parse_outputs
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
 from embedserve.gateway.replicas import REPLICAS_CALLED
 from embedserve.gateway.requests import (
     Limits,
+    embeddings_head,
     parse_contextual,
     parse_embeddings,
     parse_tokenize,
@@ -154,7 +156,9 @@ class GatewayApp:
             *self.dropin.cancellable,
         }
         every_name = tuple(n for m in self.served.models for n in m.limits.model_names)
-        schema_limits = dataclasses.replace(limits, model_names=every_name)
+        # the schema lists every model's names and outputs (the first model's other limits)
+        every_output = tuple(dict.fromkeys(o for m in self.served.models for o in m.limits.outputs))
+        schema_limits = dataclasses.replace(limits, model_names=every_name, outputs=every_output)
         self._openapi = dumps(api_document(", ".join(self.served.names()), schema_limits))
 
     @property
@@ -305,22 +309,32 @@ class GatewayApp:
             raise
         return True
 
-    def _served(self, body: bytes, task: str) -> tuple[str, Limits, Pipeline, Any]:
+    def _served(
+        self, body: bytes, task: str, outputs: Callable[[Any], Any] | None = None
+    ) -> tuple[str, Limits, Pipeline, Any]:
         """The request's model (its name, limits and pipeline) for a route of `task`, and its
-        parsed body (`gateway.models`: which model a request goes to)."""
+        parsed body (`gateway.models`: which model a request goes to); `outputs` reads what
+        an embedding route's body asks for (default: dense vectors)."""
         if not self.served.several:  # the checks in a single-model gateway's order
             pipeline = self.served.models[0].started()
-            chosen = self.served.pick(None, task)
             data = parse_json(body, self.max_json_strings)
+            chosen = self.served.pick(None, task, outputs(data) if outputs else None)
         else:
             data = parse_json(body, self.max_json_strings)
-            chosen = self.served.pick(data, task)
+            chosen = self.served.pick(data, task, outputs(data) if outputs else None)
             pipeline = chosen.started()
             set_request_model(chosen.name)
         return chosen.name, chosen.limits, pipeline, data
 
     async def embeddings(self, body: bytes) -> Answer:
-        name, limits, pipeline, data = self._served(body, EMBED)
+        name, limits, pipeline, data = self._served(body, EMBED, asked_outputs)
+        outputs = asked_outputs(data)
+        if outputs is not None and limits.retrieval is not None:  # `gateway.outputs`
+            head, encoding_format = embeddings_head(data, pipeline.inputs)
+            asked = parse_outputs(data, limits, head, encoding_format, outputs)
+            encoded, num_tokens = await pipeline.outputs(asked, limits)
+            self.metrics.count(num_tokens, len(encoded))
+            return 200, JSON, dumps(outputs_body(encoded, asked, name, num_tokens))
         job = parse_embeddings(data, limits, pipeline.inputs)
         vectors, num_tokens = await pipeline.embed(job)
         self.metrics.count(num_tokens, len(vectors))

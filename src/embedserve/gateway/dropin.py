@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from embedserve.gateway import cohere, tei
+from embedserve.gateway import cohere, outputs, tei
 from embedserve.gateway.docs_page import CONTENT_SECURITY_POLICY, HTML, docs_html
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.jsonio import dumps
@@ -27,7 +27,7 @@ Handler = Callable[[bytes], Awaitable[Answer]]
 # TEI's routes: their errors answer `{"error", "error_type"}`. NOTE: `/rerank` keeps the OpenAI
 # error shape it has always answered (its clients already read it)
 TEI_ROUTES = frozenset(
-    {("POST", p) for p in ("/", "/embed", "/embed_all", "/similarity", "/decode")}
+    {("POST", p) for p in ("/", "/embed", "/embed_all", "/embed_sparse", "/similarity", "/decode")}
     | {("GET", "/info")}
 )
 # the API page's headers
@@ -43,6 +43,7 @@ class DropInRoutes:
             ("POST", "/"): self.root,
             ("POST", "/embed"): self.embed,
             ("POST", "/embed_all"): self.embed_all,
+            ("POST", "/embed_sparse"): self.embed_sparse,
             ("POST", "/similarity"): self.similarity,
             ("POST", "/decode"): self.decode,
             ("GET", "/info"): self.info,
@@ -57,6 +58,7 @@ class DropInRoutes:
             self.root,
             self.embed,
             self.embed_all,
+            self.embed_sparse,
             self.similarity,
             self.cohere_embed,
             self.cohere_rerank,
@@ -99,6 +101,14 @@ class DropInRoutes:
         states, num_tokens = await pipeline.token_states(job)
         self.app.metrics.count(num_tokens, len(states))
         return 200, JSON, dumps(tei.token_rows(states))
+
+    async def embed_sparse(self, body: bytes) -> Answer:
+        """TEI's sparse embeddings (SPLADE, bge-m3's lexical weights): `gateway.outputs`."""
+        _, limits, pipeline, data = self.app._served(body, EMBED, lambda _: ("sparse",))
+        job = outputs.parse_embed_sparse(data, limits, pipeline.inputs.head())
+        encoded, num_tokens = await pipeline.outputs(job, limits)
+        self.app.metrics.count(num_tokens, len(encoded))
+        return 200, JSON, dumps(outputs.tei_sparse_body(encoded))
 
     async def similarity(self, body: bytes) -> Answer:
         _, limits, pipeline, data = self.app._served(body, EMBED)

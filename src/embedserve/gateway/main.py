@@ -42,6 +42,7 @@ from embedserve.gateway.tei_grpc import TeiGrpc
 from embedserve.loading.bundled import DEFAULT_MODEL
 from embedserve.options import Options, drain_option, model_option, option
 from embedserve.processes import say, set_parent_death_signal, write_ready
+from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
 
 # Tokens per server call of a gateway started on its own (`serve` passes its servers' budget).
 DEFAULT_PART_TOKENS = 8192
@@ -105,6 +106,11 @@ class GatewayConfig(Options):
         MAX_CHUNKS_PER_DOCUMENT, "chunks per document of a contextualized-embeddings request"
     )
     max_tokens_per_request: int = option(300_000, "real tokens per request")
+    max_multivector_values: int = option(
+        MAX_MULTIVECTOR_VALUES,
+        "floats of multi-vector output (token vectors x dims) per request of a ColBERT or "
+        "bge-m3 model; a request whose answer would be larger gets HTTP 400 before any work",
+    )
     part_tokens: int | None = option(
         None,
         "split requests into parts (server calls) of at most this many tokens (default: with "
@@ -179,6 +185,7 @@ class GatewayConfig(Options):
             "max_inputs",
             "max_chunks_per_document",
             "max_tokens_per_request",
+            "max_multivector_values",
             "request_timeout",
             "health_interval",
             "resolve_interval",
@@ -220,7 +227,9 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
     secret = read_secret(config.link_secret_file) if config.link_secret_file else None
     served = []
     for entry in config.entries:
-        limits, inputs, pairs = load_model(entry, config.max_inputs, config.max_chunks_per_document)
+        limits, inputs, pairs = load_model(
+            entry, config.max_inputs, config.max_chunks_per_document, config.max_multivector_values
+        )
         served.append(
             ServedModel(
                 limits,

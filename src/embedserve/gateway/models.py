@@ -13,6 +13,9 @@ The rule a request follows (docs/serving.md, "Several models"):
   the only embedder; scoring routes: the only reranker, else the only embedder, by cosine); where
   more than one could, `model` is required (400 naming them). A reranker asked to embed is a 400
   naming the models that embed.
+- outputs: an embedding route asks for dense vectors, unless it names other `outputs` (sparse,
+  multivector: `gateway.outputs`); only a model with every output asked is picked, and a model
+  without one is a 400 naming the outputs it has (and the models that have them).
 """
 
 from __future__ import annotations
@@ -58,6 +61,13 @@ class ServedModel:
             return self.limits.task == "classify"
         return True  # tokenize, models: every model
 
+    @property
+    def embeds_dense(self) -> bool:
+        return self.embeds and self.has(("dense",))
+
+    def has(self, outputs: Sequence[str]) -> bool:
+        return all(o in self.limits.outputs for o in outputs)
+
     def started(self) -> Pipeline:
         if self.pipeline is None:
             raise ApiError(503, "the gateway is starting", code="starting")
@@ -66,24 +76,28 @@ class ServedModel:
     def describe(self) -> dict[str, Any]:
         """This model's entry in /v1/models (OpenAI's fields first, then what it does here)."""
         limits = self.limits
-        outputs = ["dense"] if self.embeds else ["score"]
+        outputs = list(limits.outputs) if self.embeds else ["score"]
         return {
             "id": self.name,
             "object": "model",
             "created": 0,
             "owned_by": "embedserve",
             # what the model does here: "embed" (embeddings, and rerank by cosine) or "score"
-            # (a reranker: /v1/rerank, /rerank and /v1/score only), and how it scores
+            # (a reranker: /v1/rerank, /rerank and /v1/score only), and how it scores (a sparse
+            # or multi-vector model: splade, bge-m3 or colbert, by its own outputs)
             "task": limits.task,
             "scoring": limits.scoring,
             "aliases": list(limits.model_names[1:]),
-            "dimensions": limits.hidden_size if self.embeds else None,
-            "min_dimensions": limits.min_dimensions if self.embeds else None,
+            "dimensions": limits.hidden_size if self.embeds_dense else None,
+            "min_dimensions": limits.min_dimensions if self.embeds_dense else None,
             "outputs": outputs,
             "limits": {
                 "max_inputs": limits.max_inputs,
                 "max_tokens_per_request": self.max_tokens_per_request,
                 "max_chunks_per_document": limits.max_chunks,
+                "max_multivector_values": (
+                    limits.max_multivector_values if "multivector" in limits.outputs else None
+                ),
             },
         }
 
@@ -109,16 +123,21 @@ class ServedModels:
     def names(self) -> list[str]:
         return [m.name for m in self.models]
 
-    def pick(self, body: Any, task: str) -> ServedModel:
-        """The model a request body (parsed JSON, any shape) goes to on a route of `task`."""
+    def pick(self, body: Any, task: str, outputs: Sequence[str] | None = None) -> ServedModel:
+        """The model a request body (parsed JSON, any shape) goes to on a route of `task`;
+        `outputs`: what an embedding route asks for (None: dense vectors)."""
+        if outputs is None and task == EMBED:
+            outputs = ("dense",)
         if not self.several:  # the single-model gateway's checks, unchanged, do the rest
             only = self.models[0]
             if not only.does(task):
                 raise _wrong_task(only, task, [])
+            if outputs and not only.has(outputs):
+                raise _missing_outputs(only, outputs, [])
             return only
         name = body.get("model") if isinstance(body, dict) else None
         if name is None:
-            return self._default(task)
+            return self._default(task, outputs or ())
         if not isinstance(name, str):
             raise bad_request(
                 f"'model' must be a string, got {type(name).__name__}",
@@ -135,14 +154,17 @@ class ServedModels:
             )
         if not found.does(task):
             raise _wrong_task(found, task, [m.name for m in self.models if m.does(task)])
+        if outputs and not found.has(outputs):
+            others = [m.name for m in self.models if m.does(task) and m.has(outputs)]
+            raise _missing_outputs(found, outputs, others)
         return found
 
-    def _default(self, task: str) -> ServedModel:
+    def _default(self, task: str, outputs: Sequence[str]) -> ServedModel:
         if task == SCORE:  # a reranker first; else an embedder, by cosine
             choices = [m for m in self.models if m.limits.task == "score"]
             choices = choices or [m for m in self.models if m.does(SCORE)]
         else:
-            choices = [m for m in self.models if m.does(task)]
+            choices = [m for m in self.models if m.does(task) and m.has(outputs)]
         if len(choices) == 1:
             return choices[0]
         if not choices:
@@ -182,6 +204,18 @@ def _wrong_task(model: ServedModel, task: str, others: list[str]) -> ApiError:
     where = f"models that {task}: {', '.join(others) or 'none'}" if others else f"use {routes}"
     return bad_request(
         f"model {model.name!r} is {what}; {where}", param="model", code="wrong_model_task"
+    )
+
+
+def _missing_outputs(model: ServedModel, outputs: Sequence[str], others: list[str]) -> ApiError:
+    lacking = [o for o in outputs if o not in model.limits.outputs]
+    where = f"; models with them: {', '.join(others)}" if others else ""
+    return bad_request(
+        f"model {model.name!r} has no {' or '.join(lacking)} output; its outputs are "
+        f"{', '.join(model.limits.outputs)} (ask for them with 'outputs' on /v1/embeddings)"
+        f"{where}",
+        param="outputs",
+        code="output_not_available",
     )
 
 

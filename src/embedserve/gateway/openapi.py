@@ -78,6 +78,18 @@ def openapi_document(model: str, limits: Limits) -> dict[str, Any]:
     }
 
 
+# bge-m3's score weights (`retrieval.scores.late_plan`)
+M3_WEIGHTS = {
+    "type": "array",
+    "items": {"type": "number", "minimum": 0},
+    "minItems": 3,
+    "maxItems": 3,
+    "description": "bge-m3 only: the (dense, sparse, colbert) weights of its score "
+    "(FlagEmbedding's weights_for_different_modes; default 1, 1, 1). A ColBERT model scores by "
+    "MaxSim, a SPLADE model by the sparse dot product",
+}
+
+
 def _texts() -> dict[str, Any]:
     return {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
 
@@ -120,6 +132,18 @@ def _embeddings_request(limits: Limits) -> dict[str, Any]:
                 "enum": list(OUTPUT_DTYPES),
                 "default": limits.default_output_dtype,
             },
+            "outputs": {
+                "type": "array",
+                "items": {"type": "string", "enum": list(limits.outputs)},
+                "minItems": 1,
+                "description": "embedserve's extension for sparse and multi-vector models "
+                "(SPLADE, bge-m3, ColBERT; /v1/models lists each model's outputs; those of the "
+                "models served are listed here): any of "
+                "dense (`embedding`), sparse (`sparse`: {indices, values}) and multivector "
+                "(`multivector`: one vector per token), from one forward; encoding_format and "
+                "output_dtype apply to the vectors, dimensions to the dense one. ColBERT: "
+                'input_type "query" encodes queries. Default: dense only',
+            },
         },
     }
 
@@ -133,6 +157,22 @@ def _embeddings_response() -> tuple[dict[str, Any], dict[str, Any]]:
             "index": {"type": "integer"},
             "embedding": {
                 "oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]
+            },
+            "sparse": {
+                "type": "object",
+                "description": "with outputs [sparse]: ascending token ids, their weights (> 0)",
+                "required": ["indices", "values"],
+                "properties": {
+                    "indices": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    "values": {"type": "array", "items": {"type": "number"}},
+                },
+            },
+            "multivector": {
+                "type": "array",
+                "description": "with outputs [multivector]: one unit vector per token",
+                "items": {
+                    "oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]
+                },
             },
         },
     }
@@ -262,6 +302,7 @@ def _rerank_request(limits: Limits) -> dict[str, Any]:
             "truncate": dict(PAIR_TRUNCATE),
             "instruction": {"type": "string", "minLength": 1},
             "model": _model_name(limits),
+            "weights": dict(M3_WEIGHTS),
         },
     }
 
@@ -301,6 +342,7 @@ def _score_request(limits: Limits) -> dict[str, Any]:
             "instruction": {"type": "string", "minLength": 1},
             "model": _model_name(limits),
             "user": {"type": "string"},
+            "weights": dict(M3_WEIGHTS),
         },
     }
 

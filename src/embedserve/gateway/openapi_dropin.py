@@ -27,6 +27,11 @@ TEI_ERROR = {
     "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
 }
 NUMBERS = {"type": "array", "items": {"type": "number"}}
+SPARSE_VALUE = {
+    "type": "object",
+    "required": ["index", "value"],
+    "properties": {"index": {"type": "integer", "minimum": 0}, "value": {"type": "number"}},
+}
 TEI_TRUNCATION = {
     "truncate": {"type": "boolean", "default": False},
     "truncation_direction": {"enum": ["Right", "Left", "right", "left"], "default": "Right"},
@@ -116,6 +121,7 @@ def _tei_paths(limits: Limits, own: dict[str, Any], paths: dict[str, Any]) -> di
             {"type": "array", "items": vectors},
             errors,
         ),
+        **_sparse_path(limits, inputs, errors),
         "/similarity": _post(
             "Cosine of the source sentence with each sentence (TEI shape)",
             similarity,
@@ -135,6 +141,18 @@ def _tei_paths(limits: Limits, own: dict[str, Any], paths: dict[str, Any]) -> di
             }
         },
     }
+
+
+def _sparse_path(limits: Limits, inputs: Any, errors: Any) -> dict[str, Any]:
+    """`/embed_sparse`, listed when a model served has a sparse output (else it answers 400)."""
+    if "sparse" not in limits.outputs:
+        return {}
+    request = _request(["inputs"], {"inputs": copy.deepcopy(inputs),
+                                    **copy.deepcopy(TEI_TRUNCATION), "model": _model_name(limits)})  # fmt: skip
+    answer = {"type": "array", "items": {"type": "array", "items": SPARSE_VALUE}}
+    summary = ("Sparse (lexical) vectors per input, pooled and thresholded (TEI shape): SPLADE, "
+               "bge-m3's lexical weights")  # fmt: skip
+    return {"/embed_sparse": _post(summary, request, answer, errors)}
 
 
 def _info() -> dict[str, Any]:

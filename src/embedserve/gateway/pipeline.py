@@ -24,16 +24,31 @@ from typing import Any, TypeVar
 import numpy as np
 
 from embedserve.contract import tracing
-from embedserve.contract.codec import WireError, decode_response, encode_request
+from embedserve.contract.codec import (
+    WireError,
+    decode_outputs_response,
+    decode_response,
+    encode_request,
+)
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.chunking import packed_spans
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
 from embedserve.core.outputs import Head, sigmoid, to_base64
-from embedserve.core.pairs import PairPreparer, PreparedPairs, plan_cosine
+from embedserve.core.pairs import (
+    PairPreparer,
+    PreparedPairs,
+    plan_cosine,
+    read_documents,
+    read_text,
+)
 from embedserve.gateway.errors import ApiError, bad_request, server_failure
+from embedserve.gateway.outputs import OutputsJob, check_size
 from embedserve.gateway.replicas import ReplicaPool
-from embedserve.gateway.requests import ContextualJob, EmbedJob
+from embedserve.gateway.requests import ContextualJob, EmbedJob, Limits
 from embedserve.gateway.scoring import ScoreJob
+from embedserve.retrieval.inputs import ColbertInputs, OutputSequences, prepare_outputs
+from embedserve.retrieval.outputs import EncodedOutputs, join_outputs
+from embedserve.retrieval.scores import late_plan
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
 TOKENIZE_THREADS = 2  # the pool large requests are prepared on
@@ -73,6 +88,13 @@ class Pipeline:
         self.limits = limits
         self.tokenize_threads = TOKENIZE_THREADS
         self._threads = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
+        retrieval = inputs.spec.retrieval
+        # a ColBERT model's sequences (markers, query expansion); None for any other model
+        self.colbert = (
+            ColbertInputs(retrieval.colbert, inputs.spec.path / "tokenizer.json")
+            if retrieval is not None and retrieval.colbert is not None
+            else None
+        )
 
     def close(self) -> None:
         self._threads.shutdown(wait=False)
@@ -123,6 +145,8 @@ class Pipeline:
 
     async def score(self, job: ScoreJob) -> tuple[np.ndarray, int]:
         """One score per document [N] float32 in the job's order, and the prompt tokens."""
+        if self.inputs.spec.retrieval is not None:
+            return await self._late(job)
         if self.pairs is None:
             return await self._cosine(job)
         pairs = self.pairs
@@ -202,7 +226,13 @@ class Pipeline:
         ), total
 
     async def _fan_out(self, calls: Sequence[Callable[[], Awaitable[np.ndarray]]]) -> np.ndarray:
-        """The calls' rows concatenated in order, at most `parts_in_flight` outstanding at once.
+        """The calls' rows concatenated in order (`_fan_out_parts`)."""
+        if len(calls) == 1:
+            return await calls[0]()
+        return np.concatenate(await self._fan_out_parts(calls))
+
+    async def _fan_out_parts(self, calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+        """The calls' answers in order, at most `parts_in_flight` outstanding at once.
 
         A large request enters the servers' queues a few parts at a time, so smaller requests
         sent meanwhile interleave with it instead of waiting behind all of it (and an idle
@@ -210,9 +240,7 @@ class Pipeline:
         part fails, or the client leaves, the parts still outstanding are cancelled (the servers
         drop them) and the rest are never sent.
         """
-        if len(calls) == 1:
-            return await calls[0]()
-        parts: list[np.ndarray | None] = [None] * len(calls)
+        parts: list[T | None] = [None] * len(calls)
         in_flight = asyncio.Semaphore(self.limits.parts_in_flight)
 
         async def run(i: int) -> None:
@@ -225,7 +253,7 @@ class Pipeline:
                     group.create_task(run(i))
         except BaseExceptionGroup as failed:  # the first part's error is the request's
             raise failed.exceptions[0] from None
-        return np.concatenate(parts)  # type: ignore[arg-type]
+        return parts  # type: ignore[return-value]  # every part answered
 
     async def _embed_part(
         self,
@@ -238,17 +266,100 @@ class Pipeline:
         offsets into these sequences packed back to back); `head` None: raw float32 rows;
         `second_segment`: pairs' token types (see the contract)."""
         request = encode_request(seqs, head, spans=spans, second_segment=second_segment)
-        tracing.stamp(request)  # the request's trace context, when tracing
-        try:
-            response = await self.replicas.embed(request, sum(map(len, seqs)))
-        except ApiError as e:
-            if e.status == 500:  # the server's text stays in the gateway's log
-                raise server_failure(e) from None
-            raise
+        response = await self._call(request, sum(map(len, seqs)))
         try:
             return decode_response(response, len(seqs) if spans is None else len(spans))
         except WireError as e:
             raise ApiError(500, str(e)) from None
+
+    async def _call(self, request: Any, num_tokens: int) -> Any:
+        """One server call's answer, traced when tracing; a server's 500 without its text."""
+        tracing.stamp(request)  # the request's trace context, when tracing
+        try:
+            return await self.replicas.embed(request, num_tokens)
+        except ApiError as e:
+            if e.status == 500:  # the server's text stays in the gateway's log
+                raise server_failure(e) from None
+            raise
+
+    # -- a sparse or multi-vector model's outputs (`gateway.outputs`) ----------------------
+
+    async def outputs(self, job: OutputsJob, limits: Limits) -> tuple[EncodedOutputs, int]:
+        """The outputs of every input, in input order, and the prompt tokens; the answer's
+        size and the token limit are checked before any part is sent."""
+        prepared = await self._off_loop(
+            _num_chars(job.inputs),
+            lambda: prepare_outputs(
+                self.inputs, self.colbert, job.inputs, input_type=job.input_type,
+                prompt_name=job.prompt_name, prompt=job.prompt, truncate=job.truncate,
+            ),
+        )  # fmt: skip
+        num_tokens = sum(map(len, prepared.seqs))
+        self._check_size(num_tokens)
+        check_size(prepared.vectors, limits, job.outputs)
+        return await self._encode_outputs(prepared, job.outputs, job.head), num_tokens
+
+    async def _encode_outputs(
+        self, prepared: OutputSequences, outputs: tuple[str, ...], head: Head
+    ) -> EncodedOutputs:
+        seqs, visible = prepared.seqs, prepared.visible
+        calls = []
+        for group in budget_groups([len(s) for s in seqs], self.limits.part_tokens):
+            part = [seqs[i] for i in group]
+            shown = None if visible is None else [visible[i] for i in group]
+            request = encode_request(
+                part, head, outputs=outputs, query=prepared.query, visible=shown
+            )
+            calls.append(functools.partial(self._outputs_part, request, len(part), outputs))
+        return join_outputs(await self._fan_out_parts(calls))
+
+    async def _outputs_part(
+        self, request: Any, num_seqs: int, outputs: tuple[str, ...]
+    ) -> EncodedOutputs:
+        response = await self._call(request, len(request.input_ids) // 4)
+        try:
+            return decode_outputs_response(response, num_seqs, outputs)
+        except WireError as e:
+            raise ApiError(500, str(e)) from None
+
+    async def _late(self, job: ScoreJob) -> tuple[np.ndarray, int]:
+        """A sparse or multi-vector model's scores (`retrieval.scores.late_plan`): every
+        group's query as one request, every group's documents as another."""
+        if job.scores == "raw" or job.instruction is not None:
+            raise bad_request(
+                "raw_scores and instruction are a reranker's; this model scores by its own "
+                "outputs (MaxSim, sparse dot product, or bge-m3's weighted sum)",
+                param="raw_scores" if job.scores == "raw" else "instruction",
+            )
+        assert self.inputs.spec.retrieval is not None
+        plan = late_plan(self.inputs.spec.retrieval.kind, job.weights)
+        head = self.inputs.head()
+
+        def prepare() -> tuple[OutputSequences, OutputSequences]:
+            side = functools.partial(
+                prepare_outputs, self.inputs, self.colbert, truncate=job.truncate
+            )
+            queries = side(
+                [read_text(q, "query") for q, _ in job.groups], input_type=plan.query_type
+            )
+            documents = side(
+                [d for _, docs in job.groups for d in read_documents(docs)],
+                input_type=plan.document_type,
+            )
+            return queries, documents
+
+        size = sum(_num_chars(q) + _num_chars(d) for q, d in job.groups)
+        queries, documents = await self._off_loop(size, prepare)
+        total = sum(map(len, queries.seqs)) + sum(map(len, documents.seqs))
+        self._check_size(total)
+        q = await self._encode_outputs(queries, plan.outputs, head)
+        d = await self._encode_outputs(documents, plan.outputs, head)
+        scores, start = [], 0
+        for i, (_, docs) in enumerate(job.groups):
+            stop = start + len(docs)
+            scores.append(plan.scores(q.row(i), d.rows(start, stop)))
+            start = stop
+        return np.concatenate(scores), total
 
     async def token_states(self, job: EmbedJob) -> tuple[list[np.ndarray], int]:
         """Per input, its tokens' final hidden states [num_tokens, width] float32 (TEI's

@@ -15,12 +15,15 @@ from typing import Any
 from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT, MAX_CHUNKS_PER_REQUEST
 from embedserve.core.inputs import Head, InputOptions, InputPreparer
 from embedserve.gateway.errors import ApiError, bad_request
+from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
 
 PROMPT_FIELDS = ("prompt_name", "prompt", "input_type", "instruction")
 HEAD_FIELDS = ("dimensions", "normalize", "output_dtype")
+# `outputs` (`gateway.outputs`) is read before the model is picked: here a dense-only model's
 EMBEDDINGS_FIELDS = frozenset(
-    {"input", "model", "encoding_format", "user", "truncate", *PROMPT_FIELDS, *HEAD_FIELDS}
-)
+    {"input", "model", "encoding_format", "user", "truncate", "outputs", *PROMPT_FIELDS,
+     *HEAD_FIELDS}
+)  # fmt: skip
 TOKENIZE_FIELDS = frozenset({"input", "model", "truncate", *PROMPT_FIELDS})
 CONTEXTUAL_FIELDS = frozenset(
     {"input", "model", "encoding_format", "user", "separator", *HEAD_FIELDS}
@@ -39,7 +42,15 @@ class Limits:
     max_chunks: int = MAX_CHUNKS_PER_DOCUMENT  # chunks per document (contextualized embeddings)
     max_request_chunks: int = MAX_CHUNKS_PER_REQUEST  # chunks of all its documents
     task: str = "embed"  # the model's: "embed" or "score" (spec.ModelSpec.task)
-    scoring: str = "bi-encoder"  # how it scores: bi-encoder (cosine), cross-encoder, llm-reranker
+    # how it scores: bi-encoder (cosine), cross-encoder, llm-reranker; splade, bge-m3, colbert
+    scoring: str = "bi-encoder"
+    # what it embeds (spec.outputs): dense, sparse, multivector
+    outputs: tuple[str, ...] = ("dense",)
+    # splade | bge-m3 | colbert (spec.retrieval.kind); None: a dense-only model
+    retrieval: str | None = None
+    multivector_dims: int = 0  # the width of each multi-vector row (0: none)
+    # floats of multi-vector answer per request (--max-multivector-values)
+    max_multivector_values: int = MAX_MULTIVECTOR_VALUES
 
 
 @dataclass(frozen=True)
@@ -128,12 +139,16 @@ def _options(body: dict[str, Any], inputs: InputPreparer) -> InputOptions:
     return inputs.options(truncate=body.get("truncate"), **prompts)
 
 
+def embeddings_head(body: dict[str, Any], inputs: InputPreparer) -> tuple[Head, str]:
+    """An embeddings body's head and `encoding_format`, checked."""
+    return _head(body, inputs), _encoding_format(body)
+
+
 def parse_embeddings(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJob:
     body = check_object(body, EMBEDDINGS_FIELDS)
     check_model(body, limits)
     optional_string(body, "user")
-    encoding_format = _encoding_format(body)
-    head = _head(body, inputs)
+    head, encoding_format = embeddings_head(body, inputs)
     options = _options(body, inputs)
     return EmbedJob(input_value(body, limits), options, head, encoding_format)
 

@@ -9,7 +9,8 @@
 
 Scores: a reranker's activation of its logit (sentence-transformers CrossEncoder's convention,
 the folder's), TEI's sigmoid of it on `/rerank` (its raw logit with `raw_scores`); an embedding
-model's cosine similarity. Only what is particular to HTTP is checked here; the query and
+model's cosine similarity; a sparse or multi-vector model's own score (`gateway.outputs`; bge-m3
+takes `weights` on `/v1/rerank` and `/v1/score`). Only what is particular to HTTP is checked here; the query and
 documents go to the request core (`pairs`) as sent.
 """
 
@@ -27,12 +28,15 @@ from embedserve.gateway.errors import bad_request
 from embedserve.gateway.requests import Limits, check_model, check_object, optional_string
 
 RERANK_FIELDS = frozenset(
-    {"model", "query", "documents", "top_n", "return_documents", "truncate", "instruction"}
-)
+    {"model", "query", "documents", "top_n", "return_documents", "truncate", "instruction",
+     "weights"}
+)  # fmt: skip
 TEI_RERANK_FIELDS = frozenset(
     {"query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "model"}
 )
-SCORE_FIELDS = frozenset({"model", "text_1", "text_2", "truncate", "instruction", "user"})
+SCORE_FIELDS = frozenset(
+    {"model", "text_1", "text_2", "truncate", "instruction", "user", "weights"}
+)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class ScoreJob:
     truncate: Any  # False | "end" | "start" (the core checks it)
     instruction: Any  # an LLM reranker's (or a Qwen3 embedder's query) instruction
     scores: str = "model"  # "model": the folder's activation; "sigmoid"; "raw": the logit
+    weights: Any = None  # bge-m3's (dense, sparse, colbert) weights, as sent (`late_plan`)
 
     @property
     def num_documents(self) -> int:
@@ -83,7 +88,10 @@ def parse_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, int | None, bool]
         )
     top_n = check_top_n(body.get("top_n"))
     docs = documents_of(body["documents"], "documents", limits)
-    job = ScoreJob([(body["query"], docs)], body.get("truncate"), body.get("instruction"))
+    job = ScoreJob(
+        [(body["query"], docs)], body.get("truncate"), body.get("instruction"),
+        weights=_weights(body, limits),
+    )  # fmt: skip
     return job, top_n, flag(body, "return_documents")
 
 
@@ -144,7 +152,21 @@ def parse_score(body: Any, limits: Limits) -> ScoreJob:
                 groups.append((q, [d]))
     else:
         groups = [(first[0] if isinstance(first, list) else first, seconds)]
-    return ScoreJob(groups, body.get("truncate"), body.get("instruction"))
+    return ScoreJob(
+        groups, body.get("truncate"), body.get("instruction"), weights=_weights(body, limits)
+    )
+
+
+def _weights(body: dict[str, Any], limits: Limits) -> Any:
+    """bge-m3's `weights`, as sent (`late_plan` checks the numbers); a 400 on any other model."""
+    weights = body.get("weights")
+    if weights is not None and limits.retrieval != "bge-m3":
+        raise bad_request(
+            "weights are bge-m3's (dense, sparse, colbert) score weights; this model takes none",
+            param="weights",
+            code="invalid_value",
+        )
+    return weights
 
 
 def _usage(num_tokens: int) -> dict[str, int]:

@@ -22,6 +22,7 @@ from embedserve.gateway.requests import Limits
 from embedserve.loading.bundled import BUNDLED, resolve_model
 from embedserve.loading.hub import is_hub_id
 from embedserve.loading.spec import read_model_spec
+from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,10 @@ def model_entries(
 
 
 def load_model(
-    entry: ModelEntry, max_inputs: int, max_chunks: int
+    entry: ModelEntry,
+    max_inputs: int,
+    max_chunks: int,
+    max_multivector_values: int = MAX_MULTIVECTOR_VALUES,
 ) -> tuple[Limits, InputPreparer, PairPreparer | None]:
     """A model's limits and request core, from its folder (its tokenizer and spec; no weights)."""
     folder = resolve_model(entry.model)
@@ -103,6 +107,11 @@ def load_model(
         default_output_dtype=spec.default_output_dtype,
         max_chunks=max_chunks,
         task=spec.task,
-        scoring=scoring_kind(spec),
+        # a sparse or multi-vector model scores by its own outputs (`retrieval.scores.late_plan`)
+        scoring=spec.retrieval.kind if spec.retrieval is not None else scoring_kind(spec),
+        outputs=tuple(spec.outputs),
+        retrieval=spec.retrieval.kind if spec.retrieval is not None else None,
+        multivector_dims=spec.retrieval.multivector_dims if spec.retrieval is not None else 0,
+        max_multivector_values=max_multivector_values,
     )
     return limits, inputs, pairs

@@ -75,6 +75,10 @@ class RetrievalSpec:
     splade: SpladeSpec | None = None
     m3: M3Spec | None = None
     colbert: ColbertSpec | None = None
+    # the width of each multi-vector row (0: none), known without the weights so a gateway can
+    # bound an answer's size: ColBERT's projection, bge-m3's colbert_linear (hidden -> hidden,
+    # FlagEmbedding's default; the engine checks the file against it)
+    multivector_dims: int = 0
 
 
 def _json(path: Path) -> Any:
@@ -225,7 +229,10 @@ def read_retrieval(folder: Path, kind: str, hidden: int) -> RetrievalSpec:
         return RetrievalSpec("splade", ("sparse",), splade=_splade(folder))
     if kind == "bge-m3":
         outputs: tuple[Output, ...] = ("dense", "sparse", "multivector")
-        return RetrievalSpec("bge-m3", outputs, m3=_m3(folder))
+        return RetrievalSpec("bge-m3", outputs, m3=_m3(folder), multivector_dims=hidden)
     if kind == "colbert":
-        return RetrievalSpec("colbert", ("multivector",), colbert=_colbert(folder, hidden))
+        colbert = _colbert(folder, hidden)
+        return RetrievalSpec(
+            "colbert", ("multivector",), colbert=colbert, multivector_dims=colbert.width
+        )
     raise ValueError(f"unknown retrieval kind {kind!r}")

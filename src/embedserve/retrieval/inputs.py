@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from embedserve.core.inputs import InputPreparer
 from embedserve.core.tokenization import Cut, TextTokenizer
 from embedserve.errors import InputError
 from embedserve.loading.retrieval import ColbertSpec
@@ -54,3 +56,58 @@ class ColbertInputs:
         seqs = [s + [spec.mask_id] * (spec.query_length - len(s)) for s in seqs]
         visible = None if spec.attend_to_expansion else tuple(real)
         return ColbertSequences(seqs, visible, [len(s) for s in seqs])
+
+
+@dataclass(frozen=True)
+class OutputSequences:
+    """The sequences of one encode of a sparse or multi-vector model, as every front end (the
+    offline `Embedder`, the gateway) prepares them."""
+
+    seqs: list[list[int]]
+    visible: tuple[int, ...] | None  # per sequence, its attended leading tokens (None: all)
+    vectors: list[int]  # per sequence, the multi-vector rows it gives
+    query: bool  # query-side (ColBERT: every token kept, the expansion included)
+
+
+def prepare_outputs(
+    inputs: InputPreparer,
+    colbert: ColbertInputs | None,
+    texts: Any,
+    *,
+    input_type: Any = None,
+    prompt_name: Any = None,
+    prompt: Any = None,
+    truncate: Any = False,
+) -> OutputSequences:
+    """ColBERT: markers, query expansion and the document length (`input_type` "query" or
+    "document", the default); other models: the request core's prompts and truncation, every
+    token after CLS a multi-vector row (bge-m3). `truncate="chunk"` is refused: it averages
+    windows, which only a dense output can."""
+    query = input_type == "query"
+    if colbert is not None:
+        if input_type not in (None, "query", "document"):
+            raise InputError(
+                f'input_type must be "query" or "document"; got {input_type!r}',
+                param="input_type",
+            )
+        if prompt_name is not None or prompt is not None:
+            raise InputError("a ColBERT model takes no prompt: its markers", param="prompt")
+        cut = inputs.options(truncate=truncate).truncate
+        if cut == "chunk":
+            raise InputError(CHUNK_DENSE_ONLY, param="truncate")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, (list, tuple)):
+            raise InputError("input must be a string or a list of strings", param="input")
+        out = colbert.prepare(texts, query=query, truncate=cut)
+        return OutputSequences(out.seqs, out.visible, out.vectors, query)
+    options = inputs.options(
+        prompt_name=prompt_name, prompt=prompt, input_type=input_type, truncate=truncate
+    )
+    if options.truncate == "chunk":
+        raise InputError(CHUNK_DENSE_ONLY, param="truncate")
+    seqs = inputs.prepare([texts] if isinstance(texts, str) else texts, options).seqs
+    return OutputSequences(seqs, None, [len(s) - 1 for s in seqs], query)
+
+
+CHUNK_DENSE_ONLY = 'truncate="chunk" averages windows: dense outputs only'

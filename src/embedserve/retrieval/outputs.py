@@ -38,6 +38,32 @@ class EncodedOutputs:
     sparse: list[SparseVector] | None = None
     multivector: list[np.ndarray] | None = None
 
+    def __len__(self) -> int:
+        """The number of inputs."""
+        present = (x for x in (self.dense, self.sparse, self.multivector) if x is not None)
+        return len(next(present, ()))
+
+    def rows(self, start: int, stop: int) -> EncodedOutputs:
+        """The outputs of inputs [start, stop)."""
+        return EncodedOutputs(
+            None if self.dense is None else self.dense[start:stop],
+            None if self.sparse is None else self.sparse[start:stop],
+            None if self.multivector is None else self.multivector[start:stop],
+        )
+
+    def row(self, i: int) -> EncodedOutputs:
+        return self.rows(i, i + 1)
+
+
+def join_outputs(parts: Sequence[EncodedOutputs]) -> EncodedOutputs:
+    """The outputs of consecutive parts of one input list, as one (each part asked alike)."""
+    first = parts[0]
+    return EncodedOutputs(
+        None if first.dense is None else np.concatenate([p.dense for p in parts]),
+        None if first.sparse is None else [v for p in parts for v in p.sparse or ()],
+        None if first.multivector is None else [v for p in parts for v in p.multivector or ()],
+    )
+
 
 def check_outputs(asked: str | Sequence[str] | None, available: Sequence[str]) -> tuple[str, ...]:
     """The outputs asked for (all the model has when None), each one the model has."""

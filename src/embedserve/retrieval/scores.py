@@ -11,10 +11,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from embedserve.retrieval.outputs import SparseVector
+from embedserve.errors import InputError
+from embedserve.retrieval.outputs import EncodedOutputs, SparseVector
 
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:
@@ -34,12 +37,13 @@ def sparse_dot(a: SparseVector, b: SparseVector) -> float:
 
 
 M3_MODES = ("dense", "sparse", "colbert", "sparse+dense", "colbert+sparse+dense")
+M3_DEFAULT_WEIGHTS = (1.0, 1.0, 1.0)  # FlagEmbedding's weights_for_different_modes default
 
 
 def m3_scores(
     query: tuple[np.ndarray, SparseVector, np.ndarray],
     documents: Sequence[tuple[np.ndarray, SparseVector, np.ndarray]],
-    weights: Sequence[float] = (1.0, 1.0, 1.0),
+    weights: Sequence[float] = M3_DEFAULT_WEIGHTS,
 ) -> dict[str, np.ndarray]:
     """bge-m3's five scores per document (see the module docstring); each (dense, sparse,
     multivector) triple is one text's outputs."""
@@ -59,3 +63,68 @@ def m3_scores(
             np.float32
         ),
     }
+
+
+@dataclass(frozen=True)
+class LatePlan:
+    """How a sparse or multi-vector model scores a query against documents: the outputs each
+    side is encoded with, the `input_type` of each side, and the score of the outputs."""
+
+    kind: str  # "splade" | "bge-m3" | "colbert" (`RetrievalSpec.kind`)
+    outputs: tuple[str, ...]
+    query_type: str | None
+    document_type: str | None
+    weights: tuple[float, float, float] | None  # bge-m3's (dense, sparse, colbert)
+
+    def scores(self, query: EncodedOutputs, documents: EncodedOutputs) -> np.ndarray:
+        """[N] float32: `query` holds one input's outputs, `documents` N inputs'."""
+        if self.kind == "bge-m3":
+            assert query.dense is not None and query.sparse is not None
+            assert query.multivector is not None and documents.dense is not None
+            assert documents.sparse is not None and documents.multivector is not None
+            triples = list(
+                zip(documents.dense, documents.sparse, documents.multivector, strict=True)
+            )
+            q = (query.dense[0], query.sparse[0], query.multivector[0])
+            return m3_scores(q, triples, self.weights or M3_DEFAULT_WEIGHTS)[M3_MODES[-1]]
+        if self.kind == "colbert":
+            assert query.multivector is not None and documents.multivector is not None
+            found = [maxsim(query.multivector[0], m) for m in documents.multivector]
+        else:
+            assert query.sparse is not None and documents.sparse is not None
+            found = [sparse_dot(query.sparse[0], s) for s in documents.sparse]
+        return np.asarray(found, dtype=np.float32)
+
+
+def late_plan(kind: str, weights: Any = None) -> LatePlan:
+    """The plan of a model of `kind`; `weights` (bge-m3 only) checked: three numbers >= 0 with a
+    positive sum. ColBERT encodes queries and documents each their own way; SPLADE and bge-m3
+    encode both alike (FlagEmbedding's `compute_score` and SparseEncoder take no query side)."""
+    if kind == "bge-m3":
+        return LatePlan(kind, ("dense", "sparse", "multivector"), None, None, _weights(weights))
+    if weights is not None:
+        raise InputError(
+            f"weights are bge-m3's (dense, sparse, colbert); this {kind} model scores by "
+            f"{'MaxSim' if kind == 'colbert' else 'the sparse dot product'} alone",
+            param="weights",
+        )
+    output = "multivector" if kind == "colbert" else "sparse"
+    return LatePlan(kind, (output,), "query", "document", None)
+
+
+def _weights(weights: Any) -> tuple[float, float, float] | None:
+    if weights is None:
+        return None
+    if (
+        not isinstance(weights, (list, tuple))
+        or len(weights) != 3
+        or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights)
+        or min(weights) < 0
+        or sum(weights) <= 0
+    ):
+        raise InputError(
+            "weights must be three numbers >= 0 (dense, sparse, colbert) with a positive sum; "
+            f"got {weights!r}",
+            param="weights",
+        )
+    return (float(weights[0]), float(weights[1]), float(weights[2]))

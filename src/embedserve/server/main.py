@@ -224,6 +224,8 @@ async def serve(config: ServerConfig) -> int:
         output_rules=engine.spec.output_rules,
         span_pooler=engine.embed_spans,
         guard=guard,
+        outputs_encoder=engine.encode_outputs if engine.retrieval is not None else None,
+        model_outputs=tuple(engine.spec.outputs) if engine.retrieval is not None else (),
     )
     server, health_servicer, port = _grpc_server(config, service)
     await service.start()
@@ -248,9 +250,11 @@ async def serve(config: ServerConfig) -> int:
     # the dtype served: a CPU's default bf16 falls back to fp32 if the guard fails (`Engine`)
     precision = engine.dtype_name + (f", fidelity {checked:.5f}" if checked is not None else "")
     what = (
-        f"{engine.output_width} dims"
-        if engine.spec.score is None
-        else f"scores pairs ({engine.spec.score.kind})"
+        f"scores pairs ({engine.spec.score.kind})"
+        if engine.spec.score is not None
+        else f"outputs {', '.join(engine.spec.outputs)}"
+        if engine.retrieval is not None
+        else f"{engine.output_width} dims"
     )
     say(
         f"embedserve server: ready on {config.host}:{port} "

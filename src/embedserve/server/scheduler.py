@@ -42,6 +42,19 @@ class Pending:
     counted: bool = field(default=False, repr=False)
     # the traced server call it belongs to (`contract.tracing`, `--otlp-endpoint`), else None
     trace: RequestTrace | None = field(default_factory=current_request)
+    # a sparse / multi-vector model's outputs (dense, sparse, multivector), its side (query) and
+    # per sequence its attended leading tokens (None: all); () : one pooled row per sequence
+    outputs: tuple[str, ...] = ()
+    query: bool = False
+    visible: tuple[int, ...] | None = None
+
+    @property
+    def kind(self) -> tuple[object, ...]:
+        """Requests share a batch only when of one kind: pooled rows, spans, or one set of
+        outputs on one side (the engine runs a batch's outputs in one forward)."""
+        if self.outputs:
+            return ("outputs", self.outputs, self.query)
+        return ("spans",) if self.spans is not None else ("rows",)
 
     @property
     def num_tokens(self) -> int:
@@ -108,20 +121,21 @@ class Scheduler:
     def next_batch(self) -> list[Pending]:
         """Whole requests in arrival order until the next one would pass `max_batch_tokens`.
 
-        A request larger than the budget runs alone. Span (late-chunking) requests and plain ones
-        never share a batch: a batch ends where the kind changes. Cancelled requests are
-        dropped. Returns an empty list when nothing is waiting.
+        A request larger than the budget runs alone. Requests of different kinds (plain, span
+        (late-chunking), outputs: `Pending.kind`) never share a batch: a batch ends where the
+        kind changes. Cancelled requests are dropped. Returns an empty list when nothing is
+        waiting.
         """
         while self._queue and self._queue[0].cancelled():
             self._pop()
             self.num_dropped += 1
         if not self._queue:
             return []
-        spans = self._queue[0].spans is not None
+        kind = self._queue[0].kind
 
         def sizes() -> Iterator[int]:
             for request in self._queue:
-                if (request.spans is not None) != spans:
+                if request.kind != kind:
                     return
                 yield request.num_tokens
 

@@ -7,7 +7,8 @@ returns a `LazyTensor` without waiting for the device); the results thread waits
 batch in order, encodes each request's answer and posts them to the loop in one wake-up. Up to
 `max_in_flight` batches are launched and not yet answered, so batch N+1 is formed and launched
 while batch N is still on the device. Span (late-chunking) requests take the same queue, in
-batches of their own, run by `span_pooler`.
+batches of their own, run by `span_pooler`; so do a sparse or multi-vector model's requests for
+outputs (`outputs_encoder`, one forward per batch for every output its requests ask).
 
 NOTE: this replaced an asyncio batch loop that hopped loop -> engine thread -> loop -> wait thread
 -> loop per batch: four cross-thread wake-ups (each tens of microseconds under the GIL) where two
@@ -34,6 +35,13 @@ from embedserve.contract.codec import decode_request, encode_response
 from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.server.guard import EngineGuard
+from embedserve.server.outputs import (
+    OutputsAsk,
+    OutputsEncoder,
+    check_asked,
+    outputs_answers,
+    pack_visible,
+)
 from embedserve.server.scheduler import (
     Overloaded,
     Pending,
@@ -59,15 +67,16 @@ SpanPooler = Callable[[PackedBatch, np.ndarray], np.ndarray]
 
 
 class Ready:
-    """A result already computed (span pooling runs to completion on the engine thread)."""
+    """A result already computed (span pooling and outputs run to completion on the engine
+    thread)."""
 
-    def __init__(self, rows: np.ndarray) -> None:
+    def __init__(self, rows: Any) -> None:
         self.rows = rows
 
     def ready(self) -> bool:
         return True
 
-    def wait(self) -> np.ndarray:
+    def wait(self) -> Any:
         return self.rows
 
 
@@ -117,15 +126,17 @@ class RequestFailed(Exception):
 
 def parse_request(
     request: Any, output_width: int, output_rules: str = "generic"
-) -> tuple[PackedBatch, Head | None, np.ndarray | None]:
-    """Decode and check one EmbedRequest, once: its packed batch, its head (None: raw rows) and
-    its spans (or None). Raises ValueError with a message for the client."""
+) -> tuple[PackedBatch, Head | None, np.ndarray | None, OutputsAsk | None]:
+    """Decode and check one EmbedRequest, once: its packed batch, its head (None: raw rows),
+    its spans (or None) and the outputs it asks (None: pooled rows). Raises ValueError with a
+    message for the client."""
     wire = decode_request(request, output_width, output_rules)
     batch = PackedBatch.from_packed(
         wire.input_ids, wire.seqlens, second_segment=wire.second_segment
     )
     spans = None if wire.spans is None else check_spans(wire.spans, batch)
-    return batch, wire.head, spans
+    asked = (wire.outputs, wire.query, wire.visible) if wire.outputs else None
+    return batch, wire.head, spans, asked
 
 
 # The answer of a request's pooled rows (`codec.encode_response`), by the name the host-path
@@ -144,11 +155,15 @@ class EmbedService:
         output_rules: str = "generic",
         span_pooler: SpanPooler | None = None,
         guard: EngineGuard | None = None,
+        outputs_encoder: OutputsEncoder | None = None,
+        model_outputs: tuple[str, ...] = (),
     ) -> None:
         """`output_rules`: the model's (`ModelSpec.output_rules`), for int8/binary outputs and
         the smallest `dimensions` served. `span_pooler`: how span (late-chunking) requests run;
         without it they are refused. `guard`: told of each batch's outcome and time on the
-        engine, to find an engine that can no longer serve (`server.guard`)."""
+        engine, to find an engine that can no longer serve (`server.guard`).
+        `outputs_encoder`: how requests for a sparse or multi-vector model's `model_outputs`
+        run; without it they are refused."""
         if batch_wait < 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
         self.engine = engine
@@ -158,6 +173,8 @@ class EmbedService:
         self.output_rules = output_rules
         self.span_pooler = span_pooler
         self.guard = guard
+        self.outputs_encoder = outputs_encoder
+        self.model_outputs = model_outputs
         # Guards the scheduler, `_in_flight` and `_stopping`, shared by the event loop (which
         # submits) and the engine and results threads (which take batches and free slots).
         self._work = threading.Condition(threading.Lock())
@@ -226,15 +243,21 @@ class EmbedService:
 
     async def _answer(self, request: Any) -> Any:
         try:
-            batch, head, spans = parse_request(request, self.engine.output_width, self.output_rules)
+            batch, head, spans, asked = parse_request(
+                request, self.engine.output_width, self.output_rules
+            )
             if spans is not None and self.span_pooler is None:
                 raise ValueError("this server does not pool spans (late chunking)")
+            if asked is not None:
+                check_asked(asked[0], self.outputs_encoder is not None, self.model_outputs)
             # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.
             self.engine.check(batch)
         except ValueError as e:
             raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         future: asyncio.Future[Any] = self._loop.create_future()
         pending = Pending(batch, head, spans, future)
+        if asked is not None:
+            pending.outputs, pending.query, pending.visible = asked
         with self._work:
             if self._stopping:
                 raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
@@ -330,6 +353,14 @@ class EmbedService:
 
     def _launch(self, batch: list[Pending]) -> ResultHandle:
         packed = pack(batch)
+        first = batch[0]
+        if first.outputs and self.outputs_encoder is not None:
+            # eager and complete on return, as spans: one forward for every output asked
+            return Ready(
+                self.outputs_encoder(
+                    packed, first.outputs, query=first.query, visible_keys=pack_visible(batch)
+                )
+            )
         if batch[0].spans is not None and self.span_pooler is not None:
             # whole documents through the model once, then one mean per span (eager, see
             # `engine.spans`): documents are long and few, so launches do not dominate
@@ -342,10 +373,13 @@ class EmbedService:
         try:
             pooled = handle.wait()
             ready = time.perf_counter()
-            answers = [
-                None if request.cancelled() else encode_response(rows, request.head)
-                for request, rows in zip(batch, split_batch_rows(pooled, batch), strict=True)
-            ]
+            if batch[0].outputs:
+                answers = outputs_answers(pooled, batch)
+            else:
+                answers = [
+                    None if request.cancelled() else encode_response(rows, request.head)
+                    for request, rows in zip(batch, split_batch_rows(pooled, batch), strict=True)
+                ]
         except Exception as e:
             self._release_slot()
             self._batch_failed(batch, e)

@@ -1,0 +1,123 @@
+"""A sparse or multi-vector model's requests through the service (`server.outputs`), in front of
+a fake `encode_outputs` whose answers are easy to check: batches by kind, one forward per batch
+for every output asked, each request's slice of it, and the refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from embedserve.contract.codec import decode_outputs_response
+from embedserve.engine.batch import PackedBatch
+from embedserve.engine.pooler.multivector import TokenVectors
+from embedserve.engine.pooler.sparse import SparseRows
+from embedserve.engine.retrieval import BatchOutputs
+from embedserve.server.service import EmbedService
+from tests.server.test_service import HIDDEN, FakeEngine, req, with_server
+
+DIMS = 4
+ALL = ("dense", "sparse", "multivector")
+
+
+class FakeOutputs:
+    """Dense row of a sequence: [first id, length, 1, ...]; sparse: its distinct ids, each with
+    its count; token vectors: [id, position, query, visible] per token."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[int], tuple[str, ...], bool, Any]] = []
+
+    def __call__(self, batch: PackedBatch, outputs: tuple[str, ...], *, query: bool,
+                 visible_keys: Any) -> BatchOutputs:  # fmt: skip
+        seqs = np.split(batch.input_ids, batch.cu_seqlens[1:-1])
+        self.calls.append(([int(s[0]) for s in seqs], outputs, query, visible_keys))
+        dense = np.ones((len(seqs), HIDDEN), np.float32)
+        dense[:, 0], dense[:, 1] = [s[0] for s in seqs], [len(s) for s in seqs]
+        ids, counts = zip(*(np.unique(s, return_counts=True) for s in seqs), strict=True)
+        sparse = SparseRows(np.cumsum([0, *map(len, ids)]), np.concatenate(ids).astype(np.int64),
+                            np.concatenate(counts).astype(np.float32))  # fmt: skip
+        shown = visible_keys or [len(s) for s in seqs]
+        vectors = np.concatenate([
+            np.stack([s, np.arange(len(s)), np.full(len(s), query), np.full(len(s), v)], 1)
+            for s, v in zip(seqs, shown, strict=True)
+        ]).astype(np.float32)  # fmt: skip
+        return BatchOutputs(
+            dense if "dense" in outputs else None,
+            sparse if "sparse" in outputs else None,
+            TokenVectors(batch.cu_seqlens.astype(np.int64), vectors)
+            if "multivector" in outputs else None,
+        )  # fmt: skip
+
+
+def test_outputs_requests_are_batched_by_kind_and_each_gets_its_slice() -> None:
+    engine, encoder = FakeEngine(), FakeOutputs()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        engine.gate = threading.Event()  # hold the first batch so the others queue up
+        first = asyncio.ensure_future(stub(req([1, 1]), timeout=10))
+        await asyncio.sleep(0.2)
+        calls = [
+            stub(req([5, 6, 6], [7], outputs=list(ALL), dimensions=4, normalize=False), timeout=10),
+            stub(req([8, 9], outputs=list(ALL), dimensions=4, normalize=False), timeout=10),
+            stub(req([3, 4, 4, 4], outputs=["multivector"], query=True, visible_tokens=[2]),
+                 timeout=10),
+            stub(req([2, 2]), timeout=10),
+        ]  # fmt: skip
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        await asyncio.sleep(0.3)
+        engine.gate.set()
+        await first
+        a, b, q, plain = await asyncio.gather(*tasks)
+        got = decode_outputs_response(a, 2, ALL)
+        assert got.dense is not None and got.dense.tolist() == [[5, 3, 1, 1], [7, 1, 1, 1]]
+        assert got.sparse == [{"indices": [5, 6], "values": [1.0, 2.0]},
+                              {"indices": [7], "values": [1.0]}]  # fmt: skip
+        assert got.multivector is not None
+        assert [m[:, :2].tolist() for m in got.multivector] == [[[5, 0], [6, 1], [6, 2]], [[7, 0]]]
+        got = decode_outputs_response(b, 1, ALL)
+        assert got.sparse == [{"indices": [8, 9], "values": [1.0, 1.0]}]
+        got = decode_outputs_response(q, 1, ("multivector",))
+        assert got.multivector is not None and got.multivector[0][:, 2:].tolist() == [[1, 2]] * 4
+        assert np.frombuffer(plain.embeddings, plain.dtype).reshape(plain.shape)[0, 0] == 2
+        # the two document requests in one forward, the query one apart, the plain one apart
+        assert [c[:3] for c in encoder.calls] == [
+            ([5, 7, 8], ALL, False),
+            ([3], ("multivector",), True),
+        ]
+        assert encoder.calls[1][3] == (2,) and engine.batches == [[1], [2]]
+
+    with_server(engine, body, outputs_encoder=encoder, model_outputs=ALL)
+
+
+@pytest.mark.parametrize(
+    ("options", "served", "message"),
+    [
+        ({"outputs": ["sparse"]}, (), "no sparse or multi-vector outputs"),
+        (
+            {"outputs": ["sparse"]},
+            ("multivector",),
+            "no sparse output; its outputs are multivector",
+        ),
+        ({"outputs": ["multivector"], "visible_tokens": [3, 1]}, ALL, "2 entries for 1 sequences"),
+        ({"outputs": ["multivector"], "visible_tokens": [4]}, ALL, "in [1, its sequence's length]"),
+        ({"outputs": ["sparse"], "raw": True}, ALL, "no span_bounds, second_segment or raw"),
+        ({"query": True}, ALL, "come with outputs"),
+    ],
+)
+def test_bad_outputs_requests_are_invalid_argument(
+    options: dict[str, Any], served: tuple[str, ...], message: str
+) -> None:
+    engine, encoder = FakeEngine(), FakeOutputs()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(req([1, 2, 3], **options), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in e.value.details()
+        assert encoder.calls == [] and engine.batches == []
+
+    with_server(engine, body, outputs_encoder=encoder if served else None, model_outputs=served)

@@ -36,7 +36,7 @@ from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool, check_replica
-from embedserve.gateway.served import ModelEntry, load_model, model_entries
+from embedserve.gateway.served import PER_MODEL_LIMITS, ModelEntry, load_model, model_entries
 from embedserve.loading.bundled import DEFAULT_MODEL
 from embedserve.options import Options, drain_option, model_option, option
 from embedserve.processes import say, set_parent_death_signal, write_ready
@@ -148,6 +148,13 @@ class GatewayConfig(Options):
         5.0, "how often dns: and file: replicas are looked up again (s)"
     )
     drain_seconds: float = drain_option()
+    model_limits: tuple[str, ...] = option(
+        (),
+        "a limit of one model, the gateway-wide flag's value for the others (KEY one of "
+        f"{', '.join(PER_MODEL_LIMITS)}), repeatable; serve --config passes its file's",
+        flag="model-limit",
+        metavar="NAME:KEY=VALUE",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -203,8 +210,12 @@ class GatewayConfig(Options):
 
     @property
     def entries(self) -> list[ModelEntry]:
-        """Each model's served names, folder and replicas, from --model and --replica."""
-        return model_entries(self.models, self.served_model_names, self.replicas)
+        """Each model's served names, folder, replicas and limits, from --model, --replica and
+        --model-limit."""
+        defaults = {key: getattr(self, key) for key in PER_MODEL_LIMITS}
+        return model_entries(
+            self.models, self.served_model_names, self.replicas, self.model_limits, defaults
+        )
 
 
 def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
@@ -212,14 +223,17 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
     secret = read_secret(config.link_secret_file) if config.link_secret_file else None
     served = []
     for entry in config.entries:
+        own = entry.limits
         limits, inputs, pairs = load_model(
-            entry, config.max_inputs, config.max_chunks_per_document
+            entry,
+            own["max_inputs"] or config.max_inputs,
+            own["max_chunks_per_document"] or config.max_chunks_per_document,
         )
         served.append(
             ServedModel(
                 limits,
-                functools.partial(make_pipeline, config, entry.replicas, secret, inputs, pairs),
-                max_tokens_per_request=config.max_tokens_per_request,
+                functools.partial(make_pipeline, config, entry, secret, inputs, pairs),
+                max_tokens_per_request=own["max_tokens_per_request"],
             )
         )
     return GatewayApp(
@@ -235,15 +249,15 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
 
 def make_pipeline(
     config: GatewayConfig,
-    replicas: tuple[str, ...],
+    entry: ModelEntry,
     secret: str | None,
     inputs: InputPreparer,
     pairs: PairPreparer | None,
 ) -> Pipeline:
-    """One model's pipeline over its own replicas; inside the worker's event loop (grpc.aio
-    channels)."""
+    """One model's pipeline over its own replicas, under its own limits; inside the worker's
+    event loop (grpc.aio channels)."""
     pool = ReplicaPool(
-        replicas,
+        entry.replicas,
         secret=secret,
         timeout=config.request_timeout,
         health_interval=config.health_interval,
@@ -252,7 +266,10 @@ def make_pipeline(
     return Pipeline(
         inputs,
         pool,
-        PipelineLimits(config.max_tokens_per_request, config.part_tokens or DEFAULT_PART_TOKENS),
+        PipelineLimits(
+            entry.limits["max_tokens_per_request"] or config.max_tokens_per_request,
+            entry.limits["part_tokens"] or DEFAULT_PART_TOKENS,
+        ),
         pairs,
     )
 

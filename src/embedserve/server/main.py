@@ -244,6 +244,7 @@ async def serve(config: ServerConfig) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    budget = service.scheduler.config.max_batch_tokens
     what = (
         f"{engine.output_width} dims"
         if engine.spec.score is None
@@ -253,13 +254,20 @@ async def serve(config: ServerConfig) -> int:
         f"embedserve server: ready on {config.host}:{port} "
         f"({config.engine.model}, {engine.device}, {what}, "
         f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
-        f"batch tokens {service.scheduler.config.max_batch_tokens}, local socket {local_path})",
+        f"batch tokens {budget}, local socket {local_path})",
     )
+    # its memory, for `serve`'s check before another model loads on this GPU (`memory`)
+    from embedserve.engine.memory import stated as stated_memory
+
+    memory, device_now = stated_memory(engine, config.engine.model, budget)
+    say(f"embedserve server: memory on {memory.device}: {memory.describe()}")
     write_ready(
         {
             "address": f"{config.host}:{port}",
-            "max_batch_tokens": service.scheduler.config.max_batch_tokens,
+            "max_batch_tokens": budget,
             "local_socket": str(local_path),
+            "memory": memory.as_dict(),
+            **device_now,
         }
     )
     await stop.wait()

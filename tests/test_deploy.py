@@ -105,6 +105,8 @@ def test_two_models_one_gateway_each_models_servers_behind_their_own_service() -
     embedder, reranker = config.entries
     assert embedder.replicas == ("dns:embedserve-embedder:50051",)
     assert reranker.replicas == ("dns:embedserve-reranker:50051",)
-    assert reranker.limits["max_inputs"] == 256 and embedder.limits["max_inputs"] == config.max_inputs
+    assert (
+        reranker.limits["max_inputs"] == 256 and embedder.limits["max_inputs"] == config.max_inputs
+    )
     assert gateway["startupProbe"]["httpGet"]["path"] == "/ready"
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/health"

@@ -53,7 +53,7 @@ def test_serve_gives_each_models_cpu_server_its_share(monkeypatch: pytest.Monkey
     assert [s.cpu_threads for s in servers] == [4, 4]
     servers, _ = launch.serve_configs(build_parser().parse_args([*flags, "--replicas", "2"]))
     assert [s.cpu_threads for s in servers] == [2, 2, 2, 2]
-    servers, _ = launch.serve_configs(build_parser().parse_args(flags[:3] + ["--device", "cpu"]))
+    servers, _ = launch.serve_configs(build_parser().parse_args([*flags[:3], "--device", "cpu"]))
     assert [s.cpu_threads for s in servers] == [None]  # one model: torch's default, as before
 
 
@@ -64,8 +64,8 @@ def ready(memory: ModelMemory, free: int, reserved: int) -> dict:  # type: ignor
 def test_serve_checks_the_next_model_before_it_loads(minilm_path) -> None:  # type: ignore[no-untyped-def]
     """`launch.check_memory` on the stated records of the servers already on the GPU (no GPU
     needed: the numbers are the records' and the next model's folder's)."""
-    from embedserve.server.main import ServerConfig
     from embedserve.options import EngineOptions
+    from embedserve.server.main import ServerConfig
 
     config = ServerConfig(EngineOptions(model=str(minilm_path), device="cuda:0", dtype="float32"))
     from embedserve.engine.memory import estimate
@@ -79,7 +79,9 @@ def test_serve_checks_the_next_model_before_it_loads(minilm_path) -> None:  # ty
     assert need < fits
     launch.check_memory(config, "e", [("r", room)])
     tight = ready(loaded, GIB + need - fits - 1, 3 * GIB // 2)  # one byte short
-    with pytest.raises(ValueError, match=r"model 'e' does not fit on cuda:0: .*beside 'r' \(2.00 GiB\)"):
+    with pytest.raises(
+        ValueError, match=r"model 'e' does not fit on cuda:0: .*beside 'r' \(2.00 GiB\)"
+    ):
         launch.check_memory(config, "e", [("r", tight)])
     launch.check_memory(config, "e", [])  # the first model on the GPU: nothing to check beside
     on_cpu = ServerConfig(EngineOptions(model=str(minilm_path), device="cpu"))

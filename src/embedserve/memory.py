@@ -62,7 +62,9 @@ def batch_bytes(
     return (tokens * per_token + attention_elements) * element_bytes
 
 
-def check_fits(device: str, free_bytes: int, loaded: Sequence[ModelMemory], next_model: ModelMemory) -> None:
+def check_fits(
+    device: str, free_bytes: int, loaded: Sequence[ModelMemory], next_model: ModelMemory
+) -> None:
     """A ValueError when `next_model` does not fit on `device` beside the `loaded` ones, whose
     servers and it share `free_bytes` (the device's free memory without any of them)."""
     used = sum(m.total_bytes for m in loaded)

@@ -65,23 +65,45 @@ def test_a_model_without_a_key_takes_the_flag_default(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[[model]]\nmodel = "minilm"\nmax_batch = 4\n', r"\[\[model\]\] 1 \(minilm\): unknown key 'max_batch'"),
-        ('[[model]]\nmodel = "minilm"\nreplicas = "2"\n', r"\(minilm\): key 'replicas' must be an integer, got str '2'"),
-        ('[[model]]\nmodel = "minilm"\nmax_inputs = true\n', r"key 'max_inputs' must be an integer, got bool"),
+        (
+            '[[model]]\nmodel = "minilm"\nmax_batch = 4\n',
+            r"\[\[model\]\] 1 \(minilm\): unknown key 'max_batch'",
+        ),
+        (
+            '[[model]]\nmodel = "minilm"\nreplicas = "2"\n',
+            r"\(minilm\): key 'replicas' must be an integer, got str '2'",
+        ),
+        (
+            '[[model]]\nmodel = "minilm"\nmax_inputs = true\n',
+            r"key 'max_inputs' must be an integer, got bool",
+        ),
         ('[[model]]\nmodel = "minilm"\ndevice = 0\n', r"key 'device' must be a string, got int 0"),
-        ('[[model]]\nname = "a"\nmodel = "minilm"\n[[model]]\nname = "a"\nmodel = "/x"\n',
-         r"\[\[model\]\] 2 \(a\): name 'a' is taken by .*\[\[model\]\] 1 \(a\)"),
-        ('[[model]]\nmodel = "minilm"\n[[model]]\nmodel = "minilm"\n', r"\[\[model\]\] 2 \(minilm\): name 'minilm' is taken"),
+        (
+            '[[model]]\nname = "a"\nmodel = "minilm"\n[[model]]\nname = "a"\nmodel = "/x"\n',
+            r"\[\[model\]\] 2 \(a\): name 'a' is taken by .*\[\[model\]\] 1 \(a\)",
+        ),
+        (
+            '[[model]]\nmodel = "minilm"\n[[model]]\nmodel = "minilm"\n',
+            r"\[\[model\]\] 2 \(minilm\): name 'minilm' is taken",
+        ),
         ('[[model]]\nname = "a"\n', r"\[\[model\]\] 1: key 'model' .* is required"),
-        ('port = 80\n[[model]]\nmodel = "minilm"\n', r"unknown key 'port'; the file holds \[\[model\]\] tables only"),
+        (
+            'port = 80\n[[model]]\nmodel = "minilm"\n',
+            r"unknown key 'port'; the file holds \[\[model\]\] tables only",
+        ),
         ('[model]\nmodel = "minilm"\n', r"expected one or more \[\[model\]\] tables"),
-        ('[[model]]\nmodel = minilm\n', r"not valid TOML"),
+        ("[[model]]\nmodel = minilm\n", r"not valid TOML"),
         ('[[model]]\nmodel = "minilm"\nreplicas = -1\n', r"\(minilm\): --replicas must be 0"),
-        ('[[model]]\nmodel = "minilm"\nmax_inputs = 0\n', r"\(minilm\): key 'max_inputs' must be positive, got 0"),
+        (
+            '[[model]]\nmodel = "minilm"\nmax_inputs = 0\n',
+            r"\(minilm\): key 'max_inputs' must be positive, got 0",
+        ),
         ('[[model]]\nmodel = "minilm"\npooling = "maxx"\n', r"\(minilm\): pooling must be one of"),
     ],
 )
-def test_bad_files_name_the_file_the_model_and_the_key(tmp_path: Path, text: str, message: str) -> None:
+def test_bad_files_name_the_file_the_model_and_the_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
     with pytest.raises(ValueError, match=message) as e:
         configs(tmp_path, text)
     assert str(tmp_path / "models.toml") in str(e.value)
@@ -108,3 +130,15 @@ def read_models_file_text(text: str):  # type: ignore[no-untyped-def]
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(text)
     return read_models_file(f.name)
+
+
+def test_each_model_splits_requests_at_its_own_servers_batch(tmp_path: Path) -> None:
+    from embedserve.cli.launch import with_part_tokens
+
+    _, gateway = configs(tmp_path, TWO)  # the ranker sets part_tokens = 512 itself
+    done = with_part_tokens(gateway, ["minilm", "ranker", "ranker"], [1024, 8192, 4096])
+    assert done.part_tokens == 1024  # the gateway-wide value: the smallest batch
+    minilm, ranker = done.entries
+    assert (minilm.limits["part_tokens"], ranker.limits["part_tokens"]) == (1024, 512)
+    one = serve_configs(build_parser().parse_args(["serve"]))[1]
+    assert with_part_tokens(one, ["minilm"], [2048]).model_limits == ()  # one model: as before

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+
 import pytest
 
 from embedserve.devtools.checkpoints import make_checkpoint

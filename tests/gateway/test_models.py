@@ -114,7 +114,11 @@ def test_v1_models_states_each_models_own_limits() -> None:
     )
     a, b = (m.describe()["limits"] for m in build_app(config).served.models)
     chunks = {"max_chunks_per_document": config.max_chunks_per_document}
-    assert a == {"max_inputs": 64, "max_tokens_per_request": config.max_tokens_per_request, **chunks}
+    assert a == {
+        "max_inputs": 64,
+        "max_tokens_per_request": config.max_tokens_per_request,
+        **chunks,
+    }
     assert b == {"max_inputs": 4, "max_tokens_per_request": 1000, **chunks}
     assert GatewayConfig.from_args(_parse_gateway(config.to_argv())) == config
 

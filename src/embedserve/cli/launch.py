@@ -45,7 +45,7 @@ class ServeConfig(Options):
     config: str | None = option(
         None,
         "a TOML file of the models to serve, each with its own name, device, dtype, replicas "
-        "and limits (docs/serving.md, \"Several models\"); instead of --model",
+        'and limits (docs/serving.md, "Several models"); instead of --model',
         metavar="PATH",
     )
 
@@ -141,7 +141,8 @@ def serve_configs(args: argparse.Namespace) -> tuple[list[ServerConfig], Gateway
     server = ServerConfig.from_args(args, host=ServerConfig.host, port=0)  # any free port
     sections = _model_sections(args, serve)
     several = len(sections) > 1
-    servers, replicas, limits = [], [], []
+    servers: list[ServerConfig] = []
+    replicas, limits = [], []
     for section in sections:
         engine = _with(section, server.engine)
         base = replace(_with(section, server), engine=engine)
@@ -238,14 +239,7 @@ def run_serve(args: argparse.Namespace) -> int:
             gateway, replicas=tuple(p + a for p, a in zip(prefixes, addresses, strict=True))
         )
         if gateway.part_tokens is None:  # a part of a request is one batch of the servers'
-            gateway = replace(gateway, part_tokens=min(budgets))
-            own = {given.partition(":")[0] for given in gateway.model_limits if ":part_tokens=" in given}
-            parts = {}  # with several models, each model's own servers' batch
-            for name, budget in zip(names, budgets, strict=True):
-                parts[name] = min(budget, parts.get(name, budget))
-            extra = [f"{n}:part_tokens={b}" for n, b in parts.items() if n not in own]
-            if len(parts) > 1:
-                gateway = replace(gateway, model_limits=(*gateway.model_limits, *extra))
+            gateway = with_part_tokens(gateway, names, budgets)
         gateway_proc = Child(
             [*cli, "gateway", *gateway.to_argv()], name="gateway", relay=sys.stderr
         )
@@ -319,9 +313,7 @@ def _same_gpu(device: str, config: ServerConfig) -> bool:
     return device.startswith("cuda") and _gpu(device) == _gpu(config.engine.device)
 
 
-def check_memory(
-    config: ServerConfig, name: str, beside: list[tuple[str, dict[str, Any]]]
-) -> None:
+def check_memory(config: ServerConfig, name: str, beside: list[tuple[str, dict[str, Any]]]) -> None:
     """A ValueError when the model of `config`, served as `name`, does not fit on its GPU beside
     the servers `beside` (served name, ready record) already there (`memory.check_fits`): the
     device's free memory without them is the last one's reading plus what each had reserved."""
@@ -345,3 +337,17 @@ def check_memory(
     need = estimate(spec, name, device, engine.dtype or "bfloat16", tokens)
     free = int(stated[-1]["free_bytes"]) + sum(int(r["reserved_bytes"]) for r in stated)
     check_fits(device, free, memories, need)
+
+
+def with_part_tokens(gateway: GatewayConfig, names: list[str], budgets: list[int]) -> GatewayConfig:
+    """The gateway's parts of a request: one batch of the servers (the smallest budget); with
+    several models, each model's own servers' (but where a model sets its own part_tokens)."""
+    gateway = replace(gateway, part_tokens=min(budgets))
+    own = {given.partition(":")[0] for given in gateway.model_limits if ":part_tokens=" in given}
+    parts: dict[str, int] = {}
+    for name, budget in zip(names, budgets, strict=True):
+        parts[name] = min(budget, parts.get(name, budget))
+    if len(parts) == 1:
+        return gateway
+    extra = [f"{n}:part_tokens={b}" for n, b in parts.items() if n not in own]
+    return replace(gateway, model_limits=(*gateway.model_limits, *extra))

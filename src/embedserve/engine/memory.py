@@ -17,6 +17,7 @@ from embedserve.engine.weights import INDEX_FILE, WEIGHT_FILE
 from embedserve.loading.spec import ModelSpec
 from embedserve.memory import ModelMemory, batch_bytes
 
+
 def spec_batch_bytes(spec: ModelSpec, tokens: int, element_bytes: int) -> int:
     """The largest batch buffers of `spec`'s model at a budget of `tokens` (`memory.batch_bytes`,
     the padded attention buffer bounded by `masks.padded_bound` at the longest sequence)."""
@@ -70,7 +71,10 @@ def stated(engine: Any, name: str, tokens: int) -> tuple[ModelMemory, dict[str, 
     if device.type == "cuda":
         reserved = int(torch.cuda.memory_reserved(device))
         workspace = max(0, reserved - weights)
-        device_now = {"free_bytes": int(torch.cuda.mem_get_info(device)[0]), "reserved_bytes": reserved}
+        device_now = {
+            "free_bytes": int(torch.cuda.mem_get_info(device)[0]),
+            "reserved_bytes": reserved,
+        }
     memory = ModelMemory(
         name, str(device), weights, workspace, spec_batch_bytes(engine.spec, tokens, element)
     )

@@ -150,8 +150,8 @@ class GatewayConfig(Options):
     drain_seconds: float = drain_option()
     model_limits: tuple[str, ...] = option(
         (),
-        "a limit of one model, the gateway-wide flag's value for the others (KEY one of "
-        f"{', '.join(PER_MODEL_LIMITS)}), repeatable; serve --config passes its file's",
+        f"one model's own limit (KEY: {', '.join(PER_MODEL_LIMITS)}), repeatable; the others "
+        "keep the gateway-wide flag's (serve --config passes its file's)",
         flag="model-limit",
         metavar="NAME:KEY=VALUE",
     )
@@ -210,12 +210,9 @@ class GatewayConfig(Options):
 
     @property
     def entries(self) -> list[ModelEntry]:
-        """Each model's served names, folder, replicas and limits, from --model, --replica and
-        --model-limit."""
-        defaults = {key: getattr(self, key) for key in PER_MODEL_LIMITS}
-        return model_entries(
-            self.models, self.served_model_names, self.replicas, self.model_limits, defaults
-        )
+        """Each model's names, folder, replicas and limits (--model, --replica, --model-limit)."""
+        own = (self.model_limits, {key: getattr(self, key) for key in PER_MODEL_LIMITS})
+        return model_entries(self.models, self.served_model_names, self.replicas, *own)
 
 
 def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
@@ -223,12 +220,8 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
     secret = read_secret(config.link_secret_file) if config.link_secret_file else None
     served = []
     for entry in config.entries:
-        own = entry.limits
-        limits, inputs, pairs = load_model(
-            entry,
-            own["max_inputs"] or config.max_inputs,
-            own["max_chunks_per_document"] or config.max_chunks_per_document,
-        )
+        own = entry.limits  # the model's own, else the gateway-wide flags' (`model_entries`)
+        limits, inputs, pairs = load_model(entry, own["max_inputs"], own["max_chunks_per_document"])
         served.append(
             ServedModel(
                 limits,
@@ -256,6 +249,7 @@ def make_pipeline(
 ) -> Pipeline:
     """One model's pipeline over its own replicas, under its own limits; inside the worker's
     event loop (grpc.aio channels)."""
+    own = entry.limits
     pool = ReplicaPool(
         entry.replicas,
         secret=secret,
@@ -266,10 +260,7 @@ def make_pipeline(
     return Pipeline(
         inputs,
         pool,
-        PipelineLimits(
-            entry.limits["max_tokens_per_request"] or config.max_tokens_per_request,
-            entry.limits["part_tokens"] or DEFAULT_PART_TOKENS,
-        ),
+        PipelineLimits(own["max_tokens_per_request"], own["part_tokens"] or DEFAULT_PART_TOKENS),
         pairs,
     )
 

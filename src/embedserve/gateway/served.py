@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from embedserve.core.inputs import InputPreparer
 from embedserve.core.outputs import min_dimensions
@@ -23,11 +24,15 @@ from embedserve.loading.bundled import BUNDLED, resolve_model
 from embedserve.loading.hub import is_hub_id
 from embedserve.loading.spec import read_model_spec
 
-
 # The gateway's limits a model may set for itself (`--model-limit NAME:KEY=VALUE`, a models
 # file's keys): each is the GatewayConfig field of that name, whose value a model without its own
 # takes.
-PER_MODEL_LIMITS = ("max_inputs", "max_tokens_per_request", "max_chunks_per_document", "part_tokens")
+PER_MODEL_LIMITS = (
+    "max_inputs",
+    "max_tokens_per_request",
+    "max_chunks_per_document",
+    "part_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class ModelEntry:
     model: str  # folder, bundled name or Hub id
     replicas: tuple[str, ...]  # its servers' addresses
     # each of PER_MODEL_LIMITS: the model's own value, else the gateway-wide one (None: unset)
-    limits: Mapping[str, int | None] = field(default_factory=dict)
+    limits: Mapping[str, Any] = field(default_factory=dict)
 
 
 def default_names(model: str) -> tuple[str, ...]:
@@ -114,7 +119,9 @@ def _model_limit(given: str, served: list[str]) -> tuple[str, str, int]:
     if name not in served:
         raise ValueError(f"{where}: no model is served as {name!r} (served: {', '.join(served)})")
     if key not in PER_MODEL_LIMITS:
-        raise ValueError(f"{where}: {key!r} is not a per-model limit ({', '.join(PER_MODEL_LIMITS)})")
+        raise ValueError(
+            f"{where}: {key!r} is not a per-model limit ({', '.join(PER_MODEL_LIMITS)})"
+        )
     try:
         value = int(text)
     except ValueError:

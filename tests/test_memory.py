@@ -95,3 +95,49 @@ def test_servers_on_other_gpus_are_not_counted() -> None:
     assert launch._same_gpu("cuda:0", ServerConfig(EngineOptions(device="cuda")))
     assert not launch._same_gpu("cuda:1", ServerConfig(EngineOptions(device="cuda:0")))
     assert not launch._same_gpu("cpu", ServerConfig(EngineOptions(device="cpu")))
+
+
+class FakeChild:
+    """A started server as `start_servers` sees it: its ready record."""
+
+    def __init__(self, record: dict) -> None:  # type: ignore[type-arg]
+        self.record = record
+
+    def wait_ready(self, timeout: float, cancel: object = None) -> dict:  # type: ignore[type-arg]
+        return self.record
+
+    def forget_output(self) -> None:
+        pass
+
+
+def test_with_gpus_a_model_starts_only_once_the_others_there_are_ready_and_it_fits(
+    minilm_path,  # type: ignore[no-untyped-def]
+) -> None:
+    import threading
+
+    from embedserve.options import EngineOptions
+    from embedserve.server.main import ServerConfig
+
+    def on(device: str) -> ServerConfig:
+        return ServerConfig(EngineOptions(model=str(minilm_path), device=device))
+
+    first = ModelMemory("/m", "cuda:0", GIB, GIB, GIB)
+    record = {"address": "127.0.0.1:1", "max_batch_tokens": 8192, **ready(first, GIB, 2 * GIB)}
+    started: list[int] = []
+
+    def start(i: int) -> FakeChild:
+        started.append(i)
+        return FakeChild(record)
+
+    configs, names = [on("cuda:0"), on("cuda:0"), on("cuda:1")], ["a", "a", "b"]
+    # b is on another GPU: nothing beside it there, it starts
+    readies = launch.start_servers(configs, names, start, threading.Event(), [])
+    assert started == [0, 1, 2] and len(readies) == 3
+    started.clear()
+    # b on the GPU of a's two servers, 3 GiB each stated, 1 + 2 + 2 GiB free without them
+    configs[2] = on("cuda:0")
+    with pytest.raises(
+        ValueError, match=r"model 'b' does not fit on cuda:0: .*beside 'a' \(3.00 GiB\), 'a'"
+    ):
+        launch.start_servers(configs, names, start, threading.Event(), [])
+    assert started == [0, 1]  # b's server never started

@@ -88,6 +88,10 @@ def test_a_model_without_a_key_takes_the_flag_default(tmp_path: Path) -> None:
         ),
         ('[[model]]\nname = "a"\n', r"\[\[model\]\] 1: key 'model' .* is required"),
         (
+            '[[model]]\nname = "a=b"\nmodel = "minilm"\n',
+            r"\[\[model\]\] 1: key 'name' must be .* without",
+        ),
+        (
             'port = 80\n[[model]]\nmodel = "minilm"\n',
             r"unknown key 'port'; the file holds \[\[model\]\] tables only",
         ),

@@ -106,8 +106,11 @@ def _section(
     where = f"{path}: [[model]] {i}"
     if not isinstance(model, str) or not model:
         raise ValueError(f"{where}: key 'model' (a folder, bundled name or Hub id) is required")
-    if name is not None and (not isinstance(name, str) or not name or ":" in name or "/" in name):
-        raise ValueError(f"{where}: key 'name' must be a non-empty string without ':' or '/'")
+    # the name travels as NAME=MODEL and NAME:KEY=VALUE (`gateway.models.split_named`)
+    if name is not None and (
+        not isinstance(name, str) or not name or any(c in name for c in ":/=")
+    ):
+        raise ValueError(f"{where}: key 'name' must be a non-empty string without ':', '/' or '='")
     name = name or default_names(model)[0]
     where = f"{where} ({name})"
     settings: dict[type, dict[str, Any]] = {}

@@ -185,6 +185,13 @@ class Options:
         return argv
 
 
+def option_key(cls: type, name: str) -> tuple[str, type]:
+    """Field `name` of config `cls` as a key of a file (its flag, underscored: `num_replicas`
+    is `replicas`) and the type of its value (`int` for `int | None`)."""
+    f, hint = next((f, h) for f, h in _fields(cls) if f.name == name)
+    return _flag(f)[2:].replace("-", "_"), _scalar(hint)[0]
+
+
 def _fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
     hints = typing.get_type_hints(cls)
     return [(f, hints[f.name]) for f in dataclasses.fields(cls)]

@@ -3,12 +3,17 @@ flags (`gateway.served`)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel, ServedModels, split_named
+from embedserve.gateway.openapi import MODEL_LIST
 from embedserve.gateway.requests import Limits
 from embedserve.gateway.served import model_entries
+from tests.e2e.test_openapi_exact import validate
 
 
 def served(*models: tuple[str, str]) -> ServedModels:
@@ -111,3 +116,55 @@ def test_entries_from_flags() -> None:
         model_entries(["a=minilm", "a=/x"], [], ["a=h:1"])
     with pytest.raises(ValueError, match="--served-model-name"):
         model_entries(["minilm", "r=/x"], ["n"], ["minilm=h:1", "r=h:2"])
+
+
+def test_a_model_sets_its_own_limits_the_others_keep_the_gateway_wide_ones() -> None:
+    defaults = {"max_inputs": 100, "max_tokens_per_request": 900, "part_tokens": None}
+    flags = (["minilm", "r=/x"], [], ["minilm=h:1", "r=h:2"])
+    a, b = model_entries(*flags, ["r:max_inputs=4", "r:part_tokens=512"], defaults)
+    assert a.limits == defaults
+    assert b.limits == {"max_inputs": 4, "max_tokens_per_request": 900, "part_tokens": 512}
+    for given, message in [
+        ("r=4", "expected NAME:KEY=VALUE"),
+        ("q:max_inputs=4", "no model is served as 'q'"),
+        ("r:max_batch=4", "'max_batch' is not a per-model limit"),
+        ("r:max_inputs=four", "max_inputs must be a positive integer, got 'four'"),
+        ("r:max_inputs=0", "max_inputs must be a positive integer, got 0"),
+    ]:
+        with pytest.raises(ValueError, match=f"--model-limit {given}: {message}"):
+            model_entries(*flags, [given], defaults)
+
+
+def test_v1_models_states_each_models_own_limits() -> None:
+    from embedserve.gateway.main import GatewayConfig, build_app
+
+    config = GatewayConfig(
+        models=("a=minilm", "b=minilm"),
+        replicas=("a=127.0.0.1:1", "b=127.0.0.1:2"),
+        max_inputs=64,
+        model_limits=("b:max_inputs=4", "b:max_tokens_per_request=1000"),
+    )
+    app = build_app(config)
+    status, _, payload = asyncio.run(app.models(b""))
+    listed = json.loads(payload)
+    # the answer is what the OpenAPI document says it is (the e2e test's validator)
+    assert status == 200 and validate(listed, MODEL_LIST) == []
+    a, b = (m["limits"] for m in listed["data"])
+    chunks = {"max_chunks_per_document": config.max_chunks_per_document}
+    assert a == {
+        "max_inputs": 64,
+        "max_tokens_per_request": config.max_tokens_per_request,
+        **chunks,
+    }
+    assert b == {"max_inputs": 4, "max_tokens_per_request": 1000, **chunks}
+    assert GatewayConfig.from_args(_parse_gateway(config.to_argv())) == config
+
+
+def _parse_gateway(argv: list[str]):  # type: ignore[no-untyped-def]
+    import argparse
+
+    from embedserve.gateway.main import GatewayConfig
+
+    parser = argparse.ArgumentParser()
+    GatewayConfig.add_arguments(parser)
+    return parser.parse_args(argv)

@@ -16,12 +16,16 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
+from embedserve.cli.models_file import ModelSection, read_models_file
 from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.models import split_named
 from embedserve.gateway.served import default_names
-from embedserve.options import Options, option
+from embedserve.memory import ModelMemory, check_fits, cpu_thread_shares
+from embedserve.options import EngineOptions, Options, option
 from embedserve.processes import Child, exit_with_parent, say, write_ready
 from embedserve.server.main import ServerConfig
 
@@ -38,6 +42,12 @@ class ServeConfig(Options):
         "than the GPUs share them round-robin",
         flag="replicas",
     )
+    config: str | None = option(
+        None,
+        "a TOML file of the models to serve, each with its own name, device, dtype, replicas "
+        'and limits (docs/serving.md, "Several models"); instead of --model',
+        metavar="PATH",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -53,7 +63,14 @@ SERVE_SERVER_FIXED = ("host", "port", "cpu_threads")
 # --model is the gateway's, repeatable: each server gets its model's.
 SERVE_ENGINE_FIXED = ("model",)
 # The gateway's replicas are the servers; --drain-seconds and --link-secret-file are theirs, shared.
-SERVE_GATEWAY_FIXED = ("replicas", "drain_seconds", "link_secret_file", "otlp_endpoint")
+# --model-limit: a models file's limits (`serve --config`).
+SERVE_GATEWAY_FIXED = (
+    "replicas",
+    "drain_seconds",
+    "link_secret_file",
+    "otlp_endpoint",
+    "model_limits",
+)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -116,32 +133,68 @@ def _server_devices(device: str, replicas: int) -> list[str]:
 
 
 def serve_configs(args: argparse.Namespace) -> tuple[list[ServerConfig], GatewayConfig]:
-    """`serve`'s flags as each server replica's config (its model and device; its metrics on
-    PORT+i, or any free port) and the gateway's, whose replicas are the servers' addresses
-    (`HOST:0` until they are up; `NAME=HOST:0` with several models). Validates every flag
-    before anything starts."""
-    num_replicas = ServeConfig.from_args(args).num_replicas
+    """`serve`'s flags (and its models file) as each server replica's config (its model, device
+    and limits; its metrics on PORT+i, or any free port) and the gateway's, whose replicas are
+    the servers' addresses (`HOST:0` until they are up; `NAME=HOST:0` with several models).
+    Validates every flag and key before anything starts."""
+    serve = ServeConfig.from_args(args)
     server = ServerConfig.from_args(args, host=ServerConfig.host, port=0)  # any free port
-    models = tuple(args.models) if args.models else GatewayConfig.models
-    devices = _server_devices(server.engine.device, num_replicas)
-    several = len(models) > 1
-    servers, replicas = [], []
-    for name, model in (split_named(m) for m in models):
-        threads = None
-        if several and all(d == "cpu" for d in devices):  # the rule in docs/serving.md
-            threads = max(1, (os.cpu_count() or 1) // len(models))
-        for device in devices:
+    sections = _model_sections(args, serve)
+    several = len(sections) > 1
+    servers: list[ServerConfig] = []
+    replicas, limits = [], []
+    for section in sections:
+        engine = _with(section, server.engine)
+        base = replace(_with(section, server), engine=engine)
+        count = _with(section, serve).num_replicas
+        for device in _server_devices(engine.device, count):
             servers.append(
                 replace(
-                    server,
-                    engine=replace(server.engine, model=model, device=device),
+                    base,
+                    engine=replace(engine, device=device),
                     metrics_port=server.metrics_port and server.metrics_port + len(servers),
-                    cpu_threads=threads,
                 )
             )
-            prefix = f"{name or default_names(model)[0]}=" if several else ""
-            replicas.append(f"{prefix}{server.host}:{server.port}")
-    return servers, GatewayConfig.from_args(args, replicas=tuple(replicas))
+            replicas.append(f"{section.name}=" * several + f"{server.host}:{server.port}")
+        for key, value in section.of(GatewayConfig).items():
+            if value <= 0:
+                raise ValueError(f"{section.where}: key {key!r} must be positive, got {value}")
+            limits.append(f"{section.name}:{key}={value}")
+    if several:  # the models' CPU servers share the cores (`memory.cpu_thread_shares`)
+        on_cpu = [i for i, s in enumerate(servers) if s.engine.device == "cpu"]
+        shares = cpu_thread_shares(os.cpu_count() or 1, [servers[i].cpu_threads for i in on_cpu])
+        for i, threads in zip(on_cpu, shares, strict=True):
+            servers[i] = replace(servers[i], cpu_threads=threads)
+    models = tuple(args.models or ()) if serve.config is None else None
+    gateway = GatewayConfig.from_args(
+        args,
+        models=models or tuple(f"{s.name}={s.of(EngineOptions)['model']}" for s in sections),
+        replicas=tuple(replicas),
+        model_limits=tuple(limits),
+    )
+    return servers, gateway
+
+
+def _model_sections(args: argparse.Namespace, serve: ServeConfig) -> list[ModelSection]:
+    """The models to serve: the models file's, or each --model's (its model alone)."""
+    if serve.config is not None:
+        if args.models:
+            raise ValueError(f"--config {serve.config} names the models: leave out --model")
+        return read_models_file(serve.config)
+    sections = []
+    for given in args.models or GatewayConfig.models:
+        name, model = split_named(given)
+        settings: dict[type, dict[str, Any]] = {EngineOptions: {"model": model}}
+        sections.append(ModelSection(name or default_names(model)[0], f"--model {given}", settings))
+    return sections
+
+
+def _with(section: ModelSection, config: Any) -> Any:
+    """`config` with the model's own values of its fields; a bad one names the model."""
+    try:
+        return replace(config, **section.of(type(config)))
+    except ValueError as e:
+        raise ValueError(f"{section.where}: {e}") from None
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -171,15 +224,12 @@ def run_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, forward_reload)
     try:
-        servers = [start_server(i) for i in range(len(configs))]
-        addresses, budgets = [], []
         # with several models, a replica is NAME=HOST:PORT: keep each server's NAME=
         prefixes = [r.rpartition("=")[0] + "=" if "=" in r else "" for r in gateway.replicas]
-        for s in servers:  # each server's ready record (`server.main.serve`)
-            ready = s.wait_ready(600, cancel=stop_requested)
-            s.forget_output()
-            addresses.append(str(ready["address"]))
-            budgets.append(int(ready["max_batch_tokens"]))
+        names = [p[:-1] or gateway.model_names[0] for p in prefixes]
+        readies = start_servers(configs, names, start_server, stop_requested, servers)
+        addresses = [str(r["address"]) for r in readies]
+        budgets = [int(r["max_batch_tokens"]) for r in readies]
         # A restarted server takes the same port: the gateway's health checks take it back.
         configs = [
             replace(c, port=int(a.rsplit(":", 1)[1]))
@@ -189,7 +239,7 @@ def run_serve(args: argparse.Namespace) -> int:
             gateway, replicas=tuple(p + a for p, a in zip(prefixes, addresses, strict=True))
         )
         if gateway.part_tokens is None:  # a part of a request is one batch of the servers'
-            gateway = replace(gateway, part_tokens=min(budgets))
+            gateway = with_part_tokens(gateway, names, budgets)
         gateway_proc = Child(
             [*cli, "gateway", *gateway.to_argv()], name="gateway", relay=sys.stderr
         )
@@ -220,7 +270,8 @@ def run_serve(args: argparse.Namespace) -> int:
                     servers[i].forget_output()
         say("embedserve: stopping (draining in-flight requests)")
         return 0
-    except (RuntimeError, TimeoutError) as e:  # a child exited or hung before it was ready
+    # a child exited or hung before it was ready; a model did not fit beside another
+    except (RuntimeError, TimeoutError, ValueError) as e:
         say(f"embedserve serve: error: {e}", err=True)
         return 1
     finally:
@@ -229,3 +280,78 @@ def run_serve(args: argparse.Namespace) -> int:
             gateway_proc.stop(gateway.drain_seconds + 10)
         for s in servers:
             s.stop(gateway.drain_seconds + 10)
+
+
+def start_servers(
+    configs: list[ServerConfig],
+    names: list[str],
+    start: Callable[[int], Child],
+    cancel: threading.Event,
+    started: list[Child],
+) -> list[dict[str, Any]]:
+    """Start every server (appended to `started` as it starts) and wait for each one's ready
+    record. On the CPU all at once; with GPUs one model after another, each server checked
+    before it loads against the statements of the other models' servers already on its device
+    (`check_memory`)."""
+    waves = [list(range(len(configs)))]
+    if any(c.engine.device != "cpu" for c in configs):  # a model's servers are consecutive
+        waves = [[i for i, n in enumerate(names) if n == name] for name in dict.fromkeys(names)]
+    readies: list[dict[str, Any]] = []
+    for wave in waves:
+        for i in wave:
+            loaded = zip(names, configs, readies, strict=False)
+            here = [(n, r) for n, c, r in loaded if _same_gpu(c.engine.device, configs[i])]
+            check_memory(configs[i], names[i], here)
+            started.append(start(i))
+        for i in wave:  # its ready record (`server.main.serve`)
+            readies.append(started[i].wait_ready(600, cancel=cancel))
+            started[i].forget_output()
+    return readies
+
+
+def _gpu(device: str) -> str:
+    return "cuda:0" if device == "cuda" else device
+
+
+def _same_gpu(device: str, config: ServerConfig) -> bool:
+    return device.startswith("cuda") and _gpu(device) == _gpu(config.engine.device)
+
+
+def check_memory(config: ServerConfig, name: str, beside: list[tuple[str, dict[str, Any]]]) -> None:
+    """A ValueError when the model of `config`, served as `name`, does not fit on its GPU beside
+    the servers `beside` (served name, ready record) already there (`memory.check_fits`): the
+    device's free memory without them is the last one's reading plus what each had reserved."""
+    stated = [r for _, r in beside if "free_bytes" in r]
+    memories = [
+        replace(ModelMemory.from_dict(r["memory"]), model=n) for n, r in beside if "free_bytes" in r
+    ]
+    if not config.engine.device.startswith("cuda") or not stated:
+        return  # the CPU, or the first model on this GPU
+    from embedserve.engine.graphs import GraphConfig
+    from embedserve.engine.memory import estimate
+    from embedserve.loading.bundled import resolve_model
+    from embedserve.loading.spec import read_model_spec
+
+    engine = config.engine
+    spec = read_model_spec(
+        resolve_model(engine.model), pooling=engine.pooling, attention=engine.attention
+    )
+    tokens = config.max_batch_tokens or GraphConfig().max_tokens
+    device = _gpu(engine.device)
+    need = estimate(spec, name, device, engine.dtype or "bfloat16", tokens)
+    free = int(stated[-1]["free_bytes"]) + sum(int(r["reserved_bytes"]) for r in stated)
+    check_fits(device, free, memories, need)
+
+
+def with_part_tokens(gateway: GatewayConfig, names: list[str], budgets: list[int]) -> GatewayConfig:
+    """The gateway's parts of a request: one batch of the servers (the smallest budget); with
+    several models, each model's own servers' (but where a model sets its own part_tokens)."""
+    gateway = replace(gateway, part_tokens=min(budgets))
+    own = {given.partition(":")[0] for given in gateway.model_limits if ":part_tokens=" in given}
+    parts: dict[str, int] = {}
+    for name, budget in zip(names, budgets, strict=True):
+        parts[name] = min(budget, parts.get(name, budget))
+    if len(parts) == 1:
+        return gateway
+    extra = [f"{n}:part_tokens={b}" for n, b in parts.items() if n not in own]
+    return replace(gateway, model_limits=(*gateway.model_limits, *extra))

@@ -20,8 +20,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +34,8 @@ from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool, check_replica
-from embedserve.gateway.served import ModelEntry, load_model, model_entries
-from embedserve.gateway.sockets import bind, reserve_port
+from embedserve.gateway.served import PER_MODEL_LIMITS, ModelEntry, load_model, model_entries
+from embedserve.gateway.sockets import bind, reserve_port, wait_until_up
 from embedserve.gateway.tei_grpc import TeiGrpc
 from embedserve.loading.bundled import DEFAULT_MODEL
 from embedserve.options import Options, drain_option, model_option, option
@@ -161,6 +159,13 @@ class GatewayConfig(Options):
         "serve text-embeddings-inference's gRPC API (tei.proto) on this port too, from every "
         "worker, on --host (0: any free port); default: off",
     )
+    model_limits: tuple[str, ...] = option(
+        (),
+        f"one model's own limit (KEY: {', '.join(PER_MODEL_LIMITS)}), repeatable; the others "
+        "keep the gateway-wide flag's (serve --config passes its file's)",
+        flag="model-limit",
+        metavar="NAME:KEY=VALUE",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -218,8 +223,9 @@ class GatewayConfig(Options):
 
     @property
     def entries(self) -> list[ModelEntry]:
-        """Each model's served names, folder and replicas, from --model and --replica."""
-        return model_entries(self.models, self.served_model_names, self.replicas)
+        """Each model's names, folder, replicas and limits (--model, --replica, --model-limit)."""
+        own = (self.model_limits, {key: getattr(self, key) for key in PER_MODEL_LIMITS})
+        return model_entries(self.models, self.served_model_names, self.replicas, *own)
 
 
 def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
@@ -227,14 +233,15 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
     secret = read_secret(config.link_secret_file) if config.link_secret_file else None
     served = []
     for entry in config.entries:
+        own = entry.limits  # the model's own, else the gateway-wide flags' (`model_entries`)
         limits, inputs, pairs = load_model(
-            entry, config.max_inputs, config.max_chunks_per_document, config.max_multivector_values
+            entry, own["max_inputs"], own["max_chunks_per_document"], config.max_multivector_values
         )
         served.append(
             ServedModel(
                 limits,
-                functools.partial(make_pipeline, config, entry.replicas, secret, inputs, pairs),
-                max_tokens_per_request=config.max_tokens_per_request,
+                functools.partial(make_pipeline, config, entry, secret, inputs, pairs),
+                max_tokens_per_request=own["max_tokens_per_request"],
             )
         )
     return GatewayApp(
@@ -250,15 +257,16 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
 
 def make_pipeline(
     config: GatewayConfig,
-    replicas: tuple[str, ...],
+    entry: ModelEntry,
     secret: str | None,
     inputs: InputPreparer,
     pairs: PairPreparer | None,
 ) -> Pipeline:
-    """One model's pipeline over its own replicas; inside the worker's event loop (grpc.aio
-    channels)."""
+    """One model's pipeline over its own replicas, under its own limits; inside the worker's
+    event loop (grpc.aio channels)."""
+    own = entry.limits
     pool = ReplicaPool(
-        replicas,
+        entry.replicas,
         secret=secret,
         timeout=config.request_timeout,
         health_interval=config.health_interval,
@@ -267,7 +275,7 @@ def make_pipeline(
     return Pipeline(
         inputs,
         pool,
-        PipelineLimits(config.max_tokens_per_request, config.part_tokens or DEFAULT_PART_TOKENS),
+        PipelineLimits(own["max_tokens_per_request"], own["part_tokens"] or DEFAULT_PART_TOKENS),
         pairs,
     )
 
@@ -347,20 +355,6 @@ def draining_server(app: GatewayApp, drain_seconds: float, config: Any) -> Any:
             self.should_exit = True
 
     return DrainingServer(config)
-
-
-def wait_until_up(url: str, processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if not all(p.is_alive() for p in processes):
-            raise RuntimeError("a gateway worker exited during startup")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"the gateway did not come up at {url}")
 
 
 def run(config: GatewayConfig) -> int:

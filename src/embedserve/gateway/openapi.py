@@ -35,6 +35,46 @@ def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
+_INT = {"type": "integer"}
+_NULLABLE_INT = {"type": "integer", "nullable": True}
+# /v1/models (`gateway.models.ServedModel.describe`): OpenAI's fields, then what each model does
+# here and its own limits (a model's `--model-limit` / models-file values, else the gateway's)
+MODEL_LIST: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"type": "string", "enum": ["list"]},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "object", "task", "limits"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "object": {"type": "string", "enum": ["model"]},
+                    "created": _INT,
+                    "owned_by": {"type": "string"},
+                    "task": {"type": "string"},
+                    "scoring": {"type": "string", "nullable": True},
+                    "aliases": {"type": "array", "items": {"type": "string"}},
+                    "dimensions": _NULLABLE_INT,
+                    "min_dimensions": _NULLABLE_INT,
+                    "outputs": {"type": "array", "items": {"type": "string"}},
+                    "limits": {
+                        "type": "object",
+                        "properties": {
+                            "max_inputs": _INT,
+                            "max_tokens_per_request": _NULLABLE_INT,
+                            "max_chunks_per_document": _INT,
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
 def _ok(schema: dict[str, Any] | None = None) -> dict[str, Any]:
     content = {"application/json": {"schema": schema or {"type": "object"}}}
     return {"200": {"description": "OK", "content": content}}
@@ -438,7 +478,12 @@ def _work_paths(schemas: dict[str, Schemas]) -> dict[str, Any]:
         "/v1/score": post(
             "Scores of text_1 against text_2 pairs (vLLM shape), in order", "score", work_errors
         ),
-        "/v1/models": {"get": {"summary": "The served model", "responses": _ok()}},
+        "/v1/models": {
+            "get": {
+                "summary": "The served models: each one's task, dimensions, outputs and limits",
+                "responses": _ok(MODEL_LIST),
+            }
+        },
         "/tokenize": post(
             "Token ids of texts, as the embeddings endpoint would send them",
             "tokenize",

@@ -9,9 +9,10 @@ model (`NAME=HOST:PORT`) and each model its name (`NAME=MODEL`, else its default
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from embedserve.core.inputs import InputPreparer
 from embedserve.core.outputs import min_dimensions
@@ -24,12 +25,24 @@ from embedserve.loading.hub import is_hub_id
 from embedserve.loading.spec import read_model_spec
 from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
 
+# The gateway's limits a model may set for itself (`--model-limit NAME:KEY=VALUE`, a models
+# file's keys): each is the GatewayConfig field of that name, whose value a model without its own
+# takes.
+PER_MODEL_LIMITS = (
+    "max_inputs",
+    "max_tokens_per_request",
+    "max_chunks_per_document",
+    "part_tokens",
+)
+
 
 @dataclass(frozen=True)
 class ModelEntry:
     names: tuple[str, ...]  # what clients send as `model`; the first is reported
     model: str  # folder, bundled name or Hub id
     replicas: tuple[str, ...]  # its servers' addresses
+    # each of PER_MODEL_LIMITS: the model's own value, else the gateway-wide one (None: unset)
+    limits: Mapping[str, Any] = field(default_factory=dict)
 
 
 def default_names(model: str) -> tuple[str, ...]:
@@ -44,9 +57,14 @@ def default_names(model: str) -> tuple[str, ...]:
 
 
 def model_entries(
-    models: Sequence[str], served_names: Sequence[str], replicas: Sequence[str]
+    models: Sequence[str],
+    served_names: Sequence[str],
+    replicas: Sequence[str],
+    model_limits: Sequence[str] = (),
+    defaults: Mapping[str, int | None] | None = None,
 ) -> list[ModelEntry]:
-    """Each model's names, folder and replicas; a ValueError saying which flag is wrong."""
+    """Each model's names, folder, replicas and limits (`defaults`: the gateway-wide values of
+    PER_MODEL_LIMITS); a ValueError saying which flag is wrong."""
     named = [split_named(m) for m in models]
     if len(named) > 1 and served_names:
         raise ValueError(
@@ -81,10 +99,37 @@ def model_entries(
     for ns, found in zip(names, addresses, strict=True):
         if not found:
             raise ValueError(f"model {ns[0]!r} has no --replica {ns[0]}=HOST:PORT")
+    limits = [dict(defaults or {}) for _ in named]
+    for given in model_limits:
+        name, key, value = _model_limit(given, [ns[0] for ns in names])
+        limits[owner[name]][key] = value
     return [
-        ModelEntry(ns, model, tuple(found))
-        for ns, (_, model), found in zip(names, named, addresses, strict=True)
+        ModelEntry(ns, model, tuple(found), own)
+        for ns, (_, model), found, own in zip(names, named, addresses, limits, strict=True)
     ]
+
+
+def _model_limit(given: str, served: list[str]) -> tuple[str, str, int]:
+    """`--model-limit NAME:KEY=VALUE` as (NAME, KEY, VALUE), or a ValueError saying what is
+    wrong (a name holds no `:`, `split_named`)."""
+    name, _, setting = given.partition(":")
+    key, sep, text = setting.partition("=")
+    where = f"--model-limit {given}"
+    if not sep or not name:
+        raise ValueError(f"{where}: expected NAME:KEY=VALUE, e.g. {served[0]}:max_inputs=64")
+    if name not in served:
+        raise ValueError(f"{where}: no model is served as {name!r} (served: {', '.join(served)})")
+    if key not in PER_MODEL_LIMITS:
+        raise ValueError(
+            f"{where}: {key!r} is not a per-model limit ({', '.join(PER_MODEL_LIMITS)})"
+        )
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{where}: {key} must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"{where}: {key} must be a positive integer, got {value}")
+    return name, key, value
 
 
 def load_model(

@@ -1,12 +1,17 @@
 """The sockets the gateway's supervisor binds before its workers start: the HTTP port (`bind`),
 which the workers inherit, and the TEI gRPC port's reservation (`reserve_port`), which they bind
-again themselves (grpc cannot take a socket it did not make).
+again themselves (grpc cannot take a socket it did not make); then the wait for the workers to
+answer on it (`wait_until_up`).
 """
 
 from __future__ import annotations
 
 import errno
+import multiprocessing.process
 import socket
+import time
+import urllib.request
+from collections.abc import Sequence
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -51,3 +56,19 @@ def reserve_port(host: str, port: int | None) -> socket.socket | None:
             "with --tei-grpc-port (0: any free port)"
         ) from None
     return sock
+
+
+def wait_until_up(url: str, processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    """Until `url` answers 200 (the workers are up); a RuntimeError if a worker dies first or
+    after 120 s."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not all(p.is_alive() for p in processes):
+            raise RuntimeError("a gateway worker exited during startup")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"the gateway did not come up at {url}")

@@ -246,29 +246,7 @@ async def serve(config: ServerConfig) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    checked = engine.fidelity_cosine
-    # the dtype served: a CPU's default bf16 falls back to fp32 if the guard fails (`Engine`)
-    precision = engine.dtype_name + (f", fidelity {checked:.5f}" if checked is not None else "")
-    what = (
-        f"scores pairs ({engine.spec.score.kind})"
-        if engine.spec.score is not None
-        else f"outputs {', '.join(engine.spec.outputs)}"
-        if engine.retrieval is not None
-        else f"{engine.output_width} dims"
-    )
-    say(
-        f"embedserve server: ready on {config.host}:{port} "
-        f"({config.engine.model}, {engine.device}, {precision}, {what}, "
-        f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
-        f"batch tokens {service.scheduler.config.max_batch_tokens}, local socket {local_path})",
-    )
-    write_ready(
-        {
-            "address": f"{config.host}:{port}",
-            "max_batch_tokens": service.scheduler.config.max_batch_tokens,
-            "local_socket": str(local_path),
-        }
-    )
+    _announce_ready(config, engine, service, port, local_path)
     await stop.wait()
     if guard.fatal is not None:
         return await _give_up(guard.fatal, health_servicer, server, local, service)
@@ -283,6 +261,43 @@ async def serve(config: ServerConfig) -> int:
         tracing.TRACER.shutdown()  # the last spans exported
     say("embedserve server: stopped")
     return 0
+
+
+def _announce_ready(
+    config: ServerConfig, engine: Any, service: EmbedService, port: int, local_path: Path
+) -> None:
+    """The ready line (what is served, in which precision) and the ready record (addresses and
+    the memory stated for `serve`'s check before another model loads on this GPU)."""
+    checked = engine.fidelity_cosine
+    # the dtype served: a CPU's default bf16 falls back to fp32 if the guard fails (`Engine`)
+    precision = engine.dtype_name + (f", fidelity {checked:.5f}" if checked is not None else "")
+    budget = service.scheduler.config.max_batch_tokens
+    what = (
+        f"scores pairs ({engine.spec.score.kind})"
+        if engine.spec.score is not None
+        else f"outputs {', '.join(engine.spec.outputs)}"
+        if engine.retrieval is not None
+        else f"{engine.output_width} dims"
+    )
+    say(
+        f"embedserve server: ready on {config.host}:{port} "
+        f"({config.engine.model}, {engine.device}, {precision}, {what}, "
+        f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
+        f"batch tokens {budget}, local socket {local_path})",
+    )
+    from embedserve.engine.memory import stated as stated_memory
+
+    memory, device_now = stated_memory(engine, config.engine.model, budget)
+    say(f"embedserve server: memory on {memory.device}: {memory.describe()}")
+    write_ready(
+        {
+            "address": f"{config.host}:{port}",
+            "max_batch_tokens": budget,
+            "local_socket": str(local_path),
+            "memory": memory.as_dict(),
+            **device_now,
+        }
+    )
 
 
 async def _give_up(

@@ -57,6 +57,21 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
         "--prompt-name", default=None, help="a prompt the model folder defines (e.g. query)"
     )
     p.add_argument(
+        "--input-type",
+        default=None,
+        choices=["query", "document"],
+        help="query or document: the folder's prompt of that name, or ColBERT's query/document "
+        "markers (default: documents)",
+    )
+    p.add_argument(
+        "--outputs",
+        default=None,
+        help="a comma-separated list of dense, sparse, multivector (what the model has): sparse "
+        "as sparse_indices/sparse_values list columns, multivector as a list of vectors per row "
+        "(.parquet or JSON; .npy holds dense only). Default: dense, or every output of a model "
+        "without dense vectors (SPLADE: sparse; ColBERT: multivector)",
+    )
+    p.add_argument(
         "--batch-tokens",
         type=int,
         default=None,
@@ -130,11 +145,11 @@ def write_vectors(path: Path, vectors: object, ids: list[Any] | None = None) -> 
             raise ValueError(
                 "writing .parquet needs pyarrow: pip install 'embedserve[parquet]'"
             ) from None
+        from embedserve.cli.outputs import DENSE_COLUMN, parquet_ids
+
         column = pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), arr.shape[1])
-        id_values = ids if ids is not None else list(range(len(arr)))
-        if len({type(i) for i in id_values}) > 1:  # mixed ids (some records without one)
-            id_values = [str(i) for i in id_values]
-        pq.write_table(pa.table({"id": pa.array(id_values), "embedding": column}), path)
+        id_values = parquet_ids(ids, len(arr))
+        pq.write_table(pa.table({"id": pa.array(id_values), DENSE_COLUMN: column}), path)
     else:
         raise ValueError(f"--output must end in .npy or .parquet, got {path.name!r}")
 
@@ -189,9 +204,16 @@ def _run_embed(args: argparse.Namespace) -> int:
             err=True,
         )
     texts = records.texts
+    from embedserve.cli.outputs import check_outputs_file, run_outputs
     from embedserve.embedder import Embedder
+    from embedserve.loading.bundled import resolve_model
+    from embedserve.loading.spec import read_model_spec
+    from embedserve.retrieval.outputs import parse_outputs
 
     options = EngineOptions.from_args(args)
+    # the outputs and the file they go to, checked before the model loads
+    outputs = parse_outputs(args.outputs, read_model_spec(resolve_model(options.model)).outputs)
+    check_outputs_file(args.output, outputs)
     embedder = Embedder(
         options.model,
         device=options.device,
@@ -201,6 +223,8 @@ def _run_embed(args: argparse.Namespace) -> int:
         attention_backend=options.attention_backend,
     )
     try:
+        if outputs != ("dense",):
+            return run_outputs(embedder, texts, records.ids, outputs, args)
         vectors = embed_texts(embedder, texts, args)
     except InputTooLong as e:  # the advice in this command's terms
         raise ValueError(
@@ -286,6 +310,7 @@ def embed_texts(embedder: Any, texts: list[str], args: argparse.Namespace) -> An
     return embedder.encode(
         texts,
         prompt_name=args.prompt_name,
+        input_type=args.input_type,
         dimensions=args.dimensions,
         normalize=not args.no_normalize,
         output_dtype=args.output_dtype,

@@ -65,3 +65,18 @@ def check_multivector_size(vectors_per_input: Sequence[int], dims: int, limit: i
             param="input",
             code="output_too_large",
         )
+
+
+def default_outputs(available: Sequence[str]) -> tuple[str, ...]:
+    """What a file of vectors holds when no outputs are named: the dense vectors of a model that
+    has them (bge-m3's sparse and multi-vector outputs only when asked for), else every output
+    the model has (SPLADE: sparse; ColBERT: multivector)."""
+    return ("dense",) if "dense" in available else tuple(available)
+
+
+def parse_outputs(text: str | None, available: Sequence[str]) -> tuple[str, ...]:
+    """A command line's `--outputs dense,sparse,multivector` (None: `default_outputs`), each one
+    the model has."""
+    if text is None:
+        return default_outputs(available)
+    return check_outputs([n.strip() for n in text.split(",") if n.strip()], available)

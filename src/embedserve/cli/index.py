@@ -16,7 +16,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="embed a corpus of jsonl / Parquet files into Parquet with Ray Data (resumable)",
         description="Each input file's records (an id and a text field) are embedded on a pool "
         "of Ray actors and written to OUTPUT/<name>.parquet (id, vector, model, dims, "
-        "output_dtype); records that cannot be embedded go to <name>.errors.jsonl with the "
+        "output_dtype; with --outputs, sparse_indices / sparse_values and multivector); records that cannot be embedded go to <name>.errors.jsonl with the "
         "reason. A second run skips the inputs already done, and refuses an OUTPUT made with "
         "other options (see --overwrite). Needs: pip install "
         "'embedserve[ray]'.",
@@ -56,6 +56,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--output-dtype",
         default=D.output_dtype,
         choices=["float32", "int8", "uint8", "binary", "ubinary"],
+    )
+    p.add_argument(
+        "--outputs",
+        default=None,
+        help="a comma-separated list of dense, sparse, multivector (what the model has): "
+        "columns vector, sparse_indices + sparse_values, multivector. Default: dense, or every "
+        "output of a model without dense vectors (SPLADE: sparse; ColBERT: multivector)",
     )
     p.add_argument(
         "--device", default=D.device, help="auto (a GPU per actor when there are GPUs), cpu, cuda"
@@ -98,6 +105,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def _run_index(args: argparse.Namespace) -> int:
     from embedserve.indexing.job import IndexOptions, run_index
+    from embedserve.retrieval.outputs import split_outputs
 
     if args.batch_size <= 0 or (args.workers is not None and args.workers <= 0):
         raise ValueError("--batch-size and --workers must be positive")
@@ -109,6 +117,7 @@ def _run_index(args: argparse.Namespace) -> int:
         input_type=args.input_type,
         truncate=args.truncate or False,
         output_dtype=args.output_dtype,
+        outputs=split_outputs(args.outputs),
         device=args.device,
         dtype=args.dtype,
         batch_size=args.batch_size,

@@ -243,7 +243,11 @@ class GatewayApp:
             status, content_type, payload = e.status, JSON, self._error_body(tei_errors, e)
             extra = e.headers
         except InputError as e:  # the request core's: the same message as the offline API's
-            status, content_type, payload = 400, JSON, self._error_body(tei_errors, from_input_error(e))
+            status, content_type, payload = (
+                400,
+                JSON,
+                self._error_body(tei_errors, from_input_error(e)),
+            )
         except Exception:
             log.exception("unhandled error on %s %s", method, path)
             error = ApiError(500, "internal error in the gateway", code="server_error")
@@ -404,9 +408,7 @@ class GatewayApp:
             pipeline = self.served.models[0].pipeline
             replicas = None if pipeline is None else pipeline.replicas.replicas
             return 200, prom.CONTENT_TYPE_LATEST.encode(), self.metrics.export(replicas)
-        by_model = {
-            m.name: m.pipeline.replicas.replicas for m in self.served.models if m.pipeline
-        }
+        by_model = {m.name: m.pipeline.replicas.replicas for m in self.served.models if m.pipeline}
         return 200, prom.CONTENT_TYPE_LATEST.encode(), self.metrics.export_models(by_model)
 
     async def openapi(self, body: bytes) -> Answer:

@@ -212,9 +212,7 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
     secret = read_secret(config.link_secret_file) if config.link_secret_file else None
     served = []
     for entry in config.entries:
-        limits, inputs, pairs = load_model(
-            entry, config.max_inputs, config.max_chunks_per_document
-        )
+        limits, inputs, pairs = load_model(entry, config.max_inputs, config.max_chunks_per_document)
         served.append(
             ServedModel(
                 limits,

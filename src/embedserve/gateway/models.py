@@ -161,7 +161,9 @@ class ServedModels:
     def not_ready(self) -> list[str]:
         """The models without a healthy server replica (or not started yet)."""
         return [
-            m.name for m in self.models if m.pipeline is None or m.pipeline.replicas.num_healthy == 0
+            m.name
+            for m in self.models
+            if m.pipeline is None or m.pipeline.replicas.num_healthy == 0
         ]
 
 

@@ -46,7 +46,9 @@ def _offsets(lengths: Sequence[int]) -> Any:
 def _flat(rows: Sequence[Any], dtype: Any, width: int | None = None) -> np.ndarray:
     shape = (-1,) if width is None else (-1, width)
     parts = [np.asarray(r, dtype=dtype).reshape(shape) for r in rows]
-    return np.concatenate(parts) if parts else np.empty((0,) if width is None else (0, width), dtype)
+    return (
+        np.concatenate(parts) if parts else np.empty((0,) if width is None else (0, width), dtype)
+    )
 
 
 def columns(

@@ -37,6 +37,8 @@ class EncodedOutputs:
     dense: np.ndarray | None = None
     sparse: list[SparseVector] | None = None
     multivector: list[np.ndarray] | None = None
+    # per input, the tokens the model ran (markers and query expansion included): for tokens/s
+    tokens: list[int] | None = None
 
 
 def check_outputs(asked: str | Sequence[str] | None, available: Sequence[str]) -> tuple[str, ...]:
@@ -74,9 +76,17 @@ def default_outputs(available: Sequence[str]) -> tuple[str, ...]:
     return ("dense",) if "dense" in available else tuple(available)
 
 
+def chosen_outputs(asked: Sequence[str] | None, available: Sequence[str]) -> tuple[str, ...]:
+    """The outputs a file of vectors holds: those asked for, each one the model has, else
+    `default_outputs`."""
+    return default_outputs(available) if asked is None else check_outputs(asked, available)
+
+
+def split_outputs(text: str | None) -> tuple[str, ...] | None:
+    """A command line's `--outputs dense,sparse,multivector` as names (None: not given)."""
+    return None if text is None else tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 def parse_outputs(text: str | None, available: Sequence[str]) -> tuple[str, ...]:
-    """A command line's `--outputs dense,sparse,multivector` (None: `default_outputs`), each one
-    the model has."""
-    if text is None:
-        return default_outputs(available)
-    return check_outputs([n.strip() for n in text.split(",") if n.strip()], available)
+    """`--outputs` checked against what the model has (see `chosen_outputs`)."""
+    return chosen_outputs(split_outputs(text), available)

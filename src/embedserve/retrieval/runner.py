@@ -47,6 +47,7 @@ def run_outputs(
         dense=head.apply(np.concatenate(dense)) if "dense" in outputs else None,
         sparse=sparse if "sparse" in outputs else None,
         multivector=vectors if "multivector" in outputs else None,
+        tokens=[len(s) for s in seqs],
     )
 
 
@@ -58,11 +59,13 @@ PIECE_TEXTS = 64
 def encode_in_pieces(
     encode: Callable[[Sequence[str]], EncodedOutputs],
     texts: Sequence[str],
-    piece: int = PIECE_TEXTS,
+    piece: int | None = None,
 ) -> Iterator[tuple[int, EncodedOutputs]]:
     """(start, outputs) of `encode` over consecutive pieces of `texts`, in order. A piece whose
     multi-vector answer would be over the per-call limit is halved until it fits (one text over
-    it alone is the error); an over-long text's error names its index in all of `texts`."""
+    it alone is the error); an over-long text's error names its index in all of `texts`.
+    `piece`: texts per call, at most (default PIECE_TEXTS)."""
+    piece = piece or PIECE_TEXTS
     start = 0
     while start < len(texts):
         n = min(piece, len(texts) - start)
@@ -83,5 +86,5 @@ def encode_in_pieces(
 
 
 def _shifted(where: str, start: int) -> str:
-    """"input[i]" of a piece as "input[start + i]" of the whole list."""
+    """ "input[i]" of a piece as "input[start + i]" of the whole list."""
     return re.sub(r"^input\[(\d+)\]", lambda m: f"input[{int(m[1]) + start}]", where)

@@ -26,17 +26,26 @@ TEXTS = [
 ]
 
 
-def assert_same_sparse(got: list[dict], want: list[dict]) -> None:  # type: ignore[type-arg]
+def assert_same_sparse(
+    got: list[dict],  # type: ignore[type-arg]
+    want: list[dict],  # type: ignore[type-arg]
+    rtol: float = 1e-6,
+    atol: float = 1e-7,
+) -> None:
+    """The same token ids, the same weights: the file holds what `encode_outputs` returned (a
+    batch of other inputs around a text, as in `index`, moves fp32 sums by ~1e-6)."""
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         assert a["indices"] == b["indices"]
-        np.testing.assert_allclose(a["values"], b["values"], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(a["values"], b["values"], rtol=rtol, atol=atol)
 
 
-def assert_same_multivector(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+def assert_same_multivector(
+    got: list[np.ndarray], want: list[np.ndarray], atol: float = 1e-6
+) -> None:
     assert [g.shape for g in got] == [w.shape for w in want]
     for a, b in zip(got, want, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_allclose(a, b, atol=atol)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from embedserve.core.outputs import OUTPUT_DTYPES
 from embedserve.errors import InputTooLong
 from embedserve.options import EngineOptions
 from embedserve.processes import say
+from embedserve.retrieval.outputs import DEFAULT_OUTPUTS_RULE
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -68,8 +69,7 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="a comma-separated list of dense, sparse, multivector (what the model has): sparse "
         "as sparse_indices/sparse_values list columns, multivector as a list of vectors per row "
-        "(.parquet or JSON; .npy holds dense only). Default: dense, or every output of a model "
-        "without dense vectors (SPLADE: sparse; ColBERT: multivector)",
+        f"(.parquet or JSON; .npy holds dense only). Default: {DEFAULT_OUTPUTS_RULE}",
     )
     p.add_argument(
         "--batch-tokens",

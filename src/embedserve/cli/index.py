@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -52,18 +53,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         choices=["end", "start"],
         help="cut over-long texts (default: they are errors, recorded with their id)",
     )
-    p.add_argument(
-        "--output-dtype",
-        default=D.output_dtype,
-        choices=["float32", "int8", "uint8", "binary", "ubinary"],
-    )
-    p.add_argument(
-        "--outputs",
-        default=None,
-        help="a comma-separated list of dense, sparse, multivector (what the model has): "
-        "columns vector, sparse_indices + sparse_values, multivector. Default: dense, or every "
-        "output of a model without dense vectors (SPLADE: sparse; ColBERT: multivector)",
-    )
+    _add_output_flags(p, D)
     p.add_argument(
         "--device", default=D.device, help="auto (a GPU per actor when there are GPUs), cpu, cuda"
     )
@@ -101,6 +91,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--verbose", action="store_true", help="show Ray's own logs and Ray Data's progress bars"
     )
     p.set_defaults(run=_run_index)
+
+
+def _add_output_flags(p: argparse.ArgumentParser, D: Any) -> None:
+    """What each record's row holds: the dense dtype and which outputs."""
+    from embedserve.retrieval.outputs import DEFAULT_OUTPUTS_RULE
+
+    p.add_argument(
+        "--output-dtype",
+        default=D.output_dtype,
+        choices=["float32", "int8", "uint8", "binary", "ubinary"],
+    )
+    p.add_argument(
+        "--outputs",
+        default=None,
+        help="a comma-separated list of dense, sparse, multivector (what the model has): "
+        f"columns vector, sparse_indices + sparse_values, multivector. Default: {DEFAULT_OUTPUTS_RULE}",
+    )
 
 
 def _run_index(args: argparse.Namespace) -> int:

@@ -69,6 +69,13 @@ def check_multivector_size(vectors_per_input: Sequence[int], dims: int, limit: i
         )
 
 
+# `default_outputs` in words, for the commands' --help
+DEFAULT_OUTPUTS_RULE = (
+    "dense, or every output of a model without dense vectors (SPLADE: sparse; ColBERT: "
+    "multivector)"
+)
+
+
 def default_outputs(available: Sequence[str]) -> tuple[str, ...]:
     """What a file of vectors holds when no outputs are named: the dense vectors of a model that
     has them (bge-m3's sparse and multi-vector outputs only when asked for), else every output

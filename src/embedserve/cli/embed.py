@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +225,8 @@ def _run_embed(args: argparse.Namespace) -> int:
     )
     try:
         if outputs != ("dense",):
-            return run_outputs(embedder, texts, records.ids, outputs, args)
+            encode = partial(embedder.encode_outputs, outputs=outputs, **encode_options(args))
+            return run_outputs(encode, texts, records.ids, embedder.multivector_dims, args)
         vectors = embed_texts(embedder, texts, args)
     except InputTooLong as e:  # the advice in this command's terms
         raise ValueError(
@@ -306,18 +308,21 @@ def _run_rerank(args: argparse.Namespace) -> int:
     return 0
 
 
+def encode_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags of `embed` as the keywords of `Embedder.encode` and `.encode_outputs`."""
+    return {
+        "prompt_name": args.prompt_name,
+        "input_type": args.input_type,
+        "dimensions": args.dimensions,
+        "normalize": not args.no_normalize,
+        "output_dtype": args.output_dtype,
+        "truncate": args.truncate or False,
+        "batch_tokens": args.batch_tokens,
+    }
+
+
 def embed_texts(embedder: Any, texts: list[str], args: argparse.Namespace) -> Any:
-    return embedder.encode(
-        texts,
-        prompt_name=args.prompt_name,
-        input_type=args.input_type,
-        dimensions=args.dimensions,
-        normalize=not args.no_normalize,
-        output_dtype=args.output_dtype,
-        truncate=args.truncate or False,
-        batch_tokens=args.batch_tokens,
-        show_progress=args.output is not None,
-    )
+    return embedder.encode(texts, **encode_options(args), show_progress=args.output is not None)
 
 
 def _add_models(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from functools import partial
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,33 +35,23 @@ def check_outputs_file(path: Path | None, outputs: tuple[str, ...]) -> None:
 
 
 def run_outputs(
-    embedder: Any, texts: list[str], ids: list[Any], outputs: tuple[str, ...],
-    args: argparse.Namespace,
+    encode: Callable[[Sequence[str]], Any], texts: list[str], ids: list[Any],
+    multivector_dims: int, args: argparse.Namespace,
 ) -> int:  # fmt: skip
-    """Encode `texts` in pieces (`retrieval.runner.encode_in_pieces`) and print or write them."""
+    """`encode` (`Embedder.encode_outputs` with the command's options) over `texts` in pieces
+    (`retrieval.runner.encode_in_pieces`), printed as JSON or written to `args.output`."""
     from embedserve.retrieval.runner import encode_in_pieces
 
-    encode = partial(
-        embedder.encode_outputs,
-        outputs=outputs,
-        input_type=args.input_type,
-        prompt_name=args.prompt_name,
-        dimensions=args.dimensions,
-        normalize=not args.no_normalize,
-        output_dtype=args.output_dtype,
-        truncate=args.truncate or False,
-        batch_tokens=args.batch_tokens,
-    )
     pieces = encode_in_pieces(encode, texts)
     if args.output is None:
-        _print_json(pieces, outputs, str(args.model))
+        _print_json(pieces, str(args.model))
         return 0
-    rows = _write_parquet(args.output, pieces, parquet_ids(ids, len(texts)), embedder)
-    say(f"wrote {rows} rows ({', '.join(outputs)}) to {args.output}", err=True)
+    rows = _write_parquet(args.output, pieces, parquet_ids(ids, len(texts)), multivector_dims)
+    say(f"wrote {rows} rows to {args.output}", err=True)
     return 0
 
 
-def _write_parquet(path: Path, pieces: Any, ids: list[Any], embedder: Any) -> int:
+def _write_parquet(path: Path, pieces: Any, ids: list[Any], multivector_dims: int) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -77,7 +67,7 @@ def _write_parquet(path: Path, pieces: Any, ids: list[Any], embedder: Any) -> in
                 table[DENSE_COLUMN] = pa.FixedSizeListArray.from_arrays(flat, out.dense.shape[1])
             sparse = out.sparse
             table |= columns(
-                embedder.multivector_dims,
+                multivector_dims,
                 sparse_indices=None if sparse is None else [v["indices"] for v in sparse],
                 sparse_values=None if sparse is None else [v["values"] for v in sparse],
                 multivector=out.multivector,
@@ -93,7 +83,7 @@ def _write_parquet(path: Path, pieces: Any, ids: list[Any], embedder: Any) -> in
     return rows
 
 
-def _print_json(pieces: Any, outputs: tuple[str, ...], model: str) -> None:
+def _print_json(pieces: Any, model: str) -> None:
     doc: dict[str, Any] = {"model": model}
     for _, out in pieces:
         if out.dense is not None:

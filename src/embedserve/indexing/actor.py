@@ -264,7 +264,8 @@ def actor_gpus(ray: Any, options: IndexOptions) -> int:
 
 
 def embed_dataset(ds: Any, options: IndexOptions | None = None, **fields: Any) -> Any:
-    """A Ray Dataset of records -> a Dataset with `id`, `vector`, `error`, `model`, `dims`,
+    """A Ray Dataset of records -> a Dataset with `id`, `vector` (and / or the sparse and
+    multi-vector columns of `options.outputs`: each row an array), `error`, `model`, `dims`,
     `output_dtype`, `tokens` (`error` non-empty where the record could not be embedded),
     embedded on an actor pool: one actor per GPU of the cluster (each owning one), else
     `options.workers` CPU actors. Options as an `IndexOptions` or as its fields

@@ -71,8 +71,7 @@ def check_multivector_size(vectors_per_input: Sequence[int], dims: int, limit: i
 
 # `default_outputs` in words, for the commands' --help
 DEFAULT_OUTPUTS_RULE = (
-    "dense, or every output of a model without dense vectors (SPLADE: sparse; ColBERT: "
-    "multivector)"
+    "dense, or every output of a model without dense vectors (SPLADE: sparse; ColBERT: multivector)"
 )
 
 

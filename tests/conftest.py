@@ -31,3 +31,20 @@ def minilm(minilm_path: Path):  # type: ignore[no-untyped-def]
 
     # fp32 asked for: the reference-parity tests hold it to 1e-5 (bf16 has its own test)
     return Embedder(minilm_path, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def retrieval_folder(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """`retrieval_folder("bge-m3-tiny")`: an exact-config random-weight folder of a sparse or
+    multi-vector layout from `make-checkpoint` (fp32, seed 5), made once per session."""
+    from embedserve.devtools.checkpoints import make_checkpoint
+
+    made: dict[str, Path] = {}
+
+    def folder(arch: str) -> Path:
+        if arch not in made:
+            root = tmp_path_factory.mktemp(arch)
+            made[arch] = make_checkpoint(root / arch, arch=arch, dtype="float32", seed=5)
+        return made[arch]
+
+    return folder

@@ -2,7 +2,7 @@
 
 Where a file goes (benchmarks/README.md, "Results"): `results/<folder>/<suite>-<machine>[-<variant>]-
 <yyyymmdd>[-<n>].{json,md}`, the folder being the suite (latency, scoring, throughput, concurrency,
-summary) or `studies` for a study's own shape; logs and profiles in `results/logs` and
+retrieval, summary) or `studies` for a study's own shape; logs and profiles in `results/logs` and
 `results/profiles`. `--out DIR` in every script writes into DIR instead (the GPU machine's $OUT).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-SUITES = ("latency", "scoring", "throughput", "concurrency", "summary")
+SUITES = ("latency", "scoring", "throughput", "concurrency", "retrieval", "summary")
 LOGS, PROFILES = RESULTS / "logs", RESULTS / "profiles"
 
 

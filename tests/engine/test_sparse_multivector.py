@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from embedserve.devtools.checkpoints import make_checkpoint
+from embedserve.devtools.references import flag_m3_embedder
 from embedserve.embedder import Embedder
 from embedserve.engine.pooler.sparse import SPLADE_BLOCK_TOKENS
 from embedserve.engine.retrieval import read_pt_head
@@ -159,26 +160,11 @@ def test_sparse_only_models_refuse_dense_encode(splade: Embedder) -> None:
 
 
 def _bge_m3_model():  # type: ignore[no-untyped-def]
-    """FlagEmbedding's BGEM3FlagModel (M3Embedder). NOTE: FlagEmbedding 1.4.2's package
-    __init__ imports every model, one of them (MiniCPM's reranker) a transformers 4 module, so
-    the m3 module is imported without the package __init__s."""
-    spec = importlib.util.find_spec("FlagEmbedding")
-    if spec is None:
+    """FlagEmbedding's BGEM3FlagModel (`devtools.references`), or a skip without it."""
+    try:
+        return flag_m3_embedder()
+    except ModuleNotFoundError:
         pytest.skip("FlagEmbedding is not installed")
-    root = next(iter(spec.submodule_search_locations or []))
-    for name in (
-        "FlagEmbedding",
-        "FlagEmbedding.inference",
-        "FlagEmbedding.inference.embedder",
-        "FlagEmbedding.inference.embedder.encoder_only",
-    ):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [os.path.join(root, *name.split(".")[1:])]
-            sys.modules[name] = package
-    from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
-
-    return M3Embedder
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from embedserve.core.outputs import OUTPUT_DTYPES
 from embedserve.errors import InputTooLong
 from embedserve.options import EngineOptions
 from embedserve.processes import say
+from embedserve.retrieval.outputs import DEFAULT_OUTPUTS_RULE
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +58,20 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--prompt-name", default=None, help="a prompt the model folder defines (e.g. query)"
+    )
+    p.add_argument(
+        "--input-type",
+        default=None,
+        choices=["query", "document"],
+        help="query or document: the folder's prompt of that name, or ColBERT's query/document "
+        "markers (default: documents)",
+    )
+    p.add_argument(
+        "--outputs",
+        default=None,
+        help="a comma-separated list of dense, sparse, multivector (what the model has): sparse "
+        "as sparse_indices/sparse_values list columns, multivector as a list of vectors per row "
+        f"(.parquet or JSON; .npy holds dense only). Default: {DEFAULT_OUTPUTS_RULE}",
     )
     p.add_argument(
         "--batch-tokens",
@@ -131,11 +147,11 @@ def write_vectors(path: Path, vectors: object, ids: list[Any] | None = None) -> 
             raise ValueError(
                 "writing .parquet needs pyarrow: pip install 'embedserve[parquet]'"
             ) from None
+        from embedserve.cli.outputs import DENSE_COLUMN, parquet_ids
+
         column = pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), arr.shape[1])
-        id_values = ids if ids is not None else list(range(len(arr)))
-        if len({type(i) for i in id_values}) > 1:  # mixed ids (some records without one)
-            id_values = [str(i) for i in id_values]
-        pq.write_table(pa.table({"id": pa.array(id_values), "embedding": column}), path)
+        id_values = parquet_ids(ids, len(arr))
+        pq.write_table(pa.table({"id": pa.array(id_values), DENSE_COLUMN: column}), path)
     else:
         raise ValueError(f"--output must end in .npy or .parquet, got {path.name!r}")
 
@@ -190,9 +206,16 @@ def _run_embed(args: argparse.Namespace) -> int:
             err=True,
         )
     texts = records.texts
+    from embedserve.cli.outputs import check_outputs_file, run_outputs
     from embedserve.embedder import Embedder
+    from embedserve.loading.bundled import resolve_model
+    from embedserve.loading.spec import read_model_spec
+    from embedserve.retrieval.outputs import parse_outputs
 
     options = EngineOptions.from_args(args)
+    # the outputs and the file they go to, checked before the model loads
+    outputs = parse_outputs(args.outputs, read_model_spec(resolve_model(options.model)).outputs)
+    check_outputs_file(args.output, outputs)
     embedder = Embedder(
         options.model,
         device=options.device,
@@ -202,6 +225,9 @@ def _run_embed(args: argparse.Namespace) -> int:
         attention_backend=options.attention_backend,
     )
     try:
+        if outputs != ("dense",):
+            encode = partial(embedder.encode_outputs, outputs=outputs, **encode_options(args))
+            return run_outputs(encode, texts, records.ids, embedder.multivector_dims, args)
         vectors = embed_texts(embedder, texts, args)
     except InputTooLong as e:  # the advice in this command's terms
         raise ValueError(
@@ -283,17 +309,21 @@ def _run_rerank(args: argparse.Namespace) -> int:
     return 0
 
 
+def encode_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags of `embed` as the keywords of `Embedder.encode` and `.encode_outputs`."""
+    return {
+        "prompt_name": args.prompt_name,
+        "input_type": args.input_type,
+        "dimensions": args.dimensions,
+        "normalize": not args.no_normalize,
+        "output_dtype": args.output_dtype,
+        "truncate": args.truncate or False,
+        "batch_tokens": args.batch_tokens,
+    }
+
+
 def embed_texts(embedder: Any, texts: list[str], args: argparse.Namespace) -> Any:
-    return embedder.encode(
-        texts,
-        prompt_name=args.prompt_name,
-        dimensions=args.dimensions,
-        normalize=not args.no_normalize,
-        output_dtype=args.output_dtype,
-        truncate=args.truncate or False,
-        batch_tokens=args.batch_tokens,
-        show_progress=args.output is not None,
-    )
+    return embedder.encode(texts, **encode_options(args), show_progress=args.output is not None)
 
 
 def _add_models(sub: argparse._SubParsersAction) -> None:

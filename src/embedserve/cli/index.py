@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +17,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="embed a corpus of jsonl / Parquet files into Parquet with Ray Data (resumable)",
         description="Each input file's records (an id and a text field) are embedded on a pool "
         "of Ray actors and written to OUTPUT/<name>.parquet (id, vector, model, dims, "
-        "output_dtype); records that cannot be embedded go to <name>.errors.jsonl with the "
+        "output_dtype; with --outputs, sparse_indices / sparse_values and multivector); records that cannot be embedded go to <name>.errors.jsonl with the "
         "reason. A second run skips the inputs already done, and refuses an OUTPUT made with "
         "other options (see --overwrite). Needs: pip install "
         "'embedserve[ray]'.",
@@ -52,11 +53,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         choices=["end", "start"],
         help="cut over-long texts (default: they are errors, recorded with their id)",
     )
-    p.add_argument(
-        "--output-dtype",
-        default=D.output_dtype,
-        choices=["float32", "int8", "uint8", "binary", "ubinary"],
-    )
+    _add_output_flags(p, D)
     p.add_argument(
         "--device", default=D.device, help="auto (a GPU per actor when there are GPUs), cpu, cuda"
     )
@@ -96,8 +93,26 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_index)
 
 
+def _add_output_flags(p: argparse.ArgumentParser, D: Any) -> None:
+    """What each record's row holds: the dense dtype and which outputs."""
+    from embedserve.retrieval.outputs import DEFAULT_OUTPUTS_RULE
+
+    p.add_argument(
+        "--output-dtype",
+        default=D.output_dtype,
+        choices=["float32", "int8", "uint8", "binary", "ubinary"],
+    )
+    p.add_argument(
+        "--outputs",
+        default=None,
+        help="a comma-separated list of dense, sparse, multivector (what the model has): "
+        f"columns vector, sparse_indices + sparse_values, multivector. Default: {DEFAULT_OUTPUTS_RULE}",
+    )
+
+
 def _run_index(args: argparse.Namespace) -> int:
     from embedserve.indexing.job import IndexOptions, run_index
+    from embedserve.retrieval.outputs import split_outputs
 
     if args.batch_size <= 0 or (args.workers is not None and args.workers <= 0):
         raise ValueError("--batch-size and --workers must be positive")
@@ -109,6 +124,7 @@ def _run_index(args: argparse.Namespace) -> int:
         input_type=args.input_type,
         truncate=args.truncate or False,
         output_dtype=args.output_dtype,
+        outputs=split_outputs(args.outputs),
         device=args.device,
         dtype=args.dtype,
         batch_size=args.batch_size,

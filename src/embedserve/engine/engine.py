@@ -154,7 +154,9 @@ class Engine:
         if graphs is False:
             return None
         config = graph_config(
-            self.spec, graphs if isinstance(graphs, GraphConfig) else GraphConfig(), attention_backend
+            self.spec,
+            graphs if isinstance(graphs, GraphConfig) else GraphConfig(),
+            attention_backend,
         )
         runner = GraphRunner(
             self._forward,

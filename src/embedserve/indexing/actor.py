@@ -7,13 +7,20 @@ from __future__ import annotations
 import os
 import uuid
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from embedserve.errors import InputError, InputTooLong
 from embedserve.indexing.ledger import DIED, RECORD_DEATHS, Ledger, work_key
+from embedserve.retrieval.columns import COLUMNS, MULTIVECTOR, SPARSE_INDICES, SPARSE_VALUES
+from embedserve.retrieval.outputs import chosen_outputs
+
+# the columns of each output in an `embedserve index` file (dense: `vector`, as always)
+OUTPUT_COLUMNS = {"dense": ("vector",), **COLUMNS}
 
 RAY_INSTALL = "embedserve index needs Ray Data: pip install 'embedserve[ray]'"
 PATH_COLUMN = "path"  # the column Ray Data's include_paths adds: each record's input file
@@ -34,6 +41,8 @@ class IndexOptions:
     input_type: str | None = None
     truncate: Any = False
     output_dtype: str = "float32"
+    # dense / sparse / multivector; None: `retrieval.outputs.default_outputs` of the model
+    outputs: tuple[str, ...] | None = None
     device: str = "auto"
     dtype: str | None = None  # the engine's: float32 on the CPU, bfloat16 on a GPU
     batch_size: int = 256  # records per map_batches call
@@ -69,9 +78,16 @@ class Rows:
 
     ids: list[str]
     texts: dict[int, str]  # row -> text, of the records to embed
-    vectors: np.ndarray
+    columns: dict[str, np.ndarray]  # output column -> its rows (a bad record's stays empty)
     tokens: np.ndarray
     reasons: list[str | None]
+
+    def put(self, rows: Sequence[int], encoded: dict[str, Any], lengths: Sequence[int]) -> None:
+        for name, values in encoded.items():
+            target = self.columns[name]
+            for i, value in zip(rows, values, strict=True):  # an object column: row by row
+                target[i] = value
+        self.tokens[list(rows)] = lengths
 
 
 class EmbedBatch:
@@ -95,13 +111,16 @@ class EmbedBatch:
             prompt_name=o.prompt_name, input_type=o.input_type, truncate=o.truncate
         )
         self.head = self.embedder.inputs.head(None, True, o.output_dtype)
-        # the width and dtype of a row as the output dtype makes it (binary packs 8 per byte);
-        # also warms the engine up
-        probe, _ = self._encode(["warm-up"])
-        self.width, self.dtype = probe.shape[1], probe.dtype
+        self.outputs = chosen_outputs(o.outputs, self.embedder.spec.outputs)
+        # the width and dtype of a dense row as the output dtype makes it (binary packs 8 per
+        # byte), a multi-vector row's width; also warms the engine up
+        self.probe, _ = self._encode(["warm-up"])
 
-    def _encode(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
-        """`Embedder.encode`'s steps, keeping each text's token count (for tokens/s)."""
+    def _encode(self, texts: list[str]) -> tuple[dict[str, Any], list[int]]:
+        """The output columns of `texts` (`vector` and `retrieval.columns`' names), with each
+        text's token count (for tokens/s)."""
+        if self.outputs != ("dense",):
+            return self._encode_outputs(texts)
         prepared = self.embedder.inputs.prepare(texts, self.input_options)
         e = self.embedder
         pooled = e.embed_ids(prepared.seqs, batch_tokens=e.engine.batch_tokens)
@@ -110,7 +129,33 @@ class EmbedBatch:
             windows = prepared.windows_per_input
             ends = np.cumsum(windows)
             lengths = [sum(lengths[b - n : b]) for b, n in zip(ends, windows, strict=True)]
-        return self.head.apply(prepared.combine(pooled)), lengths
+        return {"vector": self.head.apply(prepared.combine(pooled))}, lengths
+
+    def _encode_outputs(self, texts: list[str]) -> tuple[dict[str, Any], list[int]]:
+        """`Embedder.encode_outputs` in pieces under its multi-vector limit."""
+        from embedserve.retrieval.runner import encode_in_pieces
+
+        o = self.options
+        encode = partial(
+            self.embedder.encode_outputs,
+            outputs=self.outputs,
+            input_type=o.input_type,
+            prompt_name=o.prompt_name,
+            output_dtype=o.output_dtype,
+            truncate=o.truncate,
+        )
+        names = [n for n in ("dense", *COLUMNS) if n in self.outputs]
+        columns: dict[str, list[Any]] = {c: [] for n in names for c in OUTPUT_COLUMNS[n]}
+        lengths: list[int] = []
+        for _, out in encode_in_pieces(encode, texts):
+            if out.dense is not None:
+                columns["vector"] += list(out.dense)
+            for v in out.sparse or ():
+                columns[SPARSE_INDICES].append(np.asarray(v["indices"], np.int32))
+                columns[SPARSE_VALUES].append(np.asarray(v["values"], np.float32))
+            columns.get(MULTIVECTOR, []).extend(out.multivector or ())
+            lengths += out.tokens or []
+        return columns, lengths
 
     def _embed(self, rows: Rows) -> None:
         """The good records of a batch, all at once; one at a time after a worker died on the
@@ -122,7 +167,7 @@ class EmbedBatch:
                 self._one_by_one(rows)
             else:
                 try:
-                    rows.vectors[good], rows.tokens[good] = self._encode(texts)
+                    rows.put(good, *self._encode(texts))
                 except InputError:
                     self._one_by_one(rows)
         except Exception:  # an error, not a death: the batch is no suspect
@@ -138,8 +183,7 @@ class EmbedBatch:
                 if deaths >= RECORD_DEATHS:
                     rows.reasons[i] = DIED.format(n=deaths)
                 else:
-                    row, count = self._encode([text])
-                    rows.vectors[i], rows.tokens[i] = row[0], count[0]
+                    rows.put([i], *self._encode([text]))
             except InputTooLong as e:  # the advice in `embedserve index` terms
                 rows.reasons[i] = (
                     f"the text has {e.num_tokens} tokens, over this model's limit of "
@@ -171,17 +215,17 @@ class EmbedBatch:
             elif not value.strip():
                 reasons[i] = reasons[i] or f"{o.text_field!r} is empty"
         good = [i for i in range(n) if reasons[i] is None]
-        vectors = np.zeros((n, self.width), dtype=self.dtype)  # a bad record's row stays zero
+        columns = {name: _empty_column(name, n, rows) for name, rows in self.probe.items()}
         tokens = np.zeros(n, dtype=np.int64)
         if good:
             chosen = {i: str(texts[i]) for i in good}  # type: ignore[index]
-            self._embed(Rows(ids, chosen, vectors, tokens, reasons))
+            self._embed(Rows(ids, chosen, columns, tokens, reasons))
         if o.fail_fast and any(reasons):
             k = next(i for i in range(n) if reasons[i])
             raise ValueError(f"record {ids[k]!r}: {reasons[k]}")
         out = {
             "id": np.array(ids, dtype=object),
-            "vector": vectors,
+            **columns,
             "error": np.array([r or "" for r in reasons], dtype=object),
             "model": np.array([self.model_name] * n, dtype=object),
             "dims": np.full(n, self.embedder.dimensions, dtype=np.int32),
@@ -191,6 +235,18 @@ class EmbedBatch:
         if PATH_COLUMN in batch:
             out[PATH_COLUMN] = batch[PATH_COLUMN]
         return out
+
+
+def _empty_column(name: str, n: int, probe: Any) -> np.ndarray:
+    """A column of `n` rows shaped like `probe`'s first: dense vectors in one array (a bad
+    record's row zero); sparse and multi-vector rows, of varying length, as objects (empty)."""
+    first = np.asarray(probe[0])
+    if name == "vector":
+        return np.zeros((n, first.shape[0]), dtype=first.dtype)
+    out = np.empty(n, dtype=object)
+    for i in range(n):
+        out[i] = first[:0]
+    return out
 
 
 def _cluster_gpus(ray: Any) -> int:
@@ -208,7 +264,8 @@ def actor_gpus(ray: Any, options: IndexOptions) -> int:
 
 
 def embed_dataset(ds: Any, options: IndexOptions | None = None, **fields: Any) -> Any:
-    """A Ray Dataset of records -> a Dataset with `id`, `vector`, `error`, `model`, `dims`,
+    """A Ray Dataset of records -> a Dataset with `id`, `vector` (and / or the sparse and
+    multi-vector columns of `options.outputs`: each row an array), `error`, `model`, `dims`,
     `output_dtype`, `tokens` (`error` non-empty where the record could not be embedded),
     embedded on an actor pool: one actor per GPU of the cluster (each owning one), else
     `options.workers` CPU actors. Options as an `IndexOptions` or as its fields

@@ -146,34 +146,21 @@ class OutputFile:
         self.err_tmp = out / f".{stem}.errors.jsonl.tmp"
         self.err_file = self.err_tmp.open("w", encoding="utf-8")
         self.writer: Any = None
-        self.vector_type: Any = None  # the fixed-size list type of this file's rows
+        self.schema: Any = None  # this file's columns, known from a batch even with no good row
         self.records = self.errors = 0
 
     def write(self, batch: dict[str, np.ndarray]) -> None:
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        rows = np.asarray(batch["vector"])
-        if self.vector_type is None and rows.ndim == 2:  # known even when no row is good
-            self.vector_type = pa.list_(_arrow_type(rows), rows.shape[1])
         keep = np.array([not e for e in batch["error"]], dtype=bool)
         for i in np.flatnonzero(~keep):
             line = json.dumps({"id": batch["id"][i], "error": batch["error"][i]})
             self.err_file.write(line + "\n")
             self.errors += 1
+        table = _table(batch, keep)
+        self.schema = self.schema or table.schema
         if not keep.any():
             return
-        vectors = rows[keep]
-        flat = pa.array(vectors.reshape(-1), _arrow_type(vectors))
-        table = pa.table(
-            {
-                "id": pa.array(list(batch["id"][keep]), pa.string()),
-                "vector": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1]),
-                "model": pa.array(list(batch["model"][keep]), pa.string()),
-                "dims": pa.array(batch["dims"][keep], pa.int32()),
-                "output_dtype": pa.array(list(batch["output_dtype"][keep]), pa.string()),
-            }
-        )
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.tmp, table.schema)
         self.writer.write_table(table)
@@ -185,10 +172,10 @@ class OutputFile:
 
         self.err_file.close()
         if self.writer is None:  # no good record: an empty file with the same schema as others
-            schema = pa.schema(
+            schema = self.schema or pa.schema(
                 [
                     ("id", pa.string()),
-                    ("vector", self.vector_type or pa.list_(pa.float32())),
+                    ("vector", pa.list_(pa.float32())),
                     ("model", pa.string()),
                     ("dims", pa.int32()),
                     ("output_dtype", pa.string()),
@@ -198,6 +185,39 @@ class OutputFile:
         self.writer.close()
         os.replace(self.tmp, self.out / f"{self.stem}.parquet")
         os.replace(self.err_tmp, self.out / f"{self.stem}.errors.jsonl")
+
+
+def _table(batch: dict[str, np.ndarray], keep: np.ndarray) -> Any:
+    """The rows of `batch` to keep as Arrow: `id`, `vector` (when dense), the sparse and
+    multi-vector columns asked for (`retrieval.columns`), `model`, `dims`, `output_dtype`."""
+    import pyarrow as pa
+
+    from embedserve.retrieval.columns import MULTIVECTOR, SPARSE_INDICES, SPARSE_VALUES, columns
+
+    table: dict[str, Any] = {"id": pa.array(list(batch["id"][keep]), pa.string())}
+    if "vector" in batch:
+        rows = np.asarray(batch["vector"])
+        vectors = rows[keep].reshape(-1, rows.shape[1])
+        flat = pa.array(vectors.reshape(-1), _arrow_type(vectors))
+        table["vector"] = pa.FixedSizeListArray.from_arrays(flat, rows.shape[1])
+
+    def kept(name: str) -> list[Any] | None:
+        # NOTE: Ray hands a column of equal-shaped rows back as one array, else as objects
+        return (
+            None if name not in batch else [r for r, k in zip(batch[name], keep, strict=True) if k]
+        )
+
+    dims = int(np.asarray(batch[MULTIVECTOR][0]).shape[-1]) if MULTIVECTOR in batch else 0
+    table |= columns(
+        dims,
+        sparse_indices=kept(SPARSE_INDICES),
+        sparse_values=kept(SPARSE_VALUES),
+        multivector=kept(MULTIVECTOR),
+    )
+    table["model"] = pa.array(list(batch["model"][keep]), pa.string())
+    table["dims"] = pa.array(batch["dims"][keep], pa.int32())
+    table["output_dtype"] = pa.array(list(batch["output_dtype"][keep]), pa.string())
+    return pa.table(table)
 
 
 def _arrow_type(v: np.ndarray) -> Any:

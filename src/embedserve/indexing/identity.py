@@ -17,6 +17,8 @@ from embedserve.indexing.files import write_manifest
 # the others (weights: gigabytes) by size and modification time, so a check costs milliseconds
 CONTENT_SUFFIXES = (".json", ".txt", ".model")
 LEGACY = "not recorded (written by an older embedserve)"
+# what an output recorded before a field existed was made with: every file had dense vectors only
+RECORDED_BEFORE = {"outputs": ["dense"]}
 
 
 def _files(folder: Path) -> Iterator[Path]:
@@ -45,6 +47,7 @@ def vectors_identity(options: IndexOptions, gpus: int) -> dict[str, Any]:
     dtype, the head (dimensions, normalize, output dtype), the prompt and the truncation."""
     from embedserve.loading.bundled import resolve_model
     from embedserve.loading.spec import read_model_spec
+    from embedserve.retrieval.outputs import chosen_outputs
 
     folder = resolve_model(options.model).resolve()
     spec = read_model_spec(folder)
@@ -60,6 +63,7 @@ def vectors_identity(options: IndexOptions, gpus: int) -> dict[str, Any]:
         "input_type": options.input_type,
         "truncate": options.truncate or None,
         "max_length": spec.max_seq_length,
+        "outputs": list(chosen_outputs(options.outputs, spec.outputs)),  # a list, as in JSON
     }
 
 
@@ -69,7 +73,7 @@ def differences(recorded: dict[str, Any] | None, current: dict[str, Any]) -> lis
         return [f"the options it was made with: {LEGACY}"]
     out = []
     for name, now in current.items():
-        was = recorded.get(name)
+        was = recorded.get(name, RECORDED_BEFORE.get(name))
         if was == now:
             continue
         if name == "model_fingerprint" and recorded.get("model") == current["model"]:

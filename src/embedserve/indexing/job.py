@@ -13,7 +13,8 @@ job killed half-way resumes from the first unfinished file and every record is w
 once. A rerun with options that make other vectors is refused, or with `overwrite` re-embeds.
 
 Output columns: `id`, `vector` (list of float32, or of int8 / uint8 for those output dtypes),
-`model`, `dims`, `output_dtype`. A bad record (missing or empty text, a text that is not a
+`model`, `dims`, `output_dtype`; with `outputs` naming them, the sparse and multi-vector columns
+of `retrieval.columns` (beside `vector`, or instead of it when dense is not asked for). A bad record (missing or empty text, a text that is not a
 string, an input over the model's limit without `--truncate`) goes to `<name>.errors.jsonl`
 with its id and the reason, and does not stop the job unless `fail_fast`.
 

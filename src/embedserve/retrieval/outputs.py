@@ -37,6 +37,8 @@ class EncodedOutputs:
     dense: np.ndarray | None = None
     sparse: list[SparseVector] | None = None
     multivector: list[np.ndarray] | None = None
+    # per input, the tokens the model ran (markers and query expansion included): for tokens/s
+    tokens: list[int] | None = None
 
     def __len__(self) -> int:
         """The number of inputs."""
@@ -91,3 +93,32 @@ def check_multivector_size(vectors_per_input: Sequence[int], dims: int, limit: i
             param="input",
             code="output_too_large",
         )
+
+
+# `default_outputs` in words, for the commands' --help
+DEFAULT_OUTPUTS_RULE = (
+    "dense, or every output of a model without dense vectors (SPLADE: sparse; ColBERT: multivector)"
+)
+
+
+def default_outputs(available: Sequence[str]) -> tuple[str, ...]:
+    """What a file of vectors holds when no outputs are named: the dense vectors of a model that
+    has them (bge-m3's sparse and multi-vector outputs only when asked for), else every output
+    the model has (SPLADE: sparse; ColBERT: multivector)."""
+    return ("dense",) if "dense" in available else tuple(available)
+
+
+def chosen_outputs(asked: Sequence[str] | None, available: Sequence[str]) -> tuple[str, ...]:
+    """The outputs a file of vectors holds: those asked for, each one the model has, else
+    `default_outputs`."""
+    return default_outputs(available) if asked is None else check_outputs(asked, available)
+
+
+def split_outputs(text: str | None) -> tuple[str, ...] | None:
+    """A command line's `--outputs dense,sparse,multivector` as names (None: not given)."""
+    return None if text is None else tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def parse_outputs(text: str | None, available: Sequence[str]) -> tuple[str, ...]:
+    """`--outputs` checked against what the model has (see `chosen_outputs`)."""
+    return chosen_outputs(split_outputs(text), available)

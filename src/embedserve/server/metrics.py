@@ -30,7 +30,11 @@ ENGINE_COUNTERS = (
     ),
     ("replays", "embedserve_engine_graph_replays", "Batches served by replaying a CUDA graph"),
     ("eager_runs", "embedserve_engine_eager_runs", "Batches run without a graph on the GPU path"),
-    ("capture_failures", "embedserve_engine_capture_failures", "Buckets left eager: capture failed"),
+    (
+        "capture_failures",
+        "embedserve_engine_capture_failures",
+        "Buckets left eager: capture failed",
+    ),
     ("capture_seconds", "embedserve_engine_capture_seconds", "Host seconds spent capturing graphs"),
     ("compiles", "embedserve_engine_compiles", "torch.compile compilations of fused ops"),
     ("compile_seconds", "embedserve_engine_compile_seconds", "Host seconds spent compiling"),

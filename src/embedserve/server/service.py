@@ -238,7 +238,9 @@ class EmbedService:
         Cancelling the caller's task drops the request (before the engine if still queued)."""
         if tracing.TRACER is None or not request.traceparent:
             return await self._answer(request)
-        with tracing.ServerCall(request.traceparent, request.request_id):  # the gateway's span's child
+        with tracing.ServerCall(
+            request.traceparent, request.request_id
+        ):  # the gateway's span's child
             return await self._answer(request)
 
     async def _answer(self, request: Any) -> Any:

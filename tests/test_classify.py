@@ -54,7 +54,7 @@ def _transformers(folder: Path, inputs: list) -> np.ndarray:  # type: ignore[typ
 
 
 def test_probabilities_match_transformers(classifier_folder: Path) -> None:
-    clf = Classifier(classifier_folder, device="cpu")
+    clf = Classifier(classifier_folder, device="cpu", dtype="float32")
     inputs = [*TEXTS, *PAIRS]
     got = clf.predict(inputs)
     want = _transformers(classifier_folder, inputs)
@@ -71,7 +71,7 @@ def test_probabilities_match_transformers(classifier_folder: Path) -> None:
 
 
 def test_classify_sorts_labels_and_raw_gives_logits(classifier_folder: Path) -> None:
-    clf = Classifier(classifier_folder, device="cpu")
+    clf = Classifier(classifier_folder, device="cpu", dtype="float32")
     probs = clf.predict(TEXTS[:2])
     ranked = clf.classify(TEXTS[:2])
     for row, preds in zip(probs, ranked, strict=True):
@@ -83,7 +83,7 @@ def test_classify_sorts_labels_and_raw_gives_logits(classifier_folder: Path) -> 
 
 
 def test_rules_for_long_and_bad_inputs(classifier_folder: Path) -> None:
-    clf = Classifier(classifier_folder, device="cpu")
+    clf = Classifier(classifier_folder, device="cpu", dtype="float32")
     long = "word " * 2000
     with pytest.raises(InputTooLong):
         clf.predict([long])

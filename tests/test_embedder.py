@@ -212,7 +212,7 @@ def test_two_threads_through_one_embedder_get_their_own_vectors(minilm_path: Pat
 
     from embedserve.engine.graphs import EagerGraph, GraphConfig, GraphRunner
 
-    embedder = Embedder(minilm_path, device="cpu")
+    embedder = Embedder(minilm_path, device="cpu", dtype="float32")
     engine = embedder.engine
     texts = {
         "a": ["the cat sat on the mat", "a short query about rust"],

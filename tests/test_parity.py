@@ -134,5 +134,9 @@ def test_mpnet_positions_start_after_index_1_whatever_pad_token_id(tmp_path: Pat
     want = np.stack(
         [model(input_ids=torch.tensor([s])).last_hidden_state[0].mean(0).numpy() for s in ids]
     )
-    got = Engine.from_folder(folder, device="cpu").step(PackedBatch.from_token_lists(ids)).wait()
+    got = (
+        Engine.from_folder(folder, device="cpu", dtype="float32")
+        .step(PackedBatch.from_token_lists(ids))
+        .wait()
+    )
     assert cosines(got, want).min() >= COSINE_MIN

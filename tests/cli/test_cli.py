@@ -65,7 +65,18 @@ def test_every_line_is_one_row_and_jsonl_ids_are_kept(
     assert main(["embed", *FP32, "--input", str(txt), "--output", str(out), "--overwrite"]) == 2
     assert "lines.txt:2: an empty text" in capsys.readouterr().err
     assert (
-        main(["embed", *FP32, "--input", str(txt), "--output", str(out), "--overwrite", "--skip-empty"])
+        main(
+            [
+                "embed",
+                *FP32,
+                "--input",
+                str(txt),
+                "--output",
+                str(out),
+                "--overwrite",
+                "--skip-empty",
+            ]
+        )
         == 0
     )
     assert "skipped 1 empty lines: [2]" in capsys.readouterr().err

@@ -50,7 +50,7 @@ def assert_same_multivector(
 
 @pytest.fixture(scope="module")
 def bge_m3(retrieval_folder) -> Embedder:  # type: ignore[no-untyped-def]
-    return Embedder(retrieval_folder("bge-m3-tiny"), device="cpu")
+    return Embedder(retrieval_folder("bge-m3-tiny"), device="cpu", dtype="float32")
 
 
 def test_parquet_columns_equal_encode_outputs(
@@ -62,7 +62,7 @@ def test_parquet_columns_equal_encode_outputs(
     out = tmp_path / "v.parquet"
     # pieces of two texts: a file is written as several row groups, in order
     monkeypatch.setattr(runner, "PIECE_TEXTS", 2)
-    argv = ["embed", "--model", str(bge_m3.spec.path), "--device", "cpu", "--input", str(src),
+    argv = ["embed", "--model", str(bge_m3.spec.path), "--device", "cpu", "--dtype", "float32", "--input", str(src),
             "--output", str(out), "--outputs", "dense,sparse,multivector"]  # fmt: skip
     assert main(argv) == 0
     file = pq.ParquetFile(out)
@@ -87,7 +87,7 @@ def test_json_and_the_default_outputs(
     retrieval_folder,
     capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
 ) -> None:
-    model = ["--model", str(bge_m3.spec.path), "--device", "cpu"]
+    model = ["--model", str(bge_m3.spec.path), "--device", "cpu", "--dtype", "float32"]
     assert main(["embed", *TEXTS[:2], *model, "--outputs", "sparse,multivector"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"model", "sparse", "multivector"}
@@ -103,10 +103,13 @@ def test_json_and_the_default_outputs(
     np.testing.assert_allclose(doc["embeddings"], bge_m3.encode(TEXTS[:2]), atol=1e-6)
     # SPLADE has none: its sparse vectors are
     splade = retrieval_folder("splade-minilm-l6")
-    assert main(["embed", *TEXTS[:2], "--model", str(splade), "--device", "cpu"]) == 0
+    assert (
+        main(["embed", *TEXTS[:2], "--model", str(splade), "--device", "cpu", "--dtype", "float32"])
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"model", "sparse"}
-    expected = Embedder(splade, device="cpu").encode_outputs(TEXTS[:2]).sparse
+    expected = Embedder(splade, device="cpu", dtype="float32").encode_outputs(TEXTS[:2]).sparse
     assert expected is not None
     assert_same_sparse(doc["sparse"], expected)
 
@@ -117,7 +120,7 @@ def test_wrong_outputs_and_npy_are_refused_before_the_model_loads(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
 ) -> None:
-    model = ["--model", str(bge_m3.spec.path), "--device", "cpu"]
+    model = ["--model", str(bge_m3.spec.path), "--device", "cpu", "--dtype", "float32"]
     assert main(["embed", "x", *model, "--outputs", "dense,colbert"]) == 2
     err = capsys.readouterr().err
     assert "outputs must be a non-empty list of dense, sparse, multivector" in err

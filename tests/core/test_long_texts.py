@@ -25,7 +25,13 @@ HOSTILE = [
     "a<|endoftext|>b [SEP] [MASK]c<|im_start|>" * 40,  # added tokens in the text
     "Ünïcödé naïve café e\u0301 " * 80,  # combining accents (NFC)
 ]
-CORPUS = [" ".join(passages()[:3]), " ".join(EMOJI) * 3, " ".join(MULTILINGUAL) * 4, " ".join(QUERIES) * 3, *HOSTILE]
+CORPUS = [
+    " ".join(passages()[:3]),
+    " ".join(EMOJI) * 3,
+    " ".join(MULTILINGUAL) * 4,
+    " ".join(QUERIES) * 3,
+    *HOSTILE,
+]
 
 
 def _qwen3_tokenizer(folder: Path) -> Path:
@@ -70,7 +76,9 @@ def test_pieces_give_the_whole_texts_ids(tokenizer_file: Path, max_length: int) 
                 for truncate in ("end", "start"):
                     expected = reference[truncate].encode(cut).ids
                     assert ours.encode([cut], truncate=truncate)[0] == expected, (
-                        window, truncate, cut
+                        window,
+                        truncate,
+                        cut,
                     )
                 whole = reference[False].encode(cut).ids
                 if len(whole) <= max_length:

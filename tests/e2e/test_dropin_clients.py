@@ -183,4 +183,3 @@ def test_the_clients_doc_snippets_run_as_written(served: str, name: str) -> None
     text = (Path(__file__).parents[2] / "docs" / "clients.md").read_text(encoding="utf-8")
     blocks = dict(re.findall(r"<!-- tested-root: (\w+) -->\n```python\n(.*?)```", text, re.S))
     exec(compile(blocks[name], f"clients.md:{name}", "exec"), {"SERVER_URL": served})
-

@@ -39,7 +39,15 @@ DOCUMENTED = {503: "service_unavailable", 429: "rate_limit_error"}  # docs/servi
 
 def start_server(port: int, metrics_port: int) -> Proc:
     proc = Proc(
-        "server", "--device", "cpu", "--port", str(port), "--metrics-port", str(metrics_port)
+        "server",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics_port),
     )
     proc.wait_for(r"embedserve server: ready on", timeout=120)
     return proc

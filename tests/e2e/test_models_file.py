@@ -27,7 +27,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Proc
         f'[[model]]\nname = "ranker"\nmodel = "{ranker}"\nmax_inputs = 3\n'
         "max_batch_tokens = 512\n"
     )
-    proc = Proc("serve", "--config", str(config), "--port", "0", "--device", "cpu")
+    proc = Proc(
+        "serve", "--config", str(config), "--port", "0", "--device", "cpu", "--dtype", "float32"
+    )
     try:
         yield proc.wait_for(r"embedserve: serving embedder, ranker at (\S+)").group(1), proc
     finally:

@@ -50,7 +50,7 @@ def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def both(cross_encoder: Path) -> Iterator[tuple[str, Proc]]:
     proc = Proc("serve", "--model", "minilm", "--model", f"ms-marco={cross_encoder}",
-                "--port", "0", "--device", "cpu")  # fmt: skip
+                "--port", "0", "--device", "cpu", "--dtype", "float32")  # fmt: skip
     try:
         yield proc.wait_for(r"embedserve: serving minilm, ms-marco at (\S+)").group(1), proc
     finally:
@@ -75,7 +75,7 @@ def test_the_openai_client_embeds_with_the_embedder(url: str, minilm: Any) -> No
 
 
 def test_rerank_goes_to_the_reranker(url: str, cross_encoder: Path, minilm: Any) -> None:
-    want = Scorer(cross_encoder, device="cpu").score(QUERY, DOCS)
+    want = Scorer(cross_encoder, device="cpu", dtype="float32").score(QUERY, DOCS)
     for body in ({"model": "ms-marco"}, {}):  # the only reranker: no `model` needed
         status, reply = post(url, "/v1/rerank", {**body, "query": QUERY, "documents": DOCS})
         assert status == 200, reply

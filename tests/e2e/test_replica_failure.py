@@ -39,7 +39,17 @@ def call_with_headers(
 
 
 def start_server(port: int) -> Proc:
-    proc = Proc("server", "--device", "cpu", "--port", str(port), "--drain-seconds", "5")
+    proc = Proc(
+        "server",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--port",
+        str(port),
+        "--drain-seconds",
+        "5",
+    )
     proc.wait_for(r"embedserve server: ready on")
     return proc
 
@@ -168,7 +178,7 @@ def cmdline(pid: int) -> str:
 
 
 def test_serve_restarts_a_crashed_server_and_ready_comes_back() -> None:
-    serve = Proc("serve", "--port", "0", "--device", "cpu")
+    serve = Proc("serve", "--port", "0", "--device", "cpu", "--dtype", "float32")
     try:
         url = serve.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
         assert call(url, "POST", "/v1/embeddings", {"input": "before"})[0] == 200
@@ -190,7 +200,17 @@ def test_an_overloaded_server_gives_429_and_keeps_serving() -> None:
     import concurrent.futures
 
     port = free_port()
-    server = Proc("server", "--device", "cpu", "--port", str(port), "--max-queued-tokens", "1000")
+    server = Proc(
+        "server",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--port",
+        str(port),
+        "--max-queued-tokens",
+        "1000",
+    )
     server.wait_for(r"embedserve server: ready on")
     gateway = Proc("gateway", "--replica", f"127.0.0.1:{port}", "--port", "0")
     try:

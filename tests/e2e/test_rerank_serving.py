@@ -44,7 +44,7 @@ def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reranker_url(cross_encoder: Path) -> Iterator[str]:
     # small parts, so a query with many documents is split across server calls
-    proc = Proc("serve", "--model", str(cross_encoder), "--port", "0", "--device", "cpu",
+    proc = Proc("serve", "--model", str(cross_encoder), "--port", "0", "--device", "cpu", "--dtype", "float32",
                 "--served-model-name", "ms-marco", "--chunk-tokens", "256")  # fmt: skip
     try:
         yield proc.wait_for(r"embedserve: serving \S+ at (\S+)").group(1)
@@ -55,7 +55,7 @@ def reranker_url(cross_encoder: Path) -> Iterator[str]:
 def test_cohere_shape_rerank_matches_the_offline_scorer(
     reranker_url: str, cross_encoder: Path
 ) -> None:
-    want = Scorer(cross_encoder, device="cpu").score(QUERY, DOCS)
+    want = Scorer(cross_encoder, device="cpu", dtype="float32").score(QUERY, DOCS)
     body = {"model": "ms-marco", "query": QUERY, "documents": DOCS, "top_n": 3,
             "return_documents": True}  # fmt: skip
     status, reply = post(reranker_url, "/v1/rerank", body)
@@ -77,7 +77,7 @@ def test_many_documents_split_across_calls_come_back_in_order(
     reranker_url: str, cross_encoder: Path
 ) -> None:
     docs = [f"document {i}: " + "vector search ranks documents " * (i % 9) for i in range(60)]
-    want = Scorer(cross_encoder, device="cpu").score(QUERY, docs)
+    want = Scorer(cross_encoder, device="cpu", dtype="float32").score(QUERY, docs)
     status, reply = post(reranker_url, "/v1/score", {"text_1": QUERY, "text_2": docs})
     assert status == 200, reply
     got = np.array([d["score"] for d in reply["data"]])
@@ -86,7 +86,7 @@ def test_many_documents_split_across_calls_come_back_in_order(
 
 
 def test_tei_shape_rerank_and_raw_scores(reranker_url: str, cross_encoder: Path) -> None:
-    raw = Scorer(cross_encoder, device="cpu").score(QUERY, DOCS, raw=True)
+    raw = Scorer(cross_encoder, device="cpu", dtype="float32").score(QUERY, DOCS, raw=True)
     status, reply = post(
         reranker_url, "/rerank", {"query": QUERY, "texts": DOCS, "return_text": True}
     )
@@ -105,7 +105,7 @@ def test_tei_shape_rerank_and_raw_scores(reranker_url: str, cross_encoder: Path)
 
 
 def test_vllm_shape_pairs_in_order(reranker_url: str, cross_encoder: Path) -> None:
-    scorer = Scorer(cross_encoder, device="cpu")
+    scorer = Scorer(cross_encoder, device="cpu", dtype="float32")
     queries = [QUERY, QUERY, "weather in lisbon"]
     status, reply = post(reranker_url, "/v1/score", {"text_1": queries, "text_2": DOCS[:3]})
     assert status == 200, reply
@@ -158,7 +158,7 @@ def test_an_over_long_pair_with_truncate_is_answered(reranker_url: str) -> None:
 
 def test_an_embedding_model_reranks_by_cosine(served: str) -> None:
     """The bundled embedding model behind /v1/rerank: cosine of query and document vectors."""
-    want = Scorer("minilm", device="cpu").score(QUERY, DOCS)
+    want = Scorer("minilm", device="cpu", dtype="float32").score(QUERY, DOCS)
     status, reply = post(served, "/v1/rerank", {"query": QUERY, "documents": DOCS})
     assert status == 200, reply
     got = {r["index"]: r["relevance_score"] for r in reply["results"]}

@@ -45,7 +45,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def url(folders: dict[str, Path]) -> Iterator[str]:
     models = [a for name, folder in folders.items() for a in ("--model", f"{name}={folder}")]
-    proc = Proc("serve", *models, "--port", "0", "--device", "cpu",
+    proc = Proc("serve", *models, "--port", "0", "--device", "cpu", "--dtype", "float32",
                 "--max-multivector-values", str(MAX_MULTIVECTOR_VALUES))  # fmt: skip
     try:
         yield proc.wait_for(r"embedserve: serving splade, m3, colbert at (\S+)").group(1)
@@ -55,7 +55,9 @@ def url(folders: dict[str, Path]) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def offline(folders: dict[str, Path]) -> dict[str, Embedder]:
-    return {name: Embedder(folder, device="cpu") for name, folder in folders.items()}
+    return {
+        name: Embedder(folder, device="cpu", dtype="float32") for name, folder in folders.items()
+    }
 
 
 def _embed(url: str, **body: Any) -> list[dict[str, Any]]:
@@ -142,7 +144,7 @@ def test_embed_sparse_answers_teis_shape(url: str, offline: dict[str, Embedder])
 def test_scoring_routes_score_by_maxsim_and_bge_m3s_weights(
     url: str, folders: dict[str, Path]
 ) -> None:
-    colbert = Scorer(folders["colbert"], device="cpu").score(QUERY, TEXTS)
+    colbert = Scorer(folders["colbert"], device="cpu", dtype="float32").score(QUERY, TEXTS)
     status, reply = post(
         url, "/v1/rerank", {"model": "colbert", "query": QUERY, "documents": TEXTS}
     )
@@ -150,7 +152,7 @@ def test_scoring_routes_score_by_maxsim_and_bge_m3s_weights(
     assert [r["index"] for r in reply["results"]] == list(np.argsort(-colbert, kind="stable"))
     got = {r["index"]: r["relevance_score"] for r in reply["results"]}
     np.testing.assert_allclose([got[i] for i in range(len(TEXTS))], colbert, rtol=1e-5)
-    m3 = Scorer(folders["m3"], device="cpu")
+    m3 = Scorer(folders["m3"], device="cpu", dtype="float32")
     weights = [0.4, 0.2, 0.4]
     want = m3.score(QUERY, TEXTS, weights=weights)
     assert not np.allclose(want, m3.score(QUERY, TEXTS))  # the weights change the scores
@@ -158,7 +160,7 @@ def test_scoring_routes_score_by_maxsim_and_bge_m3s_weights(
                                            "weights": weights})  # fmt: skip
     assert status == 200
     np.testing.assert_allclose([d["score"] for d in reply["data"]], want, rtol=1e-5)
-    splade = Scorer(folders["splade"], device="cpu").score(QUERY, TEXTS)
+    splade = Scorer(folders["splade"], device="cpu", dtype="float32").score(QUERY, TEXTS)
     status, reply = post(url, "/v1/score", {"model": "splade", "text_1": QUERY, "text_2": TEXTS})
     np.testing.assert_allclose([d["score"] for d in reply["data"]], splade, rtol=1e-5)
 

@@ -74,7 +74,11 @@ def test_tei_routes_answer_tei_shaped_errors_and_others_openai_shaped(
     assert status == 400 and "truncation_direction" in json.loads(body)["error"]
     status, _, body = call(app, "POST", "/v2/embed", {"texts": ["x"], "max_tokens": 3})
     error = json.loads(body)["error"]
-    assert status == 400 and error["code"] == "unsupported_parameter" and error["param"] == "max_tokens"
+    assert (
+        status == 400
+        and error["code"] == "unsupported_parameter"
+        and error["param"] == "max_tokens"
+    )
 
 
 def test_embed_and_similarity_answers(inputs: InputPreparer) -> None:

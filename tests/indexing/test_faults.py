@@ -27,7 +27,7 @@ def test_a_record_that_keeps_killing_its_worker_is_reported_not_retried_for_ever
     tmp_path: Path,
     minilm,  # type: ignore[no-untyped-def]
 ) -> None:
-    embed = EmbedBatch(IndexOptions(model=str(minilm.spec.path), device="cpu"))
+    embed = EmbedBatch(IndexOptions(model=str(minilm.spec.path), device="cpu", dtype="float32"))
     embed.ledger = Ledger("job", tmp_path)
     real = embed._encode
 

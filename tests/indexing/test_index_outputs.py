@@ -38,7 +38,7 @@ def test_index_writes_the_outputs_asked_for_and_resumes(tmp_path: Path, retrieva
     write_jsonl(corpus / "part.jsonl", records)
     folder = retrieval_folder("bge-m3-tiny")
     # batches of 8 records in pieces of up to 64 texts: several batches per file
-    options = IndexOptions(model=str(folder), device="cpu", batch_size=8,
+    options = IndexOptions(model=str(folder), device="cpu", dtype="float32", batch_size=8,
                            outputs=("dense", "sparse", "multivector"))  # fmt: skip
     summary = run_index(corpus, out, options, log=lambda line: None)
     assert (summary["records"], summary["errors"]) == (21, 2)
@@ -50,7 +50,7 @@ def test_index_writes_the_outputs_asked_for_and_resumes(tmp_path: Path, retrieva
     ids = table["id"].to_pylist()
     assert ids == [f"r{i}" for i in range(23) if i not in (4, 9)]
     texts = [TEXTS[int(i[1:]) % len(TEXTS)] for i in ids]
-    ours = Embedder(folder, device="cpu")
+    ours = Embedder(folder, device="cpu", dtype="float32")
     want = ours.encode_outputs(texts)
     assert want.dense is not None and want.sparse is not None and want.multivector is not None
     np.testing.assert_allclose(np.array(table["vector"].to_pylist()), want.dense, atol=1e-5)
@@ -75,19 +75,19 @@ def test_a_sparse_model_writes_its_sparse_vectors_by_default(
     corpus.mkdir()
     write_jsonl(corpus / "part.jsonl", [{"id": f"s{i}", "text": t} for i, t in enumerate(TEXTS)])
     folder = retrieval_folder("splade-minilm-l6")
-    summary = run_index(corpus, out, IndexOptions(model=str(folder), device="cpu"),
+    summary = run_index(corpus, out, IndexOptions(model=str(folder), device="cpu", dtype="float32"),
                         log=lambda line: None)  # fmt: skip
     assert summary["records"] == len(TEXTS)
     table = read_table(out)
     assert "vector" not in table.column_names and "multivector" not in table.column_names
-    want = Embedder(folder, device="cpu").encode_outputs(TEXTS).sparse
+    want = Embedder(folder, device="cpu", dtype="float32").encode_outputs(TEXTS).sparse
     assert want is not None
     assert_same_sparse(read_sparse(table), want, rtol=1e-5, atol=1e-6)
 
 
 def test_folders_of_older_runs_held_dense_vectors(minilm_path: Path) -> None:
     """A manifest written before outputs were recorded made dense vectors: not a difference."""
-    now = vectors_identity(IndexOptions(model=str(minilm_path), device="cpu"), 0)
+    now = vectors_identity(IndexOptions(model=str(minilm_path), device="cpu", dtype="float32"), 0)
     assert now["outputs"] == ["dense"]
     older = {k: v for k, v in now.items() if k != "outputs"}
     assert differences(older, now) == []

@@ -66,7 +66,9 @@ def test_index_equals_embedder_reports_bad_records_and_resumes(
     minilm,  # type: ignore[no-untyped-def]
 ) -> None:
     out = tmp_path / "vectors"
-    options = IndexOptions(model=str(minilm.spec.path), device="cpu", batch_size=64)
+    options = IndexOptions(
+        model=str(minilm.spec.path), device="cpu", dtype="float32", batch_size=64
+    )
     summary = run_index(corpus, out, options, log=lambda line: None)
     assert (summary["files"], summary["skipped"]) == (2, 0)
     assert (summary["records"], summary["errors"]) == (236, 4)
@@ -119,7 +121,7 @@ def test_a_killed_worker_still_leaves_every_record_once(tmp_path: Path, minilm_p
         )
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "embedserve.cli.main", "index", "--input", str(corpus), "--output", str(out),
-           "--model", str(minilm_path), "--device", "cpu", "--batch-size", "32"]  # fmt: skip
+           "--model", str(minilm_path), "--device", "cpu", "--dtype", "float32", "--batch-size", "32"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
     deadline = time.time() + 240
@@ -164,7 +166,7 @@ def test_one_job_over_many_files_names_outputs_apart_and_reports_progress(
     write_jsonl(first / "notext.jsonl", [{"id": f"n{i}", "body": "x"} for i in range(5)])
     (first / "empty.jsonl").write_text("")
     write_jsonl(second / "part.jsonl", [{"id": f"s{i}", "text": TEXTS[i + 1]} for i in range(7)])
-    options = IndexOptions(model=str(minilm.spec.path), device="cpu", batch_size=8)
+    options = IndexOptions(model=str(minilm.spec.path), device="cpu", dtype="float32", batch_size=8)
     lines: list[str] = []
     summary = run_index(first, out, options, log=lines.append)
     assert (summary["files"], summary["records"], summary["errors"]) == (3, 20, 5)
@@ -198,7 +200,9 @@ def test_embed_dataset_takes_options_as_fields(minilm) -> None:  # type: ignore[
     from embedserve.indexing.job import embed_dataset
 
     ds = ray.data.from_items([{"id": i, "text": TEXTS[i]} for i in range(6)])
-    rows = embed_dataset(ds, model=str(minilm.spec.path), device="cpu", batch_size=4).take_all()
+    rows = embed_dataset(
+        ds, model=str(minilm.spec.path), device="cpu", dtype="float32", batch_size=4
+    ).take_all()
     rows.sort(key=lambda r: int(r["id"]))
     got = np.stack([r["vector"] for r in rows])
     want = minilm.encode(TEXTS[:6])

@@ -55,7 +55,7 @@ def outputs(retrieval_folder, tmp_path_factory: pytest.TempPathFactory):  # type
         pytest.skip("FlagEmbedding is not installed")
     folder = spread_weights(retrieval_folder("bge-m3-tiny"),
                             tmp_path_factory.mktemp("m3") / "bge-m3-spread")  # fmt: skip
-    ours = Embedder(folder, device="cpu")
+    ours = Embedder(folder, device="cpu", dtype="float32")
     ref = m3(str(folder), use_fp16=False, devices="cpu")
     kw = {"return_dense": True, "return_sparse": True, "return_colbert_vecs": True}
     return (ours.encode_outputs(CORPUS), ours.encode_outputs(SEARCHES),

@@ -42,4 +42,7 @@ def test_the_server_modules_import_without_tokenizers() -> None:
         "print(sorted(m for m in sys.modules if m.startswith('embedserve.core')))"
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "['embedserve.core', 'embedserve.core.budget', 'embedserve.core.outputs']"
+    assert (
+        run.stdout.strip()
+        == "['embedserve.core', 'embedserve.core.budget', 'embedserve.core.outputs']"
+    )

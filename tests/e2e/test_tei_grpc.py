@@ -121,7 +121,7 @@ def test_errors_are_grpc_codes_with_the_routes_messages(minilm: tuple[str, str])
         ),
         (
             lambda: embed.EmbedSparse(tei_pb2.EmbedSparseRequest(inputs="x")),
-            "UNIMPLEMENTED",
+            "INVALID_ARGUMENT",
             "sparse",
         ),
         (
@@ -196,3 +196,22 @@ def v1_scores_with_key(url: str) -> dict[int, float]:
     with urllib.request.urlopen(request, timeout=60) as reply:
         results = json.loads(reply.read())["results"]
     return {r["index"]: r["relevance_score"] for r in results}
+
+
+def test_embed_sparse_equals_the_http_route(tmp_path: Path) -> None:
+    """EmbedSparse on a SPLADE folder answers what `/embed_sparse` answers, entry for entry."""
+    folder = make_checkpoint(tmp_path / "splade", arch="splade-minilm-l6", dtype="float32", seed=5)
+    proc, url, address = start("--model", str(folder), "--workers", "1", "--dtype", "float32")
+    try:
+        embed = tei_pb2_grpc.EmbedStub(grpc.insecure_channel(address))
+        for text in TEXTS[:3]:
+            got = embed.EmbedSparse(tei_pb2.EmbedSparseRequest(inputs=text))
+            status, want = post(url, "/embed_sparse", {"inputs": text})
+            assert status == 200
+            assert [e.index for e in got.sparse_embeddings] == [e["index"] for e in want[0]]
+            assert [e.value for e in got.sparse_embeddings] == pytest.approx(
+                [e["value"] for e in want[0]], rel=1e-6
+            )
+            assert got.metadata.compute_tokens > 0
+    finally:
+        proc.stop()

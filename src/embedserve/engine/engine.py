@@ -37,6 +37,7 @@ from embedserve.engine.fidelity import (
     make_probes,
 )
 from embedserve.engine.graphs import GraphConfig, GraphRunner
+from embedserve.engine.layers.linear import can_pack, pack_linears
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
 from embedserve.engine.ops import EAGER_OPS, compile_limits, compiled_ops
@@ -124,6 +125,11 @@ class Engine:
         # the fidelity reference: fp32, eager ops (read from the folder a second time)
         reference = build_model(spec, EAGER_OPS).to(self.device) if check else None
         self.model = build_model(spec, self.ops).to(self.device, self.dtype)
+        # a CPU's bf16 products on weights packed once for oneDNN, not reordered at every call
+        # (`layers.linear`); how many layers, for the tests and the start-up line
+        self.packed_linears = (
+            pack_linears(self.model) if not fused and can_pack(self.device, self.dtype) else 0
+        )
         # a scoring model's head after pooling, in float32 (`pooler.score_heads`); None to embed
         head = build_score_head(spec)
         self.score_head = head.to(self.device) if head is not None else None

@@ -3,6 +3,11 @@
 Its parameters are named and shaped as `nn.Linear`'s (`weight` [out, in], `bias` [out]), so the
 state-dict keys a checkpoint is loaded into are unchanged. On CUDA `ops.linear` picks, per shape,
 between cuBLAS and the small-M Triton kernel (`kernels.tuning.small_m_linear`).
+
+On a CPU in bf16 the engine packs each weight once into oneDNN's blocked layout (`pack`):
+`F.linear` reorders the whole [out, in] weight into that layout on every call, which for a short
+query (a few rows) costs as much as the product itself. The packed product is the same oneDNN
+kernel on the same operands: bitwise equal to `F.linear`'s (tests/engine/test_packed_linear.py).
 """
 
 from __future__ import annotations
@@ -11,6 +16,29 @@ import torch
 from torch import nn
 
 from embedserve.engine.ops import Ops
+
+# the rows oneDNN is told to expect when it picks the packed layout: a short query's few tokens
+# (any number of rows runs on it; the hint only picks the blocking)
+PACK_ROWS_HINT = 16
+
+
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `Linear.pack` applies: a CPU in bf16 with oneDNN (in fp32 the packed kernel sums
+    in another order than the reference-parity tests hold fp32 to)."""
+    return (
+        device.type == "cpu"
+        and dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+def pack_linears(model: nn.Module) -> int:
+    """`pack` every `Linear` of `model`; how many."""
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    for layer in layers:
+        layer.pack()
+    return len(layers)
 
 
 class Linear(nn.Module):
@@ -22,9 +50,22 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed: torch.Tensor | None = None  # oneDNN's layout of `weight` (`pack`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return self.ops.linear(x, self.weight, self.bias)
+
+    def pack(self) -> None:
+        """Hold the weight in oneDNN's blocked layout only (CPU): `weight` keeps its shape and
+        dtype for what reads them, without its values' memory."""
+        weight = self.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
+        self.weight = nn.Parameter(
+            torch.zeros((), dtype=weight.dtype).expand(weight.shape),
+            requires_grad=False,
+        )
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"

@@ -115,3 +115,18 @@ def test_other_routes_refuse_a_classifier(url: str) -> None:
     assert {"/predict", "/classify"} <= set(doc["paths"])
     with urllib.request.urlopen(url + "/v1/models", timeout=30) as reply:
         assert json.loads(reply.read())["data"][0]["task"] == "classify"
+
+
+def test_info_names_a_classifier_and_its_labels(url: str, offline: Classifier) -> None:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/info", timeout=30) as reply:
+        info = json.loads(reply.read())
+    labels = list(offline.spec.labels.labels)  # type: ignore[union-attr]
+    assert info["model_type"] == {
+        "classifier": {
+            "id2label": {str(i): label for i, label in enumerate(labels)},
+            "label2id": {label: i for i, label in enumerate(labels)},
+        }
+    }

@@ -136,6 +136,7 @@ class DropInRoutes:
             max_input_length=spec.max_seq_length,
             max_batch_tokens=pipeline.limits.part_tokens,
             tokenization_workers=pipeline.tokenize_threads,
+            labels=tuple(spec.labels.labels) if spec.labels is not None else (),
         )
         return tei.info_body(model.name, model.limits, facts)
 

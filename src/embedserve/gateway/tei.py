@@ -164,6 +164,7 @@ class InfoFacts:
     max_input_length: int
     max_batch_tokens: int  # tokens per server call (--part-tokens)
     tokenization_workers: int
+    labels: tuple[str, ...] = ()  # a classifier's, in id order
 
 
 def info_body(model: str, limits: Limits, facts: InfoFacts) -> dict[str, Any]:
@@ -173,6 +174,10 @@ def info_body(model: str, limits: Limits, facts: InfoFacts) -> dict[str, Any]:
         model_type: dict[str, Any] = {
             "embedding": {"pooling": TEI_POOLING.get(facts.pooling, facts.pooling)}
         }
+    elif limits.task == "classify" and facts.labels:  # TEI's classifier: its labels
+        id2label = {str(i): label for i, label in enumerate(facts.labels)}
+        label2id = {label: i for i, label in enumerate(facts.labels)}
+        model_type = {"classifier": {"id2label": id2label, "label2id": label2id}}
     else:  # TEI reports a reranker's one label
         model_type = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
     return {

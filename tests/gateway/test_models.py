@@ -150,7 +150,11 @@ def test_v1_models_states_each_models_own_limits() -> None:
     # the answer is what the OpenAPI document says it is (the e2e test's validator)
     assert status == 200 and validate(listed, MODEL_LIST) == []
     a, b = (m["limits"] for m in listed["data"])
-    chunks = {"max_chunks_per_document": config.max_chunks_per_document}
+    # dense models: no multi-vector answer, so no bound on one (None)
+    chunks = {
+        "max_chunks_per_document": config.max_chunks_per_document,
+        "max_multivector_values": None,
+    }
     assert a == {
         "max_inputs": 64,
         "max_tokens_per_request": config.max_tokens_per_request,

@@ -16,10 +16,15 @@ def flag_m3_embedder() -> Any:
     __init__ imports every model, one of them (MiniCPM's reranker) a transformers 4 module, so
     the m3 module is imported without the package __init__s. ModuleNotFoundError when
     FlagEmbedding is not installed."""
-    spec = importlib.util.find_spec("FlagEmbedding")
-    if spec is None:
-        raise ModuleNotFoundError("FlagEmbedding is not installed", name="FlagEmbedding")
-    root = next(iter(spec.submodule_search_locations or []))
+    package = sys.modules.get("FlagEmbedding")
+    if package is not None and getattr(package, "__path__", None):
+        # loaded before (by this function: a module without a spec, which find_spec refuses)
+        root = next(iter(package.__path__))
+    else:
+        spec = importlib.util.find_spec("FlagEmbedding")
+        if spec is None:
+            raise ModuleNotFoundError("FlagEmbedding is not installed", name="FlagEmbedding")
+        root = next(iter(spec.submodule_search_locations or []))
     for name in (
         "FlagEmbedding",
         "FlagEmbedding.inference",

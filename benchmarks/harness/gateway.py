@@ -73,7 +73,7 @@ def asgi_overhead_us(texts: list[str], count: int, model: str = "minilm") -> lis
     from embedserve.contract import EmbedResponse
     from embedserve.gateway.main import GatewayConfig, build_app
 
-    app = build_app(GatewayConfig(replicas=("127.0.0.1:1",), model=model))
+    app = build_app(GatewayConfig(replicas=("127.0.0.1:1",), models=(model,)))
     row = np.full((1, 384), 0.05, dtype="<f4")
     response = EmbedResponse(embeddings=row.tobytes(), shape=[1, 384], dtype="float32")
 
@@ -88,9 +88,10 @@ def asgi_overhead_us(texts: list[str], count: int, model: str = "minilm") -> lis
 
 
 async def _asgi_calls(app: Any, pool: Any, bodies: list[bytes], count: int) -> list[float]:
-    pipeline = app.make_pipeline()  # in the loop, as the app's startup makes it
+    served = app.served.models[0]
+    pipeline = served.make_pipeline()  # in the loop, as the app's startup makes it
     pipeline.replicas = pool
-    app.pipeline = pipeline
+    served.pipeline = pipeline
     # NOTE: the Host a loopback client sends: the gateway answers 421 to a request without one
     # it serves (--allowed-host), so a scope without it measured an error reply
     headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")]

@@ -282,12 +282,15 @@ def write(args: argparse.Namespace, hardware: str, lengths: str,
           rows: list[tuple[str, list[float]]], stages: dict[str, float], n: int, skip: int) -> None:  # fmt: skip
     import torch
 
+    from embedserve.engine.cpu import default_dtype
+
     name = torch.cuda.get_device_name() if hardware == "cuda" else report.cpu_hardware()
     base = {
         "system": "embedserve",
         "model": Path(args.model).name,
         "weights": args.weights,
-        "dtype": "bf16" if hardware == "cuda" else "float32",
+        # the servers' default dtype on this device (bf16 on CUDA and on a native-bf16 CPU)
+        "dtype": default_dtype(torch.device(hardware)),
         "batch": 1,
         "tokens": lengths,
         "concurrency": 1,

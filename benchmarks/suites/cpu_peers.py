@@ -100,7 +100,9 @@ def _encoder(system: str, folder: Path) -> tuple[Any, Any, str]:
     return fenc, fenc, "batch 256"
 
 
-def worker(system: str, folder: Path, texts_file: Path, out: Path, calls: int) -> None:
+def worker(
+    system: str, folder: Path, texts_file: Path, out: Path, calls: int, bulk_too: bool
+) -> None:
     texts = json.loads(texts_file.read_text())
     queries, passages, corp = texts["queries"], texts["passages"], texts["corpus"]
     one, bulk, detail = _encoder(system, folder)
@@ -115,12 +117,14 @@ def worker(system: str, folder: Path, texts_file: Path, out: Path, calls: int) -
         t0 = time.perf_counter()
         one([passages[i % len(passages)]])
         p_ms.append((time.perf_counter() - t0) * 1e3)
-    bulk(corp[:64])
-    t0 = time.perf_counter()
-    bulk(corp)
-    corpus_s = time.perf_counter() - t0
-    vectors = np.concatenate([bulk(queries), bulk(passages)]).astype(np.float32)
-    np.save(out.with_suffix(".npy"), vectors)
+    corpus_s = None
+    if bulk_too:  # the first round only: the corpus, and the vectors of the fidelity check
+        bulk(corp[:64])
+        t0 = time.perf_counter()
+        bulk(corp)
+        corpus_s = time.perf_counter() - t0
+        vectors = np.concatenate([bulk(queries), bulk(passages)]).astype(np.float32)
+        np.save(out.with_suffix(".npy"), vectors)
     out.write_text(json.dumps({"query_ms": q_ms, "passage_ms": p_ms, "corpus_s": corpus_s,
                                "detail": detail}))  # fmt: skip
 
@@ -171,19 +175,21 @@ def prepare_texts(folder: Path, n_corpus: int) -> dict[str, list[str]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--peers-python", default=None, help="the ONNX peers' interpreter (else skipped)")
+    p.add_argument(
+        "--peers-python", default=None, help="the ONNX peers' interpreter (else skipped)"
+    )
     p.add_argument("--calls", type=int, default=150)
     p.add_argument("--corpus", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=3, help="latency rounds, the order rotated")
     p.add_argument("--systems", default=None, help="comma-separated subset of the systems")
     p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--worker", nargs=4, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", nargs=5, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        system, folder, texts, out = args.worker
-        worker(system, Path(folder), Path(texts), Path(out), args.calls)
+        system, folder, texts, out, bulk_too = args.worker
+        worker(system, Path(folder), Path(texts), Path(out), args.calls, bulk_too == "1")
         return
     from embedserve.loading.bundled import resolve_model
-    from harness.machine import load1
 
     work = Path(tempfile.mkdtemp(prefix="cpu-peers-"))
     folder = work / "all-MiniLM-L6-v2"
@@ -194,20 +200,39 @@ def main() -> None:
     texts = prepare_texts(folder, args.corpus)
     (work / "texts.json").write_text(json.dumps(texts))
     results: dict[str, dict[str, Any]] = {}
-    for system, which in chosen:
-        python = sys.executable if which == "ours" else args.peers_python
-        if python is None:
-            results[system] = {"skipped": "no --peers-python"}
-            continue
-        out = work / f"r{len(results)}.json"
-        load = load1()
-        argv = [python, __file__, "--worker", system, str(folder), str(work / "texts.json"),
-                str(out), "--calls", str(args.calls)]  # fmt: skip
-        subprocess.run(argv, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        results[system] = {**json.loads(out.read_text()), "load1_before": load}
-        results[system]["vectors"] = np.load(out.with_suffix(".npy"))
-        print(f"{system}: query p50 {np.median(results[system]['query_ms']):.2f} ms", flush=True)
+    # the machine (a VM) drifts by tens of percent over minutes: every system is measured in
+    # each round, the order rotated, and the rows pool the rounds' calls
+    for round_ in range(args.rounds):
+        k = round_ % len(chosen)
+        for system, which in chosen[k:] + chosen[:k]:
+            run_worker(args, system, which, folder, work, results, round_)
     write(args, texts, results)
+
+
+def run_worker(args: argparse.Namespace, system: str, which: str, folder: Path, work: Path,
+               results: dict[str, dict[str, Any]], round_: int) -> None:  # fmt: skip
+    from harness.machine import load1
+
+    python = sys.executable if which == "ours" else args.peers_python
+    if python is None:
+        results[system] = {"skipped": "no --peers-python"}
+        return
+    out = work / f"r{abs(hash(system))}-{round_}.json"
+    load = load1()
+    argv = [python, __file__, "--worker", system, str(folder), str(work / "texts.json"),
+            str(out), "1" if round_ == 0 else "0", "--calls", str(args.calls)]  # fmt: skip
+    subprocess.run(argv, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    got = json.loads(out.read_text())
+    r = results.setdefault(system, {"query_ms": [], "passage_ms": [], "round_p50_ms": [],
+                                    "load1_before": [], "detail": got["detail"]})  # fmt: skip
+    r["query_ms"] += got["query_ms"]
+    r["passage_ms"] += got["passage_ms"]
+    r["round_p50_ms"].append(round(float(np.median(got["query_ms"])), 3))
+    r["load1_before"].append(load)
+    if got["corpus_s"] is not None:
+        r["corpus_s"] = got["corpus_s"]
+        r["vectors"] = np.load(out.with_suffix(".npy"))
+    print(f"round {round_} {system}: query p50 {r['round_p50_ms'][-1]:.2f} ms", flush=True)
 
 
 def write(args: argparse.Namespace, texts: dict[str, list[str]], results: dict[str, Any]) -> None:
@@ -235,12 +260,14 @@ def write(args: argparse.Namespace, texts: dict[str, list[str]], results: dict[s
         ]
         for metric, tokens, value in metrics:
             records.append({**base, "metric": metric, "tokens": tokens, "value": round(value, 3)})
+        records[-4]["round_p50_ms"] = r["round_p50_ms"]  # the query p50 of each round
         if cos is not None and cos < GUARD:
             print(f"{system}: least cosine {cos:.6f} is under the guard's {GUARD}", flush=True)
-    notes = (f"{args.calls} calls per latency row (queries of 3-12 words; passages of exactly 256 "
+    notes = (f"{args.rounds} rounds (the order rotated) x {args.calls} calls per latency row (queries of 3-12 words; passages of exactly 256 "
              f"tokens); {len(texts['corpus'])} passages of 20-180 words in one call per library "
-             "(its own batching); each system in its own process, one after the other; the "
-             "machine's 1-minute load before each is in the JSON.")  # fmt: skip
+             "(its own batching), in the first round; each system in its own process, one after the "
+             "other; each round's query p50 and the machine's 1-minute load before each run are "
+             "in the JSON.")  # fmt: skip
     software = report.versions("torch", "embedserve", "sentence-transformers", "onnxruntime")
     path, table = report.write("latency", report.cpu_hardware(), "cpu2-peers", records,
                                software, notes, args.out)  # fmt: skip

@@ -1,5 +1,6 @@
 """Sparse and multi-vector retrieval on the CPU (issue 26): `Embedder.encode_outputs` against the
-reference libraries, side by side in one run, on the same inputs, fp32:
+reference libraries, side by side in one run, on the same inputs (the peers fp32, ours at its CPU
+default: bf16 where the CPU has it, under the fidelity guard):
 
 - **SPLADE** (`splade-v3`'s config: BERT base with the masked-LM head): ours vs
   sentence-transformers `SparseEncoder.encode`;
@@ -70,8 +71,10 @@ def folder(models: Path, arch: str) -> Path:
     return path
 
 
-def record(system: str, model: str, metric: str, value: float, n: int, **extra: Any) -> dict:  # type: ignore[type-arg]
-    return {"system": system, "model": model, "weights": "random", "dtype": "fp32",
+def record(system: str, model: str, metric: str, value: float, n: int, dtype: str = "float32",
+           **extra: Any) -> dict:  # type: ignore[type-arg]  # fmt: skip
+    """One row; `dtype`: what ran (the peers fp32; ours the engine's, the CPU's default)."""
+    return {"system": system, "model": model, "weights": "random", "dtype": dtype,
             "batch": n, "tokens": "8-180 words" if n > 1 else "query", "concurrency": 1,
             "metric": metric, "value": round(value, 2), "scope": "end_to_end", **extra}  # fmt: skip
 
@@ -205,8 +208,9 @@ def bench_model(name: str, path: Path, texts: list[str], args: argparse.Namespac
     checked = {} if "skipped" in peer else fidelity(name, ours_out, peer["check"])
     records = [
         record(ours_name, model, "tokens_per_s", num_tokens / median(times[ours_name]),
-               len(texts), **checked),
-        record(ours_name, model, "query_p50_ms", percentile(ours_query, 50), 1),
+               len(texts), dtype=ours.engine.dtype_name, **checked),
+        record(ours_name, model, "query_p50_ms", percentile(ours_query, 50), 1,
+               dtype=ours.engine.dtype_name),
     ]  # fmt: skip
     if "skipped" in peer:
         records.append({"system": peer_name, "model": model, "skipped": peer["skipped"]})
@@ -223,7 +227,7 @@ def notes_for(records: list[dict], args: argparse.Namespace, num_texts: int) -> 
 
     paragraphs = [
         f"{num_texts} passages (8-180 words), {args.rounds} alternating rounds (median); one "
-        f"{len(QUERY.split())}-word query alone, p50 of {args.reps} calls. fp32, torch threads "
+        f"{len(QUERY.split())}-word query alone, p50 of {args.reps} calls. The peers fp32, torch threads "
         f"{torch.get_num_threads()}, peers' batch_size {args.batch_size}, ours at its CPU "
         "defaults. Random weights in the exact configs (`embedserve make-checkpoint`). "
         f"1-minute load average {os.getloadavg()[0]:.1f} at the end (the machine is shared)."

@@ -5,6 +5,7 @@ address: vectors equal the OpenAI route's (cosine >= 0.99999), scores `/rerank`'
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -44,6 +45,18 @@ def start(*args: str) -> tuple[Proc, str, str]:
     url = proc.wait_for(r"embedserve: serving \S+ at (\S+)").group(1)
     address = proc.wait_for(r"embedserve: TEI's gRPC API at (\S+)").group(1)
     return proc, url, address
+
+
+@pytest.fixture(autouse=True)
+def current_event_loop() -> Iterator[None]:
+    """tei_client's GrpcClient makes a grpc.aio channel when constructed, which takes the main
+    thread's current event loop: a fresh script has one, but after another test's asyncio.run()
+    the main thread has none (asyncio.run leaves it unset)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield
+    asyncio.set_event_loop(None)
+    loop.close()
 
 
 @pytest.fixture(scope="module")

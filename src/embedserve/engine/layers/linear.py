@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from embedserve.engine.cpu import native_bf16
 from embedserve.engine.ops import Ops
 
 # the rows oneDNN is told to expect when it picks the packed layout: a short query's few tokens
@@ -23,13 +24,14 @@ PACK_ROWS_HINT = 16
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `Linear.pack` applies: a CPU in bf16 with oneDNN (in fp32 the packed kernel sums
-    in another order than the reference-parity tests hold fp32 to)."""
+    """Whether `Linear.pack` applies: a CPU in bf16 with oneDNN's native bf16 (`cpu.native_bf16`:
+    elsewhere oneDNN has no bf16 kernel to pack for); not fp32, whose packed kernel sums in
+    another order than the reference-parity tests hold fp32 to."""
     return (
         device.type == "cpu"
         and dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and native_bf16()
     )
 
 

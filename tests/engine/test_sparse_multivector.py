@@ -5,9 +5,9 @@ PyLate. Token ids equal the reference's; an input alone equals it inside a batch
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from embedserve.devtools.checkpoints import make_checkpoint
+from embedserve.devtools.pylate_env import env_folder
 from embedserve.devtools.references import flag_m3_embedder
 from embedserve.embedder import Embedder
 from embedserve.engine.pooler.sparse import SPLADE_BLOCK_TOKENS
@@ -34,12 +35,9 @@ TEXTS = [
     " ".join(["a passage of some length about sparse and dense retrieval models"] * 14),
 ]
 QUERIES = ["what is colbert?", "sparse lexical weights for search"]
-# the PyLate reference environment (see pylate_reference.py): pip install --no-deps --target
-# .venv/pylate-ref transformers==5.3.0 sentence-transformers==5.3.0 huggingface-hub==1.3.0
-# tokenizers==0.22.2 datasets==4.4.1 (pylate 1.6.0 itself in the test environment)
-PYLATE_ENV = Path(
-    os.environ.get("EMBEDSERVE_PYLATE_ENV", Path(__file__).parents[2] / ".venv/pylate-ref")
-)
+# PyLate's reference environment (pylate_reference.py runs from it): .venv/pylate-ref or
+# $EMBEDSERVE_PYLATE_ENV, built by `python -m embedserve.devtools.pylate_env`
+PYLATE_ENV = env_folder(Path(__file__).parents[2])
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -245,59 +243,123 @@ def test_multivector_size_limit(bge_m3) -> None:  # type: ignore[no-untyped-def]
 # -- ColBERT (PyLate) -----------------------------------------------------------------------
 
 
+# the folder's own settings, then PyLate's two other query modes: expansion tokens attended to,
+# and no expansion at all (a query is then its own tokens)
+COLBERT_VARIANTS = {
+    "as-published": {},
+    "attend-expansion": {"attend_to_expansion_tokens": True},
+    "no-expansion": {"do_query_expansion": False},
+}
+# over the lengths: a query past query_length (32) is cut, a document past document_length (300)
+# is cut at the end
+LONG_QUERY = " ".join(["what do late interaction models score per token"] * 6)
+LONG_DOCUMENT = " ".join(["ColBERT keeps one vector per token, punctuation aside."] * 40)
+COLBERT_QUERIES = [*QUERIES, LONG_QUERY]
+COLBERT_DOCUMENTS = [*TEXTS, LONG_DOCUMENT]
+
+
+@pytest.fixture(scope="module")
+def colbert_variants(
+    folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """The ColBERT folder under each of COLBERT_VARIANTS' settings (weights linked, not
+    copied)."""
+    base = folders["answerai-colbert-small-v1"]
+    root = tmp_path_factory.mktemp("colbert-variants")
+    out = {}
+    for name, changes in COLBERT_VARIANTS.items():
+        folder = root / name
+        shutil.copytree(base, folder, copy_function=os.symlink)
+        cfg_path = folder / "config_sentence_transformers.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg_path.unlink()
+        cfg_path.write_text(json.dumps({**cfg, **changes}))
+        out[name] = folder
+    return out
+
+
 @pytest.fixture(scope="module")
 def pylate_outputs(
-    folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, np.ndarray]:
-    if (
-        not (PYLATE_ENV / "sentence_transformers").exists()
-        or importlib.util.find_spec("pylate") is None
-    ):
-        pytest.skip(f"PyLate's reference environment is missing ({PYLATE_ENV}; see PYLATE_ENV)")
+    colbert_variants: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, np.ndarray]]:
+    if not (PYLATE_ENV / "pylate").exists():
+        pytest.skip(
+            f"PyLate's reference environment is missing ({PYLATE_ENV}): build it with "
+            "`python -m embedserve.devtools.pylate_env` (docs/retrieval.md)"
+        )
     work = tmp_path_factory.mktemp("pylate")
-    (work / "in.json").write_text(json.dumps({"queries": QUERIES, "documents": TEXTS}))
+    texts = {"queries": COLBERT_QUERIES, "documents": COLBERT_DOCUMENTS}
+    (work / "in.json").write_text(json.dumps(texts))
     env = {**os.environ, "PYTHONPATH": str(PYLATE_ENV)}
     script = Path(__file__).with_name("pylate_reference.py")
-    args = [
-        sys.executable,
-        str(script),
-        str(folders["answerai-colbert-small-v1"]),
-        str(work / "in.json"),
-        str(work / "out.npz"),
-    ]
+    folders = [str(f) for f in colbert_variants.values()]
+    args = [sys.executable, str(script), str(work / "in.json"), str(work), *folders]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return dict(np.load(work / "out.npz"))
+    return {name: dict(np.load(work / f"{name}.npz")) for name in colbert_variants}
 
 
-@pytest.mark.slow  # PyLate in a subprocess of its own environment: ~2 minutes on 2 cores
+@pytest.mark.slow  # PyLate in a subprocess of its own environment: ~30 s on 2 cores
+@pytest.mark.parametrize("variant", list(COLBERT_VARIANTS))
 def test_colbert_equals_pylate(
-    folders: dict[str, Path], pylate_outputs: dict[str, np.ndarray]
+    variant: str,
+    colbert_variants: dict[str, Path],
+    pylate_outputs: dict[str, dict[str, np.ndarray]],
 ) -> None:
-    ours = Embedder(folders["answerai-colbert-small-v1"], device="cpu", dtype="float32")
+    """Token ids (markers, expansion, cuts), the attended tokens, the vectors kept (the
+    document skip-list) and each vector (projection, normalization) equal PyLate's; MaxSim
+    ranks documents as PyLate's vectors do."""
+    folder, theirs = colbert_variants[variant], pylate_outputs[variant]
+    ours = Embedder(folder, device="cpu", dtype="float32")
     assert ours.colbert is not None
-    queries = ours.encode_outputs(QUERIES, input_type="query").multivector
-    docs = ours.encode_outputs(TEXTS, input_type="document").multivector
-    assert queries is not None and docs is not None
-    q_ids = ours.colbert.prepare(QUERIES, query=True, truncate=False).seqs
-    d_ids = ours.colbert.prepare(TEXTS, query=False, truncate=False).seqs
-    for kind, got, ids in (("queries", queries, q_ids), ("documents", docs, d_ids)):
+    for kind, texts, query in (
+        ("queries", COLBERT_QUERIES, True),
+        ("documents", COLBERT_DOCUMENTS, False),
+    ):
+        got = ours.encode_outputs(
+            texts, input_type="query" if query else "document", truncate="end"
+        ).multivector
+        assert got is not None
+        prepared = ours.colbert.prepare(texts, query=query, truncate="end")
         for i, mine in enumerate(got):
-            assert ids[i] == pylate_outputs[f"{kind}_ids_{i}"].tolist()
-            theirs = pylate_outputs[f"{kind}_{i}"]
-            assert mine.shape == theirs.shape
-            assert cosines(mine, theirs).min() >= 0.99999
-    scorer = Scorer(folders["answerai-colbert-small-v1"], device="cpu", dtype="float32")
-    for qi, query in enumerate(QUERIES):
-        ref = [
-            float(
-                (pylate_outputs[f"queries_{qi}"] @ pylate_outputs[f"documents_{d}"].T).max(1).sum()
-            )
-            for d in range(len(TEXTS))
-        ]
-        mine = scorer.score(query, TEXTS)
-        np.testing.assert_allclose(mine, ref, rtol=1e-4)
-        assert np.argsort(-mine).tolist() == np.argsort(-np.asarray(ref)).tolist()
+            assert prepared.seqs[i] == theirs[f"{kind}_ids_{i}"].tolist()
+            visible = len(prepared.seqs[i]) if prepared.visible is None else prepared.visible[i]
+            assert visible == int(theirs[f"{kind}_attended_{i}"].sum())
+            ref = theirs[f"{kind}_{i}"]
+            assert mine.shape == ref.shape == (prepared.vectors[i], ours.colbert.spec.width)
+            assert cosines(mine, ref).min() >= 0.99999
+            np.testing.assert_allclose(np.linalg.norm(mine, axis=1), 1.0, atol=1e-6)
+    scorer = Scorer(folder, device="cpu", dtype="float32")
+    n_docs = len(COLBERT_DOCUMENTS)
+    for qi, query in enumerate(COLBERT_QUERIES):
+        ref = np.array(
+            [
+                (theirs[f"queries_{qi}"] @ theirs[f"documents_{d}"].T).max(1).sum()
+                for d in range(n_docs)
+            ]
+        )
+        mine = scorer.score(query, COLBERT_DOCUMENTS, truncate="end")
+        np.testing.assert_allclose(mine, ref, rtol=1e-5)
+        assert np.argsort(-mine).tolist() == np.argsort(-ref).tolist()
+
+
+def test_colbert_pylate_cases_cover_what_they_name(colbert_variants: dict[str, Path]) -> None:
+    """The parity inputs reach what they are there for (no PyLate needed): the long query and
+    document are cut, a document loses skip-list tokens, each variant's queries differ."""
+    seen = {}
+    for name, folder in colbert_variants.items():
+        colbert = Embedder(folder, device="cpu", dtype="float32").colbert
+        assert colbert is not None
+        spec = colbert.spec
+        docs = colbert.prepare(COLBERT_DOCUMENTS, query=False, truncate="end")
+        assert len(docs.seqs[-1]) == spec.document_length
+        assert any(v < len(s) for v, s in zip(docs.vectors, docs.seqs, strict=True))
+        queries = colbert.prepare(COLBERT_QUERIES, query=True, truncate="end")
+        assert len(queries.seqs[-1]) == spec.query_length
+        seen[name] = (queries.seqs[0], queries.visible)
+    assert seen["as-published"][1] is not None and seen["attend-expansion"][1] is None
+    assert seen["as-published"][0] == seen["attend-expansion"][0]
+    assert len(seen["no-expansion"][0]) < len(seen["as-published"][0])
 
 
 def test_colbert_alone_equals_batch(folders: dict[str, Path]) -> None:

@@ -8,10 +8,15 @@ default: bf16 where the CPU has it, under the fidelity guard):
   one call) vs FlagEmbedding `BGEM3FlagModel.encode(return_dense, return_sparse,
   return_colbert_vecs)`;
 - **ColBERT** (`answerai-colbert-small-v1`, PyLate's layout): ours vs PyLate `ColBERT.encode`,
-  run in a subprocess from PyLate's own environment (pylate 1.6 pins sentence-transformers 5.3 and
-  transformers <= 5.3; under the project's sentence-transformers 6 it loads the folder's markers
-  and lengths wrong: tests/engine/test_sparse_multivector.py `PYLATE_ENV`). Without that
-  environment the peer is skipped and the reason recorded.
+  run in a worker process from PyLate's own environment (pylate 1.6 pins sentence-transformers
+  5.3 and transformers <= 5.3; under the project's sentence-transformers 6 it loads the folder's
+  markers and lengths wrong), built by `python -m embedserve.devtools.pylate_env`. The worker
+  stays up and runs each corpus round on a line from this process, so its rounds alternate with
+  ours as the other peers' do. Without that environment the peer is skipped and the reason
+  recorded.
+
+Ours runs at each of `--dtypes` (default: the CPU default, bf16 where the CPU has it, and fp32,
+the peers' dtype), each row with its fidelity against the peer.
 
 Folders: exact configs with random weights from `embedserve make-checkpoint` (no hub), made once
 into `--models` (bge-m3 in fp32 is 2.3 GB). Timing does not depend on the weights' values, except
@@ -56,9 +61,8 @@ MODELS = [
 ]
 FIDELITY = ("cosine_min", "sparse_same_ids")  # the fields `fidelity` writes
 QUERY = "how are sparse lexical weights stored in a vector database?"
-PYLATE_ENV = Path(
-    os.environ.get("EMBEDSERVE_PYLATE_ENV", ROOT / ".venv/pylate-ref")
-)  # the tests' reference environment of PyLate
+OURS = "embedserve Embedder.encode_outputs"
+PYLATE = "PyLate ColBERT.encode"
 
 
 def folder(models: Path, arch: str) -> Path:
@@ -142,82 +146,144 @@ def fidelity(name: str, ours: Any, check: Any) -> dict[str, float]:
     return {"cosine_min": cosine_min(ours.multivector, check)}
 
 
-def pylate_in_subprocess(path: Path, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """PyLate's corpus seconds per round, query milliseconds and document vectors, timed in its
-    own environment (`--pylate-worker`); or {"skipped": reason}."""
-    if not (PYLATE_ENV / "sentence_transformers").exists():
-        return {"skipped": f"PyLate's reference environment is missing ({PYLATE_ENV}; see "
-                "PYLATE_ENV in tests/engine/test_sparse_multivector.py): pylate 1.6 needs "
-                "sentence-transformers 5.3 and transformers <= 5.3"}  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Path(tmp) / "job.json"
-        job.write_text(json.dumps({"folder": str(path), "texts": texts, "rounds": args.rounds,
-                                   "reps": args.reps, "batch_size": args.batch_size}))  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(PYLATE_ENV)}
-        cmd = [sys.executable, __file__, "--pylate-worker", str(job)]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            return {"skipped": f"PyLate failed: {done.stderr.strip().splitlines()[-1:]}"}
-        out = json.loads(job.with_suffix(".out.json").read_text())
-    out["check"] = [np.asarray(v, np.float32) for v in out.pop("vectors")]
-    return out
+class PylatePeer:
+    """PyLate in a worker process of its own environment (`--pylate-worker`): loads the folder,
+    encodes the corpus once (warm-up, and the vectors checked), then runs one corpus round per
+    "corpus" line it reads, so rounds alternate with ours; "query" times the query alone there."""
+
+    def __init__(self, path: Path, texts: list[str], args: argparse.Namespace) -> None:
+        from embedserve.devtools.pylate_env import env_folder
+
+        self.skipped = ""
+        env_dir = env_folder(ROOT)
+        if not (env_dir / "pylate").exists():
+            self.skipped = (f"PyLate's reference environment is missing ({env_dir}): build it "
+                            "with `python -m embedserve.devtools.pylate_env`")  # fmt: skip
+            return
+        self.tmp = tempfile.TemporaryDirectory()
+        job = Path(self.tmp.name) / "job.json"
+        job.write_text(json.dumps({"folder": str(path), "texts": texts, "reps": args.reps,
+                                   "batch_size": args.batch_size}))  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(env_dir)}
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--pylate-worker", str(job)], env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        ready = json.loads(self._ask(None))
+        self.versions = ready["versions"]
+        self.check = [np.asarray(v, np.float32) for v in ready["vectors"]]
+
+    def _ask(self, line: str | None) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if line is not None:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the PyLate worker exited ({self.proc.wait()})")
+        return answer
+
+    def corpus(self) -> None:
+        self._ask("corpus")
+
+    def query_ms(self) -> list[float]:
+        return list(json.loads(self._ask("query")))
+
+    def close(self) -> None:
+        if not self.skipped:
+            self._ask("quit")
+            self.proc.wait()
+            self.tmp.cleanup()
 
 
 def pylate_worker(job_path: Path) -> int:
-    """Inside PyLate's environment: the timings `pylate_in_subprocess` reads."""
+    """Inside PyLate's environment: answers `PylatePeer`'s lines on stdout, one line each."""
+    from importlib import metadata
+
     from pylate import models
 
+    # the answers go to a copy of stdout; anything the libraries print goes to stderr
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     job = json.loads(job_path.read_text())
     model = models.ColBERT(job["folder"], device="cpu")
     texts, b = job["texts"], job["batch_size"]
     vectors = model.encode(texts, is_query=False, batch_size=b)  # warm-up, and the check
-    rounds = timed_s(lambda: model.encode(texts, is_query=False, batch_size=b), job["rounds"])
-    query = timed_ms(lambda: model.encode([QUERY], is_query=True), job["reps"], "cpu")
-    out = {"corpus_s": rounds, "query_ms": query,
-           "vectors": [np.asarray(v, np.float32).tolist() for v in vectors]}  # fmt: skip
-    job_path.with_suffix(".out.json").write_text(json.dumps(out))
+    names = ("pylate", "sentence-transformers", "transformers", "tokenizers")
+    ready = {"versions": {n: metadata.version(n) for n in names},
+             "vectors": [np.asarray(v, np.float32).tolist() for v in vectors]}  # fmt: skip
+
+    def corpus() -> str:
+        model.encode(texts, is_query=False, batch_size=b)
+        return "done"
+
+    def query() -> list[float]:
+        return timed_ms(lambda: model.encode([QUERY], is_query=True), job["reps"], "cpu")
+
+    answers = {"corpus": corpus, "query": query, "quit": lambda: "bye"}
+    print(json.dumps(ready), file=answer, flush=True)
+    for line in sys.stdin:
+        print(json.dumps(answers[line.strip()]()), file=answer, flush=True)
+        if line.strip() == "quit":
+            break
     return 0
 
 
 def bench_model(name: str, path: Path, texts: list[str], args: argparse.Namespace) -> list[dict]:  # type: ignore[type-arg]
-    """Ours and the peer of one model: tokens/s over `texts`, one query's p50, fidelity."""
+    """Ours (at each of `--dtypes`) and the peer of one model: tokens/s over `texts`, one
+    query's p50, fidelity of each of ours against the peer."""
     from embedserve import Embedder
 
-    ours = Embedder(path, device="cpu")
     # the peers cut a text over the model's limit (ColBERT's documents: 300 tokens) silently
     doc_kw: dict[str, Any] = {"truncate": "end"}
     doc_kw |= {"input_type": "document"} if name == "colbert" else {}
     q_kw = {"input_type": "query"} if name == "colbert" else {}
-    ours_out = ours.encode_outputs(texts, **doc_kw)  # warm-up, and the fidelity check
-    num_tokens = sum(ours_out.tokens or [])
-    model = f"{path.name} ({', '.join(ours.spec.outputs)})"
-    ours_name = "embedserve Embedder.encode_outputs"
+    ours = {}
+    for dtype in args.dtypes.split(","):
+        embedder = Embedder(path, device="cpu", dtype=None if dtype == "default" else dtype)
+        label = f"{OURS} ({embedder.engine.dtype_name})"
+        if label not in ours:  # "default" may be float32 itself
+            ours[label] = (embedder, embedder.encode_outputs(texts, **doc_kw))  # warm-up, check
+    embedder, first = next(iter(ours.values()))
+    num_tokens = sum(first.tokens or [])
+    model = f"{path.name} ({', '.join(embedder.spec.outputs)})"
+
+    def corpus_run(e: Any) -> Any:
+        return lambda: e.encode_outputs(texts, **doc_kw)
+
+    runs = {label: corpus_run(e) for label, (e, _) in ours.items()}
     if name == "colbert":
-        peer = pylate_in_subprocess(path, texts, args)
-        peer_name = "PyLate ColBERT.encode"
-        times = alternate({ours_name: lambda: ours.encode_outputs(texts, **doc_kw)}, args.rounds)
-        if "skipped" not in peer:
-            times[peer_name] = peer["corpus_s"]
+        peer: Any = PylatePeer(path, texts, args)
+        peer_name, check = PYLATE, getattr(peer, "check", None)
+        if not peer.skipped:
+            runs[peer_name] = peer.corpus
     else:
         peer = (splade_peer if name == "splade" else bge_m3_peer)(path, texts, args)
-        peer_name = peer["name"]
-        runs = {ours_name: lambda: ours.encode_outputs(texts, **doc_kw), peer_name: peer["corpus"]}
-        times = alternate(runs, args.rounds)
-        peer["query_ms"] = timed_ms(peer["query"], args.reps, "cpu")
-    ours_query = timed_ms(lambda: ours.encode_outputs([QUERY], **q_kw), args.reps, "cpu")
-    checked = {} if "skipped" in peer else fidelity(name, ours_out, peer["check"])
-    records = [
-        record(ours_name, model, "tokens_per_s", num_tokens / median(times[ours_name]),
-               len(texts), dtype=ours.engine.dtype_name, **checked),
-        record(ours_name, model, "query_p50_ms", percentile(ours_query, 50), 1,
-               dtype=ours.engine.dtype_name),
-    ]  # fmt: skip
-    if "skipped" in peer:
-        records.append({"system": peer_name, "model": model, "skipped": peer["skipped"]})
+        peer_name, check = peer["name"], peer["check"]
+        runs[peer_name] = peer["corpus"]
+    times = alternate(runs, args.rounds)
+    records = []
+    for label, (e, out) in ours.items():
+        query_ms = timed_ms(lambda e=e: e.encode_outputs([QUERY], **q_kw), args.reps, "cpu")
+        checked = {} if check is None else fidelity(name, out, check)
+        dtype = e.engine.dtype_name
+        records += [
+            record(OURS, model, "tokens_per_s", num_tokens / median(times[label]), len(texts),
+                   dtype=dtype, **checked),
+            record(OURS, model, "query_p50_ms", percentile(query_ms, 50), 1, dtype=dtype),
+        ]  # fmt: skip
+    if name == "colbert" and peer.skipped:
+        records.append({"system": peer_name, "model": model, "skipped": peer.skipped})
         return records
+    if name == "colbert":
+        peer_query_ms = peer.query_ms()
+        args.peer_versions = peer.versions
+        peer.close()
+    else:
+        peer_query_ms = timed_ms(peer["query"], args.reps, "cpu")
     records += [
         record(peer_name, model, "tokens_per_s", num_tokens / median(times[peer_name]), len(texts)),
-        record(peer_name, model, "query_p50_ms", percentile(peer["query_ms"], 50), 1),
+        record(peer_name, model, "query_p50_ms", percentile(peer_query_ms, 50), 1),
     ]
     return records
 
@@ -227,26 +293,36 @@ def notes_for(records: list[dict], args: argparse.Namespace, num_texts: int) -> 
 
     paragraphs = [
         f"{num_texts} passages (8-180 words), {args.rounds} alternating rounds (median); one "
-        f"{len(QUERY.split())}-word query alone, p50 of {args.reps} calls. The peers fp32, torch threads "
-        f"{torch.get_num_threads()}, peers' batch_size {args.batch_size}, ours at its CPU "
-        "defaults. Random weights in the exact configs (`embedserve make-checkpoint`). "
-        f"1-minute load average {os.getloadavg()[0]:.1f} at the end (the machine is shared)."
+        f"{len(QUERY.split())}-word query alone, p50 of {args.reps} calls. The peers fp32, ours "
+        f"at {args.dtypes} (default: the CPU's, bf16 where it has it), torch threads "
+        f"{torch.get_num_threads()}, peers' batch_size {args.batch_size}. Random weights in the "
+        "exact configs (`embedserve make-checkpoint`). 1-minute load average "
+        f"{os.getloadavg()[0]:.1f} at the end (the machine is shared)."
     ]
-    if any(r["system"] == "PyLate ColBERT.encode" and "skipped" not in r for r in records):
-        paragraphs.append("PyLate ran in its own process after ours (its environment), not "
-                          "alternating with it.")  # fmt: skip
+    if getattr(args, "peer_versions", None):
+        versions = ", ".join(f"{k} {v}" for k, v in args.peer_versions.items())
+        paragraphs.append(
+            f"PyLate ran in a worker process of its own environment ({versions}; torch the "
+            "same), its corpus rounds alternating with ours; its query p50 timed inside it."
+        )
     paragraphs += [f"**{r['system']} skipped**: {r['skipped']}" for r in records if "skipped" in r]
-    checks = [f"{r['model']}: " + ", ".join(f"{k} {r[k]:.7f}" for k in FIDELITY if k in r)
+    checks = [f"{r['model']} ours {r['dtype']}: " + ", ".join(f"{k} {r[k]:.7f}" for k in FIDELITY if k in r)
               for r in records if any(k in r for k in FIDELITY)]  # fmt: skip
     if checks:
         paragraphs.append("Fidelity against the peer on the corpus: " + "; ".join(checks) + ".")
-    by = {(r["model"], r["system"], r["metric"]): r["value"] for r in records if "metric" in r}
+    rows = [r for r in records if "metric" in r]
     ratios = []
-    for (model, system, metric), value in by.items():
-        ours = by.get((model, "embedserve Embedder.encode_outputs", metric))
-        if ours is not None and not system.startswith("embedserve"):
-            ratio = ours / value if metric == "tokens_per_s" else value / ours
-            ratios.append(f"- {model}, {metric}: ours {ratio:.2f}x {system}")
+    for peer in (r for r in rows if r["system"] != OURS):
+        for mine in rows:
+            if (mine["system"], mine["model"], mine["metric"]) == (
+                OURS,
+                peer["model"],
+                peer["metric"],
+            ):
+                v, p = mine["value"], peer["value"]
+                ratio = v / p if peer["metric"] == "tokens_per_s" else p / v
+                ratios.append(f"- {peer['model']}, {peer['metric']}: ours {mine['dtype']} "
+                              f"{ratio:.2f}x {peer['system']}")  # fmt: skip
     return "\n\n".join(paragraphs) + ("\n\n**Ours against each:**\n" + "\n".join(ratios)
                                        if ratios else "")  # fmt: skip
 
@@ -266,6 +342,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="corpus rounds per system")
     ap.add_argument("--reps", type=int, default=30, help="timed single-query calls")
     ap.add_argument("--batch-size", type=int, default=32, help="the peers' batch size")
+    ap.add_argument("--dtypes", default="default,float32",
+                    help="ours at each (comma-separated): default (the CPU's), float32, bfloat16")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="default: results/retrieval/")
     args = ap.parse_args()
     if args.quick:

@@ -88,6 +88,7 @@ def test_the_batch_budget_defaults_to_the_engines() -> None:
         (lambda: ServerConfig(port=70000), r"port must be in \[0, 65535\]"),
         (lambda: ServerConfig(max_batch_tokens=0), "max_batch_tokens"),
         (lambda: ServerConfig(batch_wait_ms=-1), "batch_wait_ms must be >= 0"),
+        (lambda: ServerConfig(max_multivector_values=0), "max_multivector_values must be positive"),
         (lambda: GatewayConfig(replicas=()), "at least one --replica"),
         (lambda: GatewayConfig(replicas=("nohost",)), "HOST:PORT"),
         (lambda: GatewayConfig(replicas=("a:1",), part_tokens=0), "part_tokens must be positive"),
@@ -122,6 +123,18 @@ def test_serve_shares_one_flag_set_between_its_servers_and_gateway() -> None:
     ]
     assert set(SERVE_SERVER_FIXED) <= {f.name for f in dataclasses.fields(ServerConfig)}
     assert set(SERVE_GATEWAY_FIXED) <= {f.name for f in dataclasses.fields(GatewayConfig)}
+
+
+def test_serve_gives_its_servers_the_gateways_multivector_bound() -> None:
+    """One --max-multivector-values bounds both: the gateway's requests and each server's
+    calls (a gateway's bound above its servers' would make them refuse what it let through)."""
+    flags = ["serve", "--model", "/m", "--device", "cpu", "--max-multivector-values", "4096"]
+    servers, gateway = serve_configs(build_parser().parse_args(flags))
+    assert gateway.max_multivector_values == 4096
+    assert [s.max_multivector_values for s in servers] == [4096]
+    assert servers[0].to_argv()[-2:] == ["--max-multivector-values", "4096"]
+    server = ServerConfig.from_args(parse(ServerConfig, ["--max-multivector-values", "64"]))
+    assert server.max_multivector_values == 64
 
 
 def test_serve_starts_one_server_per_visible_gpu_by_default(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -1,6 +1,7 @@
 """A sparse or multi-vector model's requests through the service (`server.outputs`), in front of
 a fake `encode_outputs` whose answers are easy to check: batches by kind, one forward per batch
-for every output asked, each request's slice of it, and the refusals."""
+for every output asked, each request's slice of it, and the refusals (the multi-vector size
+bound among them)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from embedserve.engine.batch import PackedBatch
 from embedserve.engine.pooler.multivector import TokenVectors
 from embedserve.engine.pooler.sparse import SparseRows
 from embedserve.engine.retrieval import BatchOutputs
+from embedserve.loading.retrieval import ColbertSpec, M3Spec, RetrievalSpec
+from embedserve.retrieval.outputs import multivector_rows
+from embedserve.server.outputs import MultivectorLimit
 from embedserve.server.service import EmbedService
 from tests.server.test_service import HIDDEN, FakeEngine, req, with_server
 
@@ -121,3 +125,77 @@ def test_bad_outputs_requests_are_invalid_argument(
         assert encoder.calls == [] and engine.batches == []
 
     with_server(engine, body, outputs_encoder=encoder if served else None, model_outputs=served)
+
+
+# a ColBERT model of 4 dims whose skip-list is token 9, and bge-m3's layout of the same width
+COLBERT = RetrievalSpec(
+    "colbert",
+    ("multivector",),
+    colbert=ColbertSpec(
+        dims=((8, DIMS, False),),
+        dense_paths=("1_Dense",),
+        query_prefix_id=1,
+        document_prefix_id=2,
+        query_length=6,
+        document_length=16,
+        expansion=True,
+        attend_to_expansion=False,
+        mask_id=103,
+        skiplist_ids=(9,),
+    ),
+    multivector_dims=DIMS,
+)
+M3 = RetrievalSpec("bge-m3", ALL, m3=M3Spec(unused_ids=(0,)), multivector_dims=DIMS)
+
+
+def test_multivector_rows_are_the_engines_kept_tokens() -> None:
+    ids, seqlens = np.array([5, 9, 6, 9, 7, 8, 9, 9]), np.array([5, 1, 2])
+    assert multivector_rows(COLBERT, ids, seqlens, query=False).tolist() == [3, 1, 0]
+    assert multivector_rows(COLBERT, ids, seqlens, query=True).tolist() == [5, 1, 2]
+    assert multivector_rows(M3, ids, seqlens, query=False).tolist() == [4, 0, 1]
+
+
+@pytest.mark.parametrize(
+    ("spec", "seqs", "options", "size"),
+    [
+        # a document's 6 tokens, 2 of them skipped: 4 vectors x 4 dims = 16 floats, at the bound
+        (COLBERT, [[5, 9, 6, 7, 9, 8]], {}, None),
+        # two documents, 5 vectors: 20 floats
+        (COLBERT, [[5, 9, 6, 7], [8, 8, 9]], {}, 20),
+        # the same ids as a query keep every token: 6 vectors, 24 floats
+        (COLBERT, [[5, 9, 6, 7, 9, 8]], {"query": True}, 24),
+        # bge-m3: every token after CLS (5 vectors, 20 floats)
+        (M3, [[0, 5, 6], [0, 7, 8, 9]], {}, 20),
+        (M3, [[0, 5, 6], [0, 7, 8]], {}, None),
+    ],
+)
+def test_a_call_over_the_multivector_bound_is_invalid_argument(
+    spec: RetrievalSpec, seqs: list[list[int]], options: dict[str, Any], size: int | None
+) -> None:
+    """The server refuses a call whose multi-vector answer would exceed its bound (16 floats
+    here) before queueing it, naming the size and the bound; a call at the bound, or one that
+    asks no multi-vector output, runs."""
+    engine, encoder = FakeEngine(), FakeOutputs()
+    outputs = list(spec.outputs)
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        call = stub(req(*seqs, outputs=outputs, **options), timeout=10)
+        if size is None:
+            got = decode_outputs_response(await call, len(seqs), spec.outputs)
+            assert got.multivector is not None and len(got.multivector) == len(seqs)
+        else:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"x {DIMS} dims = {size} floats, over the limit of 16 per call" in (
+                e.value.details()
+            )
+            assert encoder.calls == []
+            if "sparse" in spec.outputs:  # the same ids without the multi-vector output run
+                await stub(req(*seqs, outputs=["dense", "sparse"]), timeout=10)
+                assert len(encoder.calls) == 1
+
+    limit = MultivectorLimit(spec, 16)
+    with_server(
+        engine, body, outputs_encoder=encoder, model_outputs=spec.outputs, multivector_limit=limit
+    )

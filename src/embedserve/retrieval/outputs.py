@@ -7,7 +7,8 @@
 
 A multi-vector answer is tokens x dims floats per input, so one call is capped at
 `MAX_MULTIVECTOR_VALUES` floats in all (128 MiB of float32); more is an `InputError` that says so,
-raised before the model runs.
+raised before the model runs: by the offline `Embedder` and the gateway on the sequences they
+prepare, and by the server on the token ids it is sent (`multivector_rows`), whoever sent them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TypedDict
 import numpy as np
 
 from embedserve.errors import InputError
+from embedserve.loading.retrieval import RetrievalSpec
 
 # floats of multi-vector output per call: 32 Mi (128 MiB as float32), e.g. 64 bge-m3 documents of
 # 512 tokens (1,024 dims) or 1,165 ColBERT documents of 300 tokens at 96 dims
@@ -93,6 +95,22 @@ def check_multivector_size(vectors_per_input: Sequence[int], dims: int, limit: i
             param="input",
             code="output_too_large",
         )
+
+
+def multivector_rows(
+    spec: RetrievalSpec, input_ids: np.ndarray, seqlens: np.ndarray, *, query: bool
+) -> np.ndarray:
+    """[S] the token vectors each packed sequence's multi-vector output has, from its token ids
+    alone (the engine's kept tokens, `engine.pooler.multivector`): bge-m3 every token after CLS;
+    a ColBERT query every token; a ColBERT document those not in the skip-list."""
+    seqlens = np.asarray(seqlens, dtype=np.int64)
+    if spec.kind == "bge-m3":
+        return seqlens - 1
+    if spec.colbert is None or query:
+        return seqlens
+    kept = ~np.isin(input_ids, np.asarray(spec.colbert.skiplist_ids, dtype=np.int64))
+    seq_ids = np.repeat(np.arange(len(seqlens)), seqlens)
+    return np.bincount(seq_ids[kept], minlength=len(seqlens))
 
 
 # `default_outputs` in words, for the commands' --help

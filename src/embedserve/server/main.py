@@ -31,9 +31,11 @@ from embedserve.contract.local import socket_path
 from embedserve.contract.secret import LOOPBACK, LinkSecretInterceptor, read_secret
 from embedserve.options import EngineOptions, Options, drain_option, option
 from embedserve.processes import say, write_ready
+from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
 from embedserve.server.faults import inject_faults
 from embedserve.server.guard import MAX_FAILED_STEPS, STEP_TIMEOUT_SECONDS, EngineGuard
 from embedserve.server.local import serve_local
+from embedserve.server.outputs import MultivectorLimit
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 
@@ -95,6 +97,13 @@ class ServerConfig(Options):
         metavar="SECONDS",
     )
 
+    max_multivector_values: int = option(
+        MAX_MULTIVECTOR_VALUES,
+        "floats of multi-vector output (token vectors x dims) per call of a ColBERT or bge-m3 "
+        "model; a larger call gets INVALID_ARGUMENT before it is queued (serve: the gateway's "
+        "--max-multivector-values)",
+    )
+
     cpu_threads: int | None = option(
         None,
         "torch's CPU threads (torch.set_num_threads); serve with several models gives each "
@@ -129,6 +138,10 @@ class ServerConfig(Options):
             raise ValueError(f"max_failed_steps must be >= 1, got {self.max_failed_steps}")
         if self.step_timeout <= 0:
             raise ValueError(f"step_timeout must be > 0 seconds, got {self.step_timeout}")
+        if self.max_multivector_values <= 0:
+            raise ValueError(
+                f"max_multivector_values must be positive, got {self.max_multivector_values}"
+            )
         self.scheduler(1)  # validates the budgets
 
     def scheduler(self, engine_batch_tokens: int) -> SchedulerConfig:
@@ -226,6 +239,9 @@ async def serve(config: ServerConfig) -> int:
         guard=guard,
         outputs_encoder=engine.encode_outputs if engine.retrieval is not None else None,
         model_outputs=tuple(engine.spec.outputs) if engine.retrieval is not None else (),
+        multivector_limit=MultivectorLimit(engine.spec.retrieval, config.max_multivector_values)
+        if engine.retrieval is not None
+        else None,
     )
     server, health_servicer, port = _grpc_server(config, service)
     await service.start()

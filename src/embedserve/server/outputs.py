@@ -1,15 +1,19 @@
 """A sparse or multi-vector model's requests on the server (SPLADE, bge-m3, ColBERT): what they
-ask, the check against the model's outputs, and each request's answer cut from its batch's
-outputs (`Engine.encode_outputs`, one forward for every output asked)."""
+ask, the checks against the model's outputs and the multi-vector size bound, and each request's
+answer cut from its batch's outputs (`Engine.encode_outputs`, one forward for every output
+asked)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from embedserve.contract.codec import encode_outputs_response
+from embedserve.loading.retrieval import RetrievalSpec
+from embedserve.retrieval.outputs import check_multivector_size, multivector_rows
 from embedserve.server.scheduler import Pending
 
 # A batch's outputs from one forward: `Engine.encode_outputs(batch, outputs, query=...,
@@ -32,6 +36,22 @@ def check_asked(outputs: tuple[str, ...], served: bool, model_outputs: tuple[str
             f"this server's model has no {', '.join(wrong)} output; its outputs are "
             f"{', '.join(model_outputs)}"
         )
+
+
+@dataclass(frozen=True)
+class MultivectorLimit:
+    """The bound on one call's multi-vector answer (floats: token vectors x dims), checked on
+    the ids a call sends before it is queued: the gateway checks its requests too, but a call
+    from another client, or from a gateway whose bound is larger, is refused here all the
+    same."""
+
+    spec: RetrievalSpec
+    max_values: int
+
+    def check(self, input_ids: np.ndarray, seqlens: np.ndarray, query: bool) -> None:
+        """An InputError (a ValueError: INVALID_ARGUMENT) naming the size and the bound."""
+        rows = multivector_rows(self.spec, input_ids, seqlens, query=query)
+        check_multivector_size(rows.tolist(), self.spec.multivector_dims, self.max_values)
 
 
 def pack_visible(batch: list[Pending]) -> tuple[int, ...] | None:

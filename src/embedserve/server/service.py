@@ -36,6 +36,7 @@ from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.server.guard import EngineGuard
 from embedserve.server.outputs import (
+    MultivectorLimit,
     OutputsAsk,
     OutputsEncoder,
     check_asked,
@@ -157,13 +158,15 @@ class EmbedService:
         guard: EngineGuard | None = None,
         outputs_encoder: OutputsEncoder | None = None,
         model_outputs: tuple[str, ...] = (),
+        multivector_limit: MultivectorLimit | None = None,
     ) -> None:
         """`output_rules`: the model's (`ModelSpec.output_rules`), for int8/binary outputs and
         the smallest `dimensions` served. `span_pooler`: how span (late-chunking) requests run;
         without it they are refused. `guard`: told of each batch's outcome and time on the
         engine, to find an engine that can no longer serve (`server.guard`).
         `outputs_encoder`: how requests for a sparse or multi-vector model's `model_outputs`
-        run; without it they are refused."""
+        run; without it they are refused. `multivector_limit`: the bound on a call's
+        multi-vector answer (none: unbounded)."""
         if batch_wait < 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
         self.engine = engine
@@ -175,6 +178,7 @@ class EmbedService:
         self.guard = guard
         self.outputs_encoder = outputs_encoder
         self.model_outputs = model_outputs
+        self.multivector_limit = multivector_limit
         # Guards the scheduler, `_in_flight` and `_stopping`, shared by the event loop (which
         # submits) and the engine and results threads (which take batches and free slots).
         self._work = threading.Condition(threading.Lock())
@@ -254,6 +258,8 @@ class EmbedService:
                 check_asked(asked[0], self.outputs_encoder is not None, self.model_outputs)
             # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.
             self.engine.check(batch)
+            if asked is not None and "multivector" in asked[0] and self.multivector_limit:
+                self.multivector_limit.check(batch.input_ids, batch.seqlens, asked[1])
         except ValueError as e:
             raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         future: asyncio.Future[Any] = self._loop.create_future()

@@ -179,7 +179,9 @@ class Engine:
 
     def _token_runner(self, runner: GraphRunner | None) -> GraphRunner | None:
         """For a sparse or multi-vector model with graphs: the forward to hidden states, per
-        bucket, sharing `runner`'s memory pool, configuration and counters; else None."""
+        bucket, sharing `runner`'s memory pool, configuration, counters and kernel choices (a
+        bucket key both runners capture records the attention of the later capture); else
+        None."""
         if runner is None or self.retrieval is None:
             return None
         tokens = GraphRunner(

@@ -142,6 +142,8 @@ class Engine:
         retrieval = build_retrieval(spec)
         self.retrieval = retrieval.to(self.device) if retrieval is not None else None
         self.runner = self._graph_runner(graphs, attention_backend)
+        # the heads' hidden states through graphs of their own (`encode_outputs`)
+        self.token_runner = self._token_runner(self.runner)
         self.vocab_size = spec.vocab_size
         self.max_positions = spec.max_position_embeddings
         self.fidelity_cosine: float | None = None
@@ -174,6 +176,26 @@ class Engine:
         )
         runner.warm_up()
         return runner
+
+    def _token_runner(self, runner: GraphRunner | None) -> GraphRunner | None:
+        """For a sparse or multi-vector model with graphs: the forward to hidden states, per
+        bucket, sharing `runner`'s memory pool, configuration, counters and kernel choices (a
+        bucket key both runners capture records the attention of the later capture); else
+        None."""
+        if runner is None or self.retrieval is None:
+            return None
+        tokens = GraphRunner(
+            self._hidden,
+            device=self.device,
+            config=runner.config,
+            stats=self.stats,
+            choices=self.choices,
+            max_positions=self.spec.max_position_embeddings,
+            make_graph=runner.make_graph,
+            per_token=True,
+        )
+        tokens.warm_up()
+        return tokens
 
     @classmethod
     def from_folder(
@@ -292,23 +314,30 @@ class Engine:
             pooled = self.runner.run(batch)
             if pooled is not None:
                 return LazyTensor.from_device(pooled)
-            return LazyTensor.from_device(self._run_parts(batch, self.runner))
+            return LazyTensor.from_device(self._run_parts(batch, self.runner, self._forward))
 
-    def _run_parts(self, batch: PackedBatch, runner: GraphRunner) -> torch.Tensor:
+    def _run_parts(
+        self, batch: PackedBatch, runner: GraphRunner, forward: Callable[..., torch.Tensor]
+    ) -> torch.Tensor:
         """A batch above the bucket grid, split into runs of sequences that buckets hold (one
-        sequence longer than the largest bucket runs eagerly alone): its rows [S, width]."""
-        out = torch.empty(
-            (batch.num_seqs, self.output_width), dtype=torch.float32, device=self.device
-        )
+        sequence longer than the largest bucket runs eagerly alone through `forward`, the
+        runner's): its rows, [S, width] (per token: [T, H])."""
+        out: torch.Tensor | None = None
+        cu = batch.cu_seqlens
         for start, stop in grid_parts(batch.seqlens, runner.config, self.max_positions):
             part = batch.sequences(start, stop)
-            pooled = runner.run(part)
-            if pooled is None:
+            rows = runner.run(part)
+            if rows is None:
                 self.stats.eager_runs += 1  # above the largest bucket
-                pooled = _eager_run(self._forward, part, self.device, self.attend)
+                rows = _eager_run(forward, part, self.device, self.attend)
+            if out is None:
+                total = batch.num_tokens if runner.per_token else batch.num_seqs
+                out = rows.new_empty((total, *rows.shape[1:]))
+            a, b = (int(cu[start]), int(cu[stop])) if runner.per_token else (start, stop)
             # NOTE: copied before the next part: a bucket's output is rewritten by its next run
-            out[start:stop].copy_(pooled)
+            out[a:b].copy_(rows)
         self.stats.split_batches += 1
+        assert out is not None
         return out
 
     @torch.inference_mode()
@@ -340,21 +369,45 @@ class Engine:
     ) -> BatchOutputs:
         """Dense, sparse and/or multi-vector outputs of a sparse or multi-vector model from one
         forward (`retrieval`). `query`: a ColBERT query (every token kept); `visible_keys`: per
-        sequence, how many of its first tokens are attended to (query expansion). Runs eagerly,
-        outside the graphs, and waits for the device."""
+        sequence, how many of its first tokens are attended to (query expansion). Waits for the
+        device.
+
+        With graphs (CUDA) the encoder runs as `step` does, padded to a bucket and replayed
+        (`token_runner`), and the heads run eagerly on the real tokens' hidden rows: they hold
+        host syncs (SPLADE's blocks, the kept tokens, the non-zero entries), and the layers are
+        where launches dominate. A batch with a key cut short by `visible_keys` runs eagerly:
+        the graphs' attention has no per-sequence key limit."""
         if self.retrieval is None:
             raise ValueError(f"{self.spec.path}: a dense-only model; use step()")
         self.check(batch)
-        attend = self.attend if visible_keys is None else visible_keys_attention(visible_keys)
-        hidden = _eager_run(self._hidden, batch, self.device, attend)
-        dev = {
-            k: torch.from_numpy(getattr(batch, k)).to(self.device)
-            for k in ("input_ids", "positions", "seq_ids")
-        }
         seqlens = tuple(batch.seqlens.tolist())
-        return self.retrieval(
-            hidden, dev["input_ids"], dev["positions"], dev["seq_ids"], seqlens, outputs, query
-        )
+        with self._lock:  # the graphs' buffers, the compile context and the kernel choices
+            hidden = self._hidden_rows(batch, visible_keys)
+            dev = {
+                k: torch.from_numpy(getattr(batch, k)).to(self.device)
+                for k in ("input_ids", "positions", "seq_ids")
+            }
+            # NOTE: inside the lock: `hidden` may be the token runner's buffer, rewritten by
+            # the next batch
+            return self.retrieval(
+                hidden, dev["input_ids"], dev["positions"], dev["seq_ids"], seqlens, outputs, query
+            )
+
+    def _hidden_rows(
+        self, batch: PackedBatch, visible_keys: tuple[int, ...] | None
+    ) -> torch.Tensor:  # [T, H]
+        """The encoder's hidden states of the batch's tokens: through the token graphs, or
+        eagerly (no graphs: the CPU; a query expansion's `visible_keys`)."""
+        runner = self.token_runner
+        # every key visible is the ordinary attention, which the graphs hold
+        cut = visible_keys is not None and tuple(visible_keys) != tuple(batch.seqlens.tolist())
+        if runner is None or cut:
+            if runner is not None:
+                self.stats.eager_runs += 1
+            attend = self.attend if visible_keys is None else visible_keys_attention(visible_keys)
+            return _eager_run(self._hidden, batch, self.device, attend)
+        hidden = runner.run(batch)
+        return hidden if hidden is not None else self._run_parts(batch, runner, self._hidden)
 
 
 def _eager_run(

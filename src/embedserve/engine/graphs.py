@@ -6,6 +6,11 @@ rounded up, the padding in dummy sequences after the real ones).
 The first hit of a bucket runs eagerly (padded, through the same code: this is where
 `torch.compile` compiles), the second captures one graph from token ids to pooled vectors, every
 later hit replays it. Batches above the largest bucket return None here and run eagerly.
+
+A runner `per_token` captures a forward that returns one row per token (the encoder's hidden
+states, for the sparse and multi-vector heads): the real tokens' rows are the first T of the
+bucket's (the padding's dummy sequences come after them), and every bucket writes its rows into
+one buffer of the largest bucket's size, so the graphs hold no [T, H] output each.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from embedserve.engine.choices import KernelChoices
 from embedserve.engine.stats import EngineStats
 
 # (input_ids [T], positions [T], token_type_ids [T], seq_ids [T], layout, attend) -> [S, H] fp32
+# (per token: [T, H] in the model's dtype)
 Forward = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, RaggedLayout, AttentionFn],
     torch.Tensor,
@@ -95,6 +101,14 @@ class Graph(Protocol):
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor: ...
     def replay(self) -> None: ...
     def time_ms(self, reps: int) -> float: ...
+
+
+def cuda_graphs(device: torch.device) -> Callable[[], Graph]:
+    """A maker of CudaGraphs sharing one memory pool and one capture stream: every runner given
+    it allocates its graphs' scratch from the same pool (graphs never replay concurrently)."""
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream(device)
+    return lambda: CudaGraph(pool, stream)
 
 
 class CudaGraph:
@@ -156,13 +170,16 @@ class _Bucket:
     static: torch.Tensor  # [plan.staged_size] int64 on the device: the graph's input buffer
     hits: int = 0
     graph: Graph | None = None
-    output: torch.Tensor | None = None  # [plan.num_seqs, H] fp32, written by each replay
+    # [plan.num_seqs, H] fp32 (per token: [plan.num_tokens, H]), written by each replay
+    output: torch.Tensor | None = None
     eager_only: bool = False  # its capture failed: every hit runs eagerly
 
 
 class GraphRunner:
     """Owns the buckets: their static input buffers, their graphs and the pad-to-bucket rule.
-    The attention backend each bucket's graph was captured with goes to `choices.attention`."""
+    The attention backend each bucket's graph was captured with goes to `choices.attention`.
+    `make_graph` (default: `cuda_graphs`, a pool of its own) is public as `self.make_graph`, for
+    a second runner to share the pool; `per_token`: see the module's docstring."""
 
     def __init__(
         self,
@@ -174,6 +191,7 @@ class GraphRunner:
         choices: KernelChoices,
         max_positions: int,
         make_graph: Callable[[], Graph] | None = None,
+        per_token: bool = False,
     ) -> None:
         self._forward = forward
         self.device = device
@@ -186,10 +204,12 @@ class GraphRunner:
         if make_graph is None:
             if device.type != "cuda":
                 raise ValueError("CUDA graphs need a CUDA device (pass make_graph to test on CPU)")
-            pool = torch.cuda.graph_pool_handle()
-            stream = torch.cuda.Stream(device)
-            make_graph = lambda: CudaGraph(pool, stream)  # noqa: E731
-        self._make_graph = make_graph
+            make_graph = cuda_graphs(device)
+        self.make_graph = make_graph
+        self.per_token = per_token
+        # per token: the rows of every bucket, [max_tokens, H], allocated by the first (eager)
+        # run, outside any graph's pool
+        self._token_rows: torch.Tensor | None = None
         self._pinned = device.type == "cuda"
         self._slots: list[tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]] = []
         self._next_slot = 0
@@ -211,7 +231,8 @@ class GraphRunner:
         return sum(b.graph is not None for b in self._buckets.values())
 
     def run(self, batch: PackedBatch) -> torch.Tensor | None:
-        """Pooled [batch.num_seqs, H] fp32 on the device, or None when no bucket holds the batch.
+        """Pooled [batch.num_seqs, H] fp32 on the device (per token: the real tokens' rows
+        [batch.num_tokens, H]), or None when no bucket holds the batch.
 
         NOTE: the result is a view of the bucket's output buffer, valid until the next step on
         this stream: copy it (LazyTensor does) before running another batch.
@@ -224,6 +245,7 @@ class GraphRunner:
             static = torch.empty(plan.staged_size, dtype=torch.int64, device=self.device)
             bucket = self._buckets[plan.key] = _Bucket(plan, static)
         bucket.hits += 1
+        rows = batch.num_tokens if self.per_token else batch.num_seqs
         # NOTE: stage with this batch's plan: batches sharing a bucket differ in their padding
         self._stage(batch, plan, bucket.static)
         self.stats.real_tokens += batch.num_tokens
@@ -239,11 +261,11 @@ class GraphRunner:
                 self.stats.first_run_seconds += time.perf_counter() - t0
         else:
             try:
-                self._capture(bucket, batch.num_seqs)
+                self._capture(bucket, rows)
             except Exception as e:
                 self._give_up_capture(bucket, e)
         assert bucket.output is not None
-        return bucket.output[: batch.num_seqs]
+        return bucket.output[:rows]
 
     def warm_up(self) -> None:
         """Capture the configured (num_tokens, num_seqs) buckets now instead of on first use."""
@@ -304,7 +326,19 @@ class GraphRunner:
         layout = RaggedLayout(
             cu_seqlens, plan.max_seqlen, (), seq_ids, dense=plan.dense, solo=plan.solo
         )
-        return self._forward(ids, pos, types, seq_ids, layout, self._backends[attention])
+        out = self._forward(ids, pos, types, seq_ids, layout, self._backends[attention])
+        return self._into_token_rows(out) if self.per_token else out
+
+    def _into_token_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """A bucket's per-token rows copied into the runner's one buffer (a view of its first
+        rows): one [max_tokens, H] for every bucket, not one output per captured bucket."""
+        if self._token_rows is None:
+            # NOTE: never inside a capture (it would come from the graphs' pool): a runner's
+            # first run of any bucket is eager
+            self._token_rows = rows.new_empty((self.config.max_tokens, *rows.shape[1:]))
+        out = self._token_rows[: rows.shape[0]]
+        out.copy_(rows)
+        return out
 
     def _give_up_capture(self, bucket: _Bucket, error: Exception) -> None:
         """A bucket whose capture failed runs eagerly from now on: its first hit ran eagerly,
@@ -332,7 +366,7 @@ class GraphRunner:
         reference: torch.Tensor | None = None
         candidates = self._candidates(bucket.plan)
         for i, name in enumerate(candidates):
-            graph = self._make_graph()
+            graph = self.make_graph()
             try:
                 output = graph.capture(lambda name=name: self._run_static(bucket, name))  # type: ignore[misc]
                 graph.replay()

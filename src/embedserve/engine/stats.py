@@ -12,7 +12,9 @@ class EngineStats:
 
     captures: int = 0  # CUDA graphs captured (one per bucket, the second time it is hit)
     replays: int = 0  # steps served by replaying a captured graph
-    eager_runs: int = 0  # steps run without a graph: a bucket's first hit, or above the largest
+    # steps run without a graph: a bucket's first hit, above the largest, or (CUDA) outputs whose
+    # attention keys are cut short (`Engine.encode_outputs`'s visible_keys)
+    eager_runs: int = 0
     # batches above the bucket grid, split into parts that buckets hold (`Engine.step`)
     split_batches: int = 0
     # buckets whose graph capture failed (each then runs eagerly, and is never captured again)

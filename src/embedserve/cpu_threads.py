@@ -1,21 +1,49 @@
-"""How PyTorch's CPU threads (GNU OpenMP) spin at every barrier by default. Where another process also
-uses the cores, a spinning thread burns the time slice the thread it waits for needs. Measured
-on 2 CPU cores, all-MiniLM-L6-v2, offline encode of 192 passages beside one busy process
-(benchmarks/cpu_neighbour.py and its first trials): waiting passively made our encode 1.24x to
-1.67x faster than spinning (sentence-transformers, in the same processes, 1.16x to 1.23x); we
-stayed ahead of sentence-transformers either way (1.18x to 1.70x). Quiet, the two policies were
-within the machine's noise. So the offline API waits passively.
+"""How long PyTorch's CPU threads (GNU OpenMP) spin at a barrier before they sleep.
 
-The server keeps OpenMP's default: for `serve` at 16 clients the two were within this machine's
-noise (benchmarks/omp_serve_cpu.py: spinning 125-129 requests/s, passive 118-146, alternating
-rounds), so the server's behaviour was left as it was.
+Every operator of a forward is a parallel region; between two of them the second thread waits.
+Three ways to wait, measured on 2 CPU cores (AMD EPYC Zen 5), all-MiniLM-L6-v2 at the bf16
+default, one short query per call and 192 passages per call, in process, quiet and beside one
+busy process (benchmarks/results/studies/cpu-neighbour-cpu2-20261202):
 
-OpenMP reads the policy once, when torch is loaded: it only counts before that. A value the
-user set is kept (an empty one means OpenMP's default).
+| wait | query p50 quiet | neighbour | passages tokens/s quiet | neighbour |
+|---|---|---|---|---|
+| sleep at once (`OMP_WAIT_POLICY=PASSIVE`) | 8.31 ms | 4.38 ms | 14,187 | 8,420 |
+| spin OpenMP's default 300,000 rounds | 3.74 ms | 8.13 ms | 12,913 | 3,824 |
+| spin `SPIN_COUNT` rounds (ours) | 2.26 ms | 8.13 ms | 17,532 | 4,785 |
+
+Sleeping at once makes every operator wake the other thread through the kernel (a short query
+is ~130 operators); spinning 300,000 rounds keeps a core busy for up to milliseconds after a
+forward. The bounded spin bridges the microseconds between two operators of one forward and
+gives the core back soon after, so it is the default. On a machine shared with other busy work,
+`OMP_WAIT_POLICY=PASSIVE` is the better choice (the table's neighbour columns): set it there.
+
+The offline API (`Embedder`, `Scorer`) sets the bounded spin on import. OpenMP reads it once,
+when torch is loaded, so it only counts before that; a policy the user set (`OMP_WAIT_POLICY` or
+`GOMP_SPINCOUNT`, even empty) is kept.
 """
+
+from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
-if "torch" not in sys.modules:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# rounds of a pause instruction (~20-150 cycles each by CPU): tens to hundreds of microseconds
+SPIN_COUNT = 10_000
+USER_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def spin_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to `environ` for the bounded spin: none when the user chose a policy."""
+    if any(key in environ for key in USER_KEYS):
+        return {}
+    return {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
+
+
+def apply() -> None:
+    """Set the bounded spin in this process, if torch is not loaded yet (else it is too late)."""
+    if "torch" not in sys.modules:
+        os.environ.update(spin_env(os.environ))
+
+
+apply()

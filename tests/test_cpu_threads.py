@@ -1,0 +1,39 @@
+"""The OpenMP wait policy the offline API sets before torch loads (`embedserve.cpu_threads`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from embedserve.cpu_threads import SPIN_COUNT, spin_env
+
+
+def test_a_bounded_spin_when_the_user_chose_nothing() -> None:
+    assert spin_env({"PATH": "/bin"}) == {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
+
+
+def test_a_policy_the_user_set_is_kept_even_empty() -> None:
+    for env in ({"OMP_WAIT_POLICY": "PASSIVE"}, {"GOMP_SPINCOUNT": "5"}, {"OMP_WAIT_POLICY": ""}):
+        assert spin_env(env) == {}
+
+
+def _policy_after_import(env: dict[str, str]) -> dict[str, str | None]:
+    code = (
+        "import os, json, embedserve.embedder, torch; "
+        "print(json.dumps({k: os.environ.get(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')}))"
+    )
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=base | env, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_offline_api_sets_it_before_torch_loads() -> None:
+    assert _policy_after_import({}) == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    assert _policy_after_import({"OMP_WAIT_POLICY": "ACTIVE"}) == {
+        "OMP_WAIT_POLICY": "ACTIVE",
+        "GOMP_SPINCOUNT": None,
+    }

@@ -24,6 +24,11 @@ fp32's, the least cosine (the guard is 0.999).
 Writes benchmarks/results/latency/latency-cpu2-peers-YYYYMMDD.{json,md} (or into --out).
 
     .venv/bin/python benchmarks/suites/cpu_peers.py --peers-python /path/to/peers/bin/python
+
+`--model FOLDER` runs another family's sentence-transformers folder (e.g. `embedserve
+make-checkpoint --arch multilingual-e5-base` or `qwen3-0.6b`, random weights of the published
+config) through the torch systems only (the ONNX exports are made for MiniLM's shape); its
+files are named `latency-cpu2-families-...`.
 """
 
 from __future__ import annotations
@@ -184,6 +189,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="latency rounds, the order rotated")
     p.add_argument("--systems", default=None, help="comma-separated subset of the systems")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--model", type=Path, default=None, help="another folder, torch systems only")
     p.add_argument("--worker", nargs=5, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -193,10 +199,12 @@ def main() -> None:
     from embedserve.loading.bundled import resolve_model
 
     work = Path(tempfile.mkdtemp(prefix="cpu-peers-"))
-    folder = work / "all-MiniLM-L6-v2"
-    shutil.copytree(resolve_model("minilm"), folder)
+    folder = work / (args.model.name if args.model else "all-MiniLM-L6-v2")
+    shutil.copytree(args.model or resolve_model("minilm"), folder)
     chosen = [s for s in SYSTEMS if args.systems is None or s[0] in args.systems.split(",")]
-    if args.peers_python:
+    if args.model:  # the ONNX peers' exports are MiniLM's (its heads and width)
+        chosen = [s for s in chosen if s[1] == "ours"]
+    elif args.peers_python:
         export_onnx(args.peers_python, folder)
     texts = prepare_texts(folder, args.corpus)
     (work / "texts.json").write_text(json.dumps(texts))
@@ -207,7 +215,7 @@ def main() -> None:
         k = round_ % len(chosen)
         for system, which in chosen[k:] + chosen[:k]:
             run_worker(args, system, which, folder, work, results, round_)
-    write(args, texts, results)
+    write(args, folder.name, texts, results)
 
 
 def run_worker(args: argparse.Namespace, system: str, which: str, folder: Path, work: Path,
@@ -236,7 +244,9 @@ def run_worker(args: argparse.Namespace, system: str, which: str, folder: Path, 
     print(f"round {round_} {system}: query p50 {r['round_p50_ms'][-1]:.2f} ms", flush=True)
 
 
-def write(args: argparse.Namespace, texts: dict[str, list[str]], results: dict[str, Any]) -> None:
+def write(
+    args: argparse.Namespace, model: str, texts: dict[str, list[str]], results: dict[str, Any]
+) -> None:
     """One record per system and metric (BENCHMARKS.md's shape), each with the system's least
     cosine against sentence-transformers torch fp32."""
     ref = results.get(REFERENCE, {}).get("vectors")
@@ -250,7 +260,7 @@ def write(args: argparse.Namespace, texts: dict[str, list[str]], results: dict[s
             v = r["vectors"]
             cos = float(np.min(np.sum(v * ref, axis=1) / (
                 np.linalg.norm(v, axis=1) * np.linalg.norm(ref, axis=1))))  # fmt: skip
-        base = {"system": system, "model": "all-MiniLM-L6-v2", "weights": "real",
+        base = {"system": system, "model": model, "weights": "random" if args.model else "real",
                 "dtype": r["detail"], "concurrency": 1, "scope": "in process, tokenize included",
                 "cosine_min": cos, "load1_before": r["load1_before"]}  # fmt: skip
         metrics = [
@@ -271,7 +281,8 @@ def write(args: argparse.Namespace, texts: dict[str, list[str]], results: dict[s
              "other; each round's query p50 and the machine's 1-minute load before each run are "
              "in the JSON.")  # fmt: skip
     software = report.versions("torch", "embedserve", "sentence-transformers", "onnxruntime")
-    path, table = report.write("latency", report.cpu_hardware(), "cpu2-peers", records,
+    slug = "cpu2-families" if args.model else "cpu2-peers"
+    path, table = report.write("latency", report.cpu_hardware(), slug, records,
                                software, notes, args.out)  # fmt: skip
     print(table)
     print(f"wrote {path}")

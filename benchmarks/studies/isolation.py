@@ -8,7 +8,10 @@ probe while `--flood-clients` client processes send large embedding requests (`-
 passages of 150-180 words each) to `minilm`, back to back. Reported: the probe's p50 / p99
 idle and under the flood, their ratio (the target: p99 under flood within 1.5x of idle), the
 flood's requests/s, tokens/s and non-200 answers. `--flood ms-marco` swaps the roles (large
-reranks flooding, short embeddings probed). Text: Python standard-library docstrings.
+reranks flooding, short embeddings probed). `--flood-ids` sends the flood's passages as token
+ids (cut to the model's 256 as `truncate: end` would), so the gateway does not tokenize them:
+the probe's slowdown with and without it is the share of the gateway's tokenizing of the flood.
+Text: Python standard-library docstrings.
 
     PYTHONPATH=src python3 benchmarks/studies/isolation.py --device cuda [--out DIR]
     PYTHONPATH=src python3 benchmarks/studies/isolation.py --device cpu --seconds 3 \\
@@ -35,17 +38,37 @@ from harness.timing import percentile
 TARGET = 1.5  # the issue's: the probe's p99 under the flood within 1.5x of its idle p99
 
 
-def bodies(model: str, large: bool, count: int, passages: int) -> list[bytes]:
-    """`count` request bodies for `model`: embeddings of `passages` long passages each, or
-    reranks of one query against 4 short documents (the flood's or the probe's)."""
+MINILM_MAX_TOKENS = 256
+
+
+def token_ids(texts: list[str]) -> list[list[int]]:
+    """`texts` as all-MiniLM-L6-v2's token ids, [CLS] ... [SEP], cut at its 256 as the server's
+    `truncate: end` cuts them (the bundled tokenizer.json pads and cuts at 128: both off)."""
+    from tokenizers import Tokenizer
+
+    from embedserve.loading.bundled import resolve_model
+
+    tokenizer = Tokenizer.from_file(str(resolve_model("minilm") / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    cut = MINILM_MAX_TOKENS - 1
+    return [e.ids[:cut] + e.ids[-1:] if len(e.ids) > cut + 1 else e.ids
+            for e in tokenizer.encode_batch(texts)]  # fmt: skip
+
+
+def bodies(model: str, large: bool, count: int, passages: int, ids: bool = False) -> list[bytes]:
+    """`count` request bodies for `model`: embeddings of `passages` long passages each (as token
+    ids: `ids`), or reranks of one query against 4 short documents (the flood's or the probe's)."""
     out = []
     for k in range(count):
         if model == "minilm":
-            texts = (
+            texts: list[Any] = (
                 corpus.passages(passages, min_words=150, max_words=180, seed=k)
                 if large
                 else corpus.queries(1, seed=k)
             )
+            if large and ids:
+                texts = token_ids(texts)
             body = {"model": model, "input": texts, "truncate": "end"}  # passages past 256 tokens
             out.append(json.dumps(body).encode())
         else:
@@ -69,8 +92,8 @@ def measure(args: argparse.Namespace, port: int) -> dict[str, Any]:
     probe = [bodies(probed, False, 64, 0)]
     loadgen.run(port, probe, min(2.0, args.seconds), route(probed))  # warm both paths
     idle = loadgen.run(port, probe, args.seconds, route(probed))
-    flood_bodies = loadgen.split(bodies(args.flood, True, 4 * args.flood_clients, args.passages),
-                                 args.flood_clients)  # fmt: skip
+    flood_bodies = loadgen.split(bodies(args.flood, True, 4 * args.flood_clients, args.passages,
+                                        args.flood_ids), args.flood_clients)  # fmt: skip
     flood: list[loadgen.LoadResult] = []
     # the flood runs past both ends of the probe's window: the probe sees it all along
     flooder = threading.Thread(
@@ -112,9 +135,14 @@ def main() -> int:
     ap.add_argument("--passages", type=int, default=256, help="passages per flood request")
     ap.add_argument("--seconds", type=float, default=30.0, help="each probe window")
     ap.add_argument("--ramp", type=float, default=3.0, help="flood seconds before/after the probe")
+    ap.add_argument("--flood-ids", action="store_true",
+                    help="the flood's passages as token ids (minilm flood only): no tokenizing "
+                    "in the gateway")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="default: results/concurrency/")
     ap.add_argument("serve_flags", nargs="*", help="more `serve` flags (after --)")
     args = ap.parse_args()
+    if args.flood_ids and args.flood != "minilm":
+        ap.error("--flood-ids: the minilm flood only (a rerank's documents are text)")
     from embedserve.devtools.checkpoints import make_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="isolation-") as tmp:
@@ -138,7 +166,8 @@ def main() -> int:
         f"Probe: one client, short {route(m['probed'])} requests to {m['probed']}, "
         f"{len(m['idle'].latencies)} idle / {len(m['during'].latencies)} under the flood "
         f"({m['idle'].errors} / {m['during'].errors} non-200). Flood: {args.flood_clients} "
-        f"client processes, {args.passages} passages of 150-180 words per {route(args.flood)} "
+        f"client processes, {args.passages} passages of 150-180 words"
+        f"{' sent as token ids' if args.flood_ids else ''} per {route(args.flood)} "
         f"request to {args.flood}: {flood.requests_per_s:.2f} requests/s, "
         f"{flood.tokens_per_s:.0f} tokens/s, {flood.errors} non-200. Probe p99 under the flood "
         f"/ idle: {ratio:.2f}x (target <= {TARGET}x: {'met' if ratio <= TARGET else 'NOT met'})."

@@ -7,6 +7,7 @@ thing each, beside `Embedder.encode([query])` in this process (the floor the HTT
 - `default`: `serve` as a user starts it;
 - `omp-passive`: the server's OpenMP threads sleep at once after each parallel region
   (OMP_WAIT_POLICY=PASSIVE) instead of spinning on the cores the gateway needs;
+- `omp-default`: libgomp's own wait (OMP_WAIT_POLICY empty) instead of the server's bounded spin;
 - `threads-1`: the server computes on one thread (OMP_NUM_THREADS=1: `serve` sets no
   `--cpu-threads` of its own for one model), leaving a core to the gateway and the client;
 - `tokenizers-serial`: the gateway's tokenizer without its thread pool (TOKENIZERS_PARALLELISM
@@ -38,6 +39,8 @@ from harness.timing import percentile
 CHANGES: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
     "default": ({}, ()),
     "omp-passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, ()),
+    # OpenMP's own wait (the server's before its bounded spin, `cpu_threads.apply_server`)
+    "omp-default": ({"OMP_WAIT_POLICY": ""}, ()),
     "threads-1": ({"OMP_NUM_THREADS": "1"}, ()),
     "tokenizers-serial": ({"TOKENIZERS_PARALLELISM": "false"}, ()),
 }

@@ -17,7 +17,8 @@ forward. The bounded spin bridges the microseconds between two operators of one 
 gives the core back soon after, so it is the default. On a machine shared with other busy work,
 `OMP_WAIT_POLICY=PASSIVE` is the better choice (the table's neighbour columns): set it there.
 
-The offline API (`Embedder`, `Scorer`) sets the bounded spin on import. OpenMP reads it once,
+The offline API (`Embedder`, `Scorer`) sets the bounded spin on import; a server sets its own
+(`apply_server`, see SERVER_SPIN_COUNT). OpenMP reads it once,
 when torch is loaded, so it only counts before that; a policy the user set (`OMP_WAIT_POLICY` or
 `GOMP_SPINCOUNT`, even empty) is kept.
 """
@@ -38,6 +39,28 @@ def spin_env(environ: Mapping[str, str]) -> dict[str, str]:
     if any(key in environ for key in USER_KEYS):
         return {}
     return {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
+
+
+# NOTE: libgomp caps the spin at 100 rounds (1,000 under OMP_WAIT_POLICY=ACTIVE) once a process
+# has more OpenMP threads than cores: a server's event-loop thread (warm-up, small steps) and its
+# engine thread each lead a team of their own, so there a bounded spin needs ACTIVE. Measured on 2
+# cores (Zen 5), a short query's forward on a second thread: 5.9-6.3 ms and 110 sleeps a forward
+# at libgomp's defaults, 1.93 ms and 7 sleeps with ACTIVE and 1,000 rounds (one team alone: 2.0).
+SERVER_SPIN_COUNT = 1_000
+
+
+def server_spin_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to a server's `environ` for the bounded spin: none when the user
+    chose a wait policy (OMP_WAIT_POLICY, even empty)."""
+    if "OMP_WAIT_POLICY" in environ:
+        return {}
+    return {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": str(SERVER_SPIN_COUNT)}
+
+
+def apply_server() -> None:
+    """`apply` for a server process (`server.main`), before it loads torch."""
+    if "torch" not in sys.modules:
+        os.environ.update(server_spin_env(os.environ))
 
 
 def apply() -> None:

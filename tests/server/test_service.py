@@ -44,6 +44,7 @@ class FakeEngine:
         self.batches: list[list[int]] = []  # first ids of the sequences of each batch
         self.gate: threading.Event | None = None  # step() blocks on it while set
         self.lazy: list[threading.Event] = []  # results not ready until the test sets these
+        self.threads: list[str] = []  # the thread each batch ran on
 
     def check(self, batch: PackedBatch) -> None:
         if batch.input_ids.min() < 0 or batch.input_ids.max() >= VOCAB:
@@ -54,6 +55,7 @@ class FakeEngine:
             assert self.gate.wait(10)
         firsts = batch.input_ids[batch.cu_seqlens[:-1]]
         self.batches.append(firsts.tolist())
+        self.threads.append(threading.current_thread().name)
         if FAIL_ID in batch.input_ids:
             raise RuntimeError("simulated device failure")
         rows = np.ones((batch.num_seqs, HIDDEN), dtype=np.float32)
@@ -484,3 +486,78 @@ def test_an_idle_engine_thread_gives_freed_memory_back_after_much_work(
         assert len(trims) == 1
 
     with_server(engine, body)
+
+
+# -- a small request on an idle CPU engine runs on the event loop's thread (`_take_inline`) ------
+
+
+def test_a_small_request_on_an_idle_engine_runs_on_the_loop_thread() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        for i in (3, 4):
+            response = await stub(req([i, 5], normalize=True), timeout=10)
+            np.testing.assert_allclose(
+                rows_of(response)[0, :2], np.array([i, 2]) / np.sqrt(i * i + 4 + 6)
+            )
+        big = await stub(req([7] * 9), timeout=10)  # over inline_max_tokens: the engine thread's
+        assert rows_of(big)[0, :2].tolist() == [7, 9]
+        assert engine.threads == ["MainThread", "MainThread", "engine"]
+        assert service.num_inline == 2
+        times = service.stage_times.snapshot()
+        for stage in ("queue", "launch", "encode", "deliver"):  # timed as on the engine thread
+            assert times[stage][0][-1] == 3, stage
+
+    with_server(engine, body, inline_max_tokens=8)
+
+
+def test_without_inline_max_tokens_every_batch_takes_the_engine_thread() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        for i in (3, 4):
+            assert rows_of(await stub(req([i]), timeout=10))[0, 0] == i
+        assert engine.threads == ["engine", "engine"] and service.num_inline == 0
+
+    with_server(engine, body)
+
+
+def test_a_request_that_finds_the_engine_busy_queues_for_the_engine_thread() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        engine.gate = threading.Event()  # the first batch holds the engine thread
+        first = asyncio.ensure_future(stub(req([1] * 9), timeout=10))
+        await asyncio.sleep(0.2)
+        queued = [asyncio.ensure_future(stub(req([i]), timeout=10)) for i in (2, 3)]
+        await asyncio.sleep(0.2)
+        assert not any(q.done() for q in queued)  # waiting behind the engine, not run inline
+        engine.gate.set()
+        answers = await asyncio.gather(first, *queued)
+        assert [rows_of(a)[0, 0] for a in answers] == [1, 2, 3]
+        assert engine.batches == [[1], [2, 3]] and set(engine.threads) == {"engine"}
+        engine.gate = None
+        assert rows_of(await stub(req([4]), timeout=10))[0, 0] == 4  # idle again: inline
+        assert engine.threads[-1] == "MainThread"
+
+    with_server(engine, body, inline_max_tokens=8)
+
+
+def test_an_engine_failure_inline_fails_only_its_request() -> None:
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(req([FAIL_ID, 1]), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INTERNAL
+        assert "simulated device failure" in e.value.details()
+        assert rows_of(await stub(req([5]), timeout=10))[0, 0] == 5
+        assert engine.threads == ["MainThread", "MainThread"]
+        assert service._in_flight == 0  # the failed step gave its slot back
+
+    with_server(engine, body, inline_max_tokens=8)
+
+
+def test_inline_max_tokens_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="inline_max_tokens"):
+        EmbedService(FakeEngine(), SchedulerConfig(64, 1024), inline_max_tokens=-1)

@@ -9,6 +9,7 @@ UNAVAILABLE (gateways retry it elsewhere) and ends the process with FATAL_EXIT_C
 FATAL_LINGER_SECONDS, without waiting for the engine: `serve` then starts a new one.
 """
 
+# ruff: noqa: E402  (the CPU threads' policy is set before torch loads)
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +22,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from embedserve import cpu_threads
+
+cpu_threads.apply_server()  # before torch loads: OpenMP reads it once
 
 import grpc
 import numpy as np
@@ -37,7 +42,7 @@ from embedserve.server.guard import MAX_FAILED_STEPS, STEP_TIMEOUT_SECONDS, Engi
 from embedserve.server.local import serve_local
 from embedserve.server.outputs import MultivectorLimit
 from embedserve.server.scheduler import SchedulerConfig
-from embedserve.server.service import EmbedService
+from embedserve.server.service import INLINE_MAX_TOKENS, EmbedService
 
 log = logging.getLogger("embedserve.server")
 
@@ -242,6 +247,8 @@ async def serve(config: ServerConfig) -> int:
         multivector_limit=MultivectorLimit(engine.spec.retrieval, config.max_multivector_values)
         if engine.retrieval is not None
         else None,
+        # a CPU step is complete on return: an idle engine's small request runs on the loop
+        inline_max_tokens=INLINE_MAX_TOKENS if engine.device.type == "cpu" else 0,
     )
     server, health_servicer, port = _grpc_server(config, service)
     await service.start()

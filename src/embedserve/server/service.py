@@ -112,6 +112,12 @@ def release_free_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+# The largest request a CPU server runs on its event loop's thread when the engine is idle
+# (`EmbedService._take_inline`): a query or a short passage. The loop answers nothing else for the
+# step's time (a 256-token passage: ~30 ms on 2 cores in bf16), so long inputs take the engine
+# thread.
+INLINE_MAX_TOKENS = 256
+
 # Past this many queued requests a batch goes without waiting: the fixed cost of a forward is
 # then shared well enough, and at high concurrency the clients' round trip can exceed the wait.
 BATCH_WAIT_MAX_REQUESTS = 4
@@ -159,6 +165,7 @@ class EmbedService:
         outputs_encoder: OutputsEncoder | None = None,
         model_outputs: tuple[str, ...] = (),
         multivector_limit: MultivectorLimit | None = None,
+        inline_max_tokens: int = 0,
     ) -> None:
         """`output_rules`: the model's (`ModelSpec.output_rules`), for int8/binary outputs and
         the smallest `dimensions` served. `span_pooler`: how span (late-chunking) requests run;
@@ -166,9 +173,13 @@ class EmbedService:
         engine, to find an engine that can no longer serve (`server.guard`).
         `outputs_encoder`: how requests for a sparse or multi-vector model's `model_outputs`
         run; without it they are refused. `multivector_limit`: the bound on a call's
-        multi-vector answer (none: unbounded)."""
+        multi-vector answer (none: unbounded). `inline_max_tokens`: a request of at most this
+        many tokens that finds the engine idle runs on the event loop's thread (`_take_inline`);
+        only for an engine whose `step` completes before it returns (the CPU), 0: never."""
         if batch_wait < 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
+        if inline_max_tokens < 0:
+            raise ValueError(f"inline_max_tokens must be >= 0, got {inline_max_tokens}")
         self.engine = engine
         self.scheduler = Scheduler(config)
         self.max_in_flight = max_in_flight
@@ -179,6 +190,8 @@ class EmbedService:
         self.outputs_encoder = outputs_encoder
         self.model_outputs = model_outputs
         self.multivector_limit = multivector_limit
+        self.inline_max_tokens = inline_max_tokens
+        self.num_inline = 0  # batches run on the event loop's thread
         # Guards the scheduler, `_in_flight` and `_stopping`, shared by the event loop (which
         # submits) and the engine and results threads (which take batches and free slots).
         self._work = threading.Condition(threading.Lock())
@@ -273,7 +286,12 @@ class EmbedService:
                 self.scheduler.submit(pending)
             except Overloaded as e:
                 raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
-            self._work.notify()
+            inline = self._take_inline()
+            if inline is None:
+                self._work.notify()
+        if inline is not None:  # answered (or failed) on return: `future` is done
+            self.num_inline += 1
+            self._step(inline, self._call_now)
         try:
             return await future
         except asyncio.CancelledError:
@@ -287,44 +305,74 @@ class EmbedService:
     # thread waits on each handle in launch order and answers its requests. Each answer reaches
     # the event loop with one `call_soon_threadsafe`: a request crosses threads twice (loop ->
     # engine, results -> loop), and the wait for the device overlaps the next launch.
+    # On the CPU a small request that finds the engine idle skips both crossings: the loop's
+    # thread runs its step (`_take_inline`).
 
     def _launch_batches(self) -> None:
-        observe = self.stage_times.observe
         while True:
             if self._tokens_since_trim >= TRIM_AFTER_TOKENS and not len(self.scheduler):
                 self._tokens_since_trim = 0
                 release_free_memory()  # idle after much work: outside the lock
             if (batch := self._take_batch()) is None:
                 break
-            taken = time.perf_counter()
-            for request in batch:
-                observe("queue", taken - request.arrived)
-            if tracing.TRACER is not None:
-                tracing.step_started(batch, taken)
-            self._tokens_since_trim += sum(r.num_tokens for r in batch)
-            if self.guard is not None:
-                self.guard.begin(id(batch), taken)
-            try:
-                handle = self._launch(batch)
-            except Exception as e:
-                self._release_slot()
-                self._batch_failed(batch, e)
-                continue
-            finally:
-                self._engine_free_at = time.monotonic()
-                self._expected = len(self.scheduler) + len(batch)
-            launched = time.perf_counter()
-            observe("launch", launched - taken)
-            self.num_batches += 1
-            if _is_ready(handle):  # the CPU engine: no second thread hop
-                self._finish(batch, handle, launched)
-            else:
-                self._launched.put((batch, handle, launched))
+            self._step(batch, self._post)
         self._launched.put(None)
+
+    def _take_inline(self) -> list[Pending] | None:
+        """Under `_work`, with a request just queued: that request as a batch of its own to run
+        on the event loop's thread, when it is small (`inline_max_tokens`), alone in the queue
+        and no batch is on the engine; else None (the engine thread takes it).
+
+        NOTE: on two CPU cores each crossing (loop -> engine thread, engine -> loop) wakes a
+        thread, often on a core that was idle, and the code after a wake runs from cold caches.
+        Nothing is lost by blocking the loop for the step: it is the only thread that queues
+        requests, so none can start before this one ends; those that arrive meanwhile wait in
+        their sockets instead of the queue, and are batched together after it."""
+        if (
+            self._in_flight
+            or not self.inline_max_tokens
+            or self.scheduler.num_queued_tokens > self.inline_max_tokens
+            or len(self.scheduler) != 1
+        ):
+            return None
+        batch = self.scheduler.next_batch()
+        if not batch:
+            return None
+        self._in_flight += 1  # the engine thread takes nothing until `_finish` frees it
+        return batch
+
+    def _step(self, batch: list[Pending], post: Callable[..., None]) -> None:
+        """Run one taken batch on the engine and answer it through `post` (or hand its handle to
+        the results thread, when the device is still working on it)."""
+        observe = self.stage_times.observe
+        taken = time.perf_counter()
+        for request in batch:
+            observe("queue", taken - request.arrived)
+        if tracing.TRACER is not None:
+            tracing.step_started(batch, taken)
+        self._tokens_since_trim += sum(r.num_tokens for r in batch)
+        if self.guard is not None:
+            self.guard.begin(id(batch), taken)
+        try:
+            handle = self._launch(batch)
+        except Exception as e:
+            self._release_slot()
+            self._batch_failed(batch, e, post)
+            return
+        finally:
+            self._engine_free_at = time.monotonic()
+            self._expected = len(self.scheduler) + len(batch)
+        launched = time.perf_counter()
+        observe("launch", launched - taken)
+        self.num_batches += 1
+        if _is_ready(handle):  # the CPU engine: no second thread hop
+            self._finish(batch, handle, launched, post)
+        else:
+            self._launched.put((batch, handle, launched))
 
     def _await_results(self) -> None:
         while (launched := self._launched.get()) is not None:
-            self._finish(*launched)
+            self._finish(*launched, self._post)
 
     def _take_batch(self) -> list[Pending] | None:
         """The next batch once there is work and a free slot; None once stopping."""
@@ -375,9 +423,15 @@ class EmbedService:
             return Ready(self.span_pooler(packed, pack_spans(batch)))
         return self.engine.step(packed)
 
-    def _finish(self, batch: list[Pending], handle: ResultHandle, launched: float) -> None:
-        """Wait for a batch's result, encode each request's answer (its head) and post them all
-        to the event loop; frees the batch's slot."""
+    def _finish(
+        self,
+        batch: list[Pending],
+        handle: ResultHandle,
+        launched: float,
+        post: Callable[..., None],
+    ) -> None:
+        """Wait for a batch's result, encode each request's answer (its head) and `post` them
+        all to the event loop; frees the batch's slot."""
         try:
             pooled = handle.wait()
             ready = time.perf_counter()
@@ -390,7 +444,7 @@ class EmbedService:
                 ]
         except Exception as e:
             self._release_slot()
-            self._batch_failed(batch, e)
+            self._batch_failed(batch, e, post)
         else:
             self._release_slot()
             if self.guard is not None:
@@ -401,10 +455,12 @@ class EmbedService:
                 tracing.step_finished(batch, ready)
             self.stage_times.observe("device", ready - launched)
             self.stage_times.observe("encode", encoded - ready)
-            self._post(self._deliver, batch, answers, encoded)
+            post(self._deliver, batch, answers, encoded)
 
-    def _batch_failed(self, batch: list[Pending], error: Exception) -> None:
-        self._post(self._fail, batch, error)
+    def _batch_failed(
+        self, batch: list[Pending], error: Exception, post: Callable[..., None]
+    ) -> None:
+        post(self._fail, batch, error)
         if self.guard is not None:
             self.guard.end(id(batch))
             self.guard.failed(error)
@@ -418,6 +474,11 @@ class EmbedService:
         # a closed loop (RuntimeError): nobody waits for these answers any more
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(callback, *args)
+
+    @staticmethod
+    def _call_now(callback: Callable[..., None], *args: Any) -> None:
+        """`_post` for a batch run on the loop's own thread."""
+        callback(*args)
 
     def _deliver(self, batch: list[Pending], answers: list[Any], posted: float) -> None:
         self.stage_times.observe("deliver", time.perf_counter() - posted)

@@ -8,12 +8,6 @@ On a CPU in bf16 the engine packs each weight once into oneDNN's blocked layout 
 `F.linear` reorders the whole [out, in] weight into that layout on every call, which for a short
 query (a few rows) costs as much as the product itself. The packed product is the same oneDNN
 kernel on the same operands: bitwise equal to `F.linear`'s (tests/engine/test_packed_linear.py).
-
-A packed product can also end in the op that follows it in the model, inside the same kernel
-(oneDNN's post-ops): the activation (`act`: BERT's up projection and GELU) or a residual sum
-(`add`: the attention output and down projections). A short query's forward is ~130 small
-operators whose cost is mostly calling them, so each one removed counts; the fused result is
-also rounded to bf16 once where the separate ops rounded twice.
 """
 
 from __future__ import annotations
@@ -27,15 +21,6 @@ from embedserve.engine.ops import Ops
 # the rows oneDNN is told to expect when it picks the packed layout: a short query's few tokens
 # (any number of rows runs on it; the hint only picks the blocking)
 PACK_ROWS_HINT = 16
-
-
-def _post_op(activation: nn.Module) -> tuple[str, str] | None:
-    """oneDNN's (post-op, algorithm) computing `activation` exactly as PyTorch's module does."""
-    if isinstance(activation, nn.GELU):
-        return ("gelu", activation.approximate)  # "none": the exact erf GELU; or "tanh"
-    if isinstance(activation, nn.ReLU):
-        return ("relu", "")
-    return None
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -73,22 +58,6 @@ class Linear(nn.Module):
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return self.ops.linear(x, self.weight, self.bias)
-
-    def act(self, x: torch.Tensor, activation: nn.Module) -> torch.Tensor:
-        """activation(x W^T + b); on packed weights, one kernel with the activation as its
-        post-op when oneDNN has it (`POST_OPS`)."""
-        post = _post_op(activation) if self.packed is not None else None
-        if post is None:
-            return activation(self(x))
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, post[0], [], post[1])
-
-    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """x W^T + b + residual; on packed weights, the sum is the kernel's post-op."""
-        if self.packed is None:
-            return self(x) + residual
-        return torch.ops.mkldnn._linear_pointwise.binary(
-            x, residual, self.packed, self.bias, "add"
-        )
 
     def pack(self) -> None:
         """Hold the weight in oneDNN's blocked layout only (CPU): `weight` keeps its shape and

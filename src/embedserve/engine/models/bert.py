@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
@@ -56,21 +55,15 @@ class BertLayer(nn.Module):
         attend: AttentionFn,
         bias: torch.Tensor | None = None,  # MPNet's relative position bias [N, 2R + 1]
     ) -> torch.Tensor:
-        t = x.shape[0]
+        t, ops = x.shape[0], self.ops
         q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)  # [T, N, D] each
         a = attend(q, k, v, layout, False, None, bias).reshape(t, -1)  # [T, H]
-        x = self._add_norm(self.out, a, x, self.attn_norm)
-        return self._add_norm(self.down, self.up.act(x, self.act), x, self.ffn_norm)
-
-    def _add_norm(
-        self, linear: Linear, x: torch.Tensor, residual: torch.Tensor, norm: nn.LayerNorm
-    ) -> torch.Tensor:
-        """LayerNorm(linear(x) + residual). On a CPU's packed weights the sum is the product's
-        post-op (`Linear.add`); elsewhere `ops.add_layer_norm` (on CUDA one fused kernel)."""
-        if linear.packed is not None:
-            return F.layer_norm(linear.add(x, residual), norm.normalized_shape, norm.weight,
-                                norm.bias, norm.eps)  # fmt: skip
-        return self.ops.add_layer_norm(linear(x), residual, norm.weight, norm.bias, norm.eps)
+        norm = self.attn_norm
+        x = ops.add_layer_norm(self.out(a), x, norm.weight, norm.bias, norm.eps)
+        norm = self.ffn_norm
+        return ops.add_layer_norm(
+            self.down(self.act(self.up(x))), x, norm.weight, norm.bias, norm.eps
+        )
 
 
 class BertEncoder(PackedEncoder):

@@ -1,0 +1,124 @@
+"""One short query over HTTP, `embedserve serve` from two (or more) source trees, rounds alternated,
+beside `Embedder.encode` in process: an A/B of the request path on a small CPU (issue 25).
+
+Each tree's `serve` (the bundled MiniLM, CPU defaults) is started once with the OpenMP variables
+of this shell removed; then per round each server answers `--requests` sequential short queries
+on one keep-alive connection (the first 30 left out), in an order that alternates by round, and
+a fresh process measures `Embedder.encode([query])` of the first tree the same way.
+
+    .venv/bin/python benchmarks/studies/http_ab.py main=src other=/path/to/other/src [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import corpus, report
+from harness.timing import median
+
+SERVING = r"serving \S+ at http://127\.0\.0\.1:(\d+)"
+WARM = 30
+IN_PROCESS = """
+import sys, time
+sys.path.insert(0, {bench!r})
+from harness import corpus
+from embedserve import Embedder
+e, q = Embedder(), corpus.queries(64)
+for i in range({warm}): e.encode([q[i % 64]])
+ts = []
+for i in range({n}):
+    t = time.perf_counter(); e.encode([q[i % 64]]); ts.append(time.perf_counter() - t)
+print(sorted(ts)[len(ts) // 2] * 1e3)
+"""
+
+
+def clean_env(src: str) -> dict[str, str]:
+    drop = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PYTHONPATH")
+    return {k: v for k, v in os.environ.items() if k not in drop} | {"PYTHONPATH": src}
+
+
+def start(src: str) -> tuple[subprocess.Popen[str], int]:
+    argv = [sys.executable, "-m", "embedserve.cli.main", "serve", "--port", "0"]
+    p = subprocess.Popen(argv, env=clean_env(src), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    assert p.stdout is not None
+    for line in p.stdout:
+        if m := re.search(SERVING, line):
+            # keep draining its output, or the pipe fills and the server blocks
+            threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()  # type: ignore[union-attr]
+            return p, int(m.group(1))
+    raise RuntimeError(f"serve from {src} ended before it was ready")
+
+
+def http_p50(port: int, queries: list[str], n: int) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    times = []
+    for i in range(n + WARM):
+        body = json.dumps({"model": "minilm", "input": [queries[i % len(queries)]]})
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"HTTP {answer.status}")
+        if i >= WARM:
+            times.append(time.perf_counter() - t0)
+    return median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trees", nargs="+", help="NAME=SRC (a tree's src folder)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    trees = dict(t.split("=", 1) for t in args.trees)
+    queries = corpus.queries(64)
+    servers = {name: start(src) for name, src in trees.items()}
+    first = next(iter(trees))
+    results: dict[str, list[float]] = {name: [] for name in trees} | {"in process": []}
+    code = IN_PROCESS.format(bench=str(Path(__file__).resolve().parents[1]), warm=WARM,
+                             n=args.requests)  # fmt: skip
+    try:
+        for r in range(args.rounds):
+            order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+            for name in order:
+                results[name].append(round(http_p50(servers[name][1], queries, args.requests), 3))
+            out = subprocess.run([sys.executable, "-c", code], env=clean_env(trees[first]),
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            results["in process"].append(round(float(out.stdout.split()[-1]), 3))
+            print(r, {k: v[-1] for k, v in results.items()}, flush=True)
+    finally:
+        for p, _ in servers.values():
+            os.killpg(p.pid, signal.SIGTERM)
+    records = [
+        {"system": f"embedserve serve ({name})" if name != "in process" else
+         f"embedserve Embedder.encode ({first})", "model": "all-MiniLM-L6-v2", "weights": "real",
+         "dtype": "CPU default", "batch": 1, "tokens": "3-12 words", "concurrency": 1,
+         "metric": "one short query p50 (ms), median of rounds", "value": median(values),
+         "scope": "HTTP end to end" if name != "in process" else "in process",
+         "rounds": values}
+        for name, values in results.items()
+    ]  # fmt: skip
+    notes = (f"{args.rounds} rounds alternated, {args.requests} sequential requests per server "
+             f"per round (one keep-alive connection), trees: "
+             + ", ".join(f"{k}={v}" for k, v in trees.items()))  # fmt: skip
+    _, table = report.write("http-ab", report.cpu_hardware(), f"cpu{os.cpu_count()}", records,
+                            report.versions("torch"), notes, args.out)  # fmt: skip
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -19,8 +19,9 @@ def noop_server() -> None:
     import grpc
 
     from embedserve.contract import add_embed_service
+    from embedserve.server.handles import Ready
     from embedserve.server.scheduler import SchedulerConfig
-    from embedserve.server.service import EmbedService, Ready
+    from embedserve.server.service import EmbedService
 
     class NoopEngine:
         output_width = 384

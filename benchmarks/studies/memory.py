@@ -1,6 +1,6 @@
 """A server's resident memory around one large request, on the CPU: idle, at its peak while a
 1,200-passage request runs (sampled every 50 ms), and once idle again, after the engine thread
-has handed freed memory back (`server.service.release_free_memory`).
+has handed freed memory back (`server.trim.release_free_memory`).
 
     PYTHONPATH=src python3 benchmarks/studies/memory.py
 """

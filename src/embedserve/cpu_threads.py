@@ -3,7 +3,7 @@
 Every operator of a forward is a parallel region; between two of them the second thread waits.
 Three ways to wait, measured on 2 CPU cores (AMD EPYC Zen 5), all-MiniLM-L6-v2 at the bf16
 default, one short query per call and 192 passages per call, in process, quiet and beside one
-busy process (benchmarks/results/studies/cpu-neighbour-cpu2-20261202):
+busy process (benchmarks/results/studies/cpu-neighbour-cpu2-20261202.json):
 
 | wait | query p50 quiet | neighbour | passages tokens/s quiet | neighbour |
 |---|---|---|---|---|

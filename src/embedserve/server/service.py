@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 import numpy as np
@@ -35,6 +34,7 @@ from embedserve.contract.codec import decode_request, encode_response
 from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.server.guard import EngineGuard
+from embedserve.server.handles import EngineLike, Ready, ResultHandle, SpanPooler, is_ready
 from embedserve.server.outputs import (
     MultivectorLimit,
     OutputsAsk,
@@ -53,63 +53,9 @@ from embedserve.server.scheduler import (
     split_batch_rows,
 )
 from embedserve.server.stages import StageTimes
+from embedserve.server.trim import TRIM_AFTER_TOKENS, release_free_memory
 
 log = logging.getLogger("embedserve.server")
-
-
-class ResultHandle(Protocol):
-    def ready(self) -> bool: ...
-    def wait(self) -> np.ndarray: ...
-
-
-# Late chunking: run a batch through the model and mean-pool each [start, end) span of its packed
-# tokens: [K, H] float32 (`Engine.embed_spans`).
-SpanPooler = Callable[[PackedBatch, np.ndarray], np.ndarray]
-
-
-class Ready:
-    """A result already computed (span pooling and outputs run to completion on the engine
-    thread)."""
-
-    def __init__(self, rows: Any) -> None:
-        self.rows = rows
-
-    def ready(self) -> bool:
-        return True
-
-    def wait(self) -> Any:
-        return self.rows
-
-
-def _is_ready(handle: ResultHandle) -> bool:
-    try:
-        return handle.ready()
-    except Exception:
-        return False  # `_finish` asks again (`wait`) and fails the batch
-
-
-class EngineLike(Protocol):
-    """What the service needs of `embedserve.engine.engine.Engine` (tests pass fakes)."""
-
-    @property
-    def output_width(self) -> int: ...  # columns of a row step() returns (1: a scoring model)
-    def check(self, batch: PackedBatch) -> None: ...
-    def step(self, batch: PackedBatch) -> ResultHandle: ...
-
-
-# After this many tokens since the last time, an idle engine thread hands freed memory back to
-# the OS (`release_free_memory`).
-TRIM_AFTER_TOKENS = 1 << 17
-
-
-def release_free_memory() -> None:
-    """glibc keeps freed heap memory for reuse, so a server's resident memory stayed at its
-    high-water mark after a large request (benchmarks/memory_cpu.py: a 1,200-passage request on
-    the 2-core CPU peaked at 865 MB, 386 idle); with this called once the engine thread is idle
-    again, it came back to 433 MB.
-    The next large request takes the memory again. A no-op where there is no glibc."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 # The largest request a CPU server runs on its event loop's thread when the engine is idle
@@ -365,7 +311,7 @@ class EmbedService:
         launched = time.perf_counter()
         observe("launch", launched - taken)
         self.num_batches += 1
-        if _is_ready(handle):  # the CPU engine: no second thread hop
+        if is_ready(handle):  # the CPU engine: no second thread hop
             self._finish(batch, handle, launched, post)
         else:
             self._launched.put((batch, handle, launched))

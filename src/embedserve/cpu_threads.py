@@ -18,9 +18,11 @@ gives the core back soon after, so it is the default. On a machine shared with o
 `OMP_WAIT_POLICY=PASSIVE` is the better choice (the table's neighbour columns): set it there.
 
 The offline API (`Embedder`, `Scorer`) sets the bounded spin on import; a server sets its own
-(`apply_server`, see SERVER_SPIN_COUNT). OpenMP reads it once,
-when torch is loaded, so it only counts before that; a policy the user set (`OMP_WAIT_POLICY` or
-`GOMP_SPINCOUNT`, even empty) is kept.
+(`apply_server`, see SERVER_SPIN_COUNT). OpenMP reads it once, when torch is loaded, so it only
+counts before that. A policy the user set is kept: `OMP_WAIT_POLICY` (even empty) everywhere, and
+`GOMP_SPINCOUNT` alone by the offline API; a server replaces a `GOMP_SPINCOUNT` given without
+`OMP_WAIT_POLICY`, since one inherited from a process that imported the offline API is the common
+case and, without ACTIVE, libgomp would cap it at 100 rounds there anyway.
 """
 
 from __future__ import annotations

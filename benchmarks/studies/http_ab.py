@@ -12,22 +12,20 @@ a fresh process measures `Embedder.encode([query])` of the first tree the same w
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
+from harness.gateway import sequential_us
+from harness.servers import SERVING
 from harness.timing import median
 
-SERVING = r"serving \S+ at http://127\.0\.0\.1:(\d+)"
 WARM = 30
 IN_PROCESS = """
 import sys, time
@@ -62,19 +60,7 @@ def start(src: str) -> tuple[subprocess.Popen[str], int]:
 
 
 def http_p50(port: int, queries: list[str], n: int) -> float:
-    conn = http.client.HTTPConnection("127.0.0.1", port)
-    times = []
-    for i in range(n + WARM):
-        body = json.dumps({"model": "minilm", "input": [queries[i % len(queries)]]})
-        t0 = time.perf_counter()
-        conn.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
-        answer = conn.getresponse()
-        answer.read()
-        if answer.status != 200:
-            raise RuntimeError(f"HTTP {answer.status}")
-        if i >= WARM:
-            times.append(time.perf_counter() - t0)
-    return median(times) * 1e3
+    return median(sequential_us(port, queries, n + WARM)[WARM:]) / 1e3
 
 
 def main() -> None:

@@ -174,14 +174,19 @@ def test_bad_requests_are_invalid_argument_and_never_reach_the_engine(
     with_server(engine, body)
 
 
+async def _fails_on_the_device(stub: Any) -> None:
+    """A request holding FAIL_ID fails as the fake engine's step does: INTERNAL, its message."""
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub(req([FAIL_ID, 1]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert "simulated device failure" in e.value.details()
+
+
 def test_an_engine_failure_fails_only_its_batch() -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
-        with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(req([FAIL_ID, 1]), timeout=10)
-        assert e.value.code() == grpc.StatusCode.INTERNAL
-        assert "simulated device failure" in e.value.details()
+        await _fails_on_the_device(stub)
         responses = await asyncio.gather(*(stub(req([i]), timeout=10) for i in range(1, 6)))
         assert [rows_of(r)[0, 0] for r in responses] == [1, 2, 3, 4, 5]
 
@@ -547,10 +552,7 @@ def test_an_engine_failure_inline_fails_only_its_request() -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
-        with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(req([FAIL_ID, 1]), timeout=10)
-        assert e.value.code() == grpc.StatusCode.INTERNAL
-        assert "simulated device failure" in e.value.details()
+        await _fails_on_the_device(stub)
         assert rows_of(await stub(req([5]), timeout=10))[0, 0] == 5
         assert engine.threads == ["MainThread", "MainThread"]
         assert service._in_flight == 0  # the failed step gave its slot back

@@ -60,6 +60,11 @@ class CpuMeter:
         busy = (f[0] + f[1] + f[2] + f[5] + f[6]) / tick  # user nice system irq softirq
         return time.monotonic(), busy, f[7] / tick, cpu_seconds(os.getpid(), reaped=True)
 
+    def busy_cores(self) -> float:
+        """Cores' worth of CPU busy since creation, everything on the machine (this run too)."""
+        t, busy, _, _ = self._read()
+        return (busy - self.busy) / (t - self.t)
+
     def cores(self) -> tuple[float, float]:
         t, busy, steal, ours = self._read()
         dt = t - self.t

@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
 from harness.gateway import asgi_overhead_us, sequential_us
-from harness.servers import CLI, harness_call, start
+from harness.servers import CLI, harness_call, stage_sums, start
 from harness.timing import median, percentile
 
 from embedserve.processes import Child
@@ -103,28 +103,6 @@ def local_round_trips_us(address: str, ids: list[list[int]], count: int) -> list
         return out
 
     return asyncio.run(run())
-
-
-def stage_sums(metrics_port: int) -> dict[str, tuple[float, float]]:
-    """The server's `embedserve_server_stage_seconds` per stage: (sum, count)."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    url = f"http://127.0.0.1:{metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    out: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != "embedserve_server_stage_seconds":
-            continue
-        for sample in family.samples:
-            pair = out.setdefault(sample.labels["stage"], [0.0, 0.0])
-            if sample.name.endswith("_sum"):
-                pair[0] = sample.value
-            elif sample.name.endswith("_count"):
-                pair[1] = sample.value
-    return {stage: (total, count) for stage, (total, count) in out.items()}
 
 
 def http_floor_us(count: int) -> list[float]:

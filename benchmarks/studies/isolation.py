@@ -27,12 +27,14 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, loadgen, report
-from harness.servers import CLI, start
+from harness.machine import CpuMeter
+from harness.servers import CLI, stage_sums, start
 from harness.timing import percentile
 
 TARGET = 1.5  # the issue's: the probe's p99 under the flood within 1.5x of its idle p99
@@ -56,9 +58,11 @@ def token_ids(texts: list[str]) -> list[list[int]]:
             for e in tokenizer.encode_batch(texts)]  # fmt: skip
 
 
-def bodies(model: str, large: bool, count: int, passages: int, ids: bool = False) -> list[bytes]:
+def bodies(model: str, large: bool, count: int, passages: int, ids: bool = False,
+           base64: bool = False) -> list[bytes]:  # fmt: skip
     """`count` request bodies for `model`: embeddings of `passages` long passages each (as token
-    ids: `ids`), or reranks of one query against 4 short documents (the flood's or the probe's)."""
+    ids: `ids`; vectors asked as base64: `base64`), or reranks of one query against 4 short
+    documents (the flood's or the probe's)."""
     out = []
     for k in range(count):
         if model == "minilm":
@@ -70,6 +74,8 @@ def bodies(model: str, large: bool, count: int, passages: int, ids: bool = False
             if large and ids:
                 texts = token_ids(texts)
             body = {"model": model, "input": texts, "truncate": "end"}  # passages past 256 tokens
+            if base64:
+                body["encoding_format"] = "base64"
             out.append(json.dumps(body).encode())
         else:
             docs = (
@@ -87,25 +93,67 @@ def route(model: str) -> str:
     return "/v1/embeddings" if model == "minilm" else "/v1/rerank"
 
 
+@dataclass
+class Window:
+    """One probe window: the probe's answers, the machine's busy cores (everything, this run
+    included) and the probed server's mean seconds per stage (`embedserve_server_stage_seconds`;
+    the probed server runs the probe's requests only, so one batch is one request)."""
+
+    probe: loadgen.LoadResult
+    busy_cores: float
+    stages: dict[str, float]
+
+
+def probe_window(port: int, probe: list[list[bytes]], path: str, seconds: float,
+                 stages_port: int | None) -> Window:  # fmt: skip
+    before = stage_sums(stages_port) if stages_port else {}
+    meter = CpuMeter()
+    result = loadgen.run(port, probe, seconds, path)
+    busy = meter.busy_cores()
+    after = stage_sums(stages_port) if stages_port else {}
+    stages = {}
+    for stage, (total, count) in after.items():
+        t0, c0 = before.get(stage, (0.0, 0.0))
+        if count > c0:
+            stages[stage] = (total - t0) / (count - c0)
+    return Window(result, busy, stages)
+
+
 def measure(args: argparse.Namespace, port: int) -> dict[str, Any]:
+    """`--rounds` of (probe alone, probe under the flood), alternated, so a slow spell of the
+    machine shows in one round rather than in one phase."""
     probed = "minilm" if args.flood == "ms-marco" else "ms-marco"
+    path = route(probed)
+    # the probed server's metrics: serve gives the i-th model's server --metrics-port + i
+    stages_port = args.metrics_port + (probed == "ms-marco") if args.metrics_port else None
     probe = [bodies(probed, False, 64, 0)]
-    loadgen.run(port, probe, min(2.0, args.seconds), route(probed))  # warm both paths
-    idle = loadgen.run(port, probe, args.seconds, route(probed))
-    flood_bodies = loadgen.split(bodies(args.flood, True, 4 * args.flood_clients, args.passages,
-                                        args.flood_ids), args.flood_clients)  # fmt: skip
-    flood: list[loadgen.LoadResult] = []
-    # the flood runs past both ends of the probe's window: the probe sees it all along
-    flooder = threading.Thread(
-        target=lambda: flood.append(
-            loadgen.run(port, flood_bodies, args.seconds + 2 * args.ramp, route(args.flood))
+    loadgen.run(port, probe, min(2.0, args.seconds), path)  # warm both paths
+    flood_bodies = loadgen.split(
+        bodies(args.flood, True, 4 * args.flood_clients, args.passages, args.flood_ids,
+               args.flood_base64),
+        args.flood_clients,
+    )  # fmt: skip
+    rounds: list[dict[str, Any]] = []
+    for _ in range(args.rounds):
+        idle = probe_window(port, probe, path, args.seconds, stages_port)
+        flood: list[loadgen.LoadResult] = []
+        # the flood runs past both ends of the probe's window: the probe sees it all along
+        flooder = threading.Thread(
+            target=lambda out: out.append(
+                loadgen.run(port, flood_bodies, args.seconds + 2 * args.ramp, route(args.flood))
+            ),
+            args=(flood,),
         )
-    )
-    flooder.start()
-    time.sleep(args.ramp)
-    during = loadgen.run(port, probe, args.seconds, route(probed))
-    flooder.join()
-    return {"probed": probed, "idle": idle, "during": during, "flood": flood[0]}
+        flooder.start()
+        time.sleep(args.ramp)
+        during = probe_window(port, probe, path, args.seconds, stages_port)
+        flooder.join()
+        rounds.append({"idle": idle, "during": during, "flood": flood[0]})
+    return {"probed": probed, "rounds": rounds}
+
+
+def latencies_ms(m: dict[str, Any], phase: str) -> list[float]:
+    return [x * 1000 for r in m["rounds"] for x in r[phase].probe.latencies]
 
 
 def records(args: argparse.Namespace, m: dict[str, Any]) -> list[dict[str, Any]]:
@@ -113,16 +161,34 @@ def records(args: argparse.Namespace, m: dict[str, Any]) -> list[dict[str, Any]]
               "dtype": args.dtype or "default", "scope": "end_to_end"}  # fmt: skip
     out = []
     for phase in ("idle", "during"):
-        ms = [x * 1000 for x in m[phase].latencies]
+        ms = latencies_ms(m, phase)
+        concurrency = 1 if phase == "idle" else f"1 + {args.flood_clients} flooding"
         for q in (50, 99):
             out.append({**common, "model": m["probed"], "metric": f"p{q}_ms",
-                        "value": percentile(ms, q),
-                        "concurrency": 1 if phase == "idle" else f"1 + {args.flood_clients} flooding"})  # fmt: skip
-    flood = m["flood"]
+                        "value": percentile(ms, q), "concurrency": concurrency})  # fmt: skip
+        windows = [r[phase] for r in m["rounds"]]
+        for stage in windows[0].stages:
+            out.append({**common, "model": m["probed"], "concurrency": concurrency,
+                        "metric": f"server_{stage}_mean_ms", "scope": "server",
+                        "value": sum(w.stages.get(stage, 0.0) for w in windows)
+                        / len(windows) * 1000})  # fmt: skip
+    floods = [r["flood"] for r in m["rounds"]]
     out.append({**common, "model": args.flood, "metric": "flood_tokens_per_s",
-                "value": flood.tokens_per_s, "concurrency": args.flood_clients,
-                "batch": args.passages})  # fmt: skip
+                "value": sum(f.tokens_per_s for f in floods) / len(floods),
+                "concurrency": args.flood_clients, "batch": args.passages})  # fmt: skip
     return out
+
+
+def round_notes(m: dict[str, Any]) -> str:
+    """Per round: the probe's p99 idle -> under the flood (ms) and the machine's busy cores."""
+    parts = []
+    for r in m["rounds"]:
+        idle, during = r["idle"], r["during"]
+        p_idle = percentile([x * 1000 for x in idle.probe.latencies], 99)
+        p_during = percentile([x * 1000 for x in during.probe.latencies], 99)
+        parts.append(f"{p_idle:.2f} -> {p_during:.2f} ms ({idle.busy_cores:.1f} -> "
+                     f"{during.busy_cores:.1f} busy cores)")  # fmt: skip
+    return "; ".join(parts)
 
 
 def main() -> int:
@@ -138,6 +204,23 @@ def main() -> int:
     ap.add_argument("--flood-ids", action="store_true",
                     help="the flood's passages as token ids (minilm flood only): no tokenizing "
                     "in the gateway")  # fmt: skip
+    ap.add_argument(
+        "--flood-base64",
+        action="store_true",
+        help="the flood asks its vectors as base64 (the openai client's default)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of (probe alone, probe under the flood), alternated",
+    )
+    ap.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve's --metrics-port: read the probed server's stage times",
+    )
     ap.add_argument("--out", type=Path, default=None, help="default: results/concurrency/")
     ap.add_argument("serve_flags", nargs="*", help="more `serve` flags (after --)")
     args = ap.parse_args()
@@ -149,7 +232,9 @@ def main() -> int:
         ranker = make_checkpoint(Path(tmp) / "ce", arch="ms-marco-minilm-l6", dtype="float32",
                                  seed=5)  # fmt: skip
         flags = ["--model", "minilm", "--model", f"ms-marco={ranker}", "--device", args.device,
-                 *(["--dtype", args.dtype] if args.dtype else []), *args.serve_flags]  # fmt: skip
+                 *(["--dtype", args.dtype] if args.dtype else []),
+                 *(["--metrics-port", str(args.metrics_port)] if args.metrics_port else []),
+                 *args.serve_flags]  # fmt: skip
         server, ready = start([*CLI, "serve", "--port", "0", *flags],
                               r"serving minilm, ms-marco at http://127\.0\.0\.1:(\d+)")  # fmt: skip
         port = int(ready.group(1))
@@ -157,20 +242,27 @@ def main() -> int:
             m = measure(args, port)
         finally:
             server.stop(30)
-    idle_p99 = percentile([x * 1000 for x in m["idle"].latencies], 99)
-    during_p99 = percentile([x * 1000 for x in m["during"].latencies], 99)
+    idle_p99 = percentile(latencies_ms(m, "idle"), 99)
+    during_p99 = percentile(latencies_ms(m, "during"), 99)
     ratio = during_p99 / idle_p99
-    flood = m["flood"]
+    floods = [r["flood"] for r in m["rounds"]]
+    errors = {
+        phase: sum(r[phase].probe.errors for r in m["rounds"]) for phase in ("idle", "during")
+    }
     notes = (
         f"`embedserve serve {' '.join(flags).replace(str(ranker), 'RANDOM-WEIGHTS')}`. "
         f"Probe: one client, short {route(m['probed'])} requests to {m['probed']}, "
-        f"{len(m['idle'].latencies)} idle / {len(m['during'].latencies)} under the flood "
-        f"({m['idle'].errors} / {m['during'].errors} non-200). Flood: {args.flood_clients} "
+        f"{len(latencies_ms(m, 'idle'))} idle / {len(latencies_ms(m, 'during'))} under the "
+        f"flood ({errors['idle']} / {errors['during']} non-200), {args.rounds} round(s) of "
+        f"{args.seconds:g} s per phase, alternated. Flood: {args.flood_clients} "
         f"client processes, {args.passages} passages of 150-180 words"
-        f"{' sent as token ids' if args.flood_ids else ''} per {route(args.flood)} "
-        f"request to {args.flood}: {flood.requests_per_s:.2f} requests/s, "
-        f"{flood.tokens_per_s:.0f} tokens/s, {flood.errors} non-200. Probe p99 under the flood "
-        f"/ idle: {ratio:.2f}x (target <= {TARGET}x: {'met' if ratio <= TARGET else 'NOT met'})."
+        f"{' sent as token ids' if args.flood_ids else ''}"
+        f"{', vectors asked as base64' if args.flood_base64 else ''} per {route(args.flood)} "
+        f"request to {args.flood}: {sum(f.requests_per_s for f in floods) / len(floods):.2f} "
+        f"requests/s, {sum(f.tokens_per_s for f in floods) / len(floods):.0f} tokens/s, "
+        f"{sum(f.errors for f in floods)} non-200. Per round, probe p99 idle -> flood: "
+        f"{round_notes(m)}. Probe p99 under the flood / idle (all rounds): {ratio:.2f}x "
+        f"(target <= {TARGET}x: {'met' if ratio <= TARGET else 'NOT met'})."
     )
     hardware = report.cpu_hardware()
     if args.device.startswith("cuda"):

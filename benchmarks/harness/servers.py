@@ -143,3 +143,22 @@ def stage_sums(metrics_port: int) -> dict[str, tuple[float, float]]:
             elif sample.name.endswith("_count"):
                 pair[1] = sample.value
     return {stage: (total, count) for stage, (total, count) in out.items()}
+
+
+def metric_samples(
+    url: str, families: set[str]
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of the named metric families at a Prometheus endpoint:
+    {(sample name, sorted labels): value}, e.g. a histogram's _bucket / _sum / _count."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        if family.name in families
+        for s in family.samples
+    }

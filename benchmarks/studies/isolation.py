@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -34,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, loadgen, report
 from harness.machine import CpuMeter
-from harness.servers import CLI, stage_sums, start
+from harness.servers import CLI, metric_samples, stage_sums, start
 from harness.timing import percentile
 
 TARGET = 1.5  # the issue's: the probe's p99 under the flood within 1.5x of its idle p99
@@ -102,21 +103,52 @@ class Window:
     probe: loadgen.LoadResult
     busy_cores: float
     stages: dict[str, float]
+    stalls: dict[str, float]  # the gateway's workers (`gateway.stalls`): see `stall_counts`
+
+
+STALLS = {"embedserve_gateway_loop_lag_seconds", "embedserve_gateway_gc_pause_seconds"}
+
+
+def stall_counts(samples: dict[Any, float]) -> dict[str, float]:
+    """From the gateway's stall histograms (every worker added up): loop-lag ticks in all, late
+    by >= 10 ms and >= 50 ms; garbage collections in all, >= 10 ms, and their seconds."""
+
+    def count(name: str, le: str | None = None) -> float:
+        total = sum(v for (n, labels), v in samples.items() if n == f"{name}_count")
+        if le is None:
+            return total
+        below = sum(v for (n, labels), v in samples.items()
+                    if n == f"{name}_bucket" and ("le", le) in labels)  # fmt: skip
+        return total - below
+
+    lag, pause = "embedserve_gateway_loop_lag_seconds", "embedserve_gateway_gc_pause_seconds"
+    return {
+        "lag_ticks": count(lag),
+        "lag_10ms": count(lag, "0.01"),
+        "lag_50ms": count(lag, "0.05"),
+        "gc_passes": count(pause),
+        "gc_10ms": count(pause, "0.01"),
+        "gc_seconds": sum(v for (n, _), v in samples.items() if n == f"{pause}_sum"),
+    }
 
 
 def probe_window(port: int, probe: list[list[bytes]], path: str, seconds: float,
                  stages_port: int | None) -> Window:  # fmt: skip
     before = stage_sums(stages_port) if stages_port else {}
+    gateway = f"http://127.0.0.1:{port}/metrics"
+    stalls_before = stall_counts(metric_samples(gateway, STALLS))
     meter = CpuMeter()
     result = loadgen.run(port, probe, seconds, path)
     busy = meter.busy_cores()
     after = stage_sums(stages_port) if stages_port else {}
+    stalls_after = stall_counts(metric_samples(gateway, STALLS))
+    stalls = {k: stalls_after[k] - stalls_before[k] for k in stalls_after}
     stages = {}
     for stage, (total, count) in after.items():
         t0, c0 = before.get(stage, (0.0, 0.0))
         if count > c0:
             stages[stage] = (total - t0) / (count - c0)
-    return Window(result, busy, stages)
+    return Window(result, busy, stages, stalls)
 
 
 def measure(args: argparse.Namespace, port: int) -> dict[str, Any]:
@@ -186,9 +218,25 @@ def round_notes(m: dict[str, Any]) -> str:
         idle, during = r["idle"], r["during"]
         p_idle = percentile([x * 1000 for x in idle.probe.latencies], 99)
         p_during = percentile([x * 1000 for x in during.probe.latencies], 99)
+        s = during.stalls
         parts.append(f"{p_idle:.2f} -> {p_during:.2f} ms ({idle.busy_cores:.1f} -> "
-                     f"{during.busy_cores:.1f} busy cores)")  # fmt: skip
+                     f"{during.busy_cores:.1f} busy cores; under the flood the gateway's loops "
+                     f"ran {s['lag_10ms']:.0f} of {s['lag_ticks']:.0f} ticks >= 10 ms late, "
+                     f"{s['lag_50ms']:.0f} >= 50 ms; {s['gc_passes']:.0f} collections, "
+                     f"{s['gc_10ms']:.0f} >= 10 ms, {s['gc_seconds'] * 1e3:.0f} ms in all)")  # fmt: skip
     return "; ".join(parts)
+
+
+def show_slow_callbacks(lines: list[str], top: int = 12) -> None:
+    """With PYTHONASYNCIODEBUG=1 in serve's environment every gateway worker logs each callback
+    that held its loop over `stalls.LAG_INTERVAL`: how many, and the longest."""
+    slow = []
+    for line in lines:
+        if m := re.search(r"Executing (.*) took (\d+\.\d+) seconds", line):
+            slow.append((float(m.group(2)), re.sub(r" at 0x[0-9a-f]+|\d+", "#", m.group(1))))
+    print(f"asyncio slow callbacks: {len(slow)}")
+    for seconds, what in sorted(slow, reverse=True)[:top]:
+        print(f"  {seconds * 1e3:7.1f} ms  {what[:230]}")
 
 
 def main() -> int:
@@ -242,6 +290,8 @@ def main() -> int:
             m = measure(args, port)
         finally:
             server.stop(30)
+        if os.environ.get("PYTHONASYNCIODEBUG"):  # a diagnosis: asyncio's slow-callback lines
+            show_slow_callbacks(server.lines)
     idle_p99 = percentile(latencies_ms(m, "idle"), 99)
     during_p99 = percentile(latencies_ms(m, "during"), 99)
     ratio = during_p99 / idle_p99

@@ -51,6 +51,7 @@ from embedserve.gateway.scoring import (
     score_body,
     tei_rerank_body,
 )
+from embedserve.gateway.stalls import LoopWatch
 from embedserve.gateway.transport import (
     Answer,
     ClientGone,
@@ -119,9 +120,9 @@ class GatewayApp:
         self.in_flight = 0
         # /predict (TEI) and /classify (vLLM); TEI's gRPC Predict calls it too
         self.classify = classify = ClassifyRoutes(self)
-        # what else the worker serves from its loop (TEI's gRPC API): `start()` once the
-        # pipelines are up, `stop()` before they close
-        self.services: list[Any] = []
+        # what else runs on the worker's loop (the stall watch, TEI's gRPC API): `start()`
+        # once the pipelines are up, `stop()` before they close
+        self.services: list[Any] = [LoopWatch(self.metrics.loop_lag, self.metrics.gc_pause)]
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/embeddings"): self.embeddings,
             ("POST", "/embeddings"): self.embeddings,

@@ -76,6 +76,21 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livesum",
         )
+        # what keeps a worker's loop from running (`gateway.stalls`): per worker, not per model
+        stall_buckets = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
+        self.loop_lag = prom.Histogram(
+            "embedserve_gateway_loop_lag_seconds",
+            "How late a worker's event loop ran a timer due every 10 ms",
+            buckets=stall_buckets,
+            registry=self.registry,
+        )
+        self.gc_pause = prom.Histogram(
+            "embedserve_gateway_gc_pause_seconds",
+            "Garbage collections of a worker's heap by generation: their durations",
+            ["generation"],
+            buckets=stall_buckets,
+            registry=self.registry,
+        )
         self._route_children: dict[tuple[str, int, str], tuple[Any, Any]] = {}
         # the replica series there are: (address,) or, by model, (address, model)
         self._labelled: set[tuple[str, ...]] = set()

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, loadgen, report
 from harness.machine import CpuMeter
-from harness.servers import CLI, metric_samples, stage_sums, start
+from harness.servers import CLI, metric_samples, start
 from harness.timing import percentile
 
 TARGET = 1.5  # the issue's: the probe's p99 under the flood within 1.5x of its idle p99
@@ -97,12 +97,12 @@ def route(model: str) -> str:
 @dataclass
 class Window:
     """One probe window: the probe's answers, the machine's busy cores (everything, this run
-    included) and the probed server's mean seconds per stage (`embedserve_server_stage_seconds`;
+    included) and the probed server's stage times (`embedserve_server_stage_seconds`;
     the probed server runs the probe's requests only, so one batch is one request)."""
 
     probe: loadgen.LoadResult
     busy_cores: float
-    stages: dict[str, float]
+    stages: dict[str, float]  # per stage: its mean ms, and its share of >= 10 ms
     stalls: dict[str, float]  # the gateway's workers (`gateway.stalls`): see `stall_counts`
 
 
@@ -132,22 +132,42 @@ def stall_counts(samples: dict[Any, float]) -> dict[str, float]:
     }
 
 
+STAGES = {"embedserve_server_stage_seconds"}
+
+
+def stage_counts(samples: dict[Any, float]) -> dict[str, tuple[float, float, float]]:
+    """The probed server's stage histograms: per stage (seconds, observations, observations of
+    10 ms or more)."""
+    out = {}
+    for (name, labels), value in samples.items():
+        if name != "embedserve_server_stage_seconds_count":
+            continue
+        stage = dict(labels)["stage"]
+        total = samples[("embedserve_server_stage_seconds_sum", labels)]
+        below = samples[("embedserve_server_stage_seconds_bucket",
+                         tuple(sorted({**dict(labels), "le": "0.01"}.items())))]  # fmt: skip
+        out[stage] = (total, value, value - below)
+    return out
+
+
 def probe_window(port: int, probe: list[list[bytes]], path: str, seconds: float,
                  stages_port: int | None) -> Window:  # fmt: skip
-    before = stage_sums(stages_port) if stages_port else {}
+    server = f"http://127.0.0.1:{stages_port}/metrics"
     gateway = f"http://127.0.0.1:{port}/metrics"
+    before = stage_counts(metric_samples(server, STAGES)) if stages_port else {}
     stalls_before = stall_counts(metric_samples(gateway, STALLS))
     meter = CpuMeter()
     result = loadgen.run(port, probe, seconds, path)
     busy = meter.busy_cores()
-    after = stage_sums(stages_port) if stages_port else {}
+    after = stage_counts(metric_samples(server, STAGES)) if stages_port else {}
     stalls_after = stall_counts(metric_samples(gateway, STALLS))
     stalls = {k: stalls_after[k] - stalls_before[k] for k in stalls_after}
     stages = {}
-    for stage, (total, count) in after.items():
-        t0, c0 = before.get(stage, (0.0, 0.0))
+    for stage, (total, count, slow) in after.items():
+        t0, c0, s0 = before.get(stage, (0.0, 0.0, 0.0))
         if count > c0:
-            stages[stage] = (total - t0) / (count - c0)
+            stages[f"{stage}_mean_ms"] = (total - t0) / (count - c0) * 1e3
+            stages[f"{stage}_10ms_share"] = (slow - s0) / (count - c0)
     return Window(result, busy, stages, stalls)
 
 
@@ -201,9 +221,9 @@ def records(args: argparse.Namespace, m: dict[str, Any]) -> list[dict[str, Any]]
         windows = [r[phase] for r in m["rounds"]]
         for stage in windows[0].stages:
             out.append({**common, "model": m["probed"], "concurrency": concurrency,
-                        "metric": f"server_{stage}_mean_ms", "scope": "server",
+                        "metric": f"server_{stage}", "scope": "server",
                         "value": sum(w.stages.get(stage, 0.0) for w in windows)
-                        / len(windows) * 1000})  # fmt: skip
+                        / len(windows)})  # fmt: skip
     floods = [r["flood"] for r in m["rounds"]]
     out.append({**common, "model": args.flood, "metric": "flood_tokens_per_s",
                 "value": sum(f.tokens_per_s for f in floods) / len(floods),

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -55,3 +59,43 @@ def test_the_app_runs_the_watch_as_a_service() -> None:
 
     app = make_app(None)
     assert any(isinstance(s, LoopWatch) for s in app.services)
+
+
+# several gateway workers: prometheus_client's multiprocess mode, one lock for every value, held
+# while a new labelled child's value is made (which allocates); collections forced at every
+# allocation for a moment, so some start while that lock is held
+_UNDER_LOCK = """
+import asyncio, gc
+from embedserve.gateway.metrics import Metrics
+from embedserve.gateway.stalls import LoopWatch
+
+metrics = Metrics()
+watch = LoopWatch(metrics.loop_lag, metrics.gc_pause)
+
+async def main():
+    await watch.start()
+    gc.set_threshold(1, 1000, 1000)
+    for i in range(300):
+        metrics.requests.labels(f"/route{i}", "200").inc()
+    gc.set_threshold(700, 10, 10)
+    await asyncio.sleep(0.05)
+    await watch.stop()
+    counts = [s.value for m in metrics.gc_pause.collect() for s in m.samples
+              if s.name.endswith("_count") and s.labels["generation"] == "0"]
+    print(int(sum(counts)), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_collection_under_the_metrics_lock_does_not_deadlock_the_worker(tmp_path: Path) -> None:
+    """Observing from the GC callback itself took prometheus_client's lock again when a
+    collection began while it was held: the worker hung for good (0 CPU; seen on the H200 under
+    a flood, reproduced here with the earlier stalls.py). The pauses are observed from the loop's
+    tick instead."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _UNDER_LOCK], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) >= 100  # the forced generation-0 collections were recorded

@@ -31,6 +31,13 @@ class LoopWatch:
         self.gc_pause = gc_pause
         self._task: asyncio.Task[None] | None = None
         self._gc_start = 0.0
+        # (generation, seconds) of collections not yet in the histogram. NOTE: a GC callback
+        # must not observe into a metric itself: a collection can begin while prometheus_client
+        # holds its lock (with several workers one lock for every value, held while a new
+        # labelled child's value is made, which allocates), and taking it again from the
+        # callback hangs the worker for good (tests/gateway/test_stalls.py). The tick moves them
+        # over instead; list.append takes no lock.
+        self._pauses: list[tuple[str, float]] = []
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -46,17 +53,22 @@ class LoopWatch:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._flush()
 
     async def _watch(self) -> None:
         while True:
             before = time.monotonic()
             await asyncio.sleep(LAG_INTERVAL)
             self.lag.observe(max(0.0, time.monotonic() - before - LAG_INTERVAL))
+            self._flush()
+
+    def _flush(self) -> None:
+        while self._pauses:
+            generation, seconds = self._pauses.pop()
+            self.gc_pause.labels(generation).observe(seconds)
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._gc_start = time.perf_counter()
         else:
-            self.gc_pause.labels(str(info["generation"])).observe(
-                time.perf_counter() - self._gc_start
-            )
+            self._pauses.append((str(info["generation"]), time.perf_counter() - self._gc_start))

@@ -89,5 +89,18 @@ def cpu_thread_shares(cores: int, stated: Sequence[int | None]) -> list[int]:
     return [share if s is None else s for s in stated]
 
 
+# the environment variable that sizes the tokenizer's thread pool (Rust's rayon) in a process
+TOKENIZER_POOL = "RAYON_NUM_THREADS"
+
+
+def tokenizer_threads(cores: int | None, workers: int) -> int:
+    """A gateway worker's share of the cores for its tokenizer's pool. NOTE: by default each
+    worker's pool has a thread per core: 8 workers on the H200 host's 16 cores ran 128 of them,
+    and under a flood of text to one model the short requests to another waited on the run
+    queue (their p99 7.38x idle; 1.62x with 2 threads each: concurrency-h200-isolation-20261202-7
+    and -8)."""
+    return max(1, (cores or 1) // workers)
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"

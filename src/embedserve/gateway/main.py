@@ -38,6 +38,7 @@ from embedserve.gateway.served import PER_MODEL_LIMITS, ModelEntry, load_model, 
 from embedserve.gateway.sockets import bind, reserve_port, wait_until_up
 from embedserve.gateway.tei_grpc import TeiGrpc
 from embedserve.loading.bundled import DEFAULT_MODEL
+from embedserve.memory import TOKENIZER_POOL, tokenizer_threads
 from embedserve.options import Options, drain_option, model_option, option
 from embedserve.processes import say, set_parent_death_signal, write_ready
 from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
@@ -363,6 +364,8 @@ def run(config: GatewayConfig) -> int:
     if config.workers > 1:  # /metrics must add up the workers: prometheus multiprocess mode
         metrics_dir = tempfile.mkdtemp(prefix="embedserve-metrics-")
         os.environ[MULTIPROCESS_DIR] = metrics_dir  # inherited by the spawned workers
+    # each worker's tokenizer pool, unless the environment names one (`memory.tokenizer_threads`)
+    os.environ.setdefault(TOKENIZER_POOL, str(tokenizer_threads(os.cpu_count(), config.workers)))
     try:
         return _supervise(config)
     finally:

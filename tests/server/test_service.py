@@ -563,3 +563,20 @@ def test_an_engine_failure_inline_fails_only_its_request() -> None:
 def test_inline_max_tokens_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="inline_max_tokens"):
         EmbedService(FakeEngine(), SchedulerConfig(64, 1024), inline_max_tokens=-1)
+
+
+def test_requests_that_arrive_together_are_one_batch_not_inline_steps_one_by_one() -> None:
+    """Requests read from one socket buffer start as tasks in one turn of the loop: each waits
+    a turn before deciding to run inline, so they all queue and the engine thread batches them
+    (run inline one after the other, 16 clients on 2 cores got one forward each)."""
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        answers = await asyncio.gather(*(service.answer(req([i])) for i in (2, 3, 4, 5)))
+        assert [rows_of(a)[0, 0] for a in answers] == [2, 3, 4, 5]
+        assert engine.batches == [[2, 3, 4, 5]] and engine.threads == ["engine"]
+        assert service.num_inline == 0
+        assert rows_of(await stub(req([6]), timeout=10))[0, 0] == 6  # alone again: inline
+        assert engine.threads[-1] == "MainThread" and service.num_inline == 1
+
+    with_server(engine, body, inline_max_tokens=8)

@@ -8,11 +8,8 @@ batch in order, encodes each request's answer and posts them to the loop in one 
 `max_in_flight` batches are launched and not yet answered, so batch N+1 is formed and launched
 while batch N is still on the device. Span (late-chunking) requests take the same queue, in
 batches of their own, run by `span_pooler`; so do a sparse or multi-vector model's requests for
-outputs (`outputs_encoder`, one forward per batch for every output its requests ask).
-
-NOTE: this replaced an asyncio batch loop that hopped loop -> engine thread -> loop -> wait thread
--> loop per batch: four cross-thread wake-ups (each tens of microseconds under the GIL) where two
-suffice (`benchmarks/breakdown.py`).
+outputs (`outputs_encoder`, one forward per batch for every output its requests ask). Two
+cross-thread wake-ups per batch, where an asyncio batch loop had four (`benchmarks/breakdown.py`).
 """
 
 from __future__ import annotations
@@ -232,13 +229,21 @@ class EmbedService:
                 self.scheduler.submit(pending)
             except Overloaded as e:
                 raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
-            inline = self._take_inline()
-            if inline is None:
+            if not self.inline_max_tokens:
                 self._work.notify()
-        if inline is not None:  # answered (or failed) on return: `future` is done
-            self.num_inline += 1
-            self._step(inline, self._call_now)
         try:
+            if self.inline_max_tokens:
+                # NOTE: a turn of the loop first, so the requests read with this one (each a
+                # task) queue too and are one batch on the engine thread, not inline steps one
+                # after another (16 clients on 2 cores got one forward each, 220 requests/s)
+                await asyncio.sleep(0)
+                with self._work:
+                    inline = self._take_inline()
+                    if inline is None:
+                        self._work.notify()
+                if inline is not None:  # answered (or failed) on return: `future` is done
+                    self.num_inline += 1
+                    self._step(inline, self._call_now)
             return await future
         except asyncio.CancelledError:
             future.cancel()  # the client went away: the engine thread drops it
@@ -265,15 +270,14 @@ class EmbedService:
         self._launched.put(None)
 
     def _take_inline(self) -> list[Pending] | None:
-        """Under `_work`, with a request just queued: that request as a batch of its own to run
-        on the event loop's thread, when it is small (`inline_max_tokens`), alone in the queue
-        and no batch is on the engine; else None (the engine thread takes it).
+        """Under `_work`: the one queued request as a batch to run on the event loop's thread,
+        when it is small (`inline_max_tokens`), alone and no batch is on the engine; else None.
 
         NOTE: on two CPU cores each crossing (loop -> engine thread, engine -> loop) wakes a
         thread, often on a core that was idle, and the code after a wake runs from cold caches.
         Nothing is lost by blocking the loop for the step: it is the only thread that queues
-        requests, so none can start before this one ends; those that arrive meanwhile wait in
-        their sockets instead of the queue, and are batched together after it."""
+        requests; those that arrive meanwhile wait in their sockets, and (after `_answer`'s
+        turn of the loop) are batched together after it."""
         if (
             self._in_flight
             or not self.inline_max_tokens

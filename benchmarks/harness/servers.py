@@ -125,23 +125,15 @@ def venv_versions(python: Path, *packages: str) -> dict[str, str]:
 
 def stage_sums(metrics_port: int) -> dict[str, tuple[float, float]]:
     """The server's `embedserve_server_stage_seconds` per stage: (sum, count)."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    url = f"http://127.0.0.1:{metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
+    name = "embedserve_server_stage_seconds"
+    samples = metric_samples(f"http://127.0.0.1:{metrics_port}/metrics", {name})
     out: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != "embedserve_server_stage_seconds":
-            continue
-        for sample in family.samples:
-            pair = out.setdefault(sample.labels["stage"], [0.0, 0.0])
-            if sample.name.endswith("_sum"):
-                pair[0] = sample.value
-            elif sample.name.endswith("_count"):
-                pair[1] = sample.value
+    for (sample, labels), value in samples.items():
+        pair = out.setdefault(dict(labels)["stage"], [0.0, 0.0])
+        if sample == f"{name}_sum":
+            pair[0] = value
+        elif sample == f"{name}_count":
+            pair[1] = value
     return {stage: (total, count) for stage, (total, count) in out.items()}
 
 

@@ -10,7 +10,12 @@ idle and under the flood, their ratio (the target: p99 under flood within 1.5x o
 flood's requests/s, tokens/s and non-200 answers. `--flood ms-marco` swaps the roles (large
 reranks flooding, short embeddings probed). `--flood-ids` sends the flood's passages as token
 ids (cut to the model's 256 as `truncate: end` would), so the gateway does not tokenize them:
-the probe's slowdown with and without it is the share of the gateway's tokenizing of the flood.
+the probe's slowdown with and without it is the share of the gateway's tokenizing of the flood;
+`--flood-base64` asks the flood's vectors as base64. `--rounds` alternates (probe alone, probe
+under the flood) that many times. Per window the notes give the machine's busy cores and the
+gateway's stall watch (loop ticks >= 10 / 50 ms late, GC pauses); with `--metrics-port` the
+records add the probed server's stage times (mean, and share >= 10 ms). Under
+PYTHONASYNCIODEBUG=1 the callbacks that held a gateway loop over 10 ms are listed at the end.
 Text: Python standard-library docstrings.
 
     PYTHONPATH=src python3 benchmarks/studies/isolation.py --device cuda [--out DIR]

@@ -69,6 +69,24 @@ def sequential_us(port: int, texts: list[str], count: int) -> list[float]:
     return out
 
 
+def interleaved_us(ports: list[int], texts: list[str], count: int) -> list[list[float]]:
+    """`sequential_us` on several servers at once, one request to each in turn (the order rotated
+    every turn), so that a machine whose speed drifts by the second slows them alike: per
+    server, `count` times in µs."""
+    conns = [connect(port, timeout=60) for port in ports]
+    bodies = [json.dumps({"input": t}).encode() for t in texts]
+    out: list[list[float]] = [[] for _ in ports]
+    for i in range(count):
+        for k in range(len(ports)):
+            j = (i + k) % len(ports)
+            t0 = time.perf_counter()
+            post_on(conns[j], bodies[i % len(bodies)])
+            out[j].append((time.perf_counter() - t0) * 1e6)
+    for conn in conns:
+        conn.close()
+    return out
+
+
 def asgi_overhead_us(texts: list[str], count: int, model: str = "minilm") -> list[float]:
     """The gateway app in process; the replica call answered at once with a prebuilt response."""
     from embedserve.contract import EmbedResponse

@@ -1,12 +1,14 @@
-"""One short query over HTTP, `embedserve serve` from two (or more) source trees, rounds alternated,
+"""One short query over HTTP, `embedserve serve` from two (or more) source trees called in turn,
 beside `Embedder.encode` in process: an A/B of the request path on a small CPU (issue 25).
 
 Each tree's `serve` (the bundled MiniLM, CPU defaults) is started once with the OpenMP variables
-of this shell removed; then per round each server answers `--requests` sequential short queries
-on one keep-alive connection (the first 30 left out), in an order that alternates by round, and
-a fresh process measures `Embedder.encode([query])` of the first tree the same way.
+of this shell removed; then per round the servers answer `--requests` sequential short queries
+each, one request to each in turn on its own keep-alive connection (the first 30 left out: the
+machine's speed drifts by the second, so the servers are compared request by request), and a
+fresh process measures `Embedder.encode([query])` of the first tree the same way.
 
     .venv/bin/python benchmarks/studies/http_ab.py main=src other=/path/to/other/src [--rounds 3]
+    .venv/bin/python benchmarks/studies/http_ab.py a=src b=src --env b:RAYON_NUM_THREADS=1
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
-from harness.gateway import sequential_us
+from harness.gateway import interleaved_us
 from harness.servers import SERVING
 from harness.timing import median
 
@@ -46,9 +48,9 @@ def clean_env(src: str) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop} | {"PYTHONPATH": src}
 
 
-def start(src: str) -> tuple[subprocess.Popen[str], int]:
+def start(src: str, extra: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
     argv = [sys.executable, "-m", "embedserve.cli.main", "serve", "--port", "0"]
-    p = subprocess.Popen(argv, env=clean_env(src), stdout=subprocess.PIPE,
+    p = subprocess.Popen(argv, env=clean_env(src) | extra, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     assert p.stdout is not None
     for line in p.stdout:
@@ -59,8 +61,8 @@ def start(src: str) -> tuple[subprocess.Popen[str], int]:
     raise RuntimeError(f"serve from {src} ended before it was ready")
 
 
-def http_p50(port: int, queries: list[str], n: int) -> float:
-    return median(sequential_us(port, queries, n + WARM)[WARM:]) / 1e3
+def http_p50s(ports: list[int], queries: list[str], n: int) -> list[float]:
+    return [median(us[WARM:]) / 1e3 for us in interleaved_us(ports, queries, n + WARM)]
 
 
 def main() -> None:
@@ -68,20 +70,32 @@ def main() -> None:
     ap.add_argument("trees", nargs="+", help="NAME=SRC (a tree's src folder)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE",
+        help="a variable in one tree's serve environment (repeatable)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     trees = dict(t.split("=", 1) for t in args.trees)
+    extra: dict[str, dict[str, str]] = {name: {} for name in trees}
+    for item in args.env:
+        name, assignment = item.split(":", 1)
+        key, value = assignment.split("=", 1)
+        extra[name][key] = value
     queries = corpus.queries(64)
-    servers = {name: start(src) for name, src in trees.items()}
+    servers = {name: start(src, extra[name]) for name, src in trees.items()}
     first = next(iter(trees))
     results: dict[str, list[float]] = {name: [] for name in trees} | {"in process": []}
     code = IN_PROCESS.format(bench=str(Path(__file__).resolve().parents[1]), warm=WARM,
                              n=args.requests)  # fmt: skip
     try:
         for r in range(args.rounds):
-            order = list(trees) if r % 2 == 0 else list(trees)[::-1]
-            for name in order:
-                results[name].append(round(http_p50(servers[name][1], queries, args.requests), 3))
+            p50s = http_p50s([port for _, port in servers.values()], queries, args.requests)
+            for name, p50 in zip(servers, p50s, strict=True):
+                results[name].append(round(p50, 3))
             out = subprocess.run([sys.executable, "-c", code], env=clean_env(trees[first]),
                                  capture_output=True, text=True, check=True)  # fmt: skip
             results["in process"].append(round(float(out.stdout.split()[-1]), 3))
@@ -98,9 +112,10 @@ def main() -> None:
          "rounds": values}
         for name, values in results.items()
     ]  # fmt: skip
-    notes = (f"{args.rounds} rounds alternated, {args.requests} sequential requests per server "
-             f"per round (one keep-alive connection), trees: "
-             + ", ".join(f"{k}={v}" for k, v in trees.items()))  # fmt: skip
+    notes = (f"{args.rounds} rounds, {args.requests} sequential requests per server per round "
+             f"(one keep-alive connection each, the servers called in turn), trees: "
+             + ", ".join(f"{k}={v}" for k, v in trees.items())
+             + "".join(f"; {k} env {v}" for k, v in extra.items() if v))  # fmt: skip
     _, table = report.write("http-ab", report.cpu_hardware(), f"cpu{os.cpu_count()}", records,
                             report.versions("torch"), notes, args.out)  # fmt: skip
     print(table)

@@ -18,7 +18,7 @@ gives the core back soon after, so it is the default. On a machine shared with o
 `OMP_WAIT_POLICY=PASSIVE` is the better choice (the table's neighbour columns): set it there.
 
 The offline API (`Embedder`, `Scorer`) sets the bounded spin on import; a server sets its own
-(`apply_server`, see SERVER_SPIN_COUNT). OpenMP reads it once, when torch is loaded, so it only
+(`apply_server`, see its NOTE). OpenMP reads it once, when torch is loaded, so it only
 counts before that. A policy the user set is kept: `OMP_WAIT_POLICY` (even empty) everywhere, and
 `GOMP_SPINCOUNT` alone by the offline API; a server replaces a `GOMP_SPINCOUNT` given without
 `OMP_WAIT_POLICY`, since one inherited from a process that imported the offline API is the common
@@ -45,10 +45,11 @@ def spin_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 # NOTE: libgomp caps the spin at 100 rounds (1,000 under OMP_WAIT_POLICY=ACTIVE) once a process
 # has more OpenMP threads than cores: a server's event-loop thread (warm-up, small steps) and its
-# engine thread each lead a team of their own, so there a bounded spin needs ACTIVE. Measured on 2
-# cores (Zen 5), a short query's forward on a second thread: 5.9-6.3 ms and 110 sleeps a forward
-# at libgomp's defaults, 1.93 ms and 7 sleeps with ACTIVE and 1,000 rounds (one team alone: 2.0).
-SERVER_SPIN_COUNT = 1_000
+# engine thread each lead a team of their own once both have run a forward, so a server asks for
+# ACTIVE, and SPIN_COUNT rounds while one team runs alone (a lone client's small requests, all
+# inline). 1,000 rounds there was too short between the operators of a forward: one short query
+# over HTTP p50 4.2-6.9 ms with 1,000 rounds against 3.8-5.9 ms with SPIN_COUNT, every one of 6
+# rounds 0.4-1.1 ms faster (results/studies/http-ab-cpu2-20261202-4: two servers called in turn).
 
 
 def server_spin_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -56,7 +57,7 @@ def server_spin_env(environ: Mapping[str, str]) -> dict[str, str]:
     chose a wait policy (OMP_WAIT_POLICY, even empty)."""
     if "OMP_WAIT_POLICY" in environ:
         return {}
-    return {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": str(SERVER_SPIN_COUNT)}
+    return {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
 
 
 def apply_server() -> None:

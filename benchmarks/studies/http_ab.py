@@ -9,6 +9,7 @@ fresh process measures `Embedder.encode([query])` of the first tree the same way
 
     .venv/bin/python benchmarks/studies/http_ab.py main=src other=/path/to/other/src [--rounds 3]
     .venv/bin/python benchmarks/studies/http_ab.py a=src b=src --env b:RAYON_NUM_THREADS=1
+    .venv/bin/python benchmarks/studies/http_ab.py new=src old=/path/to/old/src --burst
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
-from harness.gateway import interleaved_us
+from harness.gateway import interleaved_us, sequential_us
 from harness.servers import SERVING
 from harness.timing import median
 
 WARM = 30
+BURST_CLIENTS, BURST_REQUESTS = 8, 60
 IN_PROCESS = """
 import sys, time
 sys.path.insert(0, {bench!r})
@@ -61,6 +63,22 @@ def start(src: str, extra: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
     raise RuntimeError(f"serve from {src} ended before it was ready")
 
 
+def after_burst(
+    server: tuple[subprocess.Popen[str], int], queries: list[str]
+) -> tuple[subprocess.Popen[str], int]:
+    """`server` once it has answered BURST_CLIENTS concurrent clients (its engine thread has
+    run batches of several requests)."""
+    threads = [
+        threading.Thread(target=sequential_us, args=(server[1], queries[k:], BURST_REQUESTS))
+        for k in range(BURST_CLIENTS)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return server
+
+
 def http_p50s(ports: list[int], queries: list[str], n: int) -> list[float]:
     return [median(us[WARM:]) / 1e3 for us in interleaved_us(ports, queries, n + WARM)]
 
@@ -77,6 +95,12 @@ def main() -> None:
         metavar="NAME:KEY=VALUE",
         help="a variable in one tree's serve environment (repeatable)",
     )
+    ap.add_argument(
+        "--burst",
+        action="store_true",
+        help="a second server per tree, measured after it served concurrent clients once "
+        f"({BURST_CLIENTS} x {BURST_REQUESTS} short queries): a server's state after a burst",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     trees = dict(t.split("=", 1) for t in args.trees)
@@ -87,8 +111,11 @@ def main() -> None:
         extra[name][key] = value
     queries = corpus.queries(64)
     servers = {name: start(src, extra[name]) for name, src in trees.items()}
+    if args.burst:
+        for name, src in trees.items():
+            servers[f"{name} after a burst"] = after_burst(start(src, extra[name]), queries)
     first = next(iter(trees))
-    results: dict[str, list[float]] = {name: [] for name in trees} | {"in process": []}
+    results: dict[str, list[float]] = {name: [] for name in servers} | {"in process": []}
     code = IN_PROCESS.format(bench=str(Path(__file__).resolve().parents[1]), warm=WARM,
                              n=args.requests)  # fmt: skip
     try:
@@ -115,7 +142,10 @@ def main() -> None:
     notes = (f"{args.rounds} rounds, {args.requests} sequential requests per server per round "
              f"(one keep-alive connection each, the servers called in turn), trees: "
              + ", ".join(f"{k}={v}" for k, v in trees.items())
-             + "".join(f"; {k} env {v}" for k, v in extra.items() if v))  # fmt: skip
+             + "".join(f"; {k} env {v}" for k, v in extra.items() if v)
+             + (f"; 'after a burst': a second server of the tree, measured after {BURST_CLIENTS} "
+                f"concurrent clients sent it {BURST_REQUESTS} short queries each"
+                if args.burst else ""))  # fmt: skip
     _, table = report.write("http-ab", report.cpu_hardware(), f"cpu{os.cpu_count()}", records,
                             report.versions("torch"), notes, args.out)  # fmt: skip
     print(table)

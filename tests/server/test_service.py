@@ -45,6 +45,7 @@ class FakeEngine:
         self.gate: threading.Event | None = None  # step() blocks on it while set
         self.lazy: list[threading.Event] = []  # results not ready until the test sets these
         self.threads: list[str] = []  # the thread each batch ran on
+        self.ran_on: list[threading.Thread] = []
 
     def check(self, batch: PackedBatch) -> None:
         if batch.input_ids.min() < 0 or batch.input_ids.max() >= VOCAB:
@@ -56,6 +57,7 @@ class FakeEngine:
         firsts = batch.input_ids[batch.cu_seqlens[:-1]]
         self.batches.append(firsts.tolist())
         self.threads.append(threading.current_thread().name)
+        self.ran_on.append(threading.current_thread())
         if FAIL_ID in batch.input_ids:
             raise RuntimeError("simulated device failure")
         rows = np.ones((batch.num_seqs, HIDDEN), dtype=np.float32)
@@ -493,41 +495,33 @@ def test_an_idle_engine_thread_gives_freed_memory_back_after_much_work(
     with_server(engine, body)
 
 
-# -- a small request on an idle CPU engine runs on the event loop's thread (`_take_inline`) ------
+# -- the engine thread: built on, stepped on, woken once per loop turn (`server.engine_thread`) --
 
 
-def test_a_small_request_on_an_idle_engine_runs_on_the_loop_thread() -> None:
+def test_every_batch_runs_on_the_thread_the_engine_was_built_on() -> None:
+    from embedserve.server.engine_thread import EngineThread
+
+    engine_thread = EngineThread()
+    built_on = engine_thread.submit(lambda: threading.current_thread()).result(timeout=10)
     engine = FakeEngine()
 
-    async def body(stub: Any, service: EmbedService) -> None:
-        for i in (3, 4):
-            response = await stub(req([i, 5], normalize=True), timeout=10)
-            np.testing.assert_allclose(
-                rows_of(response)[0, :2], np.array([i, 2]) / np.sqrt(i * i + 4 + 6)
-            )
-        big = await stub(req([7] * 9), timeout=10)  # over inline_max_tokens: the engine thread's
-        assert rows_of(big)[0, :2].tolist() == [7, 9]
-        assert engine.threads == ["MainThread", "MainThread", "engine"]
-        assert service.num_inline == 2
-        times = service.stage_times.snapshot()
-        for stage in ("queue", "launch", "encode", "deliver"):  # timed as on the engine thread
-            assert times[stage][0][-1] == 3, stage
+    async def main() -> None:
+        service = EmbedService(engine, SchedulerConfig(64, 1024))
+        await service.start(engine_thread)
+        try:
+            for i in (3, 4):
+                assert rows_of(await service.answer(req([i])))[0, 0] == i
+            big = await service.answer(req([7] * 9))
+            assert rows_of(big)[0, :2].tolist() == [7, 9]
+        finally:
+            await service.stop()
 
-    with_server(engine, body, inline_max_tokens=8)
-
-
-def test_without_inline_max_tokens_every_batch_takes_the_engine_thread() -> None:
-    engine = FakeEngine()
-
-    async def body(stub: Any, service: EmbedService) -> None:
-        for i in (3, 4):
-            assert rows_of(await stub(req([i]), timeout=10))[0, 0] == i
-        assert engine.threads == ["engine", "engine"] and service.num_inline == 0
-
-    with_server(engine, body)
+    asyncio.run(main())
+    assert engine.ran_on == [built_on] * 3
+    assert built_on is not threading.main_thread() and built_on.name == "engine"
 
 
-def test_a_request_that_finds_the_engine_busy_queues_for_the_engine_thread() -> None:
+def test_a_request_that_finds_the_engine_busy_queues_behind_it() -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
@@ -536,47 +530,32 @@ def test_a_request_that_finds_the_engine_busy_queues_for_the_engine_thread() -> 
         await asyncio.sleep(0.2)
         queued = [asyncio.ensure_future(stub(req([i]), timeout=10)) for i in (2, 3)]
         await asyncio.sleep(0.2)
-        assert not any(q.done() for q in queued)  # waiting behind the engine, not run inline
+        assert not any(q.done() for q in queued)  # waiting behind the engine
         engine.gate.set()
         answers = await asyncio.gather(first, *queued)
         assert [rows_of(a)[0, 0] for a in answers] == [1, 2, 3]
         assert engine.batches == [[1], [2, 3]] and set(engine.threads) == {"engine"}
-        engine.gate = None
-        assert rows_of(await stub(req([4]), timeout=10))[0, 0] == 4  # idle again: inline
-        assert engine.threads[-1] == "MainThread"
 
-    with_server(engine, body, inline_max_tokens=8)
+    with_server(engine, body)
 
 
-def test_an_engine_failure_inline_fails_only_its_request() -> None:
+def test_requests_that_arrive_together_are_one_batch() -> None:
+    """Requests read from one socket buffer start as tasks in one turn of the loop: the engine
+    thread is woken once they have all queued, so it batches them (woken by the first, it took
+    that one alone; 16 clients on 2 cores were served one forward each)."""
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
-        await _fails_on_the_device(stub)
-        assert rows_of(await stub(req([5]), timeout=10))[0, 0] == 5
-        assert engine.threads == ["MainThread", "MainThread"]
-        assert service._in_flight == 0  # the failed step gave its slot back
+        wakes = []
+        wake = service._wake_engine
+        service._wake_engine = lambda: (wakes.append(len(service.scheduler)), wake())  # type: ignore[method-assign]
+        for _ in range(3):
+            engine.batches.clear()
+            answers = await asyncio.gather(*(service.answer(req([i])) for i in (2, 3, 4, 5)))
+            assert [rows_of(a)[0, 0] for a in answers] == [2, 3, 4, 5]
+            assert engine.batches == [[2, 3, 4, 5]]
+        assert wakes == [4, 4, 4]  # one wake per turn, once all four had queued
+        assert rows_of(await stub(req([6]), timeout=10))[0, 0] == 6  # alone: at once
+        assert set(engine.threads) == {"engine"}
 
-    with_server(engine, body, inline_max_tokens=8)
-
-
-def test_inline_max_tokens_must_not_be_negative() -> None:
-    with pytest.raises(ValueError, match="inline_max_tokens"):
-        EmbedService(FakeEngine(), SchedulerConfig(64, 1024), inline_max_tokens=-1)
-
-
-def test_requests_that_arrive_together_are_one_batch_not_inline_steps_one_by_one() -> None:
-    """Requests read from one socket buffer start as tasks in one turn of the loop: each waits
-    a turn before deciding to run inline, so they all queue and the engine thread batches them
-    (run inline one after the other, 16 clients on 2 cores got one forward each)."""
-    engine = FakeEngine()
-
-    async def body(stub: Any, service: EmbedService) -> None:
-        answers = await asyncio.gather(*(service.answer(req([i])) for i in (2, 3, 4, 5)))
-        assert [rows_of(a)[0, 0] for a in answers] == [2, 3, 4, 5]
-        assert engine.batches == [[2, 3, 4, 5]] and engine.threads == ["engine"]
-        assert service.num_inline == 0
-        assert rows_of(await stub(req([6]), timeout=10))[0, 0] == 6  # alone again: inline
-        assert engine.threads[-1] == "MainThread" and service.num_inline == 1
-
-    with_server(engine, body, inline_max_tokens=8)
+    with_server(engine, body)

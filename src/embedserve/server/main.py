@@ -37,12 +37,13 @@ from embedserve.contract.secret import LOOPBACK, LinkSecretInterceptor, read_sec
 from embedserve.options import EngineOptions, Options, drain_option, option
 from embedserve.processes import say, write_ready
 from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
+from embedserve.server.engine_thread import EngineThread
 from embedserve.server.faults import inject_faults
 from embedserve.server.guard import MAX_FAILED_STEPS, STEP_TIMEOUT_SECONDS, EngineGuard
 from embedserve.server.local import serve_local
 from embedserve.server.outputs import MultivectorLimit
 from embedserve.server.scheduler import SchedulerConfig
-from embedserve.server.service import INLINE_MAX_TOKENS, EmbedService
+from embedserve.server.service import EmbedService
 
 log = logging.getLogger("embedserve.server")
 
@@ -174,6 +175,14 @@ def load_engine(options: EngineOptions):  # type: ignore[no-untyped-def]
     return inject_faults(engine)  # a no-op outside the tests (`server.faults`)
 
 
+def _build_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
+    if config.cpu_threads is not None:  # before the engine loads: its warm-up runs on them
+        import torch
+
+        torch.set_num_threads(config.cpu_threads)
+    return load_engine(config.engine)
+
+
 def _local_socket_path(port: int) -> Path:
     """Our socket in this user's folder (`contract.local.socket_dir`); when that name is taken
     by something we cannot trust, one in a folder of our own that gateways do not know (they
@@ -217,11 +226,8 @@ def _grpc_server(
 async def serve(config: ServerConfig) -> int:
     """Serve until a signal (0) or until the engine cannot serve (FATAL_EXIT_CODE)."""
     tracing.configure(config.otlp_endpoint, "embedserve-server")
-    if config.cpu_threads is not None:  # before the engine loads: its warm-up runs on them
-        import torch
-
-        torch.set_num_threads(config.cpu_threads)
-    engine = load_engine(config.engine)
+    engine_thread = EngineThread()  # builds the engine, then runs its steps (see its module)
+    engine = await asyncio.wrap_future(engine_thread.submit(lambda: _build_engine(config)))
     batch_wait_ms = config.batch_wait_ms
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
         batch_wait_ms = 3.0 if engine.device.type == "cpu" else 0.0
@@ -247,11 +253,9 @@ async def serve(config: ServerConfig) -> int:
         multivector_limit=MultivectorLimit(engine.spec.retrieval, config.max_multivector_values)
         if engine.retrieval is not None
         else None,
-        # a CPU step is complete on return: an idle engine's small request runs on the loop
-        inline_max_tokens=INLINE_MAX_TOKENS if engine.device.type == "cpu" else 0,
     )
     server, health_servicer, port = _grpc_server(config, service)
-    await service.start()
+    await service.start(engine_thread)
     guard.start()
     await server.start()
     # the same calls over a unix socket, for a gateway on this host (`contract.local`)

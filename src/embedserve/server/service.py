@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import grpc
@@ -30,6 +31,7 @@ from embedserve.contract import tracing
 from embedserve.contract.codec import decode_request, encode_response
 from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch, check_spans
+from embedserve.server.engine_thread import EngineThread
 from embedserve.server.guard import EngineGuard
 from embedserve.server.handles import EngineLike, Ready, ResultHandle, SpanPooler, is_ready
 from embedserve.server.outputs import (
@@ -54,12 +56,6 @@ from embedserve.server.trim import TRIM_AFTER_TOKENS, release_free_memory
 
 log = logging.getLogger("embedserve.server")
 
-
-# The largest request a CPU server runs on its event loop's thread when the engine is idle
-# (`EmbedService._take_inline`): a query or a short passage. The loop answers nothing else for the
-# step's time (a 256-token passage: ~30 ms on 2 cores in bf16), so long inputs take the engine
-# thread.
-INLINE_MAX_TOKENS = 256
 
 # Past this many queued requests a batch goes without waiting: the fixed cost of a forward is
 # then shared well enough, and at high concurrency the clients' round trip can exceed the wait.
@@ -108,7 +104,6 @@ class EmbedService:
         outputs_encoder: OutputsEncoder | None = None,
         model_outputs: tuple[str, ...] = (),
         multivector_limit: MultivectorLimit | None = None,
-        inline_max_tokens: int = 0,
     ) -> None:
         """`output_rules`: the model's (`ModelSpec.output_rules`), for int8/binary outputs and
         the smallest `dimensions` served. `span_pooler`: how span (late-chunking) requests run;
@@ -116,13 +111,9 @@ class EmbedService:
         engine, to find an engine that can no longer serve (`server.guard`).
         `outputs_encoder`: how requests for a sparse or multi-vector model's `model_outputs`
         run; without it they are refused. `multivector_limit`: the bound on a call's
-        multi-vector answer (none: unbounded). `inline_max_tokens`: a request of at most this
-        many tokens that finds the engine idle runs on the event loop's thread (`_take_inline`);
-        only for an engine whose `step` completes before it returns (the CPU), 0: never."""
+        multi-vector answer (none: unbounded)."""
         if batch_wait < 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
-        if inline_max_tokens < 0:
-            raise ValueError(f"inline_max_tokens must be >= 0, got {inline_max_tokens}")
         self.engine = engine
         self.scheduler = Scheduler(config)
         self.max_in_flight = max_in_flight
@@ -133,8 +124,6 @@ class EmbedService:
         self.outputs_encoder = outputs_encoder
         self.model_outputs = model_outputs
         self.multivector_limit = multivector_limit
-        self.inline_max_tokens = inline_max_tokens
-        self.num_inline = 0  # batches run on the event loop's thread
         # Guards the scheduler, `_in_flight` and `_stopping`, shared by the event loop (which
         # submits) and the engine and results threads (which take batches and free slots).
         self._work = threading.Condition(threading.Lock())
@@ -145,24 +134,27 @@ class EmbedService:
         self._launched: queue.SimpleQueue[tuple[list[Pending], ResultHandle, float] | None]
         self._launched = queue.SimpleQueue()
         self.stage_times = StageTimes()
-        self._threads: list[threading.Thread] = []
+        self._results_thread = threading.Thread(
+            target=self._await_results, name="results", daemon=True
+        )
+        self._engine_done: Future[None] | None = None
+        self._wake_due = False  # a wake of the engine thread is scheduled on the loop
         self.num_batches = 0
         self._tokens_since_trim = 0  # the engine thread's (see TRIM_AFTER_TOKENS)
 
-    async def start(self) -> None:
+    async def start(self, engine_thread: EngineThread | None = None) -> None:
+        """Start taking batches on `engine_thread` (the thread the engine was built on; by
+        default one of its own) and the results thread."""
         self._loop = asyncio.get_running_loop()
-        self._threads = [
-            threading.Thread(target=self._launch_batches, name="engine", daemon=True),
-            threading.Thread(target=self._await_results, name="results", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._engine_done = (engine_thread or EngineThread()).submit(self._launch_batches)
+        self._results_thread.start()
 
     async def stop(self) -> None:
         """Finish the batches on the engine; requests still queued fail as UNAVAILABLE."""
         left = self.refuse_work()
-        for thread in self._threads:
-            await asyncio.to_thread(thread.join)
+        if self._engine_done is not None:
+            await asyncio.wrap_future(self._engine_done)
+        await asyncio.to_thread(self._results_thread.join)
         await asyncio.sleep(0)  # the answers the threads posted are delivered
         self._unavailable(left)
 
@@ -229,21 +221,10 @@ class EmbedService:
                 self.scheduler.submit(pending)
             except Overloaded as e:
                 raise RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
-            may_inline = pending.num_tokens <= self.inline_max_tokens  # 0: never
-            if not may_inline:
-                self._work.notify()
+        if not self._wake_due:
+            self._wake_due = True
+            self._loop.call_soon(self._wake_engine)
         try:
-            if may_inline:
-                # NOTE: a turn of the loop first, so requests read with this one queue too and
-                # batch on the engine thread (inline one by one, 16 clients got 198 requests/s)
-                await asyncio.sleep(0)
-                with self._work:
-                    inline = self._take_inline()
-                    if inline is None:
-                        self._work.notify()
-                if inline is not None:  # answered (or failed) on return: `future` is done
-                    self.num_inline += 1
-                    self._step(inline, self._call_now)
             return await future
         except asyncio.CancelledError:
             future.cancel()  # the client went away: the engine thread drops it
@@ -256,8 +237,17 @@ class EmbedService:
     # thread waits on each handle in launch order and answers its requests. Each answer reaches
     # the event loop with one `call_soon_threadsafe`: a request crosses threads twice (loop ->
     # engine, results -> loop), and the wait for the device overlaps the next launch.
-    # On the CPU a small request that finds the engine idle skips both crossings: the loop's
-    # thread runs its step (`_take_inline`).
+
+    def _wake_engine(self) -> None:
+        """The engine thread told of the requests queued since the last wake.
+
+        NOTE: once per turn of the loop, after the requests read in that turn (from one socket
+        buffer, often) have all queued: an engine thread woken by the first would take it alone,
+        and on the CPU, where each forward has a large fixed cost, the rest would then wait for
+        a second forward (16 clients on 2 cores got 198 requests/s served one by one)."""
+        self._wake_due = False
+        with self._work:
+            self._work.notify()
 
     def _launch_batches(self) -> None:
         while True:
@@ -268,28 +258,6 @@ class EmbedService:
                 break
             self._step(batch, self._post)
         self._launched.put(None)
-
-    def _take_inline(self) -> list[Pending] | None:
-        """Under `_work`: the one queued request as a batch to run on the event loop's thread,
-        when it is small (`inline_max_tokens`), alone and no batch is on the engine; else None.
-
-        NOTE: on two CPU cores each crossing (loop -> engine thread, engine -> loop) wakes a
-        thread, often on a core that was idle, and the code after a wake runs from cold caches.
-        Nothing is lost by blocking the loop for the step: it is the only thread that queues
-        requests; those that arrive meanwhile wait in their sockets, and (after `_answer`'s
-        turn of the loop) are batched together after it."""
-        if (
-            self._in_flight
-            or not self.inline_max_tokens
-            or self.scheduler.num_queued_tokens > self.inline_max_tokens
-            or len(self.scheduler) != 1
-        ):
-            return None
-        batch = self.scheduler.next_batch()
-        if not batch:
-            return None
-        self._in_flight += 1  # the engine thread takes nothing until `_finish` frees it
-        return batch
 
     def _step(self, batch: list[Pending], post: Callable[..., None]) -> None:
         """Run one taken batch on the engine and answer it through `post` (or hand its handle to
@@ -424,11 +392,6 @@ class EmbedService:
         # a closed loop (RuntimeError): nobody waits for these answers any more
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(callback, *args)
-
-    @staticmethod
-    def _call_now(callback: Callable[..., None], *args: Any) -> None:
-        """`_post` for a batch run on the loop's own thread."""
-        callback(*args)
 
     def _deliver(self, batch: list[Pending], answers: list[Any], posted: float) -> None:
         self.stage_times.observe("deliver", time.perf_counter() - posted)

@@ -1,0 +1,42 @@
+"""The one thread that builds a server's engine and then runs its every step.
+
+NOTE: on the CPU, each thread that runs PyTorch operators leads an OpenMP team of its own, and
+once a process has more OpenMP threads than cores libgomp cuts the spin between two operators to
+1,000 rounds (`cpu_threads`), too short on 2 cores (Zen 5): a short query's forward then lets the
+second thread sleep between operators. A server whose engine was built (fidelity check, warm-up)
+on one thread and stepped on another, or stepped on two, had two teams: one short query over HTTP
+0.6-0.8 ms slower after a burst of concurrent requests than before it; built and stepped on this
+one thread, the same (results/studies/http-ab-cpu2-20261202-5)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class EngineThread:
+    """A daemon thread (named "engine") running the callables submitted to it, in order."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="engine", daemon=True).start()
+
+    def submit(self, work: Callable[[], T]) -> Future[T]:
+        done: Future[T] = Future()
+        self._jobs.put((done, work))
+        return done
+
+    def _run(self) -> None:
+        while True:
+            done, work = self._jobs.get()
+            if not done.set_running_or_notify_cancel():
+                continue
+            try:
+                done.set_result(work())
+            except BaseException as e:  # the caller's to handle, through the future
+                done.set_exception(e)

@@ -44,12 +44,12 @@ def spin_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 # NOTE: libgomp caps the spin at 100 rounds (1,000 under OMP_WAIT_POLICY=ACTIVE) once a process
-# has more OpenMP threads than cores: a server's event-loop thread (warm-up, small steps) and its
-# engine thread each lead a team of their own once both have run a forward, so a server asks for
-# ACTIVE, and SPIN_COUNT rounds while one team runs alone (a lone client's small requests, all
-# inline). 1,000 rounds there was too short between the operators of a forward: one short query
-# over HTTP p50 4.2-6.9 ms with 1,000 rounds against 3.8-5.9 ms with SPIN_COUNT, every one of 6
-# rounds 0.4-1.1 ms faster (results/studies/http-ab-cpu2-20261202-4: two servers called in turn).
+# has more OpenMP threads than cores, i.e. once two of its threads have run operators (each leads
+# a team): a server builds and steps its engine on one thread (`server.engine_thread`) and spins
+# SPIN_COUNT rounds; ACTIVE keeps 1,000 rather than 100 should a second team appear. 1,000 rounds
+# was too short between the operators of a forward: one short query over HTTP p50 4.2-6.9 ms with
+# 1,000 rounds against 3.8-5.9 ms with SPIN_COUNT, every one of 6 rounds 0.4-1.1 ms faster
+# (results/studies/http-ab-cpu2-20261202-4: two servers called in turn).
 
 
 def server_spin_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -4,9 +4,12 @@ NOTE: on the CPU, each thread that runs PyTorch operators leads an OpenMP team o
 once a process has more OpenMP threads than cores libgomp cuts the spin between two operators to
 1,000 rounds (`cpu_threads`), too short on 2 cores (Zen 5): a short query's forward then lets the
 second thread sleep between operators. A server whose engine was built (fidelity check, warm-up)
-on one thread and stepped on another, or stepped on two, had two teams: one short query over HTTP
-0.6-0.8 ms slower after a burst of concurrent requests than before it; built and stepped on this
-one thread, the same (results/studies/http-ab-cpu2-20261202-5)."""
+on one thread and stepped on another, or stepped on two, had two teams: a lone client's short
+query over HTTP was 1.1-2.0 ms slower once the server had served a burst of concurrent requests
+than before it; built and stepped on this one thread, within 0.2 ms either way, and 0.07-0.17 ms
+slower than the earlier server's fresh state, whose lone small requests ran on the event loop's
+thread without crossing threads (6 rounds, the four servers called in turn:
+results/studies/http-ab-cpu2-20261202-5)."""
 
 from __future__ import annotations
 

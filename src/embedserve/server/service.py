@@ -241,10 +241,10 @@ class EmbedService:
     def _wake_engine(self) -> None:
         """The engine thread told of the requests queued since the last wake.
 
-        NOTE: once per turn of the loop, after the requests read in that turn (from one socket
-        buffer, often) have all queued: an engine thread woken by the first would take it alone,
-        and on the CPU, where each forward has a large fixed cost, the rest would then wait for
-        a second forward (16 clients on 2 cores got 198 requests/s served one by one)."""
+        NOTE: once per turn of the loop, after the requests read in that turn (often from one
+        socket buffer) have all queued, so that they start as one batch, not the first alone
+        with the rest behind it: on the CPU each forward has a large fixed cost (16 clients on 2
+        cores: 410 requests/s, results/concurrency/concurrency-cpu2-peers-20261202-4)."""
         self._wake_due = False
         with self._work:
             self._work.notify()

@@ -12,7 +12,8 @@ reranks flooding, short embeddings probed). `--flood-ids` sends the flood's pass
 ids (cut to the model's 256 as `truncate: end` would), so the gateway does not tokenize them:
 the probe's slowdown with and without it is the share of the gateway's tokenizing of the flood;
 `--flood-base64` asks the flood's vectors as base64. `--rounds` alternates (probe alone, probe
-under the flood) that many times. Per window the notes give the machine's busy cores and the
+under the flood) that many times. Per window the notes give the machine's busy and stolen
+cores (hypervisor steal, /proc/stat) and the
 gateway's stall watch (loop ticks >= 10 / 50 ms late, GC pauses); with `--metrics-port` the
 records add the probed server's stage times (mean, and share >= 10 ms). Under
 PYTHONASYNCIODEBUG=1 the callbacks that held a gateway loop over 10 ms are listed at the end.
@@ -107,6 +108,7 @@ class Window:
 
     probe: loadgen.LoadResult
     busy_cores: float
+    steal_cores: float  # cores' worth of time the hypervisor gave other guests (/proc/stat)
     stages: dict[str, float]  # per stage: its mean ms, and its share of >= 10 ms
     stalls: dict[str, float]  # the gateway's workers (`gateway.stalls`): see `stall_counts`
 
@@ -163,7 +165,7 @@ def probe_window(port: int, probe: list[list[bytes]], path: str, seconds: float,
     stalls_before = stall_counts(metric_samples(gateway, STALLS))
     meter = CpuMeter()
     result = loadgen.run(port, probe, seconds, path)
-    busy = meter.busy_cores()
+    busy, steal = meter.busy_cores(), meter.cores()[1]
     after = stage_counts(metric_samples(server, STAGES)) if stages_port else {}
     stalls_after = stall_counts(metric_samples(gateway, STALLS))
     stalls = {k: stalls_after[k] - stalls_before[k] for k in stalls_after}
@@ -173,7 +175,7 @@ def probe_window(port: int, probe: list[list[bytes]], path: str, seconds: float,
         if count > c0:
             stages[f"{stage}_mean_ms"] = (total - t0) / (count - c0) * 1e3
             stages[f"{stage}_10ms_share"] = (slow - s0) / (count - c0)
-    return Window(result, busy, stages, stalls)
+    return Window(result, busy, steal, stages, stalls)
 
 
 def measure(args: argparse.Namespace, port: int) -> dict[str, Any]:
@@ -245,7 +247,8 @@ def round_notes(m: dict[str, Any]) -> str:
         p_during = percentile([x * 1000 for x in during.probe.latencies], 99)
         s = during.stalls
         parts.append(f"{p_idle:.2f} -> {p_during:.2f} ms ({idle.busy_cores:.1f} -> "
-                     f"{during.busy_cores:.1f} busy cores; under the flood the gateway's loops "
+                     f"{during.busy_cores:.1f} busy cores, {idle.steal_cores:.2f} -> "
+                     f"{during.steal_cores:.2f} stolen; under the flood the gateway's loops "
                      f"ran {s['lag_10ms']:.0f} of {s['lag_ticks']:.0f} ticks >= 10 ms late, "
                      f"{s['lag_50ms']:.0f} >= 50 ms; {s['gc_passes']:.0f} collections, "
                      f"{s['gc_10ms']:.0f} >= 10 ms, {s['gc_seconds'] * 1e3:.0f} ms in all)")  # fmt: skip

@@ -13,8 +13,8 @@ ids (cut to the model's 256 as `truncate: end` would), so the gateway does not t
 the probe's slowdown with and without it is the share of the gateway's tokenizing of the flood;
 `--flood-base64` asks the flood's vectors as base64. `--rounds` alternates (probe alone, probe
 under the flood) that many times. Per window the notes give the machine's busy and stolen
-cores (hypervisor steal, /proc/stat) and the
-gateway's stall watch (loop ticks >= 10 / 50 ms late, GC pauses); with `--metrics-port` the
+cores (hypervisor steal, /proc/stat) and the gateway's stall watch (loop ticks >= 10 / 50 ms
+late, GC pauses); with `--metrics-port` the
 records add the probed server's stage times (mean, and share >= 10 ms). Under
 PYTHONASYNCIODEBUG=1 the callbacks that held a gateway loop over 10 ms are listed at the end.
 Text: Python standard-library docstrings.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -519,6 +520,23 @@ def test_every_batch_runs_on_the_thread_the_engine_was_built_on() -> None:
     asyncio.run(main())
     assert engine.ran_on == [built_on] * 3
     assert built_on is not threading.main_thread() and built_on.name == "engine"
+
+
+def test_a_service_s_own_engine_thread_ends_with_it() -> None:
+    def engine_threads() -> int:
+        return sum(t.name == "engine" and t.is_alive() for t in threading.enumerate())
+
+    before = engine_threads()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        assert rows_of(await stub(req([3]), timeout=10))[0, 0] == 3
+        assert engine_threads() == before + 1
+
+    with_server(FakeEngine(), body)
+    deadline = time.monotonic() + 5
+    while engine_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine_threads() == before
 
 
 def test_a_request_that_finds_the_engine_busy_queues_behind_it() -> None:

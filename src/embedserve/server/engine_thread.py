@@ -26,7 +26,8 @@ class EngineThread:
     """A daemon thread (named "engine") running the callables submitted to it, in order."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None]
+        self._jobs = queue.SimpleQueue()
         threading.Thread(target=self._run, name="engine", daemon=True).start()
 
     def submit(self, work: Callable[[], T]) -> Future[T]:
@@ -34,9 +35,13 @@ class EngineThread:
         self._jobs.put((done, work))
         return done
 
+    def close(self) -> None:
+        """End the thread once the work submitted before is done."""
+        self._jobs.put(None)
+
     def _run(self) -> None:
-        while True:
-            done, work = self._jobs.get()
+        while (job := self._jobs.get()) is not None:
+            done, work = job
             if not done.set_running_or_notify_cancel():
                 continue
             try:

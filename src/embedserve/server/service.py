@@ -146,7 +146,10 @@ class EmbedService:
         """Start taking batches on `engine_thread` (the thread the engine was built on; by
         default one of its own) and the results thread."""
         self._loop = asyncio.get_running_loop()
-        self._engine_done = (engine_thread or EngineThread()).submit(self._launch_batches)
+        thread = engine_thread or EngineThread()
+        self._engine_done = thread.submit(self._launch_batches)
+        if engine_thread is None:  # its own: the thread ends with the service
+            thread.close()
         self._results_thread.start()
 
     async def stop(self) -> None:

@@ -50,8 +50,14 @@ def clean_env(src: str) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop} | {"PYTHONPATH": src}
 
 
-def start(src: str, extra: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
-    argv = [sys.executable, "-m", "embedserve.cli.main", "serve", "--port", "0"]
+SERVE = [sys.executable, "-m", "embedserve.cli.main", "serve", "--port", "0"]
+
+
+def start(
+    src: str, extra: dict[str, str], argv: list[str] = SERVE
+) -> tuple[subprocess.Popen[str], int]:
+    """`argv` (`serve` on any port) from `src`, once it printed serve's ready line: the process
+    and its HTTP port."""
     p = subprocess.Popen(argv, env=clean_env(src) | extra, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     assert p.stdout is not None
@@ -60,7 +66,7 @@ def start(src: str, extra: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
             # keep draining its output, or the pipe fills and the server blocks
             threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()  # type: ignore[union-attr]
             return p, int(m.group(1))
-    raise RuntimeError(f"serve from {src} ended before it was ready")
+    raise RuntimeError(f"{argv[-3:]} from {src} ended before it was ready")
 
 
 def after_burst(

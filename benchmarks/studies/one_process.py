@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import statistics
-import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import corpus, report
-from harness.servers import SERVING
-from http_ab import clean_env, http_p50s, start
+from http_ab import http_p50s, start
 
 
 def prototype(port: int) -> None:
@@ -89,19 +85,6 @@ def prototype(port: int) -> None:
     gateway.run_worker(config, sock)
 
 
-def start_prototype() -> tuple[subprocess.Popen[str], int]:
-    argv = [sys.executable, __file__, "--prototype", "0"]
-    p = subprocess.Popen(argv, env=clean_env(os.environ.get("EMBEDSERVE_SRC", "src")),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)  # fmt: skip
-    assert p.stdout is not None
-    for line in p.stdout:
-        if m := re.search(SERVING, line):
-            threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()  # type: ignore[union-attr]
-            return p, int(m.group(1))
-    raise RuntimeError("the prototype ended before it was ready")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=12)
@@ -110,7 +93,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.prototype is not None:
         return prototype(args.prototype)
-    servers = {"serve": start("src", {}), "one process": start_prototype()}
+    prototype_argv = [sys.executable, __file__, "--prototype", "0"]
+    servers = {"serve": start("src", {}), "one process": start("src", {}, prototype_argv)}
     queries = corpus.queries(64)
     p50s: dict[str, list[float]] = {name: [] for name in servers}
     try:

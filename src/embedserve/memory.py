@@ -95,10 +95,11 @@ TOKENIZER_POOL = "RAYON_NUM_THREADS"
 
 def tokenizer_threads(cores: int | None, workers: int) -> int:
     """A gateway worker's share of the cores for its tokenizer's pool. NOTE: by default each
-    worker's pool has a thread per core: 8 workers on the H200 host's 16 cores ran 128 of them,
-    and under a flood of text to one model the short requests to another waited on the run
-    queue (their p99 7.38x idle; 1.62x with 2 threads each: concurrency-h200-isolation-20261202-7
-    and -8)."""
+    worker's pool has a thread per core: 8 workers on the H200 host's 16 cores ran 128 of them.
+    The isolation runs that first favoured this share (concurrency-h200-isolation-20261202-7:
+    7.38x, -8: 1.62x) were later found confounded by the order of runs (-9 to -18 fall in a good
+    and a bad state whatever the pool); it is kept as the share that cannot oversubscribe the
+    cores, not as a measured gain."""
     return max(1, (cores or 1) // workers)
 
 

@@ -135,6 +135,24 @@ def worker(
                                "detail": detail}))  # fmt: skip
 
 
+def turn_worker(system: str, folder: Path, texts_file: Path) -> None:
+    """Stays loaded and answers lines "START COUNT" on stdin with the milliseconds of COUNT short
+    queries from START (a JSON list on stdout), until stdin ends: the in-turn phase's worker."""
+    queries = json.loads(texts_file.read_text())["queries"]
+    encode, _ = _encoder(system, folder)
+    for t in queries[:50]:
+        encode([t])
+    print("ready", flush=True)
+    for line in sys.stdin:
+        start, count = map(int, line.split())
+        ms = []
+        for i in range(start, start + count):
+            t0 = time.perf_counter()
+            encode([queries[i % len(queries)]])
+            ms.append((time.perf_counter() - t0) * 1e3)
+        print(json.dumps(ms), flush=True)
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -190,8 +208,18 @@ def main() -> None:
     p.add_argument("--systems", default=None, help="comma-separated subset of the systems")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--model", type=Path, default=None, help="another folder, torch systems only")
+    p.add_argument(
+        "--turns", type=int, default=60,
+        help="in-turn phase: blocks of --block short queries per system, the systems in turn",
+    )  # fmt: skip
+    p.add_argument("--block", type=int, default=10)
     p.add_argument("--worker", nargs=5, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--turn-worker", nargs=3, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.turn_worker:
+        system, folder, texts = args.turn_worker
+        turn_worker(system, Path(folder), Path(texts))
+        return
     if args.worker:
         system, folder, texts, out, bulk_too = args.worker
         worker(system, Path(folder), Path(texts), Path(out), args.calls, bulk_too == "1")
@@ -215,7 +243,43 @@ def main() -> None:
         k = round_ % len(chosen)
         for system, which in chosen[k:] + chosen[:k]:
             run_worker(args, system, which, folder, work, results, round_)
+    if args.turns:
+        in_turn(args, chosen, folder, work, results)
     write(args, folder.name, texts, results)
+
+
+def in_turn(args: argparse.Namespace, chosen: list[tuple[str, str]], folder: Path, work: Path,
+            results: dict[str, dict[str, Any]]) -> None:  # fmt: skip
+    """Short queries with every system loaded at once, each in its own process, given a block of
+    `--block` calls in turn (the order rotated per turn), so each system's calls sample the same
+    seconds of this drifting machine; the others wait on a pipe meanwhile (never two at once)."""
+    procs = {}
+    for system, which in chosen:
+        python = sys.executable if which == "ours" else args.peers_python
+        if python is None:
+            continue
+        argv = [python, __file__, "--turn-worker", system, str(folder), str(work / "texts.json")]
+        procs[system] = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )  # fmt: skip
+        line = procs[system].stdout.readline()  # loaded and warm before the next one starts
+        if line.strip() != "ready":
+            raise RuntimeError(f"{system}'s in-turn worker did not start: {line!r}")
+    order = list(procs)
+    for turn in range(args.turns):
+        k = turn % len(order)
+        for system in order[k:] + order[:k]:
+            p = procs[system]
+            p.stdin.write(f"{turn * args.block} {args.block}\n")
+            p.stdin.flush()
+            results[system].setdefault("turn_query_ms", []).extend(json.loads(p.stdout.readline()))
+    for p in procs.values():
+        p.stdin.close()
+        p.wait()
+    for system in order:
+        print(f"in turn {system}: query p50 "
+              f"{np.median(results[system]['turn_query_ms']):.2f} ms", flush=True)  # fmt: skip
 
 
 def run_worker(args: argparse.Namespace, system: str, which: str, folder: Path, work: Path,
@@ -266,10 +330,17 @@ def write(
         metrics = [
             ("one short query p50 (ms)", "3-12 words", percentile(r["query_ms"], 50)),
             ("one short query p99 (ms)", "3-12 words", percentile(r["query_ms"], 99)),
+            (
+                "one short query p50, systems in turn (ms)",
+                "3-12 words",
+                percentile(r["turn_query_ms"], 50) if r.get("turn_query_ms") else None,
+            ),
             ("one passage p50 (ms)", "256", percentile(r["passage_ms"], 50)),
             ("corpus (texts/s)", "20-180 words", len(texts["corpus"]) / r["corpus_s"]),
         ]
         for metric, tokens, value in metrics:
+            if value is None:
+                continue
             records.append({**base, "metric": metric, "tokens": tokens, "value": round(value, 3)})
             if metric == metrics[0][0]:  # the query p50 of each round beside the pooled one
                 records[-1]["round_p50_ms"] = r["round_p50_ms"]
@@ -279,7 +350,10 @@ def write(
              f"tokens); {len(texts['corpus'])} passages of 20-180 words in one call per library "
              "(its own batching), in the first round; each system in its own process, one after the "
              "other; each round's query p50 and the machine's 1-minute load before each run are "
-             "in the JSON.")  # fmt: skip
+             "in the JSON. Then, with every system loaded at once (each in its own process), "
+             f"{args.turns} turns of {args.block} short queries per system, the systems in turn "
+             "(the order rotated per turn): the in-turn row, whose calls sample the same seconds "
+             "of this machine for every system.")  # fmt: skip
     software = report.versions("torch", "embedserve", "sentence-transformers", "onnxruntime")
     slug = "cpu2-families" if args.model else "cpu2-peers"
     path, table = report.write("latency", report.cpu_hardware(), slug, records,

@@ -213,6 +213,10 @@ def main() -> None:
         help="in-turn phase: blocks of --block short queries per system, the systems in turn",
     )  # fmt: skip
     p.add_argument("--block", type=int, default=10)
+    p.add_argument(
+        "--pause", type=float, default=0.05,
+        help="seconds idle before each block: the last system's threads (ORT's spin) go quiet",
+    )  # fmt: skip
     p.add_argument("--worker", nargs=5, default=None, help=argparse.SUPPRESS)
     p.add_argument("--turn-worker", nargs=3, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -271,6 +275,7 @@ def in_turn(args: argparse.Namespace, chosen: list[tuple[str, str]], folder: Pat
         k = turn % len(order)
         for system in order[k:] + order[:k]:
             p = procs[system]
+            time.sleep(args.pause)
             p.stdin.write(f"{turn * args.block} {args.block}\n")
             p.stdin.flush()
             results[system].setdefault("turn_query_ms", []).extend(json.loads(p.stdout.readline()))

@@ -7,12 +7,17 @@ all-MiniLM-L6-v2 (the bundled real weights), one 12-token sequence, the engine's
   fp32;
 - **compiled**: the same forward through `torch.compile` (Inductor's C++ backend, weights frozen
   and packed by Inductor, the C++ wrapper), one static shape, fullgraph: what a CPU "graph"
-  would give; its compile seconds beside it;
+  would give; its compile seconds beside it; and with max-autotune, where Inductor's own C++
+  GEMM template competes with oneDNN's product for each shape;
 - **int8**: every linear as a dynamically quantized int8 product (fbgemm, per-channel weights,
   per-tensor activations), the rest fp32; its least cosine to fp32 over `--texts` queries and
   passages (the fidelity guard asks 0.999);
 - **caches**: `Embedder.encode([query])` back to back (as the in-process suites time it), and
-  with 2 ms of other work over 8 MB between calls (as a server's request path has).
+  with 2 ms of other work over 8 MB between calls (as a server's request path has);
+- **by operator**: where `Embedder.encode([query])` of the suites' short queries goes, each kind
+  of operator timed around its calls inside the forward (a timer costs ~0.2 us), ms per encode;
+- **rows**: one packed bf16 product per layer shape at 1 to 32 rows, its weight hot (the same
+  call repeated): how its cost grows with the rows.
 
 The floors: the layers' bf16 weight bytes over the measured read bandwidth (a sum over an array
 of that size, both cores), and the forward's FLOPs over the measured bf16 matrix rate (the packed
@@ -25,6 +30,8 @@ product at 2,048 rows); beside them the 24 linears alone at 12 rows, each weight
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import os
 import sys
 import time
@@ -87,12 +94,17 @@ def forward_fn(embedder: Any) -> Callable[[], torch.Tensor]:
     return run
 
 
-def compiled(calls: int) -> tuple[float, float, float]:
-    """The forward through Inductor: (p50 ms, compile s, cosine to the eager forward)."""
+def compiled(calls: int, autotune: bool = False) -> tuple[float, float, float]:
+    """The forward through Inductor: (p50 ms, compile s, cosine to the eager forward).
+    `autotune`: max-autotune with Inductor's own C++ GEMM template beside oneDNN's product,
+    each product's fastest kept."""
     import torch._inductor.config as inductor
 
+    torch._dynamo.reset()
     inductor.freezing = True
     inductor.cpp_wrapper = True
+    inductor.max_autotune = autotune
+    inductor.max_autotune_gemm_backends = "CPP,ATEN" if autotune else "ATEN"
     run = forward_fn(engine("bfloat16", pack=False))
     with torch.inference_mode():
         fast = torch.compile(run, dynamic=False, fullgraph=True)
@@ -172,6 +184,69 @@ def encode_after_other_work(calls: int) -> tuple[float, float]:
     return timed(False), timed(True)
 
 
+def by_operator(calls: int) -> dict[str, float]:
+    """ms per `encode([query])` of each kind of operator in the forward, of the step and the
+    forward themselves, and of the whole call (the suites' short queries, back to back)."""
+    import torch.nn.functional as F
+
+    from embedserve.engine.layers.linear import Linear
+
+    embedder = engine("bfloat16")
+    spent: dict[str, float] = {}
+
+    def timed(kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[kind] = spent.get(kind, 0.0) + time.perf_counter() - t
+
+        return run
+
+    patched = {"layer_norm": "LayerNorm", "gelu": "GELU", "embedding": "embedding lookups",
+               "scaled_dot_product_attention": "SDPA"}  # fmt: skip
+    kept = {name: getattr(F, name) for name in patched}
+    for name, kind in patched.items():
+        setattr(F, name, timed(kind, kept[name]))
+    for m in embedder.engine.model.modules():
+        if isinstance(m, Linear):
+            m.forward = timed("24 linears", m.forward)  # type: ignore[method-assign]
+    eng = embedder.engine
+    eng.ops = dataclasses.replace(eng.ops, pool=timed("pooling", eng.ops.pool))
+    eng._forward = timed("forward", eng._forward)  # type: ignore[method-assign]
+    eng.step = timed("step", eng.step)  # type: ignore[method-assign]
+    queries = corpus.queries(256)
+    try:
+        for q in queries[:100]:
+            embedder.encode([q])
+        spent.clear()
+        t = time.perf_counter()
+        for i in range(calls):
+            embedder.encode([queries[i % len(queries)]])
+        spent["encode"] = time.perf_counter() - t
+    finally:
+        for name, fn in kept.items():
+            setattr(F, name, fn)
+    return {kind: seconds / calls * 1e3 for kind, seconds in spent.items()}
+
+
+def rows_sweep(calls: int) -> dict[tuple[int, int, int], float]:
+    """us of one packed bf16 product (k -> n) at m rows, its weight hot: {(k, n, m): us}."""
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for k, n in [(384, 1152), (384, 384), (384, 1536), (1536, 384)]:
+        w = (torch.randn(n, k, generator=gen) / 20).bfloat16()
+        packed, bias = torch.ops.mkldnn._reorder_linear_weight(w, 16), torch.zeros(n).bfloat16()
+        for m in (1, 4, 12, 32):
+            x = torch.randn(m, k, generator=gen).bfloat16()
+            run = functools.partial(
+                torch.ops.mkldnn._linear_pointwise, x, packed, bias, "none", [], ""
+            )
+            out[(k, n, m)] = p50_ms(run, calls * 4) * 1e3
+    return out
+
+
 def matrix_rate() -> float:
     """bf16 FLOP/s of the packed product at 2,048 rows (384 -> 1,536), both cores."""
     x = torch.randn(2048, 384).bfloat16()
@@ -202,12 +277,20 @@ def main() -> None:
     rows["compiled bf16 (Inductor C++, frozen), ms"] = c_ms
     rows["compiled: compile seconds"] = c_s
     rows["compiled: cosine to eager"] = c_cos
+    c_ms, c_s, c_cos = compiled(args.calls, autotune=True)
+    rows["compiled, max-autotune (C++ GEMM template allowed), ms"] = c_ms
+    rows["compiled, max-autotune: compile seconds"] = c_s
+    rows["compiled, max-autotune: cosine to eager"] = c_cos
     q_ms, q_cos = int8(args.calls, texts)
     rows["int8 dynamic linears, ms"] = q_ms
     rows["int8: least cosine to fp32"] = q_cos
     back_to_back, after_work = encode_after_other_work(args.calls)
     rows["encode([query]) back to back, ms"] = back_to_back
     rows["encode([query]) after 2 ms of other work over 8 MB, ms"] = after_work
+    for kind, ms in by_operator(args.calls * 4).items():
+        rows[f"encode([query]) by operator: {kind}, ms per encode"] = ms
+    for (k, n, m), us in rows_sweep(args.calls).items():
+        rows[f"packed product {k} -> {n} at {m} rows (hot), us"] = us
     lin_ms, weight_bytes, flops = linears_cold(args.calls)
     rows["24 linears alone (bf16 packed, cold), ms"] = lin_ms
     bandwidth = read_bandwidth(weight_bytes)

@@ -175,11 +175,9 @@ def bench_model(name: str, weights: str, engines: dict[str, Engine], hf: HF, str
         print(table[-1], flush=True)
 
 
-
 def guarded(fn: Callable[[], Any]) -> Any:
     """Side measurements must not cost the main table: an error is recorded, not raised."""
     try:
         return fn()
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
-

@@ -228,8 +228,7 @@ def bar_panel(ax: Any, names: list[str], by_system: dict[str, dict[str, float]],
             fontsize=8,
         )
     wrapped = [
-        s.replace(" + ", "\n+ ").replace(" encode", "\nencode").replace(" (", "\n(")
-        for s in names
+        s.replace(" + ", "\n+ ").replace(" encode", "\nencode").replace(" (", "\n(") for s in names
     ]
     ax.set_xticks(range(len(names)), wrapped, fontsize=8)
     if tokens:

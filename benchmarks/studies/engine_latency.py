@@ -133,6 +133,7 @@ def _attention_at(t: int) -> dict[str, Any]:
 
     from embedserve.engine.attention import RaggedLayout, attention_backends
     from embedserve.engine.choices import KernelChoices
+
     _graph_us = graph_us()
 
     out: dict[str, Any] = {}

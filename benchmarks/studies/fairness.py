@@ -200,5 +200,6 @@ def fairness_records(passages: int, status: int, num_tokens: int, seconds: float
         },
     ]
 
+
 if __name__ == "__main__":
     sys.exit(main())

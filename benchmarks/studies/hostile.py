@@ -117,9 +117,7 @@ def trickling(port: int, bodies: list[bytes], args: argparse.Namespace, results:
     results[f"with {args.trickle} trickling connections"] = {
         k: round(loaded[k], 2) for k in ("requests_per_s", "p50_ms", "p99_ms")
     }
-    results["trickling connections closed by the header timeout"] = (
-        closed[0] if closed else None
-    )
+    results["trickling connections closed by the header timeout"] = closed[0] if closed else None
     results["p99 ratio (trickling / idle)"] = round(loaded["p99_ms"] / idle["p99_ms"], 2)
 
 

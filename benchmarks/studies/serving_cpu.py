@@ -123,9 +123,6 @@ def summarize(rounds: list[tuple[list[float], float]]) -> dict[str, float]:
     }
 
 
-
-
-
 def record(
     system: str, concurrency: int, metric: str, value: float, scope: str, **extra: Any
 ) -> dict[str, Any]:
@@ -142,7 +139,6 @@ def record(
         "scope": scope,
         **extra,
     }
-
 
 
 def main() -> None:

@@ -21,7 +21,6 @@ Text: Python standard-library docstrings (benchmarks/harness/corpus.py). Writes
     PYTHONPATH=src python3 benchmarks/studies/serving_gpu.py --model DIR [--out DIR] [--seconds 4]
 """
 
-
 from __future__ import annotations
 
 import argparse
@@ -119,9 +118,7 @@ def single_latency(args: argparse.Namespace, port: int, tok: Any, st: Any, st_dt
         conn = connect(port, timeout=60)
         for _ in range(50):
             post_on(conn, json.dumps(body))
-        e2e = latency_ms(
-            timed_s(lambda body=body, conn=conn: post_on(conn, json.dumps(body)), 300)
-        )
+        e2e = latency_ms(timed_s(lambda body=body, conn=conn: post_on(conn, json.dumps(body)), 300))
         batch = PackedBatch.from_token_lists([ids])
         for _ in range(5):
             engine.step(batch).wait()

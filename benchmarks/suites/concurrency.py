@@ -572,7 +572,9 @@ def write(run: Run) -> None:
     records = records_of(run)
     lines, tokens_line = ratio_lines(run)
     software = software_of(run)
-    description = describe_servers(run, software) + describe_method(run, software, lines, tokens_line)
+    description = describe_servers(run, software) + describe_method(
+        run, software, lines, tokens_line
+    )
     path, _ = report.write(
         "concurrency", run.hardware, f"{run.slug}-peers", records, software, description,
         out_dir=run.args.out,
@@ -680,6 +682,7 @@ Ratios are embedserve / the other: above 1 is better for requests/s, below 1 is 
 
 {tokens_line}.
 """
+
 
 def tuned_encode(
     model: Any, folder: Path, device: str, texts: list[str], tok: Any

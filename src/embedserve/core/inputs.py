@@ -309,8 +309,10 @@ class InputPreparer:
         self, texts: list[str], options: InputOptions, single: bool
     ) -> PreparedInputs:
         if options.truncate != "chunk":
-            seqs = self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt)
-            return PreparedInputs(seqs, single)
+            return PreparedInputs(
+                self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt),
+                single,
+            )
         prompted = [options.prompt + t for t in texts] if options.prompt else texts
         limit = self.max_length
         prompt_ids = self.tokenizer.encode_plain(options.prompt) if options.prompt else []

@@ -40,6 +40,7 @@ from embedserve.engine.graphs import GraphConfig, GraphRunner
 from embedserve.engine.layers.linear import can_pack, pack_linears
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
+from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.ops import EAGER_OPS, compile_limits, compiled_ops
 from embedserve.engine.pooler.dense import build_dense
 from embedserve.engine.pooler.score_heads import build_score_head
@@ -211,7 +212,7 @@ class Engine:
         spec = read_model_spec(folder, pooling=pooling, attention=attention)
         return cls(spec, **kwargs)
 
-    def _check_fidelity(self, reference: nn.Module, *, fall_back: bool) -> float | None:
+    def _check_fidelity(self, reference: PackedEncoder, *, fall_back: bool) -> float | None:
         """The guard's least cosine against `reference` (the eager fp32 model). When it fails:
         raise, or with `fall_back` serve the reference itself (None: nothing left to check)."""
         try:

@@ -405,13 +405,17 @@ class GatewayApp:
         replica's health and load, else the status only."""
         if not self.served.several:
             pool = self.served.models[0].started().replicas
-            details = {"replicas": _replica_states(pool.replicas)} if detailed else {}
+            details: dict[str, Any] = (
+                {"replicas": _replica_states(pool.replicas)} if detailed else {}
+            )
             if pool.num_healthy == 0:
                 error = ApiError(503, "no healthy server replica", code="no_healthy_replica")
                 return 503, JSON, dumps({**error.body(), **details})
             return 200, JSON, dumps({"status": "ready", **details})
         pools = {m.name: m.started().replicas for m in self.served.models}
-        models = {name: {"ready": p.num_healthy > 0} for name, p in pools.items()}
+        models: dict[str, dict[str, Any]] = {
+            name: {"ready": p.num_healthy > 0} for name, p in pools.items()
+        }
         if detailed:
             for name, p in pools.items():
                 models[name]["replicas"] = _replica_states(p.replicas)

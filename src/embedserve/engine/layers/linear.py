@@ -8,6 +8,10 @@ On a CPU in bf16 the engine packs each weight once into oneDNN's blocked layout 
 `F.linear` reorders the whole [out, in] weight into that layout on every call, which for a short
 query (a few rows) costs as much as the product itself. The packed product is the same oneDNN
 kernel on the same operands: bitwise equal to `F.linear`'s (tests/engine/test_packed_linear.py).
+A packed product also takes what follows it as oneDNN post-ops (`plus`, `activated`): a residual
+sum or an erf GELU applied to its fp32 accumulator before the bf16 result is written, one
+operator call and one pass over the rows fewer each (a short query: ~0.07 ms of ~2.1,
+benchmarks/results/studies/cpu-fused-cpu2-20261202.json).
 """
 
 from __future__ import annotations
@@ -58,6 +62,21 @@ class Linear(nn.Module):
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return self.ops.linear(x, self.weight, self.bias)
+
+    def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """self(x) + residual; packed, the sum is the product's post-op."""
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise.binary(
+                x, residual, self.packed, self.bias, "add"
+            )
+        return self(x) + residual
+
+    def activated(self, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
+        """act(self(x)); packed and `act` the exact (erf) GELU, the GELU is the product's
+        post-op, computed on the fp32 sum before its rounding to bf16."""
+        if self.packed is not None and isinstance(act, nn.GELU) and act.approximate == "none":
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "gelu", [], "none")
+        return act(self(x))
 
     def pack(self) -> None:
         """Hold the weight in oneDNN's blocked layout only (CPU): `weight` keeps its shape and

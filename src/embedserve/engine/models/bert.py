@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
@@ -55,15 +56,21 @@ class BertLayer(nn.Module):
         attend: AttentionFn,
         bias: torch.Tensor | None = None,  # MPNet's relative position bias [N, 2R + 1]
     ) -> torch.Tensor:
-        t, ops = x.shape[0], self.ops
+        t = x.shape[0]
         q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)  # [T, N, D] each
         a = attend(q, k, v, layout, False, None, bias).reshape(t, -1)  # [T, H]
-        norm = self.attn_norm
-        x = ops.add_layer_norm(self.out(a), x, norm.weight, norm.bias, norm.eps)
-        norm = self.ffn_norm
-        return ops.add_layer_norm(
-            self.down(self.act(self.up(x))), x, norm.weight, norm.bias, norm.eps
-        )
+        x = self._add_norm(self.out, a, x, self.attn_norm)
+        return self._add_norm(self.down, self.up.activated(x, self.act), x, self.ffn_norm)
+
+    def _add_norm(
+        self, linear: Linear, x: torch.Tensor, residual: torch.Tensor, norm: nn.LayerNorm
+    ) -> torch.Tensor:
+        """LayerNorm(linear(x) + residual): on a packed CPU product the sum is its post-op
+        (`Linear.plus`), elsewhere the ops table's add + norm (one kernel when compiled)."""
+        if linear.packed is not None:
+            total = linear.plus(x, residual)
+            return F.layer_norm(total, (total.shape[-1],), norm.weight, norm.bias, norm.eps)
+        return self.ops.add_layer_norm(linear(x), residual, norm.weight, norm.bias, norm.eps)
 
 
 class BertEncoder(PackedEncoder):

@@ -4,7 +4,8 @@
 function in `torch.compile`, which fuses a chain (residual add + norm, q/k-norm + rotary,
 SiLU × gate, gathers + norm, pooling) into one Triton kernel. Both compute the same function;
 inside a CUDA graph the compiled kernels replay like any other. A model receives its table at
-construction and calls it for every pointwise chain and every matrix product (`linear`).
+construction and calls it for every pointwise chain and every matrix product (`linear`), except
+where a CPU's packed bf16 product runs the chain after it as oneDNN post-ops (`layers.linear`).
 
 The functions take weights as arguments rather than reading module attributes, so one compiled
 function serves every layer (no recompilation per layer). The GEMM kernel each matrix product

@@ -35,8 +35,6 @@ import functools
 import os
 import sys
 import time
-import types
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,24 +114,12 @@ def compiled(calls: int, autotune: bool = False) -> tuple[float, float, float]:
 
 
 def int8(calls: int, texts: list[str]) -> tuple[float, float]:
-    """The forward with int8 dynamic linears: (p50 ms, least cosine to fp32 over `texts`)."""
-    from embedserve.engine.layers.linear import Linear
+    """The forward with int8 dynamic linears (`cpu_int8.dynamic_per_tensor`, every form is
+    measured there): (p50 ms, least cosine to fp32 over `texts`)."""
+    from studies.cpu_int8 import KINDS, dynamic_per_tensor
 
     quantized, reference = engine("float32"), engine("float32")
-    for m in quantized.engine.model.modules():
-        if not isinstance(m, Linear):
-            continue
-        w = m.weight.detach().float()
-        scales = (w.abs().amax(1) / 127).clamp_min(1e-12)
-        zero = torch.zeros(w.shape[0], dtype=torch.long)
-        with warnings.catch_warnings():  # quantized tensors are deprecated, still the way in
-            warnings.simplefilter("ignore")
-            qw = torch.quantize_per_channel(w, scales, zero, 0, torch.qint8)
-        bias = None if m.bias is None else m.bias.detach().float()
-        m.q = torch.ops.quantized.linear_prepack(qw, bias)
-        m.forward = types.MethodType(
-            lambda self, x: torch.ops.quantized.linear_dynamic(x, self.q), m
-        )
+    dynamic_per_tensor(quantized, KINDS)
     a = quantized.encode(texts, truncate="end")
     b = reference.encode(texts, truncate="end")
     with torch.inference_mode():

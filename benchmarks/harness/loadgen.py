@@ -60,14 +60,15 @@ class LoadResult:
         }
 
 
-def _client(
-    port: int, path: str, bodies: list[bytes], start_at: float, stop_at: float, out: Any
-) -> None:
+def _client(port: int, path: str, bodies: list[bytes], pipe: Any) -> None:
+    """Connect, say so on `pipe`, then send from the (start, stop) instants it answers."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     headers = {"Content-Type": "application/json"}
     latencies, tokens, errors, i = [], 0, 0, 0
     conn.request("POST", path, body=bodies[0], headers=headers)  # connect before the start
     conn.getresponse().read()
+    pipe.send("ready")
+    start_at, stop_at = pipe.recv()
     time.sleep(max(0.0, start_at - time.time()))
     while time.time() < stop_at:
         t0 = time.perf_counter()
@@ -81,7 +82,30 @@ def _client(
             tokens += int(m.group(1))
         i += 1
     conn.close()
-    out.send((latencies, tokens, errors))
+    pipe.send((latencies, tokens, errors))
+
+
+def _start_clients(
+    port: int, path: str, bodies: list[list[bytes]], seconds: float
+) -> tuple[list[Any], list[Any]]:
+    """One client process per entry of `bodies`; once every one has connected (a spawned
+    process takes a second or more to start on a busy 2-core machine), one shared start 0.2 s
+    later: their pipes and processes."""
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    for mine in bodies:
+        ours, theirs = ctx.Pipe()
+        p = ctx.Process(target=_client, args=(port, path, mine, theirs))
+        p.start()
+        pipes.append(ours)
+        procs.append(p)
+    for pipe in pipes:
+        if pipe.recv() != "ready":
+            raise RuntimeError("a load client did not connect")
+    start_at = time.time() + 0.2
+    for pipe in pipes:
+        pipe.send((start_at, start_at + seconds))
+    return pipes, procs
 
 
 def run(
@@ -92,16 +116,7 @@ def run(
 ) -> LoadResult:
     """One client process per entry of `bodies` (its own request bodies, sent in turn), all
     sending for `seconds` from one shared start."""
-    ctx = mp.get_context("spawn")
-    start_at = time.time() + 1.0 + 0.05 * len(bodies)  # after every process has started
-    stop_at = start_at + seconds
-    pipes, procs = [], []
-    for mine in bodies:
-        receive, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_client, args=(port, path, mine, start_at, stop_at, send))
-        p.start()
-        pipes.append(receive)
-        procs.append(p)
+    pipes, procs = _start_clients(port, path, bodies, seconds)
     latencies: list[float] = []
     tokens = errors = 0
     for receive in pipes:
@@ -206,25 +221,16 @@ class Load:
 def run_load(
     port: int, bodies: list[list[bytes]], seconds: float, first: bytes | None = None
 ) -> Load:
-    """`run`, keeping each client's latencies apart, with a lead long enough for every
-    client process to start on 2 cores before the shared start.
+    """`run`, keeping each client's latencies apart.
 
     With `first` (a cheap body), each client's bodies are `first` and then its share repeated
     past what the window can take: loadgen's client sends its first body once to connect (before
     the start, untimed) and once more as its first timed request, whose latency is dropped here.
     So heavy requests neither delay the start nor count twice."""
-    ctx = mp.get_context("spawn")
-    start_at = time.time() + 1.5 + 0.25 * len(bodies)
-    stop_at = start_at + seconds
-    pipes, procs = [], []
-    for mine in bodies:
-        sent = [first, *mine * (1 + 200 // len(mine))] if first is not None else mine
-        receive, send = ctx.Pipe(duplex=False)
-        args = (port, "/v1/embeddings", sent, start_at, stop_at, send)
-        p = ctx.Process(target=_client, args=args)
-        p.start()
-        pipes.append(receive)
-        procs.append(p)
+    sent = [
+        [first, *mine * (1 + 200 // len(mine))] if first is not None else mine for mine in bodies
+    ]
+    pipes, procs = _start_clients(port, "/v1/embeddings", sent, seconds)
     clients: list[list[float]] = []
     errors = 0
     for receive in pipes:

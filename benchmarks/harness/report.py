@@ -90,7 +90,22 @@ def cpu_hardware() -> str:
                 break
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} cores"
+    return f"{model}, {os.cpu_count()} cores{cpu_flags()}"
+
+
+# The flags that decide which CPU path is fast (float32 AVX2, AVX-512, bf16, AMX, int8 VNNI).
+SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16")
+
+
+def cpu_flags() -> str:
+    """`, flags a b c` of SPEED_FLAGS this CPU has (empty where /proc/cpuinfo is unreadable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    line = next((x for x in text.splitlines() if x.startswith(("flags", "Features"))), "")
+    have = set(line.split(":", 1)[-1].split())
+    return ", flags " + " ".join(f for f in SPEED_FLAGS if f in have) if have else ""
 
 
 def versions(*packages: str) -> dict[str, str]:

@@ -41,6 +41,7 @@ from embedserve.core.pairs import (
     read_documents,
     read_text,
 )
+from embedserve.gateway.coalescing import Coalescer
 from embedserve.gateway.errors import ApiError, bad_request, server_failure
 from embedserve.gateway.outputs import OutputsJob, check_size
 from embedserve.gateway.replicas import ReplicaPool
@@ -86,6 +87,8 @@ class Pipeline:
         self.pairs = pairs
         self.replicas = replicas
         self.limits = limits
+        # the server calls of one loop turn as one message (`gateway.coalescing`)
+        self.calls = Coalescer(lambda r, n: self.replicas.embed(r, n), limits.part_tokens)
         self.tokenize_threads = TOKENIZE_THREADS
         self._threads = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
         retrieval = inputs.spec.retrieval
@@ -276,7 +279,7 @@ class Pipeline:
         """One server call's answer, traced when tracing; a server's 500 without its text."""
         tracing.stamp(request)  # the request's trace context, when tracing
         try:
-            return await self.replicas.embed(request, num_tokens)
+            return await self.calls.embed(request, num_tokens)
         except ApiError as e:
             if e.status == 500:  # the server's text stays in the gateway's log
                 raise server_failure(e) from None

@@ -1,0 +1,165 @@
+"""The server calls of one event-loop turn sent as one call.
+
+At many clients a gateway worker reads several requests in one turn of its loop (one wake-up of
+its poller), and each used to become a server call of its own. The server's Python work per call
+(a frame, a protobuf, a queue entry, a future, an encoded answer) then bounds the whole path,
+whatever the engine could batch (issue 38: ~4,000 requests/s on the H200 host at 1 to 4 gateway
+workers). Here, calls that fit one message (the same head; no spans, outputs or trace context)
+made in one turn go as one `EmbedRequest`, their sequences back to back; the answer's rows are
+cut back per call. The first call of a turn schedules the send for the next turn
+(`loop.call_soon`), so a lone call waits for nothing but that hop and goes out as before.
+
+Each request still gets its own answer or error as if it had gone alone: a merged call the
+server refuses for its content (a 4xx) is sent again call by call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from embedserve.contract import EmbedRequest, EmbedResponse
+from embedserve.gateway.errors import ApiError
+from embedserve.gateway.replicas import REPLICAS_CALLED
+
+Send = Callable[[Any, int], Awaitable[Any]]
+ALONE = object()  # a waiting call's outcome: send yourself, alone
+# statuses that may be one call's fault (its tokens, its size): the calls go again one by one
+PER_CALL_STATUSES = frozenset({400, 413, 422})
+
+
+@dataclass
+class _Waiting:
+    request: Any
+    num_tokens: int
+    answer: asyncio.Future[Any]
+    num_seqs: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_seqs = len(self.request.seqlens)
+
+
+def merge_key(request: Any) -> tuple[Any, ...] | None:
+    """What calls must share to go as one message (None: this one goes alone)."""
+    if request.span_bounds or request.outputs or request.visible_tokens or request.traceparent:
+        return None
+    return (request.raw, request.dimensions, request.normalize, request.output_dtype)
+
+
+def merge(requests: list[Any]) -> Any:
+    """One EmbedRequest of `requests`' sequences back to back (they share a `merge_key`)."""
+    first = requests[0]
+    second: list[int] = []
+    if any(r.second_segment for r in requests):  # a call without it is all type 0
+        for r in requests:
+            second += r.second_segment or [0] * len(r.seqlens)
+    return EmbedRequest(
+        input_ids=b"".join(r.input_ids for r in requests),
+        seqlens=[n for r in requests for n in r.seqlens],
+        second_segment=second,
+        dimensions=first.dimensions,
+        normalize=first.normalize,
+        output_dtype=first.output_dtype,
+        raw=first.raw,
+    )
+
+
+def split(response: Any, num_seqs: list[int]) -> list[Any]:
+    """The answer of a merged call cut into one EmbedResponse per call (rows in order)."""
+    rows = response.shape[0] if response.shape else 0
+    if rows != sum(num_seqs):
+        raise ApiError(500, f"a merged call of {sum(num_seqs)} sequences got {rows} rows")
+    data = response.embeddings
+    row_bytes = len(data) // rows if rows else 0
+    out, start = [], 0
+    for n in num_seqs:
+        out.append(
+            EmbedResponse(
+                embeddings=data[start * row_bytes : (start + n) * row_bytes],
+                shape=[n, *response.shape[1:]],
+                dtype=response.dtype,
+            )
+        )
+        start += n
+    return out
+
+
+class Coalescer:
+    """`await coalescer.embed(request, num_tokens)`: `send`'s answer, the calls of one loop turn
+    merged into messages of at most `max_tokens` tokens."""
+
+    def __init__(self, send: Send, max_tokens: int) -> None:
+        self._send = send
+        self.max_tokens = max_tokens
+        self._waiting: dict[tuple[Any, ...], list[_Waiting]] = {}
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.num_calls = 0  # server calls made for merged requests
+        self.num_merged = 0  # requests that went inside them
+
+    async def embed(self, request: Any, num_tokens: int) -> Any:
+        key = merge_key(request)
+        if key is None or num_tokens >= self.max_tokens:
+            return await self._send(request, num_tokens)
+        loop = asyncio.get_running_loop()
+        waiting = _Waiting(request, num_tokens, loop.create_future())
+        self._waiting.setdefault(key, []).append(waiting)
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        outcome = await waiting.answer
+        if outcome is ALONE:
+            return await self._send(request, num_tokens)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        response, called = outcome
+        mine = REPLICAS_CALLED.get()
+        if mine is not None:
+            mine.update(called)
+        return response
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        groups, self._waiting = self._waiting, {}
+        for calls in groups.values():
+            for part in self._parts([c for c in calls if not c.answer.done()]):
+                if len(part) == 1:  # its own task sends it: no task of ours in between
+                    part[0].answer.set_result(ALONE)
+                    continue
+                task = asyncio.get_running_loop().create_task(self._together(part))
+                self._tasks.add(task)  # NOTE: a reference, or the loop may drop the task
+                task.add_done_callback(self._tasks.discard)
+
+    def _parts(self, calls: list[_Waiting]) -> list[list[_Waiting]]:
+        """`calls` in order, cut into parts of at most `max_tokens` tokens."""
+        parts: list[list[_Waiting]] = []
+        tokens = self.max_tokens
+        for call in calls:
+            if tokens + call.num_tokens > self.max_tokens:
+                parts.append([])
+                tokens = 0
+            parts[-1].append(call)
+            tokens += call.num_tokens
+        return parts
+
+    async def _together(self, part: list[_Waiting]) -> None:
+        called: set[int] = set()
+        REPLICAS_CALLED.set(called)  # this task's own context: the members get it below
+        self.num_calls += 1
+        self.num_merged += len(part)
+        try:
+            response = await self._send(
+                merge([c.request for c in part]), sum(c.num_tokens for c in part)
+            )
+            answers: list[Any] = [
+                (r, called) for r in split(response, [c.num_seqs for c in part])
+            ]
+        except ApiError as e:
+            answers = [ALONE if e.status in PER_CALL_STATUSES else e] * len(part)
+        except Exception as e:  # the members fail as the call did
+            answers = [e] * len(part)
+        for call, answer in zip(part, answers, strict=True):
+            if not call.answer.done():  # a member whose client went away is cancelled
+                call.answer.set_result(answer)

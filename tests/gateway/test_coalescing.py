@@ -1,0 +1,168 @@
+"""The server calls of one loop turn as one message (`gateway.coalescing`), against a fake send
+that answers each sequence with a row made of its own ids."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from embedserve.contract import EmbedResponse
+from embedserve.contract.codec import decode_response, encode_request
+from embedserve.core.outputs import Head
+from embedserve.gateway.coalescing import Coalescer
+from embedserve.gateway.errors import ApiError
+from embedserve.gateway.replicas import REPLICAS_CALLED
+
+HEAD = Head(2, True, "float32")
+BAD_ID = 666  # a call holding it is refused (400) by the fake server
+
+
+class FakeServer:
+    def __init__(self, fail: ApiError | None = None) -> None:
+        self.sent: list[Any] = []
+        self.fail = fail
+
+    async def send(self, request: Any, num_tokens: int) -> Any:
+        self.sent.append(request)
+        await asyncio.sleep(0)
+        called = REPLICAS_CALLED.get()
+        if called is not None:
+            called.add(7)
+        ids = np.frombuffer(request.input_ids, dtype="<i4")
+        if self.fail is not None:
+            raise self.fail
+        if BAD_ID in ids:
+            raise ApiError(400, "token id out of the vocabulary")
+        starts = np.concatenate([[0], np.cumsum(request.seqlens)[:-1]]).astype(int)
+        rows = np.stack([ids[starts], np.asarray(request.seqlens)], axis=1).astype("<f4")
+        return EmbedResponse(embeddings=rows.tobytes(), shape=list(rows.shape), dtype="float32")
+
+
+def rows(response: Any, n: int) -> list[list[float]]:
+    return decode_response(response, n).tolist()
+
+
+async def gather(coalescer: Coalescer, *calls: list[list[int]], head: Head | None = HEAD) -> list:
+    requests = [encode_request(seqs, head) for seqs in calls]
+    return await asyncio.gather(
+        *(coalescer.embed(r, sum(map(len, s))) for r, s in zip(requests, calls, strict=True)),
+        return_exceptions=True,
+    )
+
+
+def test_calls_of_one_turn_go_as_one_message_and_each_gets_its_rows() -> None:
+    server = FakeServer()
+    coalescer = Coalescer(server.send, max_tokens=100)
+    out = asyncio.run(gather(coalescer, [[1, 2]], [[3], [4, 5, 6]], [[8]]))
+    assert len(server.sent) == 1
+    assert list(server.sent[0].seqlens) == [2, 1, 3, 1]
+    assert rows(out[0], 1) == [[1, 2]]
+    assert rows(out[1], 2) == [[3, 1], [4, 3]]
+    assert rows(out[2], 1) == [[8, 1]]
+    assert (coalescer.num_calls, coalescer.num_merged) == (1, 3)
+
+
+def test_a_lone_call_goes_as_it_is() -> None:
+    server = FakeServer()
+    request = encode_request([[1, 2, 3]], HEAD)
+    out = asyncio.run(Coalescer(server.send, 100).embed(request, 3))
+    assert server.sent == [request]
+    assert rows(out, 1) == [[1, 3]]
+
+
+def test_calls_with_other_heads_or_spans_are_not_merged() -> None:
+    server = FakeServer()
+    coalescer = Coalescer(server.send, 100)
+
+    async def calls() -> list[Any]:
+        a = encode_request([[1]], HEAD)
+        b = encode_request([[2]], Head(2, False, "float32"))
+        c = encode_request([[3, 4]], HEAD, spans=np.array([[0, 1]]))
+        d = encode_request([[5]], None)  # raw rows
+        return await asyncio.gather(*(coalescer.embed(r, 2) for r in (a, b, c, d)))
+
+    asyncio.run(calls())
+    assert sorted(len(r.seqlens) for r in server.sent) == [1, 1, 1, 1]
+    assert coalescer.num_calls == 0
+
+
+def test_merged_messages_stay_under_the_token_budget() -> None:
+    server = FakeServer()
+    out = asyncio.run(gather(Coalescer(server.send, 4), [[1, 1]], [[2, 2]], [[3, 3]], [[4]]))
+    assert [list(r.seqlens) for r in server.sent] == [[2, 2], [2, 1]]
+    assert [rows(o, 1)[0][0] for o in out] == [1, 2, 3, 4]
+
+
+def test_a_call_refused_for_its_content_fails_alone() -> None:
+    server = FakeServer()
+    out = asyncio.run(gather(Coalescer(server.send, 100), [[1]], [[BAD_ID, 2]], [[3]]))
+    assert rows(out[0], 1) == [[1, 1]] and rows(out[2], 1) == [[3, 1]]
+    assert isinstance(out[1], ApiError) and out[1].status == 400
+    assert len(server.sent) == 4  # the merged call, then each call alone
+
+
+def test_a_failed_server_fails_every_member_once() -> None:
+    server = FakeServer(fail=ApiError(503, "no healthy server replica"))
+    out = asyncio.run(gather(Coalescer(server.send, 100), [[1]], [[2]]))
+    assert all(isinstance(o, ApiError) and o.status == 503 for o in out)
+    assert len(server.sent) == 1
+
+
+def test_pairs_merge_with_their_token_types() -> None:
+    server = FakeServer()
+    coalescer = Coalescer(server.send, 100)
+
+    async def calls() -> None:
+        a = encode_request([[1, 2, 3]], None, second_segment=[2])
+        b = encode_request([[4, 5]], None)
+        await asyncio.gather(coalescer.embed(a, 3), coalescer.embed(b, 2))
+
+    asyncio.run(calls())
+    assert list(server.sent[0].second_segment) == [2, 0]
+
+
+def test_a_cancelled_member_leaves_the_others_their_answers() -> None:
+    server = FakeServer()
+    coalescer = Coalescer(server.send, 100)
+
+    async def calls() -> list[Any]:
+        a = asyncio.ensure_future(coalescer.embed(encode_request([[1]], HEAD), 1))
+        b = asyncio.ensure_future(coalescer.embed(encode_request([[2]], HEAD), 1))
+        c = asyncio.ensure_future(coalescer.embed(encode_request([[3]], HEAD), 1))
+        await asyncio.sleep(0)  # all three wait for the send
+        b.cancel()
+        return await asyncio.gather(a, b, c, return_exceptions=True)
+
+    out = asyncio.run(calls())
+    assert rows(out[0], 1) == [[1, 1]] and rows(out[2], 1) == [[3, 1]]
+    assert isinstance(out[1], asyncio.CancelledError)
+    assert list(server.sent[0].seqlens) == [1, 1]
+
+
+def test_each_member_learns_the_replicas_its_call_went_to() -> None:
+    server = FakeServer()
+    coalescer = Coalescer(server.send, 100)
+
+    async def one(ids: list[int]) -> set[int]:
+        mine: set[int] = set()
+        REPLICAS_CALLED.set(mine)
+        await coalescer.embed(encode_request([ids], HEAD), 1)
+        return mine
+
+    async def calls() -> list[set[int]]:
+        return await asyncio.gather(one([1]), one([2]))
+
+    assert asyncio.run(calls()) == [{7}, {7}]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "binary"])
+def test_encoded_rows_are_cut_by_their_bytes(dtype: str) -> None:
+    response = EmbedResponse(embeddings=bytes(range(12)), shape=[3, 4], dtype=dtype)
+    from embedserve.gateway.coalescing import split
+
+    parts = split(response, [1, 2])
+    assert [p.embeddings for p in parts] == [bytes(range(4)), bytes(range(4, 12))]
+    assert [list(p.shape) for p in parts] == [[1, 4], [2, 4]]

@@ -102,3 +102,35 @@ def test_pack_and_split_round_trip_in_order() -> None:
 def test_config_is_validated(batch: int, queued: int) -> None:
     with pytest.raises(ValueError, match="must be positive"):
         SchedulerConfig(batch, queued)
+
+
+def test_small_requests_pass_a_large_one_once() -> None:
+    """A query behind a large request's parts waits for one large batch, not for every part;
+    and the large request is passed once per batch, never starved."""
+    sched = Scheduler(SchedulerConfig(max_batch_tokens=800, max_queued_tokens=10_000))
+    part1, part2 = request(700), request(700)
+    q1, q2, q3 = request(10), request(12), request(9)
+    for r in (part1, part2, q1, q2):
+        sched.submit(r)
+    assert sched.next_batch() == [q1, q2]  # the queries first, once
+    sched.submit(q3)
+    assert sched.next_batch() == [part1]  # then the large request, whatever waits
+    assert sched.next_batch() == [q3]
+    assert sched.next_batch() == [part2]
+    assert sched.next_batch() == []
+    assert sched.num_queued_tokens == 0
+
+
+def test_only_small_requests_pass_and_a_small_front_keeps_arrival_order() -> None:
+    sched = Scheduler(SchedulerConfig(max_batch_tokens=800, max_queued_tokens=10_000))
+    large, medium, small = request(750), request(100), request(10)
+    gone = request(5, cancelled=True)
+    for r in (large, medium, gone, small):
+        sched.submit(r)
+    assert sched.next_batch() == [small]  # 100 tokens is not small (8 x 100 >= 800)
+    assert sched.next_batch() == [large]
+    assert sched.next_batch() == [medium]
+    half, query = request(400), request(10)  # not more than half the budget: not large
+    sched.submit(half)
+    sched.submit(query)
+    assert sched.next_batch() == [half, query]

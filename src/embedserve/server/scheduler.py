@@ -1,4 +1,5 @@
-"""The server's queue: first come, first served, batches of whole requests under a token budget.
+"""The server's queue: first come, first served, batches of whole requests under a token budget,
+with one exception for fairness: small requests may pass a large one once (`next_batch`).
 
 Pure bookkeeping (no event loop, no torch), so it is unit-tested on its own. The service puts each
 request in with `submit`, and the batch loop takes batches out with `next_batch`; requests whose
@@ -8,6 +9,7 @@ client went away (`Pending.cancelled()`) are dropped there, before they reach th
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -20,6 +22,13 @@ from embedserve.contract.tracing import RequestTrace, current_request
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch
+
+
+# A request is large when it takes more than half a batch's budget (a large request's parts take
+# a whole budget each), small when SMALL_SHARE of it would still fit in the budget less a token.
+SMALL_SHARE = 8
+# how far behind a large request small ones are looked for (a scan of the deque per batch)
+BYPASS_SCAN = 256
 
 
 class Overloaded(Exception):
@@ -87,6 +96,7 @@ class Scheduler:
         self._queue: deque[Pending] = deque()
         self.num_queued_tokens = 0
         self.num_dropped = 0
+        self._passed = False  # the last batch passed the large request at the front
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -121,6 +131,12 @@ class Scheduler:
     def next_batch(self) -> list[Pending]:
         """Whole requests in arrival order until the next one would pass `max_batch_tokens`.
 
+        One exception: when a large request is at the front and small ones wait behind it, the
+        small ones (of one kind, under the budget) go first, once: the batch after is the large
+        one's. So a query waits for at most the one large batch on the engine (on a CPU a batch
+        of 2,048 tokens takes up to a second) rather than for every part of a large request
+        queued before it, and a large request is delayed by at most one small batch per batch.
+
         A request larger than the budget runs alone. Requests of different kinds (plain, span
         (late-chunking), outputs: `Pending.kind`) never share a batch: a batch ends where the
         kind changes. Cancelled requests are dropped. Returns an empty list when nothing is
@@ -131,6 +147,10 @@ class Scheduler:
             self.num_dropped += 1
         if not self._queue:
             return []
+        small = [] if self._passed else self._small_behind()
+        self._passed = bool(small)
+        if small:
+            return small
         kind = self._queue[0].kind
 
         def sizes() -> Iterator[int]:
@@ -143,6 +163,28 @@ class Scheduler:
         batch = [r for r in taken if not r.cancelled()]
         self.num_dropped += len(taken) - len(batch)
         return batch
+
+    def _small_behind(self) -> list[Pending]:
+        """The small requests waiting behind a large one at the front, taken out of the queue
+        (none when the front is small)."""
+        budget = self.config.max_batch_tokens
+        if self._queue[0].num_tokens * 2 <= budget:
+            return []
+        taken: list[Pending] = []
+        tokens, kind = 0, None
+        for request in itertools.islice(self._queue, 1, BYPASS_SCAN):
+            if request.cancelled() or request.num_tokens * SMALL_SHARE >= budget:
+                continue
+            if kind is None:
+                kind = request.kind
+            if request.kind != kind or tokens + request.num_tokens > budget:
+                break
+            taken.append(request)
+            tokens += request.num_tokens
+        for request in taken:
+            self._queue.remove(request)
+            self.cancel(request)  # out of the queue: its tokens leave the budget (once)
+        return taken
 
     def drain(self) -> list[Pending]:
         """Empty the queue; the requests that were in it."""

@@ -47,12 +47,14 @@ from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
 DEFAULT_PART_TOKENS = 8192
 
 
-# NOTE: measured on the H200 host (16 cores, benchmarks/workers_gpu.py, alternating rounds):
-# 2 workers answered 16 clients at 3,894 req/s against 3,563 with 1 (4: 3,989) and moved
-# 100-passage requests at 3.02M against 2.71M tokens/s (4: 2.96M). On a small machine a second
-# worker would take the cores the engine runs on.
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-DEFAULT_WORKERS = 2 if (os.cpu_count() or 1) >= 8 else 1
+# A gateway worker per 4 cores, 1 to 8 (16 cores: 4). NOTE: before the server calls of a loop
+# turn were merged (`gateway.coalescing`), one server process per GPU bounded the path and 1, 2
+# or 4 workers answered 16 clients alike (results/studies/workers-h200-20261201: 3,563, 3,894,
+# 3,989 req/s); each worker is now the floor of its share (results/studies/null-path-*: the
+# requests per gateway core, with no engine behind). On a small machine the rest of the cores
+# run the engine.
+DEFAULT_WORKERS = min(8, max(1, (os.cpu_count() or 1) // 4))
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,7 @@ class GatewayConfig(Options):
     port: int = option(8000, "HTTP port (0: any free port)")
     workers: int = option(
         DEFAULT_WORKERS,
-        "gateway processes accepting on the one port (default: 2 on a host of 8 cores or more, "
-        "else 1)",
+        "gateway processes accepting on the one port (default: one per 4 cores, 1 to 8)",
     )
     max_body_bytes: int = option(16 << 20, "larger request bodies get HTTP 413")
     max_header_bytes: int = option(

@@ -81,11 +81,12 @@ def measured_load(
 def direct_us(server_port: int, model: str, texts: list[str], count: int) -> list[float]:
     """`count` calls one after another straight to the server's unix socket, with the texts'
     token ids ready (the gateway's tokenizer): the hop and the server alone, µs each."""
+    from tokenizers import Tokenizer
+
     from embedserve.contract.codec import encode_request
     from embedserve.contract.local import LocalEmbedClient, local_socket_for
     from embedserve.core.outputs import Head
     from embedserve.loading.bundled import resolve_model
-    from tokenizers import Tokenizer
 
     path = local_socket_for(f"127.0.0.1:{server_port}")
     if path is None:

@@ -153,9 +153,7 @@ class Coalescer:
             response = await self._send(
                 merge([c.request for c in part]), sum(c.num_tokens for c in part)
             )
-            answers: list[Any] = [
-                (r, called) for r in split(response, [c.num_seqs for c in part])
-            ]
+            answers: list[Any] = [(r, called) for r in split(response, [c.num_seqs for c in part])]
         except ApiError as e:
             answers = [ALONE if e.status in PER_CALL_STATUSES else e] * len(part)
         except Exception as e:  # the members fail as the call did

@@ -23,7 +23,6 @@ from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch
 
-
 # A request is large when it takes more than half a batch's budget (a large request's parts take
 # a whole budget each), small when SMALL_SHARE of it would still fit in the budget less a token.
 SMALL_SHARE = 8

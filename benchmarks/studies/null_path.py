@@ -47,7 +47,8 @@ HOP_REQUESTS = 600
 
 def start_pair(src: str, model: str, workers: int) -> tuple[Child, Child, int, int]:
     """A null server and a gateway of `workers` in front of it, both from `src`."""
-    with environment(PYTHONPATH=src):
+    # the tree's embedserve first; what else the path held (carried wheels) after it
+    with environment(PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])):
         server, ready = start(harness_call("null_engine:serve_null", model, "0"), READY_SERVER)
         server_port = int(ready.group(1))
         gateway, ready = start(

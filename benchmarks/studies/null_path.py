@@ -43,16 +43,18 @@ from embedserve.processes import Child
 READY_SERVER = r"server: ready on 127\.0\.0\.1:(\d+)"
 READY_GATEWAY = r"listening on http://127\.0\.0\.1:(\d+)"
 HOP_REQUESTS = 600
+NAME = "minilm"  # the served name, whatever folder --model names
 
 
 def start_pair(src: str, model: str, workers: int) -> tuple[Child, Child, int, int]:
-    """A null server and a gateway of `workers` in front of it, both from `src`."""
+    """A null server and a gateway of `workers` in front of it, both from `src`; the model
+    served as NAME (`bodies`)."""
     # the tree's embedserve first; what else the path held (carried wheels) after it
     with environment(PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])):
         server, ready = start(harness_call("null_engine:serve_null", model, "0"), READY_SERVER)
         server_port = int(ready.group(1))
         gateway, ready = start(
-            [*CLI, "gateway", "--replica", f"127.0.0.1:{server_port}", "--model", model,
+            [*CLI, "gateway", "--replica", f"127.0.0.1:{server_port}", "--model", f"{NAME}={model}",
              "--port", "0", "--workers", str(workers)],
             READY_GATEWAY,
         )  # fmt: skip
@@ -124,12 +126,12 @@ def hops(server_port: int, port: int, model: str, texts: list[str]) -> dict[str,
     }
 
 
-def bodies(model: str) -> tuple[list[bytes], list[bytes]]:
+def bodies() -> tuple[list[bytes], list[bytes]]:
     """Short queries, and requests of 100 passages (8-180 words) each."""
-    queries = [json.dumps({"input": q, "model": model}).encode() for q in corpus.queries(256)]
+    queries = [json.dumps({"input": q, "model": NAME}).encode() for q in corpus.queries(256)]
     passages = corpus.passages(800, max_words=180)
     bulk = [
-        json.dumps({"input": passages[i : i + 100], "model": model, "encoding_format": "base64",
+        json.dumps({"input": passages[i : i + 100], "model": NAME, "encoding_format": "base64",
                     "truncate": "end"}).encode()
         for i in range(0, 800, 100)
     ]  # fmt: skip
@@ -152,7 +154,7 @@ def record(tree: str, workers: int, load: str, clients: int, metric: str, value:
 
 
 def measure_tree(tree: str, src: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    queries, bulk = bodies(args.model)
+    queries, bulk = bodies()
     texts = corpus.queries(64)
     records: list[dict[str, Any]] = []
     for workers in (int(w) for w in args.workers.split(",")):
@@ -180,7 +182,7 @@ def measure_tree(tree: str, src: str, args: argparse.Namespace) -> list[dict[str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tree", action="append", default=None, help="NAME=SRC (repeatable)")
-    ap.add_argument("--model", default="minilm")
+    ap.add_argument("--model", default="minilm", help="a model folder, or minilm (bundled)")
     ap.add_argument("--workers", default="1", help="gateway workers, e.g. 1,2")
     ap.add_argument("--clients", default="1,16", help="client processes of short queries")
     ap.add_argument("--seconds", type=float, default=5.0)

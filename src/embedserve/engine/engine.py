@@ -31,7 +31,7 @@ from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.cpu import default_dtype
 from embedserve.engine.cpu_paths import PATHS as CPU_PATHS
-from embedserve.engine.cpu_paths import CpuChoice, timing_batches
+from embedserve.engine.cpu_paths import CpuChoice, forward_context, timing_batches
 from embedserve.engine.cpu_paths import choose as choose_cpu_path
 from embedserve.engine.fidelity import (
     SCORE_MAX_DIFF,
@@ -130,7 +130,8 @@ class Engine:
         fused = on_cuda if fuse is None else fuse
         # the ops first, then the model built with them (it calls them for every chain)
         self.ops = compiled_ops(self.choices, self.stats) if fused else EAGER_OPS
-        self._compiling: contextlib.AbstractContextManager[Any] = (
+        # what every forward runs inside: the compile limits, or (`cpu_paths`) one torch thread
+        self._around_forward: contextlib.AbstractContextManager[Any] = (
             compile_limits() if fused else contextlib.nullcontext()
         )
         # a CPU's bf16 chosen by default (not asked for) is checked, and may fall back to fp32
@@ -186,20 +187,20 @@ class Engine:
             timing_batches(self.vocab_size, self.max_positions),
             asked,
         )
+        self._around_forward = forward_context(self.model)
         if self.cpu_choice.path == "packed":
             self.packed_linears = sum(isinstance(m, Linear) for m in model.modules())
-        self.fidelity_cosine = next(
-            (t.cosine for t in self.cpu_choice.measured if t.path == self.cpu_choice.path), None
-        )
+        self.fidelity_cosine = self.cpu_choice.cosine
         log.info("cpu path: %s", self.cpu_choice.describe())
 
     def _run_on(self, model: nn.Module, batch: PackedBatch) -> np.ndarray:
         """`step` on `model` in place of the served one (the start-up choice's measurements)."""
-        kept, self.model = self.model, model
+        kept = self.model, self._around_forward
+        self.model, self._around_forward = model, forward_context(model)
         try:
             return self.step(batch).wait().copy()
         finally:
-            self.model = kept
+            self.model, self._around_forward = kept
 
     @property
     def cpu_path(self) -> str | None:
@@ -340,7 +341,7 @@ class Engine:
         layout: RaggedLayout,
         attend: AttentionFn,
     ) -> torch.Tensor:  # [S, H] float32
-        with self._compiling:
+        with self._around_forward:
             hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
             pooled = self.ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
             return pooled if self.after_pooling is None else self.after_pooling(pooled)
@@ -354,7 +355,7 @@ class Engine:
         layout: RaggedLayout,
         attend: AttentionFn,
     ) -> torch.Tensor:  # [T, H]: the forward without pooling
-        with self._compiling:
+        with self._around_forward:
             return self.model(input_ids, positions, token_type_ids, layout, attend)
 
     @torch.inference_mode()

@@ -33,10 +33,14 @@ TEXTS = [
 
 
 @pytest.fixture(autouse=True)
-def onnx_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The graphs these tests write go to a folder of their own, not the user's cache."""
+def onnx_cache(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """The graphs these tests write go to a folder of their own, not the user's cache (one for
+    the session: a graph is written once); the choices remembered, to one per test."""
     root = tmp_path_factory.getbasetemp() / "xdg-cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(root))
+    monkeypatch.setattr(cpu_paths, "_choices_file", lambda: tmp_path / "cpu-paths.json")
     return root
 
 
@@ -97,6 +101,33 @@ def test_a_path_under_the_guard_is_dropped(monkeypatch, minilm_path: Path) -> No
     assert engine.cpu_path == choice.path and choice.path in choice.describe()
     with pytest.raises(FidelityError):
         Engine.from_folder(minilm_path, device="cpu", cpu_path="onnx")
+
+
+def test_the_choice_is_remembered_per_machine_and_folder(minilm_path: Path) -> None:
+    """A second start serves the path the first one measured fastest, checked, not re-timed."""
+    first = Engine.from_folder(minilm_path, device="cpu").cpu_choice
+    assert first is not None and first.measured and not first.remembered
+    second = Engine.from_folder(minilm_path, device="cpu").cpu_choice
+    assert second is not None and second.remembered and not second.measured
+    assert second.path == first.path and second.cosine is not None
+    assert second.cosine >= cpu_paths.MIN_COSINE and "earlier start" in second.describe()
+
+
+def test_a_remembered_path_under_the_guard_is_measured_again(
+    monkeypatch, minilm_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    cpu_paths.remember(cpu_paths.choice_key(str(minilm_path)), "onnx")
+    forward = OnnxEncoder.forward
+
+    def off_by_a_little(self, *args):  # type: ignore[no-untyped-def]
+        return forward(self, *args) * torch.linspace(0.5, 1.5, 384)
+
+    monkeypatch.setattr(OnnxEncoder, "forward", off_by_a_little)
+    choice = Engine.from_folder(minilm_path, device="cpu").cpu_choice
+    assert choice is not None and not choice.remembered and choice.path != "onnx"
+    assert "onnx" in choice.dropped
+    key = cpu_paths.choice_key(str(minilm_path))
+    assert cpu_paths.remembered(key) == choice.path
 
 
 def test_cpu_path_is_float32_on_the_cpu_only(minilm_path: Path) -> None:

@@ -74,11 +74,12 @@ def cache_path(folder: Path, cache_dir: Path | None = None) -> Path:
     for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
         st = f.stat()
         h.update(f"|{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    root = (
-        cache_dir
-        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "embedserve" / "onnx"
-    )
-    return Path(root) / h.hexdigest()[:24] / "model.onnx"
+    return (cache_dir or cache_root() / "onnx") / h.hexdigest()[:24] / "model.onnx"
+
+
+def cache_root() -> Path:
+    """embedserve's folder of the user's cache ($XDG_CACHE_HOME, else ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "embedserve"
 
 
 def _graph(model: BertEncoder) -> Any:  # onnx.ModelProto

@@ -60,6 +60,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: torch.Tensor | None = None  # oneDNN's layout of `weight` (`pack`)
+        self.aside: torch.Tensor | None = None  # the packed copy while unused (`use_packed`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.packed is not None:
@@ -90,9 +91,16 @@ class Linear(nn.Module):
         if not keep_weight:
             self.drop_weight()
 
-    def unpack(self) -> None:
-        """Back to `F.linear` on the plain weight (kept by `pack(keep_weight=True)`)."""
-        self.packed = None
+    def use_packed(self, on: bool) -> None:
+        """Between `F.linear` on the plain weight (kept by `pack(keep_weight=True)`) and the
+        packed copy (set aside meanwhile), while `cpu_paths` times both in turn."""
+        if on and self.packed is None:
+            self.packed, self.aside = self.aside, None
+        elif not on and self.packed is not None:
+            self.packed, self.aside = None, self.packed
+
+    def forget_packed(self) -> None:
+        self.packed = self.aside = None
 
     def drop_weight(self) -> None:
         weight = self.weight.detach()

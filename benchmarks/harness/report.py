@@ -108,6 +108,23 @@ def cpu_flags() -> str:
     return ", flags " + " ".join(f for f in SPEED_FLAGS if f in have) if have else ""
 
 
+# the vector and matrix extensions a CPU executor's speed depends on, as /proc/cpuinfo names them
+ISA_FLAGS = ("avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16",
+             "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")  # fmt: skip
+
+
+def cpu_isa() -> list[str]:
+    """Which of `ISA_FLAGS` this CPU reports (the first processor's flags line)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in ISA_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def versions(*packages: str) -> dict[str, str]:
     out = {}
     for p in packages:

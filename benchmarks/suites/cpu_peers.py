@@ -75,7 +75,8 @@ def _encoder(system: str, folder: Path) -> tuple[Any, str]:
 
         dtype = "float32" if "float32" in system else None
         e = Embedder(str(folder), device="cpu", dtype=dtype)
-        return e.encode, f"dtype {e.engine.dtype_name}"
+        path = e.engine.cpu_choice.describe() if e.engine.cpu_choice else e.engine.cpu_path
+        return e.encode, f"dtype {e.engine.dtype_name}, cpu path {path}"
     if system.startswith("sentence-transformers"):
         from sentence_transformers import SentenceTransformer
 
@@ -111,7 +112,9 @@ def worker(
 ) -> None:
     texts = json.loads(texts_file.read_text())
     queries, passages, corp = texts["queries"], texts["passages"], texts["corpus"]
+    start = time.perf_counter()
     encode, detail = _encoder(system, folder)
+    load_s = time.perf_counter() - start  # imports, weights, and ours' start-up choice
     for t in queries[:20] + passages[:5]:
         encode([t])
     q_ms, p_ms = [], []
@@ -132,7 +135,7 @@ def worker(
         vectors = np.concatenate([encode(queries), encode(passages)]).astype(np.float32)
         np.save(out.with_suffix(".npy"), vectors)
     out.write_text(json.dumps({"query_ms": q_ms, "passage_ms": p_ms, "corpus_s": corpus_s,
-                               "detail": detail}))  # fmt: skip
+                               "detail": detail, "load_s": load_s}))  # fmt: skip
 
 
 def turn_worker(system: str, folder: Path, texts_file: Path) -> None:
@@ -231,6 +234,8 @@ def main() -> None:
     from embedserve.loading.bundled import resolve_model
 
     work = Path(tempfile.mkdtemp(prefix="cpu-peers-"))
+    # ours' ONNX graph into a fresh cache: the first round's start-up writes it, later ones read it
+    os.environ["XDG_CACHE_HOME"] = str(work / "cache")
     folder = work / (args.model.name if args.model else "all-MiniLM-L6-v2")
     shutil.copytree(args.model or resolve_model("minilm"), folder)
     chosen = [s for s in SYSTEMS if args.systems is None or s[0] in args.systems.split(",")]
@@ -257,6 +262,9 @@ def in_turn(args: argparse.Namespace, chosen: list[tuple[str, str]], folder: Pat
     """Short queries with every system loaded at once, each in its own process, given a block of
     `--block` calls in turn (the order rotated per turn), so each system's calls sample the same
     seconds of this drifting machine; the others wait on a pipe meanwhile (never two at once)."""
+    from harness.machine import load1
+
+    results["in_turn_load1"] = load1()  # type: ignore[assignment]
     procs = {}
     for system, which in chosen:
         python = sys.executable if which == "ours" else args.peers_python
@@ -302,7 +310,9 @@ def run_worker(args: argparse.Namespace, system: str, which: str, folder: Path, 
     subprocess.run(argv, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     got = json.loads(out.read_text())
     r = results.setdefault(system, {"query_ms": [], "passage_ms": [], "round_p50_ms": [],
-                                    "load1_before": [], "detail": got["detail"]})  # fmt: skip
+                                    "load1_before": [], "load_s": [],
+                                    "detail": got["detail"]})  # fmt: skip
+    r["load_s"].append(round(got["load_s"], 2))
     r["query_ms"] += got["query_ms"]
     r["passage_ms"] += got["passage_ms"]
     r["round_p50_ms"].append(round(float(np.median(got["query_ms"])), 3))
@@ -318,6 +328,7 @@ def write(
 ) -> None:
     """One record per system and metric (BENCHMARKS.md's shape), each with the system's least
     cosine against sentence-transformers torch fp32."""
+    turn_load = results.pop("in_turn_load1", None)
     ref = results.get(REFERENCE, {}).get("vectors")
     records: list[dict[str, Any]] = []
     for system, r in results.items():
@@ -331,7 +342,8 @@ def write(
                 np.linalg.norm(v, axis=1) * np.linalg.norm(ref, axis=1))))  # fmt: skip
         base = {"system": system, "model": model, "weights": "random" if args.model else "real",
                 "dtype": r["detail"], "concurrency": 1, "scope": "in process, tokenize included",
-                "cosine_min": cos, "load1_before": r["load1_before"]}  # fmt: skip
+                "cosine_min": cos, "load1_before": r["load1_before"],
+                "load_s": r["load_s"]}  # fmt: skip
         metrics = [
             ("one short query p50 (ms)", "3-12 words", percentile(r["query_ms"], 50)),
             ("one short query p99 (ms)", "3-12 words", percentile(r["query_ms"], 99)),
@@ -359,10 +371,18 @@ def write(
              f"{args.turns} turns of {args.block} short queries per system, the systems in turn "
              "(the order rotated per turn): the in-turn row, whose calls sample the same seconds "
              "of this machine for every system.")  # fmt: skip
+    notes += (" load_s: seconds from the worker's start to a loaded model, per round (ours: the "
+              "start-up choice of the CPU executor included; the first round writes the ONNX "
+              "graph into a fresh cache, later rounds read it back).")  # fmt: skip
+    if turn_load is not None:
+        notes += f" Load average (1 min) before the in-turn phase: {turn_load}."
     software = report.versions("torch", "embedserve", "sentence-transformers", "onnxruntime")
-    slug = "cpu2-families" if args.model else "cpu2-peers"
-    path, table = report.write("latency", report.cpu_hardware(), slug, records,
-                               software, notes, args.out)  # fmt: skip
+    isa = report.cpu_isa()
+    # the CPU kind in the name: runs on an AVX2-only CPU and an AVX-512 one stay apart
+    kind = "avx512" if "avx512f" in isa else "avx2" if "avx2" in isa else "cpu"
+    slug = "cpu2-families" if args.model else f"cpu2-{kind}-peers"
+    hardware = f"{report.cpu_hardware()}; flags: {' '.join(isa) or 'unknown'}"
+    path, table = report.write("latency", hardware, slug, records, software, notes, args.out)
     print(table)
     print(f"wrote {path}")
 

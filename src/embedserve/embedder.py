@@ -55,9 +55,11 @@ class Embedder:
         pooling: str | None = None,
         attention: str | None = None,
         attention_backend: str | None = None,
+        cpu_path: str | None = None,
     ) -> None:
         """`attention` ("causal" | "bidirectional") overrides the folder's attention, as
-        `pooling` overrides its pooling; `attention_backend` names the attention kernels."""
+        `pooling` overrides its pooling; `attention_backend` names the attention kernels;
+        `cpu_path` a float32 CPU's executor (`engine.cpu_paths`; default: measured)."""
         folder = resolve_model(model)
         self.spec = read_model_spec(folder, pooling=pooling, attention=attention)
         if self.spec.task != "embed":
@@ -69,7 +71,11 @@ class Embedder:
         self.tokenizer = TextTokenizer(folder / "tokenizer.json", self.spec.max_seq_length)
         self.inputs = InputPreparer(self.spec, self.tokenizer)
         self.engine = Engine(
-            self.spec, device=device, dtype=dtype, attention_backend=attention_backend
+            self.spec,
+            device=device,
+            dtype=dtype,
+            attention_backend=attention_backend,
+            cpu_path=cpu_path,
         )
         # tokenize long lists piece by piece on a thread while the engine runs the piece before;
         # not on the CPU, where the tokenizer's threads would take the model's cores

@@ -226,6 +226,13 @@ class EngineOptions(Options):
         "float32 | bfloat16 | float16 (default: bfloat16 on a GPU and on a CPU with native "
         "bf16, AVX-512 BF16 or AMX, checked against fp32 at start-up; else float32)",
     )
+    cpu_path: str | None = option(
+        None,
+        "a float32 CPU's executor: onnx (ONNX Runtime), packed (oneDNN prepacked weights) or "
+        "eager (default: the fastest of them measured at start-up, when the dtype is float32 "
+        "by default; an asked-for --dtype float32 alone runs eager)",
+        choices=("auto", "onnx", "packed", "eager"),
+    )
     pooling: str | None = option(None, "override the folder's pooling", choices=POOLING_METHODS)
     attention: str | None = option(
         None,

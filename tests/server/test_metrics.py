@@ -109,10 +109,13 @@ def test_server_command_serves_metrics() -> None:
 def test_engine_dtype_is_an_info_metric() -> None:
     """The dtype served, which on a CPU is chosen at start-up (bf16 where native, fp32 when the
     fidelity guard refuses it), is scraped as `embedserve_engine_info`."""
-    engine = SimpleNamespace(stats=EngineStats(), device="cpu", dtype_name="bfloat16")
+    engine = SimpleNamespace(
+        stats=EngineStats(), device="cpu", dtype_name="bfloat16", cpu_path="packed"
+    )
     service = SimpleNamespace(
         num_batches=0, scheduler=SimpleNamespace(num_queued_tokens=0), stage_times=StageTimes()
     )
     port = start_metrics_server("127.0.0.1", 0, engine, service)
     info = [s for f in families(port) for s in f.samples if s.name == "embedserve_engine_info"]
-    assert [(s.labels, s.value) for s in info] == [({"device": "cpu", "dtype": "bfloat16"}, 1.0)]
+    labels = {"device": "cpu", "dtype": "bfloat16", "cpu_path": "packed"}
+    assert [(s.labels, s.value) for s in info] == [(labels, 1.0)]

@@ -220,6 +220,7 @@ def _run_embed(args: argparse.Namespace) -> int:
         options.model,
         device=options.device,
         dtype=options.dtype,
+        cpu_path=options.cpu_path,
         pooling=options.pooling,
         attention=options.attention,
         attention_backend=options.attention_backend,

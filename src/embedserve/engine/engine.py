@@ -30,6 +30,9 @@ from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.cpu import default_dtype
+from embedserve.engine.cpu_paths import PATHS as CPU_PATHS
+from embedserve.engine.cpu_paths import CpuChoice, forward_context, timing_batches
+from embedserve.engine.cpu_paths import choose as choose_cpu_path
 from embedserve.engine.fidelity import (
     SCORE_MAX_DIFF,
     FidelityError,
@@ -37,7 +40,7 @@ from embedserve.engine.fidelity import (
     make_probes,
 )
 from embedserve.engine.graphs import GraphConfig, GraphRunner
-from embedserve.engine.layers.linear import can_pack, pack_linears
+from embedserve.engine.layers.linear import Linear, can_pack, pack_linears
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
 from embedserve.engine.models.base import PackedEncoder
@@ -88,16 +91,26 @@ class Engine:
         graphs: GraphConfig | bool | None = None,
         fuse: bool | None = None,
         fidelity: bool | None = None,
+        cpu_path: str | None = None,
     ) -> None:
-        """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU, where
-        the engine runs exactly the eager path. `graphs` may be a GraphConfig. `dtype` defaults
-        to bf16 on CUDA and on a CPU with native bf16 (`cpu.native_bf16`), else fp32; a CPU's
-        default bf16 is held to the fidelity guard and falls back to fp32 if it fails.
-        `attention_backend` names the attention kernel (`attention.BACKEND_NAMES`); by default
-        the device's, and with graphs the fastest candidate per bucket."""
+        """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU. `graphs`
+        may be a GraphConfig. `dtype` defaults to bf16 on CUDA and on a CPU with native bf16
+        (`cpu.native_bf16`), else fp32; a CPU's default bf16 is held to the fidelity guard and
+        falls back to fp32 if it fails. A CPU's default fp32 runs the fastest of the float32
+        executors measured at start-up (`cpu_paths`); `cpu_path` names one ("onnx", "packed",
+        "eager"; float32 only), and an asked-for `dtype="float32"` alone runs the eager
+        reference path. `attention_backend` names the attention kernel
+        (`attention.BACKEND_NAMES`); by default the device's, and with graphs the fastest
+        candidate per bucket."""
         self.spec = spec
         self.device = resolve_device(device)
-        dtype_name = dtype or default_dtype(self.device)
+        asked_path = cpu_path not in (None, "auto")
+        if asked_path and cpu_path not in CPU_PATHS:
+            raise ValueError(f"cpu_path {cpu_path!r} is not one of auto, {', '.join(CPU_PATHS)}")
+        if asked_path and (self.device.type != "cpu" or dtype not in (None, "float32")):
+            raise ValueError(f"cpu_path {cpu_path!r} is a float32 CPU executor: not on "
+                             f"{self.device.type} with dtype {dtype!r}")  # fmt: skip
+        dtype_name = dtype or ("float32" if asked_path else default_dtype(self.device))
         if dtype_name not in DTYPES:
             raise ValueError(f"dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
         self.dtype = DTYPES[dtype_name]
@@ -117,7 +130,8 @@ class Engine:
         fused = on_cuda if fuse is None else fuse
         # the ops first, then the model built with them (it calls them for every chain)
         self.ops = compiled_ops(self.choices, self.stats) if fused else EAGER_OPS
-        self._compiling: contextlib.AbstractContextManager[Any] = (
+        # what every forward runs inside: the compile limits, or (`cpu_paths`) one torch thread
+        self._around_forward: contextlib.AbstractContextManager[Any] = (
             compile_limits() if fused else contextlib.nullcontext()
         )
         # a CPU's bf16 chosen by default (not asked for) is checked, and may fall back to fp32
@@ -125,7 +139,8 @@ class Engine:
         check = (on_cuda or cpu_default) if fidelity is None else fidelity
         # the fidelity reference: fp32, eager ops (read from the folder a second time)
         reference = build_model(spec, EAGER_OPS).to(self.device) if check else None
-        self.model = build_model(spec, self.ops).to(self.device, self.dtype)
+        # the forward: a `PackedEncoder`, or the CPU executor standing in for it (`cpu_paths`)
+        self.model: nn.Module = build_model(spec, self.ops).to(self.device, self.dtype)
         # a CPU's bf16 products on weights packed once for oneDNN, not reordered at every call
         # (`layers.linear`); how many layers, for the tests and the start-up line
         self.packed_linears = (
@@ -150,6 +165,51 @@ class Engine:
         self.fidelity_cosine: float | None = None
         if reference is not None:
             self.fidelity_cosine = self._check_fidelity(reference, fall_back=cpu_default)
+        # a CPU's float32 by default (or a named executor): the fastest that passes the guard
+        # (a default bf16 the guard refused serves the eager reference, as it says)
+        self.cpu_choice: CpuChoice | None = None
+        if (
+            not on_cuda
+            and not fused
+            and (asked_path or (dtype is None and dtype_name == "float32"))
+        ):
+            self._choose_cpu_path(cpu_path if asked_path else None)
+
+    def _choose_cpu_path(self, asked: str | None) -> None:
+        """Serve the float32 executor `cpu_paths.choose` picks (or `asked`), and say which."""
+        model = self.model
+        assert isinstance(model, PackedEncoder)
+        self.model, self.cpu_choice = choose_cpu_path(
+            model,
+            str(self.spec.path),
+            self._run_on,
+            make_probes(self.vocab_size, self.max_positions),
+            timing_batches(self.vocab_size, self.max_positions),
+            asked,
+        )
+        self._around_forward = forward_context(self.model)
+        if self.cpu_choice.path == "packed":
+            self.packed_linears = sum(isinstance(m, Linear) for m in model.modules())
+        self.fidelity_cosine = self.cpu_choice.cosine
+        log.info("cpu path: %s", self.cpu_choice.describe())
+
+    def _run_on(self, model: nn.Module, batch: PackedBatch) -> np.ndarray:
+        """`step` on `model` in place of the served one (the start-up choice's measurements)."""
+        kept = self.model, self._around_forward
+        self.model, self._around_forward = model, forward_context(model)
+        try:
+            return self.step(batch).wait().copy()
+        finally:
+            self.model, self._around_forward = kept
+
+    @property
+    def cpu_path(self) -> str | None:
+        """How the CPU runs the forward: "onnx", "packed" or "eager"; None on CUDA."""
+        if self.device.type != "cpu":
+            return None
+        if self.cpu_choice is not None:
+            return self.cpu_choice.path
+        return "packed" if self.packed_linears else "eager"
 
     def _graph_runner(
         self, graphs: GraphConfig | bool | None, attention_backend: str | None
@@ -281,7 +341,7 @@ class Engine:
         layout: RaggedLayout,
         attend: AttentionFn,
     ) -> torch.Tensor:  # [S, H] float32
-        with self._compiling:
+        with self._around_forward:
             hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
             pooled = self.ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
             return pooled if self.after_pooling is None else self.after_pooling(pooled)
@@ -295,7 +355,7 @@ class Engine:
         layout: RaggedLayout,
         attend: AttentionFn,
     ) -> torch.Tensor:  # [T, H]: the forward without pooling
-        with self._compiling:
+        with self._around_forward:
             return self.model(input_ids, positions, token_type_ids, layout, attend)
 
     @torch.inference_mode()

@@ -63,7 +63,7 @@ def stated(engine: Any, name: str, tokens: int) -> tuple[ModelMemory, dict[str, 
         for m in modules
         if m is not None
         for t in (*m.parameters(), *m.buffers())
-    )
+    ) + getattr(engine.model, "weight_bytes", 0)  # an executor outside torch (`onnx_encoder`)
     element = torch.empty((), dtype=engine.dtype).element_size()
     device = engine.device
     device_now: dict[str, int] = {}

@@ -169,6 +169,7 @@ def load_engine(options: EngineOptions):  # type: ignore[no-untyped-def]
         attention_backend=options.attention_backend,
         device=options.device,
         dtype=options.dtype,
+        cpu_path=options.cpu_path,
     )
     warm = PackedBatch.from_packed(np.arange(100, 132, dtype=np.int64), np.array([16, 16]))
     engine.step(warm).wait()
@@ -298,6 +299,9 @@ def _announce_ready(
     checked = engine.fidelity_cosine
     # the dtype served: a CPU's default bf16 falls back to fp32 if the guard fails (`Engine`)
     precision = engine.dtype_name + (f", fidelity {checked:.5f}" if checked is not None else "")
+    choice = getattr(engine, "cpu_choice", None)  # a CPU's float32 executor, measured
+    if choice is not None:
+        precision += f", cpu path {choice.describe()}"
     budget = service.scheduler.config.max_batch_tokens
     what = (
         f"scores pairs ({engine.spec.score.kind})"

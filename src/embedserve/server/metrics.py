@@ -57,8 +57,12 @@ class ServerCollector:
         if dtype is not None:  # the dtype served (a CPU's default bf16 may have fallen back)
             yield InfoMetricFamily(
                 "embedserve_engine",
-                "The engine's device and dtype",
-                value={"device": str(self.engine.device), "dtype": dtype},
+                "The engine's device, dtype and CPU executor (`engine.cpu_paths`)",
+                value={
+                    "device": str(self.engine.device),
+                    "dtype": dtype,
+                    "cpu_path": str(getattr(self.engine, "cpu_path", None) or ""),
+                },
             )
         stats = getattr(self.engine, "stats", None)
         if stats is not None:

@@ -29,13 +29,16 @@ PACK_ROWS_HINT = 16
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether `Linear.pack` applies: a CPU in bf16 with oneDNN's native bf16 (`cpu.native_bf16`:
-    elsewhere oneDNN has no bf16 kernel to pack for); not fp32, whose packed kernel sums in
-    another order than the reference-parity tests hold fp32 to."""
-    return (
-        device.type == "cpu"
-        and dtype == torch.bfloat16
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and native_bf16()
+    elsewhere oneDNN has no bf16 kernel to pack for). A float32 engine packs only where
+    `cpu_paths` chose it: its packed kernel sums in another order than the reference-parity
+    tests hold `dtype="float32"` to."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and can_pack_fp32() and native_bf16()
+
+
+def can_pack_fp32() -> bool:
+    """Whether this PyTorch build has oneDNN's prepacked products (`cpu_paths`' "packed")."""
+    return torch.backends.mkldnn.is_available() and hasattr(
+        torch.ops.mkldnn, "_reorder_linear_weight"
     )
 
 
@@ -57,6 +60,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: torch.Tensor | None = None  # oneDNN's layout of `weight` (`pack`)
+        self.aside: torch.Tensor | None = None  # the packed copy while unused (`use_packed`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.packed is not None:
@@ -78,11 +82,28 @@ class Linear(nn.Module):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "gelu", [], "none")
         return act(self(x))
 
-    def pack(self) -> None:
-        """Hold the weight in oneDNN's blocked layout only (CPU): `weight` keeps its shape and
-        dtype for what reads them, without its values' memory."""
+    def pack(self, *, keep_weight: bool = False) -> None:
+        """Hold the weight in oneDNN's blocked layout (CPU). `keep_weight`: keep the plain copy
+        too, while the engine measures whether the packed product is the faster (`cpu_paths`);
+        else `weight` keeps its shape and dtype for what reads them, without its values' memory
+        (`drop_weight`)."""
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS_HINT)
+        if not keep_weight:
+            self.drop_weight()
+
+    def use_packed(self, on: bool) -> None:
+        """Between `F.linear` on the plain weight (kept by `pack(keep_weight=True)`) and the
+        packed copy (set aside meanwhile), while `cpu_paths` times both in turn."""
+        if on and self.packed is None:
+            self.packed, self.aside = self.aside, None
+        elif not on and self.packed is not None:
+            self.packed, self.aside = None, self.packed
+
+    def forget_packed(self) -> None:
+        self.packed = self.aside = None
+
+    def drop_weight(self) -> None:
         weight = self.weight.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
         self.weight = nn.Parameter(
             torch.zeros((), dtype=weight.dtype).expand(weight.shape),
             requires_grad=False,

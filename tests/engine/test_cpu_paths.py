@@ -1,0 +1,174 @@
+"""A float32 CPU's executors (`engine.cpu_paths`): each one, pinned by name whatever the CPU, gives
+the eager float32 reference's vectors (cosine >= 0.99999, a text alone as inside a batch); the
+start-up choice keeps the fastest that passes the guard and drops one that fails it; the ONNX
+graph is written once per model folder and read back from the cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embedserve.embedder import Embedder
+from embedserve.engine import cpu_paths
+from embedserve.engine.batch import PackedBatch
+from embedserve.engine.cpu_paths import PathTiming
+from embedserve.engine.engine import Engine
+from embedserve.engine.fidelity import FidelityError, row_cosines
+from embedserve.engine.layers.linear import Linear
+from embedserve.engine.onnx_encoder import MAX_PADDING, OnnxEncoder, cache_path, length_groups
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+TEXTS = [
+    "what is the capital of france",
+    "A passage about the history of the Roman empire, its roads, its laws and its long decline "
+    "in the west, told over several sentences so that it is far longer than a query. " * 3,
+    "ok",
+    "the quick brown fox jumps over the lazy dog near the river bank at dawn",
+]
+
+
+@pytest.fixture(autouse=True)
+def onnx_cache(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """The graphs these tests write go to a folder of their own, not the user's cache (one for
+    the session: a graph is written once); the choices remembered, to one per test."""
+    root = tmp_path_factory.getbasetemp() / "xdg-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(root))
+    monkeypatch.setattr(cpu_paths, "_choices_file", lambda: tmp_path / "cpu-paths.json")
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_path: Path) -> np.ndarray:
+    return Embedder(minilm_path, device="cpu", dtype="float32").encode(TEXTS)
+
+
+@pytest.mark.parametrize("path", ["onnx", "packed", "eager"])
+def test_a_pinned_path_gives_the_reference_vectors(
+    path: str, minilm_path: Path, reference: np.ndarray
+) -> None:
+    embedder = Embedder(minilm_path, device="cpu", cpu_path=path)
+    assert embedder.engine.cpu_path == path and embedder.engine.dtype == torch.float32
+    together = embedder.encode(TEXTS)
+    assert row_cosines(together, reference).min() >= cpu_paths.MIN_COSINE
+    alone = np.concatenate([embedder.encode([t]) for t in TEXTS])
+    np.testing.assert_allclose(alone, together, atol=2e-6)
+    if path == "packed":  # the plain weights' memory released, the packed copy served
+        linears = [m for m in embedder.engine.model.modules() if isinstance(m, Linear)]
+        assert linears and all(
+            m.packed is not None and m.weight.stride() == (0, 0) for m in linears
+        )
+        assert embedder.engine.packed_linears == len(linears)
+
+
+def test_the_fastest_path_by_query_and_passages() -> None:
+    def timing(path: str, query: float, passages: float) -> PathTiming:
+        return PathTiming(path, query, passages, 1.0)
+
+    # onnx: 2x faster on a query, 10% slower on passages: 1.0 * 1.1 against 2.0 * 1.0
+    measured = [
+        timing("eager", 8.0, 110.0),
+        timing("onnx", 2.0, 110.0),
+        timing("packed", 4.0, 100.0),
+    ]
+    assert cpu_paths._fastest(measured) == "onnx"
+    measured = [timing("onnx", 3.0, 300.0), timing("packed", 3.2, 100.0)]
+    assert cpu_paths._fastest(measured) == "packed"
+
+
+def test_a_path_under_the_guard_is_dropped(monkeypatch, minilm_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The default measures every path; one whose vectors fail the guard is not served (the next
+    one is), and the record says why. Asked for by name, the same path is refused."""
+    forward = OnnxEncoder.forward
+
+    def off_by_a_little(self, *args):  # type: ignore[no-untyped-def]
+        hidden = forward(self, *args)
+        return hidden + 0.02 * torch.randn(hidden.shape, generator=torch.Generator().manual_seed(0))
+
+    monkeypatch.setattr(OnnxEncoder, "forward", off_by_a_little)
+    engine = Engine.from_folder(minilm_path, device="cpu", dtype=None)
+    choice = engine.cpu_choice
+    assert choice is not None and choice.path in ("packed", "eager")
+    assert "below 0.99999" in choice.dropped["onnx"]
+    assert {t.path for t in choice.measured} == {"packed", "eager"}
+    assert all(t.cosine >= cpu_paths.MIN_COSINE for t in choice.measured)
+    assert engine.cpu_path == choice.path and choice.path in choice.describe()
+    with pytest.raises(FidelityError):
+        Engine.from_folder(minilm_path, device="cpu", cpu_path="onnx")
+
+
+def test_the_choice_is_remembered_per_machine_and_folder(minilm_path: Path) -> None:
+    """A second start serves the path the first one measured fastest, checked, not re-timed."""
+    first = Engine.from_folder(minilm_path, device="cpu").cpu_choice
+    assert first is not None and first.measured and not first.remembered
+    second = Engine.from_folder(minilm_path, device="cpu").cpu_choice
+    assert second is not None and second.remembered and not second.measured
+    assert second.path == first.path and second.cosine is not None
+    assert second.cosine >= cpu_paths.MIN_COSINE and "earlier start" in second.describe()
+
+
+def test_a_remembered_path_under_the_guard_is_measured_again(
+    monkeypatch, minilm_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    cpu_paths.remember(cpu_paths.choice_key(str(minilm_path)), "onnx")
+    forward = OnnxEncoder.forward
+
+    def off_by_a_little(self, *args):  # type: ignore[no-untyped-def]
+        return forward(self, *args) * torch.linspace(0.5, 1.5, 384)
+
+    monkeypatch.setattr(OnnxEncoder, "forward", off_by_a_little)
+    choice = Engine.from_folder(minilm_path, device="cpu").cpu_choice
+    assert choice is not None and not choice.remembered and choice.path != "onnx"
+    assert "onnx" in choice.dropped
+    key = cpu_paths.choice_key(str(minilm_path))
+    assert cpu_paths.remembered(key) == choice.path
+
+
+def test_cpu_path_is_float32_on_the_cpu_only(minilm_path: Path) -> None:
+    with pytest.raises(ValueError, match="float32 CPU executor"):
+        Engine.from_folder(minilm_path, device="cpu", dtype="bfloat16", cpu_path="onnx")
+    with pytest.raises(ValueError, match="is not one of"):
+        Engine.from_folder(minilm_path, device="cpu", cpu_path="fast")
+    # an asked-for float32 alone is the eager reference, never measured against the others
+    engine = Engine.from_folder(minilm_path, device="cpu", dtype="float32")
+    assert engine.cpu_choice is None and engine.cpu_path == "eager"
+
+
+def test_the_graph_is_written_once_per_folder(minilm_path: Path, onnx_cache: Path) -> None:
+    first = Engine.from_folder(minilm_path, device="cpu", cpu_path="onnx")
+    graph = first.model.path
+    assert graph == cache_path(minilm_path) and str(graph).startswith(str(onnx_cache))
+    written = graph.stat().st_mtime_ns
+    second = Engine.from_folder(minilm_path, device="cpu", cpu_path="onnx")
+    assert second.model.path == graph and graph.stat().st_mtime_ns == written
+    batch = PackedBatch.from_token_lists([[101, 2054, 2003, 102]])
+    np.testing.assert_array_equal(first.step(batch).wait(), second.step(batch).wait())
+
+
+def test_the_cache_key_follows_the_weights(tmp_path: Path, minilm_path: Path) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"one")
+    before = cache_path(folder)
+    weights.write_bytes(b"other")
+    assert cache_path(folder) != before
+    assert cache_path(minilm_path) != before
+
+
+@pytest.mark.parametrize(
+    "seqlens", [(12,), (5, 77, 256), (100, 99, 98, 3, 2, 1), tuple(range(1, 200, 7)), (256,) * 40]
+)
+def test_length_groups_cover_every_sequence_with_bounded_padding(seqlens: tuple[int, ...]) -> None:
+    groups = length_groups(seqlens)
+    assert sorted(i for g in groups for i in g) == list(range(len(seqlens)))
+    for g in groups:
+        longest = seqlens[g[0]]
+        assert all(seqlens[i] <= longest for i in g)
+        assert len(g) == 1 or longest * len(g) <= MAX_PADDING * sum(seqlens[i] for i in g)

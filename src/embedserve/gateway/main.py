@@ -92,13 +92,16 @@ class GatewayConfig(Options):
     max_headers: int = option(ConnectionLimits.max_headers, "more header lines get HTTP 431")
     header_timeout: float = option(
         ConnectionLimits.header_timeout,
-        "seconds from a request's first byte to the end of its headers; past it HTTP 408",
+        "seconds from a connection's accept (or a request's first byte) to the end of its "
+        "headers; past it HTTP 408 (a connection that sent nothing is closed)",
     )
     body_timeout: float = option(
         BODY_TIMEOUT, "seconds the body may take to arrive after the headers; past it HTTP 408"
     )
     max_connections: int = option(
-        1024, "open connections (and requests) per gateway worker; past it HTTP 503"
+        ConnectionLimits.max_connections,
+        "open connections per gateway worker: a new one closes the longest idle; when every one "
+        "has a request in progress, HTTP 503",
     )
     max_inputs: int = option(2048, "inputs (documents) per request")
     max_chunks_per_document: int = option(
@@ -292,14 +295,17 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         loop = "uvloop"
     except ImportError:
         loop = "asyncio"
-    limits = ConnectionLimits(config.max_header_bytes, config.max_headers, config.header_timeout)
+    limits = ConnectionLimits(
+        config.max_header_bytes, config.max_headers, config.header_timeout, config.max_connections
+    )
     http: Any
+    concurrency: int | None = None  # the bounded protocol keeps its own count (`connections`)
     try:
         import httptools  # noqa: F401
 
         http = bounded_protocol(limits)
     except ImportError:  # h11 bounds the headers itself (no header timeout there)
-        http = "h11"
+        http, concurrency = "h11", config.max_connections
     keys = KeyRing(config.api_keys, config.api_key_file)
     signal.signal(signal.SIGHUP, lambda signum, frame: keys.reload())
     if config.log_requests:
@@ -325,7 +331,7 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
             log_level="warning",
             timeout_graceful_shutdown=int(config.drain_seconds),
             timeout_keep_alive=30,
-            limit_concurrency=config.max_connections,
+            limit_concurrency=concurrency,
             h11_max_incomplete_event_size=config.max_header_bytes,
         ),
     )

@@ -37,6 +37,7 @@ from embedserve.gateway.outputs import asked_outputs, outputs_body, parse_output
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
 from embedserve.gateway.replicas import REPLICAS_CALLED
 from embedserve.gateway.requests import (
+    MAX_TOKENS_PER_REQUEST,
     Limits,
     embeddings_head,
     parse_contextual,
@@ -59,6 +60,7 @@ from embedserve.gateway.transport import (
     Scope,
     Send,
     max_json_strings,
+    max_json_values,
     parse_json,
     read_body,
     unless_disconnected,
@@ -110,6 +112,10 @@ class GatewayApp:
         self.open_paths = set() if metrics_auth else {"/metrics"}
         self.limits = limits
         self.max_json_strings = max(max_json_strings(m.limits) for m in self.served.models)
+        self.max_json_values = max(
+            max_json_values(m.limits, m.max_tokens_per_request or MAX_TOKENS_PER_REQUEST)
+            for m in self.served.models
+        )
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout  # s for a body to arrive after its headers
         self.model_name = limits.model_names[0]
@@ -318,10 +324,10 @@ class GatewayApp:
         an embedding route's body asks for (default: dense vectors)."""
         if not self.served.several:  # the checks in a single-model gateway's order
             pipeline = self.served.models[0].started()
-            data = parse_json(body, self.max_json_strings)
+            data = parse_json(body, self.max_json_strings, self.max_json_values)
             chosen = self.served.pick(None, task, outputs(data) if outputs else None)
         else:
-            data = parse_json(body, self.max_json_strings)
+            data = parse_json(body, self.max_json_strings, self.max_json_values)
             chosen = self.served.pick(data, task, outputs(data) if outputs else None)
             pipeline = chosen.started()
             set_request_model(chosen.name)

@@ -70,7 +70,7 @@ class DropInRoutes:
         }
 
     def _json(self, body: bytes) -> object:
-        return parse_json(body, self.app.max_json_strings)
+        return parse_json(body, self.app.max_json_strings, self.app.max_json_values)
 
     async def root(self, body: bytes) -> Answer:
         handler = self.root_tasks.get(self.app.limits.task)

@@ -34,6 +34,7 @@ from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool, check_replica
+from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
 from embedserve.gateway.served import PER_MODEL_LIMITS, ModelEntry, load_model, model_entries
 from embedserve.gateway.sockets import bind, reserve_port, wait_until_up
 from embedserve.gateway.tei_grpc import TeiGrpc
@@ -107,7 +108,7 @@ class GatewayConfig(Options):
     max_chunks_per_document: int = option(
         MAX_CHUNKS_PER_DOCUMENT, "chunks per document of a contextualized-embeddings request"
     )
-    max_tokens_per_request: int = option(300_000, "real tokens per request")
+    max_tokens_per_request: int = option(MAX_TOKENS_PER_REQUEST, "real tokens per request")
     max_multivector_values: int = option(
         MAX_MULTIVECTOR_VALUES,
         "floats of multi-vector output (token vectors x dims) per request of a ColBERT or "

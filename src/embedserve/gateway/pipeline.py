@@ -63,12 +63,14 @@ class PipelineLimits:
     parts_in_flight: int = 2  # parts of one request outstanding at once (see `_fan_out`)
 
 
-def _num_chars(value: Any) -> int:
-    """A cheap size of a request's text, to decide where to tokenize it."""
+def _num_chars(value: Any, depth: int = 0) -> int:
+    """A cheap size of a request's text, to decide where to tokenize it. NOTE: three levels at
+    most (documents of chunks of text): a deeper value is no valid input, and the core says so;
+    recursing into it met Python's recursion limit (a 500)."""
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, list):
-        return sum(_num_chars(x) if isinstance(x, (str, list)) else 1 for x in value)
+    if isinstance(value, list) and depth < 3:
+        return sum(_num_chars(x, depth + 1) if isinstance(x, (str, list)) else 1 for x in value)
     return 1
 
 

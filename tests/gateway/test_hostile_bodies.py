@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from embedserve.core.inputs import InputPreparer
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.requests import Limits
 from embedserve.gateway.transport import max_json_strings, max_json_values, parse_json
@@ -105,10 +106,10 @@ def test_the_value_bound_admits_the_largest_valid_requests() -> None:
     assert parse_json(nested.encode(), LIMIT, VALUES)["inputs"][0]["content"][0]["text"] == "x"
 
 
-def test_the_size_count_of_a_deep_input_does_not_recurse() -> None:
-    from embedserve.gateway.pipeline import _num_chars
+def test_the_character_count_of_a_deep_input_does_not_recurse(inputs: InputPreparer) -> None:
+    from embedserve.core.bounds import text_chars
 
-    value: list = []  # type: ignore[type-arg]
+    value: list = ["x"]  # type: ignore[type-arg]
     for _ in range(5000):
         value = [value]
-    assert _num_chars(value) >= 1
+    assert text_chars(value, "", False, inputs.tokenizer) == 0

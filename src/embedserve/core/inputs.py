@@ -357,6 +357,9 @@ class InputPreparer:
                 f"separator must be a string, got {type(separator).__name__}", param="separator"
             )
         joined = [join_chunks(chunks, separator) for chunks in documents]
+        # NOTE: a long document over the limit is refused from a piece of it (a 14 MB one cost
+        # 22 s tokenized whole)
+        self.tokenizer.check_fits([text for text, _ in joined])
         encodings = self.tokenizer.encode_with_offsets([text for text, _ in joined])
         plans = []
         for d, (encoding, (_, ranges)) in enumerate(zip(encodings, joined, strict=True)):

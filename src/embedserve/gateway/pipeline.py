@@ -30,6 +30,7 @@ from embedserve.contract.codec import (
     decode_response,
     encode_request,
 )
+from embedserve.core.bounds import check_chars, document_chars, pair_chars, text_chars
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.chunking import packed_spans
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
@@ -63,17 +64,6 @@ class PipelineLimits:
     parts_in_flight: int = 2  # parts of one request outstanding at once (see `_fan_out`)
 
 
-def _num_chars(value: Any, depth: int = 0) -> int:
-    """A cheap size of a request's text, to decide where to tokenize it. NOTE: three levels at
-    most (documents of chunks of text): a deeper value is no valid input, and the core says so;
-    recursing into it met Python's recursion limit (a 500)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list) and depth < 3:
-        return sum(_num_chars(x, depth + 1) if isinstance(x, (str, list)) else 1 for x in value)
-    return 1
-
-
 class Pipeline:
     def __init__(
         self,
@@ -102,13 +92,16 @@ class Pipeline:
         self._threads.shutdown(wait=False)
 
     async def _off_loop(self, size: int, work: Callable[[], T]) -> T:
+        """`work()` (tokenizing `size` characters, as `core.bounds` counts them), refused
+        before it starts past the request's character bound; on the thread pool when large."""
+        check_chars(size, self.limits.max_tokens_per_request)
         if size <= INLINE_PREPARE_CHARS:
             return work()
         return await asyncio.get_running_loop().run_in_executor(self._threads, work)
 
     async def tokenize(self, texts: Any, options: InputOptions) -> list[list[int]]:
         prepared = await self._off_loop(
-            _num_chars(texts), lambda: self.inputs.prepare(texts, options)
+            self._text_chars(texts, options), lambda: self.inputs.prepare(texts, options)
         )
         return prepared.seqs
 
@@ -130,8 +123,12 @@ class Pipeline:
 
     async def _prepare(self, job: EmbedJob) -> PreparedInputs:
         return await self._off_loop(
-            _num_chars(job.inputs), lambda: self.inputs.prepare(job.inputs, job.options)
+            self._text_chars(job.inputs, job.options),
+            lambda: self.inputs.prepare(job.inputs, job.options),
         )
+
+    def _text_chars(self, texts: Any, options: InputOptions) -> int:
+        return text_chars(texts, options.prompt, options.truncate, self.inputs.tokenizer)
 
     async def _encode(self, prepared: PreparedInputs, head: Head) -> np.ndarray:
         """The prepared inputs' vectors, through the servers in token-budget parts."""
@@ -152,7 +149,7 @@ class Pipeline:
         if self.pairs is None:
             return await self._cosine(job)
         pairs = self.pairs
-        size = sum(_num_chars(q) + _num_chars(d) for q, d in job.groups)
+        size = sum(pair_chars(q, d) for q, d in job.groups)  # the query read once per document
 
         def prepare() -> list[PreparedPairs]:
             return [
@@ -290,7 +287,7 @@ class Pipeline:
         """The outputs of every input, in input order, and the prompt tokens; the answer's
         size and the token limit are checked before any part is sent."""
         prepared = await self._off_loop(
-            _num_chars(job.inputs),
+            self._text_chars(job.inputs, InputOptions(truncate=job.truncate)),
             lambda: prepare_outputs(
                 self.inputs, self.colbert, job.inputs, input_type=job.input_type,
                 prompt_name=job.prompt_name, prompt=job.prompt, truncate=job.truncate,
@@ -350,7 +347,10 @@ class Pipeline:
             )
             return queries, documents
 
-        size = sum(_num_chars(q) + _num_chars(d) for q, d in job.groups)
+        options = InputOptions(truncate=job.truncate)
+        size = sum(
+            self._text_chars(q, options) + self._text_chars(d, options) for q, d in job.groups
+        )
         queries, documents = await self._off_loop(size, prepare)
         total = sum(map(len, queries.seqs)) + sum(map(len, documents.seqs))
         self._check_size(total)
@@ -382,7 +382,7 @@ class Pipeline:
     async def contextual(self, job: ContextualJob) -> tuple[list[np.ndarray], int]:
         """Per document, encoded chunk vectors [num_chunks, width]; and the prompt tokens."""
         plans = await self._off_loop(
-            _num_chars(job.documents),
+            document_chars(job.documents),
             lambda: self.inputs.plan_documents(job.documents, job.separator),
         )
         lengths = [len(p.ids) for p in plans]

@@ -54,6 +54,8 @@ DEFAULT_PART_TOKENS = 8192
 # worker would take the cores the engine runs on.
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_WORKERS = 2 if (os.cpu_count() or 1) >= 8 else 1
+MAX_RESTARTS_PER_MINUTE = 5  # worker restarts, all workers together
+MAX_BACKOFF_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -285,7 +287,9 @@ def make_pipeline(
     )
 
 
-def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
+def run_worker(config: GatewayConfig, sock: socket.socket, restarts: int = 0) -> None:
+    """One worker: uvicorn on `sock`; `restarts`: how many workers the supervisor has started
+    again so far (reported in /metrics)."""
     os.setpgrp()
     set_parent_death_signal()
     import uvicorn
@@ -317,6 +321,7 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         requests_log.setLevel(logging.INFO)
         requests_log.propagate = False
     app = build_app(config, keys)
+    app.metrics.worker_restarts.set(restarts)
     if config.tei_grpc_port is not None:
         app.services.append(TeiGrpc(app, config.host, config.tei_grpc_port))
     tracing.configure(config.otlp_endpoint, "embedserve-gateway")  # per worker: its own thread
@@ -386,13 +391,7 @@ def _supervise(config: GatewayConfig) -> int:
     grpc_sock = reserve_port(config.host, config.tei_grpc_port)  # the workers' one port
     if grpc_sock is not None:
         config = dataclasses.replace(config, tei_grpc_port=grpc_sock.getsockname()[1])
-    ctx = multiprocessing.get_context("spawn")
-    workers = [
-        ctx.Process(target=run_worker, args=(config, sock), name=f"gateway-{i}", daemon=False)
-        for i in range(config.workers)
-    ]
-    for w in workers:
-        w.start()
+    workers = Workers(config, sock)
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
@@ -400,31 +399,20 @@ def _supervise(config: GatewayConfig) -> int:
         if not stopping:
             stopping = True
             say("embedserve gateway: draining")
-            for w in workers:
-                if w.pid is not None and w.is_alive():
-                    os.kill(w.pid, signal.SIGTERM)
-
-    def reload_keys(signum: int, frame: object) -> None:
-        for w in workers:
-            if w.pid is not None and w.is_alive():
-                os.kill(w.pid, signal.SIGHUP)
+            workers.signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGHUP, reload_keys)
+    signal.signal(signal.SIGHUP, lambda signum, frame: workers.signal(signal.SIGHUP))
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"http://{host}:{port}"
     try:
-        wait_until_up(f"{url}/health", workers)
+        wait_until_up(f"{url}/health", workers.processes)
     except RuntimeError as e:
         stop(signal.SIGTERM, None)
-        for w in workers:
-            w.join(10)
+        workers.join(10)
         say(f"embedserve gateway: error: {e}", err=True)
         return 1
-    # NOTE: the workers hold the listening socket now. Our copy would keep the port open after
-    # they have all gone (connections piling up unanswered): once they exit, the port is free.
-    sock.close()
     grpc_address = {}
     if grpc_sock is not None:
         grpc_sock.close()
@@ -436,11 +424,78 @@ def _supervise(config: GatewayConfig) -> int:
         + "".join(f"; TEI gRPC API on {a}" for a in grpc_address.values()),
     )
     write_ready({"url": url, "workers": config.workers, **grpc_address})
-    while any(w.is_alive() for w in workers):
-        for w in workers:
-            w.join(0.2)
-        if not stopping and not all(w.is_alive() for w in workers):
-            say("embedserve gateway: a worker died; stopping", err=True)
+    while workers.alive():
+        if not stopping and not workers.keep():
+            say("embedserve gateway: a worker keeps exiting; stopping", err=True)
             stop(signal.SIGTERM, None)
+        time.sleep(0.2)
+    # NOTE: our copy of the socket is kept while workers may be restarted; once they have all
+    # gone it must go too (connections would pile up unanswered on an open port)
+    sock.close()
     say("embedserve gateway: stopped")
-    return 0 if all(w.exitcode == 0 for w in workers) else 1
+    return 0 if workers.exited_cleanly() else 1
+
+
+class Workers:
+    """The gateway's worker processes on one listening socket; a worker that dies is started
+    again after a backoff (0.5 s, doubling to `MAX_BACKOFF_SECONDS`), as `serve` restarts a
+    dead server: one worker's crash must not stop the gateway. More than
+    `MAX_RESTARTS_PER_MINUTE` in a minute is a worker that cannot run: `keep` says False.
+    Each started worker reports the restarts so far in the `worker_restarts` metric."""
+
+    def __init__(self, config: GatewayConfig, sock: socket.socket) -> None:
+        self.config, self.sock = config, sock
+        self.ctx = multiprocessing.get_context("spawn")
+        self.restarts = 0
+        self.recent: list[float] = []  # restart times in the last minute
+        self.due: dict[int, float] = {}  # a dead worker's slot -> when it starts again
+        self.processes = [self._start(i) for i in range(config.workers)]
+
+    def _start(self, i: int) -> multiprocessing.process.BaseProcess:
+        process = self.ctx.Process(
+            target=run_worker,
+            args=(self.config, self.sock, self.restarts),
+            name=f"gateway-{i}",
+            daemon=False,
+        )
+        process.start()
+        return process
+
+    def keep(self) -> bool:
+        """Start again each dead worker whose backoff has passed; False past the restart cap."""
+        now = time.monotonic()
+        for i, process in enumerate(self.processes):
+            if process.is_alive() or process.exitcode is None:
+                continue
+            if i not in self.due:
+                self.recent = [t for t in self.recent if now - t < 60] + [now]
+                if len(self.recent) > MAX_RESTARTS_PER_MINUTE:
+                    return False
+                backoff = min(0.5 * 2 ** (len(self.recent) - 1), MAX_BACKOFF_SECONDS)
+                self.due[i] = now + backoff
+                say(
+                    f"embedserve gateway: worker {process.name} exited ({process.exitcode}); "
+                    f"restarting in {backoff:g} s",
+                    err=True,
+                )
+            elif now >= self.due[i]:
+                del self.due[i]
+                self.restarts += 1
+                self.processes[i] = self._start(i)
+        return True
+
+    def alive(self) -> bool:
+        return any(p.is_alive() for p in self.processes) or bool(self.due)
+
+    def signal(self, signum: int) -> None:
+        self.due.clear()  # a worker waiting for its restart is not started again
+        for p in self.processes:
+            if p.pid is not None and p.is_alive():
+                os.kill(p.pid, signum)
+
+    def join(self, timeout: float) -> None:
+        for p in self.processes:
+            p.join(timeout)
+
+    def exited_cleanly(self) -> bool:
+        return all(p.exitcode == 0 for p in self.processes)

@@ -76,6 +76,13 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livesum",
         )
+        # set by each worker as it starts (`gateway.main.Workers`); the largest is the gateway's
+        self.worker_restarts = prom.Gauge(
+            "embedserve_gateway_worker_restarts",
+            "Gateway workers started again after one died",
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
         # what keeps a worker's loop from running (`gateway.stalls`): per worker, not per model
         stall_buckets = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
         self.loop_lag = prom.Histogram(

@@ -12,6 +12,7 @@ import pytest
 
 from embedserve.core.inputs import Head, InputOptions, InputPreparer
 from embedserve.errors import InputError
+from embedserve.gateway.errors import ApiError
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.requests import ContextualJob, EmbedJob
 from embedserve.gateway.scoring import ScoreJob
@@ -76,3 +77,19 @@ def test_requests_within_the_bound_are_served(inputs: InputPreparer) -> None:
     job = EmbedJob([TEXT[:60_000]] * 100, InputOptions(truncate="end"), head, "float")
     rows, tokens = asyncio.run(pipeline(inputs).embed(job))
     assert rows.shape[0] == 100 and tokens == 100 * 256  # MiniLM's limit
+
+
+def test_embed_all_answers_are_bounded_before_any_part_is_sent(inputs: InputPreparer) -> None:
+    """TEI's /embed_all answers tokens x hidden floats: 300k tokens were 1.2-4.5 GB built on the
+    gateway. Past the bound (`--max-multivector-values`) it is a 400 before the servers run."""
+    replicas = CountingReplicas()
+    pipe = Pipeline(inputs, replicas, PipelineLimits(300_000, 2048))  # type: ignore[arg-type]
+    job = EmbedJob(
+        ["word " * 300] * 100, InputOptions(truncate="end"), Head(384, False, "float32"), "float"
+    )
+    with pytest.raises(InputError) as caught:
+        asyncio.run(pipe.token_states(job, max_values=384 * 25_000))
+    assert caught.value.code == "output_too_large" and replicas.calls == 0
+    with pytest.raises(ApiError):  # within it: sent (the fake replicas answer a row a text)
+        asyncio.run(pipe.token_states(job, max_values=384 * 25_600))
+    assert replicas.calls > 0

@@ -98,7 +98,7 @@ class DropInRoutes:
     async def embed_all(self, body: bytes) -> Answer:
         _, limits, pipeline, data = self.app._served(body, EMBED)
         job = tei.parse_embed_all(data, limits, pipeline.inputs)
-        states, num_tokens = await pipeline.token_states(job)
+        states, num_tokens = await pipeline.token_states(job, limits.max_multivector_values)
         self.app.metrics.count(num_tokens, len(states))
         return 200, JSON, dumps(tei.token_rows(states))
 

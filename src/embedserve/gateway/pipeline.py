@@ -48,7 +48,7 @@ from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob, Limits
 from embedserve.gateway.scoring import ScoreJob
 from embedserve.retrieval.inputs import ColbertInputs, OutputSequences, prepare_outputs
-from embedserve.retrieval.outputs import EncodedOutputs, join_outputs
+from embedserve.retrieval.outputs import EncodedOutputs, check_multivector_size, join_outputs
 from embedserve.retrieval.scores import late_plan
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
@@ -363,14 +363,16 @@ class Pipeline:
             start = stop
         return np.concatenate(scores), total
 
-    async def token_states(self, job: EmbedJob) -> tuple[list[np.ndarray], int]:
+    async def token_states(self, job: EmbedJob, max_values: int) -> tuple[list[np.ndarray], int]:
         """Per input, its tokens' final hidden states [num_tokens, width] float32 (TEI's
         `/embed_all`), and the prompt tokens: one late-chunking span per token, so the servers
-        pool each token alone, raw."""
+        pool each token alone, raw. An answer of over `max_values` floats is a 400 before any
+        part is sent (tokens x hidden floats: 300k tokens were 1.2-4.5 GB built here)."""
         prepared = await self._prepare(job)
         lengths = [len(s) for s in prepared.seqs]
         num_tokens = sum(lengths)
         self._check_size(num_tokens)
+        check_multivector_size(lengths, self.inputs.spec.hidden_size, max_values)
         calls = []
         for group in budget_groups(lengths, self.limits.part_tokens):
             sizes = [lengths[i] for i in group]

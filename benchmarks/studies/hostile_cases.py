@@ -54,32 +54,46 @@ def _bodies(item: bytes) -> bytes:
     return b'{"input": [' + b",".join([item] * (16_000_000 // (len(item) + 1))) + b"]}"
 
 
-CASES: dict[str, Case] = {
-    "1,100 idle connections, then a request": idle_connections,
-    'truncate "chunk", a 14 MB text': lambda port: _json(
-        port, "/v1/embeddings", {"input": TEXT_14MB, "truncate": "chunk"}
+def _sends(path: str, body: Any, headers: dict[str, str] | None = None) -> Case:
+    """The case's request, its body built now (outside the time measured)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return lambda port: _post(port, path, data, headers)
+
+
+# each case's request, built when the suite starts (its bytes made before its clock starts)
+CASES: dict[str, Callable[[], Case]] = {
+    "1,100 idle connections, then a request": lambda: idle_connections,
+    'truncate "chunk", a 14 MB text': lambda: _sends(
+        "/v1/embeddings", {"input": TEXT_14MB, "truncate": "chunk"}
     ),
-    "contextualized, a 14 MB chunk": lambda port: _json(
-        port, "/v1/contextualizedembeddings", {"input": [[TEXT_14MB]]}
+    "contextualized, a 14 MB chunk": lambda: _sends(
+        "/v1/contextualizedembeddings", {"input": [[TEXT_14MB]]}
     ),
-    'a 14 MB hex blob, truncate "end"': lambda port: _json(
-        port, "/v1/embeddings", {"input": secrets.token_hex(7_000_000), "truncate": "end"}
+    'a 14 MB hex blob, truncate "end"': lambda: _sends(
+        "/v1/embeddings", {"input": secrets.token_hex(7_000_000), "truncate": "end"}
     ),
-    "16 MB of []": lambda port: _post(port, "/v1/embeddings", _bodies(b"[]")),
-    "16 MB of {}": lambda port: _post(port, "/v1/embeddings", _bodies(b"{}")),
-    "input nested 1,000 deep": lambda port: _post(
-        port, "/v1/embeddings", b'{"input": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    "16 MB of []": lambda: _sends("/v1/embeddings", _bodies(b"[]")),
+    "16 MB of {}": lambda: _sends("/v1/embeddings", _bodies(b"{}")),
+    "input nested 1,000 deep": lambda: _sends(
+        "/v1/embeddings", b'{"input": ' + b"[" * 1000 + b"]" * 1000 + b"}"
     ),
-    "rerank: a 1 MB query, 2,048 documents": lambda port: _json(
-        port, "/v1/rerank", {"query": "what is it " * 100_000, "documents": ["a doc"] * 2048}
+    "rerank: a 1 MB query, 2,048 documents": lambda: _sends(
+        "/v1/rerank", {"query": "what is it " * 100_000, "documents": ["a doc"] * 2048}
     ),
-    "embed_all: 2,048 texts of 256 tokens": lambda port: _json(
-        port, "/embed_all", {"inputs": ["word " * 300] * 2048, "truncate": True}
+    "embed_all: 2,048 texts of 256 tokens": lambda: _sends(
+        "/embed_all", {"inputs": ["word " * 300] * 2048, "truncate": True}
     ),
-    "gzip Content-Encoding": lambda port: _post(
-        port, "/v1/embeddings", b"\x1f\x8b\x08\x00garbage", {"Content-Encoding": "gzip"}
+    "two Host headers": lambda: _two_hosts,
+    "gzip Content-Encoding": lambda: _sends(
+        "/v1/embeddings", b"\x1f\x8b\x08\x00garbage", {"Content-Encoding": "gzip"}
     ),
 }
+
+
+def _two_hosts(port: int) -> int:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n")
+        return int(s.recv(100).split(b" ")[1])
 
 
 class Probe:
@@ -135,7 +149,8 @@ def run_cases(port: int, gateway: Callable[[], set[int]]) -> dict[str, Any]:
     idle = probe.window(0, time.monotonic())
     rss_before = rss_mb(gateway())
     out: dict[str, Any] = {"probe idle": idle, "gateway RSS MB before": round(rss_before, 1)}
-    for name, case in CASES.items():
+    for name, build in CASES.items():
+        case = build()
         start = time.monotonic()
         try:
             status = case(port)

@@ -21,6 +21,7 @@ from embedserve.core.inputs import InputError
 from embedserve.gateway.checks import (
     authenticate,
     check_content_type,
+    check_headers,
     check_host,
     no_route,
     request_id,
@@ -234,6 +235,7 @@ class GatewayApp:
         set_request_model("")
         try:
             admitted = self._admit(path, headers_in)
+            check_headers(scope["headers"], headers_in)
             if self.draining and path != "/health":
                 raise ApiError(503, "the gateway is shutting down", code="shutting_down")
             if handler is None:

@@ -31,7 +31,13 @@ from embedserve.gateway.dropin import TEI_ROUTES, DropInRoutes
 from embedserve.gateway.errors import REQUEST_ID, ApiError, from_input_error
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
-from embedserve.gateway.metrics import Metrics, log_request, set_request_model, track_request
+from embedserve.gateway.metrics import (
+    GaugeRefresh,
+    Metrics,
+    log_request,
+    set_request_model,
+    track_request,
+)
 from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel, ServedModels
 from embedserve.gateway.openapi_dropin import api_document
 from embedserve.gateway.outputs import asked_outputs, outputs_body, parse_outputs
@@ -129,7 +135,10 @@ class GatewayApp:
         self.classify = classify = ClassifyRoutes(self)
         # what else runs on the worker's loop (the stall watch, TEI's gRPC API): `start()`
         # once the pipelines are up, `stop()` before they close
-        self.services: list[Any] = [LoopWatch(self.metrics.loop_lag, self.metrics.gc_pause)]
+        self.services: list[Any] = [
+            LoopWatch(self.metrics.loop_lag, self.metrics.gc_pause),
+            GaugeRefresh(self.metrics, self._replica_labels),
+        ]
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/embeddings"): self.embeddings,
             ("POST", "/embeddings"): self.embeddings,
@@ -437,6 +446,18 @@ class GatewayApp:
             )
             return 503, JSON, dumps({**error.body(), "not_ready": missing, **details})
         return 200, JSON, dumps({"status": "ready", **details})
+
+    def _replica_labels(self) -> dict[tuple[str, ...], Any]:
+        """Every started model's replicas by their gauge labels (`Metrics.refresh`)."""
+        if not self.served.several:
+            pipeline = self.served.models[0].pipeline
+            return {(r.address,): r for r in (pipeline.replicas.replicas if pipeline else ())}
+        return {
+            (r.address, m.name): r
+            for m in self.served.models
+            if m.pipeline is not None
+            for r in m.pipeline.replicas.replicas
+        }
 
     async def prometheus(self, body: bytes) -> Answer:
         if not self.served.several:

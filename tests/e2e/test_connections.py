@@ -4,6 +4,7 @@ still served meanwhile."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -166,3 +167,17 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
         start = time.monotonic()
         assert s.recv(100) == b""  # closed by the gateway, nothing said
         assert 2.5 < time.monotonic() - start < 5.0
+
+
+def test_a_blank_line_split_across_two_reads_does_not_count_the_body_as_headers(
+    bounded: tuple[str, int],
+) -> None:
+    """The headers' end arrived in two reads: the 100 KB body after it was counted as header
+    bytes, and a valid request got 431."""
+    _, port = bounded
+    body = json.dumps({"input": "x " * 50_000}).encode()
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n" % len(body))  # fmt: skip
+    answer, _ = exchange(port, head, pause=0.3, tail=b"\r\n" + body)
+    assert answer.startswith(b"HTTP/1.1 "), answer[:100]
+    assert not answer.startswith(b"HTTP/1.1 431"), answer[:300]

@@ -76,6 +76,7 @@ class _Bounded(_Protocol):
         super().connection_made(transport)
         self._phase = "idle"
         self._header_bytes = self._header_count = 0
+        self._tail = b""  # the last bytes of the headers read so far
         self._header_timer: asyncio.TimerHandle | None = None
         self._refusal: bytes | None = None  # to send once the answer in progress is out
         self._since = time.monotonic()  # when it last became idle (eviction order)
@@ -112,12 +113,17 @@ class _Bounded(_Protocol):
         if self._phase == "idle" and not self.transport.is_closing():
             self._disarm()  # the accept's timer: this request's own starts now
             self._phase, self._header_bytes, self._header_count = "headers", 0, 0
+            self._tail = b""
             self._header_timer = asyncio.get_event_loop().call_later(
                 self.limits.header_timeout, self._headers_too_slow
             )
         if self._phase == "headers":
-            end = data.find(b"\r\n\r\n")
-            self._header_bytes += len(data) if end < 0 else end
+            # NOTE: the blank line may be split across two reads: look for it from the last
+            # bytes of the one before, or the body after it is counted as header bytes (431)
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else max(end - len(self._tail), 0)
+            self._tail = seen[-3:]
             if self._header_bytes > self.limits.max_header_bytes:
                 self._refuse(
                     431, f"the request's headers are over {self.limits.max_header_bytes} bytes"

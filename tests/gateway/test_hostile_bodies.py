@@ -113,3 +113,15 @@ def test_the_character_count_of_a_deep_input_does_not_recurse(inputs: InputPrepa
     for _ in range(5000):
         value = [value]
     assert text_chars(value, "", False, inputs.tokenizer) == 0
+
+
+def test_a_token_id_past_64_bits_is_out_of_the_vocabulary_not_a_float(
+    inputs: InputPreparer,
+) -> None:
+    """The parser reads an integer past 64 bits as a float: it was reported "found float"."""
+    from embedserve.errors import InputError
+
+    data = parse_json(b'{"input": [101, 123456789012345678901234567890, 102]}', LIMIT, VALUES)
+    with pytest.raises(InputError) as caught:
+        inputs.prepare(data["input"])
+    assert caught.value.code == "invalid_token_id" and "outside the vocabulary" in str(caught.value)

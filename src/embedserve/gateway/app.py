@@ -243,8 +243,8 @@ class GatewayApp:
         REPLICAS_CALLED.set(replicas)
         set_request_model("")
         try:
+            check_headers(scope["headers"], headers_in)  # two Hosts: before the Host is read
             admitted = self._admit(path, headers_in)
-            check_headers(scope["headers"], headers_in)
             if self.draining and path != "/health":
                 raise ApiError(503, "the gateway is shutting down", code="shutting_down")
             if handler is None:

@@ -8,6 +8,7 @@ are in `checks`, the body and disconnects in `transport`, the metrics and log li
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -222,8 +223,29 @@ class GatewayApp:
         self.in_flight += 1
         try:
             await self._http(scope, receive, send)
+        except asyncio.CancelledError:
+            # cut by the drain deadline (uvicorn cancels what is left): say so in JSON, where
+            # uvicorn answers a plain-text 500
+            if not self.draining or not await self._cut_short(send):
+                raise
         finally:
             self.in_flight -= 1
+
+    async def _cut_short(self, send: Send) -> bool:
+        """A 503 `shutting_down` for a request cut by the drain; False if its answer had begun
+        (uvicorn then refuses a second start)."""
+        error = ApiError(
+            503, "the gateway shut down before the answer was ready", code="shutting_down"
+        )
+        payload = self._error_body(False, error)
+        headers = [(b"content-type", JSON), (b"content-length", str(len(payload)).encode()),
+                   (b"retry-after", RETRY_AFTER_SECONDS), (b"connection", b"close")]  # fmt: skip
+        try:
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+        except RuntimeError:
+            return False
+        await send({"type": "http.response.body", "body": payload})
+        return True
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()

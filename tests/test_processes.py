@@ -155,3 +155,21 @@ def test_a_process_started_by_hand_never_ends_itself(monkeypatch: pytest.MonkeyP
     assert exit_with_parent(0.1) is False
     monkeypatch.setenv(PARENT_PID_ENV, "1")  # not our parent: an inherited, stale value
     assert exit_with_parent(0.1) is False
+
+
+def test_a_relay_that_cannot_write_never_blocks_the_child() -> None:
+    """The terminal `serve` relays to went away: the reader thread died on the write error and
+    the child blocked on a full pipe (a gateway hung inside a log call)."""
+
+    class Gone(io.StringIO):
+        def write(self, s: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    child = Child(
+        [sys.executable, "-c", "import sys\nfor i in range(20000): print('x' * 100, i)"],
+        relay=Gone(),
+    )
+    try:
+        assert child.proc.wait(30) == 0  # 2 MB of output: far past a pipe's 64 KB
+    finally:
+        child.stop(1)

@@ -9,7 +9,10 @@
    in flight still gets 200, and the time to exit;
 4. `kill -9` of `serve`: the time until none of its processes remains and its port is free.
 
-    PYTHONPATH=src python3 benchmarks/studies/hostile.py [--trickle 200] [--seconds 30]
+`--cases`: instead, each hostile request of `hostile_cases` in turn against a fresh `serve`,
+with a probe client beside it (status, time, gateway RSS, the probe's p99 per case).
+
+    PYTHONPATH=src python3 benchmarks/studies/hostile.py [--trickle 200] [--seconds 30] [--cases]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # hostile_cases
 import contextlib
 
 from harness import corpus, loadgen, report
@@ -81,7 +85,10 @@ def main() -> None:
     ap.add_argument("--trickle", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
+    ap.add_argument("--cases", action="store_true", help="the hostile requests of issue 40")
     args = ap.parse_args()
+    if args.cases:
+        return cases(args)
     results: dict[str, Any] = {}
     bodies = [json.dumps({"input": q}).encode() for q in corpus.queries(64)]
 
@@ -99,6 +106,27 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d"), "results": results}  # fmt: skip
     report.write_json("hostile-cpu", doc, args.out)
     print(json.dumps(doc, indent=1))
+
+
+def cases(args: argparse.Namespace) -> None:
+    """Each hostile request of `hostile_cases` with a probe client beside it."""
+    from hostile_cases import run_cases
+
+    server, ready = start([*CLI, "serve", "--device", "cpu", "--port", "0"],
+                          r"serving \S+ at (http://127\.0\.0\.1:(\d+))")  # fmt: skip
+    port = int(ready.group(2))
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    try:
+        results = run_cases(port, lambda: gateway_pids(server.proc.pid))
+    finally:
+        server.stop(30)
+    doc = {"hardware": report.cpu_hardware(), "commit": report.commit(),
+           "date": time.strftime("%Y-%m-%d"), "load average at start": load,
+           "note": "a shared 2-core machine (other agents' jobs ran too)",
+           "results": results}  # fmt: skip
+    path = report.write_json("hostile-cases-cpu", doc, args.out)
+    print(json.dumps(doc, indent=1))
+    print(path)
 
 
 def trickling(port: int, bodies: list[bytes], args: argparse.Namespace, results: dict[str, Any]) -> None:  # fmt: skip

@@ -140,8 +140,13 @@ class Child:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if self.relay is not None:
-                self.relay.write(line)
-                self.relay.flush()
+                try:
+                    self.relay.write(line)
+                    self.relay.flush()
+                except (OSError, ValueError):  # our terminal or pipe went away
+                    # NOTE: keep reading: a reader that died left the child blocked on a full
+                    # pipe (a gateway hung inside a log call)
+                    self.relay = None
             with self._changed:
                 if self._keep:
                     self.lines.append(line)

@@ -17,7 +17,7 @@ import json, resource, sys, time
 from pathlib import Path
 from embedserve.core.inputs import InputOptions, InputPreparer
 from embedserve.core.tokenization import TextTokenizer
-from embedserve.errors import InputTooLong
+from embedserve.errors import InputError, InputTooLong
 from embedserve.loading.spec import read_model_spec
 
 def rss_mb():
@@ -40,6 +40,22 @@ for truncate in (False, "end", "start"):
     except InputTooLong as e:
         out[str(truncate)] = e.code
     out["cpu_" + str(truncate)] = time.process_time() - start
+blob = ("0123456789abcdef" * 900_000)[:14_000_000]  # one "word": no place to cut
+for truncate in (False, "end", "start"):
+    start = time.process_time()
+    try:
+        inputs.prepare(blob, InputOptions("", truncate))
+        out["blob_" + str(truncate)] = "embedded"
+    except InputError as e:
+        out["blob_" + str(truncate)] = e.code
+    out["cpu_blob_" + str(truncate)] = time.process_time() - start
+start = time.process_time()
+try:
+    inputs.plan_documents([[text[:7_000_000], text[7_000_000:]]])
+except InputError as e:
+    out["document"] = e.code
+out["cpu_document"] = time.process_time() - start
+del blob
 out["rss_before"], out["rss_after"] = before, rss_mb()
 out["peak"] = peak_mb()
 print(json.dumps(out))
@@ -74,3 +90,15 @@ def test_memory_is_back_after_a_14_mb_string(probe: dict) -> None:
     # tokenized whole: a 2 GB peak, and a gigabyte kept
     assert probe["rss_after"] <= 1.1 * probe["rss_before"], probe
     assert probe["peak"] <= max(probe["peak_before"], probe["rss_before"] + 100), probe
+
+
+def test_a_14_mb_run_of_word_characters_is_refused_from_a_bounded_piece(probe: dict) -> None:
+    """A hex or base64 blob has no place to cut: it was tokenized whole, 20-29 s a request."""
+    for truncate in ("False", "end", "start"):
+        assert probe["blob_" + truncate] == "unsplittable_text", probe
+        assert probe["cpu_blob_" + truncate] <= 0.5, probe
+
+
+def test_a_14_mb_contextualized_document_is_refused_from_a_piece_of_it(probe: dict) -> None:
+    """It was tokenized whole first: 22.4 s."""
+    assert probe["document"] == "context_length_exceeded" and probe["cpu_document"] <= 0.1, probe

@@ -4,6 +4,7 @@ still served meanwhile."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -127,3 +128,56 @@ def test_a_pipelined_request_gets_the_header_limit_too(bounded: tuple[str, int])
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     assert b"HTTP/1.1 431" in answer and answer.count(b"HTTP/1.1 ") == 2, answer[-300:]
     assert took < 5.0
+
+
+@pytest.fixture(scope="module")
+def few_slots() -> Iterator[tuple[str, int]]:
+    proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "1",
+                "--max-connections", "16", "--header-timeout", "3")  # fmt: skip
+    try:
+        url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
+        port = urlparse(url).port
+        assert port is not None
+        yield url, port
+    finally:
+        proc.stop()
+
+
+def test_idle_connections_never_lock_the_others_out(few_slots: tuple[str, int]) -> None:
+    """More connections that send nothing than the worker has slots: each new one takes the
+    slot of the oldest idle, so a real client (and `/health`) is still served, with JSON."""
+    url, port = few_slots
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(40)]
+    try:
+        time.sleep(0.3)
+        start = time.monotonic()
+        status, body = call(url, "GET", "/health")
+        assert status == 200 and time.monotonic() - start < 1.0, (status, body)
+        assert call(url, "POST", "/v1/embeddings", {"input": "still served"})[0] == 200
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
+    few_slots: tuple[str, int],
+) -> None:
+    _, port = few_slots
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        start = time.monotonic()
+        assert s.recv(100) == b""  # closed by the gateway, nothing said
+        assert 2.5 < time.monotonic() - start < 5.0
+
+
+def test_a_blank_line_split_across_two_reads_does_not_count_the_body_as_headers(
+    bounded: tuple[str, int],
+) -> None:
+    """The headers' end arrived in two reads: the 100 KB body after it was counted as header
+    bytes, and a valid request got 431."""
+    _, port = bounded
+    body = json.dumps({"input": "x " * 50_000}).encode()
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n" % len(body))  # fmt: skip
+    answer, _ = exchange(port, head, pause=0.3, tail=b"\r\n" + body)
+    assert answer.startswith(b"HTTP/1.1 "), answer[:100]
+    assert not answer.startswith(b"HTTP/1.1 431"), answer[:300]

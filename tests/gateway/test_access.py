@@ -196,3 +196,22 @@ def test_a_key_sent_twice_is_a_400_not_the_last_one_silently(inputs: InputPrepar
     ):
         assert duplicate_key(ok, loads(ok)) is None, ok
     assert duplicate_key(b'{"a": {"b": 1, "b": 2}}', {"a": {"b": 2}}) is None
+
+
+def test_two_host_headers_are_a_400_and_a_compressed_body_a_415(inputs: InputPreparer) -> None:
+    """The last Host won (and could pass --allowed-host for the first); a gzip body was read as
+    JSON (a confusing UTF-8 400)."""
+    from embedserve.gateway.main import LOOPBACK_HOSTS
+
+    app = make_app(inputs, allowed_hosts=frozenset(LOOPBACK_HOSTS))
+    for hosts in (
+        [(b"host", b"evil.example"), (b"host", b"localhost")],
+        [(b"host", b"localhost"), (b"host", b"evil.example")],
+    ):
+        status, _, body = request(app, "POST", "/v1/embeddings", hosts + JSON, BODY)
+        assert status == 400 and body["error"]["code"] == "duplicate_host", hosts
+    gzip = [(b"host", b"localhost"), (b"content-encoding", b"gzip"), *JSON]
+    status, _, body = request(app, "POST", "/v1/embeddings", gzip, b"\x1f\x8b\x08\x00")
+    assert status == 415 and "Content-Encoding 'gzip'" in body["error"]["message"]
+    plain = [(b"host", b"localhost"), (b"content-encoding", b"identity"), *JSON]
+    assert request(app, "POST", "/v1/embeddings", plain, BODY)[0] == 200

@@ -162,3 +162,26 @@ def test_a_server_failure_answers_a_generic_500_naming_the_request_id(
     message = json.loads(sent[1]["body"])["error"]["message"]
     assert "req-77" in message and "4242" not in message
     assert any("req-77" in r.getMessage() and "4242" in r.getMessage() for r in caplog.records)
+
+
+def test_a_request_cut_by_the_drain_deadline_gets_a_json_503(inputs: InputPreparer) -> None:
+    """uvicorn cancels what is left at the drain deadline and answered a plain-text 500."""
+
+    async def main() -> None:
+        pipeline = SlowPipeline(inputs)
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        app = make_app(pipeline)
+        call = asyncio.ensure_future(app(SCOPE, client(asyncio.Event()), send))
+        await asyncio.wait_for(pipeline.started.wait(), 5)
+        app.draining = True
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        assert sent[0]["status"] == 503
+        assert json.loads(sent[1]["body"])["error"]["code"] == "shutting_down"
+        assert app.in_flight == 0
+
+    asyncio.run(main())

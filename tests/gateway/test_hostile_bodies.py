@@ -3,13 +3,15 @@ by the body's bytes, not by its keys (issue 24, item 1)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
+from embedserve.core.inputs import InputPreparer
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.requests import Limits
-from embedserve.gateway.transport import max_json_strings, parse_json
+from embedserve.gateway.transport import max_json_strings, max_json_values, parse_json
 
 LIMIT = max_json_strings(Limits(hidden_size=384, max_inputs=2048, model_names=("m",)))  # defaults
 
@@ -60,3 +62,66 @@ def test_the_string_bound_admits_the_largest_valid_requests() -> None:
     pairs = ",".join(f'"t{i}"' for i in range(2048))
     body = (f'{{"text_1": [{pairs}], "text_2": [{pairs}]}}').encode()
     assert isinstance(parse_json(body, LIMIT), dict)
+
+
+VALUES = max_json_values(Limits(hidden_size=384, max_inputs=2048, model_names=("m",)), 300_000)
+
+
+@pytest.mark.parametrize("item", [b"[]", b"{}", b"0"])
+def test_sixteen_megabytes_of_values_that_are_not_strings_are_refused_before_parsing(
+    item: bytes,
+) -> None:
+    """16 MB of `[]` parsed 3.6 s on the event loop; of `{}` took the worker to 615 MB."""
+    body = b'{"input": [' + b",".join([item] * (16_000_000 // (len(item) + 1))) + b"]}"
+    start = time.process_time()
+    with pytest.raises(ApiError) as caught:
+        parse_json(body, LIMIT, VALUES)
+    cpu = time.process_time() - start
+    assert caught.value.status == 400 and caught.value.code == "too_many_values"
+    assert cpu < 0.1, cpu
+
+
+@pytest.mark.parametrize("depth", [33, 500, 1023])
+def test_a_deeply_nested_input_is_a_400_before_parsing(depth: int) -> None:
+    """Nested 500-1,023 deep in `input`, a 2 KB body was a 500 (RecursionError past the parser)
+    with 210 KB of traceback logged."""
+    body = b'{"input": ' + b"[" * depth + b"]" * depth + b"}"
+    with pytest.raises(ApiError) as caught:
+        parse_json(body, LIMIT, VALUES)
+    assert caught.value.status == 400 and "nests" in caught.value.message
+
+
+def test_the_value_bound_admits_the_largest_valid_requests() -> None:
+    ids = ",".join(["101"] * 160)  # 2,048 inputs of 160 token ids: 328k values
+    body = f'{{"input": [{",".join(f"[{ids}]" for _ in range(2048))}]}}'.encode()
+    with pytest.raises(ApiError) as caught:
+        parse_json(body, LIMIT, VALUES)
+    assert caught.value.code == "too_many_values"  # over the 300k token bound
+    ids = ",".join(["101"] * 145)
+    body = f'{{"input": [{",".join(f"[{ids}]" for _ in range(2048))}]}}'.encode()
+    assert len(parse_json(body, LIMIT, VALUES)["input"]) == 2048
+    text = "a, b, c [d] {e} " * 500_000  # commas and brackets inside a string are no values
+    assert parse_json(json.dumps({"input": text}).encode(), LIMIT, VALUES)["input"] == text
+    nested = '{"inputs": [{"content": [{"type": "text", "text": "x"}]}]}'
+    assert parse_json(nested.encode(), LIMIT, VALUES)["inputs"][0]["content"][0]["text"] == "x"
+
+
+def test_the_character_count_of_a_deep_input_does_not_recurse(inputs: InputPreparer) -> None:
+    from embedserve.core.bounds import text_chars
+
+    value: list = ["x"]  # type: ignore[type-arg]
+    for _ in range(5000):
+        value = [value]
+    assert text_chars(value, "", False, inputs.tokenizer) == 0
+
+
+def test_a_token_id_past_64_bits_is_out_of_the_vocabulary_not_a_float(
+    inputs: InputPreparer,
+) -> None:
+    """The parser reads an integer past 64 bits as a float: it was reported "found float"."""
+    from embedserve.errors import InputError
+
+    data = parse_json(b'{"input": [101, 123456789012345678901234567890, 102]}', LIMIT, VALUES)
+    with pytest.raises(InputError) as caught:
+        inputs.prepare(data["input"])
+    assert caught.value.code == "invalid_token_id" and "outside the vocabulary" in str(caught.value)

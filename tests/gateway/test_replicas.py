@@ -185,3 +185,32 @@ def test_replica_metrics_are_labelled_by_address_and_a_dropped_one_goes(tmp_path
         await pool.close()
 
     asyncio.run(main())
+
+
+WORKER = r"""
+import sys, time
+from types import SimpleNamespace
+from embedserve.gateway.metrics import Metrics
+healthy = sys.argv[1] == "1"
+replica = SimpleNamespace(address="127.0.0.1:7", healthy=healthy, outstanding_tokens=0)
+text = Metrics().export([replica]).decode()
+print([line for line in text.splitlines() if line.startswith("embedserve_gateway_replica_healthy")])
+"""
+
+
+def test_with_several_workers_a_dead_replica_reads_unhealthy(tmp_path: Any) -> None:
+    """Worker A saw the replica healthy (and wrote 1); it died; worker B, scraped now, sees it
+    dead: the gauge must read 0, where the largest of the workers' writes said 1."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    run = [sys.executable, "-c", WORKER]
+    subprocess.run([*run, "1"], env=env, check=True, capture_output=True)
+    out = subprocess.run([*run, "0"], env=env, check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == (
+        "['embedserve_gateway_replica_healthy{replica=\"127.0.0.1:7\"} 0.0']"
+    ), out.stdout

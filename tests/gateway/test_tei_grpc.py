@@ -46,3 +46,29 @@ def test_repeated_fields_become_lists() -> None:
 )
 def test_statuses_map_to_grpc_codes(status: int, code: str, expected: grpc.StatusCode) -> None:
     assert status_code(ApiError(status, "x", code=code)) == expected
+
+
+def test_a_rerank_stream_is_refused_once_past_the_limits_not_kept_whole() -> None:
+    """Every streamed text was kept before any limit: an endless stream grew without bound."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from embedserve.gateway.tei_grpc import TeiGrpc
+
+    model = SimpleNamespace(limits=SimpleNamespace(max_inputs=8), started=lambda: None)
+    served = SimpleNamespace(pick=lambda data, task: model)
+    grpc_api = object.__new__(TeiGrpc)
+    grpc_api.app = SimpleNamespace(served=served, max_body_bytes=1000)  # type: ignore[assignment]
+    sent = 0
+
+    async def endless(text: str):  # type: ignore[no-untyped-def]
+        nonlocal sent
+        while True:
+            sent += 1
+            yield tei.message("RerankStreamRequest")(query="q", text=text)
+
+    for text, code, most in (("a doc", "too_many_inputs", 9), ("x" * 400, "body_too_large", 3)):
+        sent = 0
+        with pytest.raises(ApiError) as caught:
+            asyncio.run(grpc_api.rerank_stream(endless(text)))
+        assert caught.value.code == code and sent == most, (caught.value.message, sent)

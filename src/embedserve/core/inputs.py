@@ -272,6 +272,12 @@ class InputPreparer:
         if len(ids) == 0:
             raise InputError(f"{where} is an empty list of token ids")
         for t in ids:
+            if isinstance(t, float) and abs(t) >= 2**63:
+                # NOTE: a JSON integer past 64 bits reaches us as a float (orjson's reading)
+                raise InputError(
+                    f"{where}: token id {t:.0f} is outside the vocabulary [0, {self.vocab_size})",
+                    code="invalid_token_id",
+                )
             if not _is_int(t):
                 raise InputTypeError(
                     f"{where} must hold integer token ids only, found {type(t).__name__}"
@@ -357,6 +363,9 @@ class InputPreparer:
                 f"separator must be a string, got {type(separator).__name__}", param="separator"
             )
         joined = [join_chunks(chunks, separator) for chunks in documents]
+        # NOTE: a long document over the limit is refused from a piece of it (a 14 MB one cost
+        # 22 s tokenized whole)
+        self.tokenizer.check_fits([text for text, _ in joined])
         encodings = self.tokenizer.encode_with_offsets([text for text, _ in joined])
         plans = []
         for d, (encoding, (_, ranges)) in enumerate(zip(encodings, joined, strict=True)):

@@ -11,6 +11,10 @@ depend on the cut number more than the limit (`_stable_count`), so the cost foll
 needed rather than the string (a 14 MB string cost 17 s and 2 GB tokenized whole). The ids are
 exactly those of the whole text: its truncation keeps tokens of the piece that the cut cannot
 change (tests/core/test_hostile_inputs.py compares them to whole-text tokenization).
+
+The doubling stops at `max_piece_chars`: a text with no place to cut before it (a run of
+letters or digits with no space or punctuation, a hex or base64 blob of megabytes) is a 400
+`unsplittable_text`, never tokenized whole (14 MB of hex cost 20-29 s and stalled other clients).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ Cut = Literal[False, "end", "start"]  # what the tokenizer does with an over-lon
 # tokenized whole, as it always was: cheap, and an over-long one is told its exact token count.
 WHOLE_CHARS = 65536
 CHARS_PER_TOKEN = 8  # the first piece of a longer text: most text has 3 to 5 per token
+PIECE_DOUBLINGS = 2  # the largest piece read: four first pieces, or `WHOLE_CHARS`
 
 
 def _load(path: Path) -> Tokenizer:
@@ -59,6 +64,18 @@ class TooManyTokens(InputTooLong):
         self.max_length = max_length
 
 
+class UnsplittableText(InputError):
+    """A long text with no place the tokenizer can cut it within `max_piece_chars`."""
+
+    def __init__(self, where: str, num_chars: int, max_piece_chars: int) -> None:
+        super().__init__(
+            f"{where} has {num_chars} characters with no place to cut it in its first "
+            f"{max_piece_chars} (a run of letters or digits with no space or punctuation, such "
+            "as a hex or base64 blob): it is not tokenized; send text, or split it",
+            code="unsplittable_text",
+        )
+
+
 class TextTokenizer:
     def __init__(
         self, tokenizer_path: Path, max_length: int, *, window_chars: int | None = None
@@ -85,6 +102,9 @@ class TextTokenizer:
         self.whole_chars = (
             self.window_chars if window_chars else max(WHOLE_CHARS, self.window_chars)
         )
+        # the most characters of one text a piece holds: a text with no place to cut in that
+        # many is refused (the module docstring); a text up to twice it may be read whole
+        self.max_piece_chars = max(WHOLE_CHARS, self.window_chars << PIECE_DOUBLINGS)
 
     @property
     def vocab_size(self) -> int:
@@ -128,7 +148,7 @@ class TextTokenizer:
         whole = []
         need = self.max_length - self.num_special + 1
         for i, text in enumerate(texts):
-            piece = self._piece(prompt, text, need, tail=False)
+            piece = self._piece(prompt, text, need, tail=False, where=f"input[{i}]")
             if piece is None:
                 whole.append(i)
             out.append(0 if piece is None else piece[1] + self.num_special)
@@ -143,8 +163,11 @@ class TextTokenizer:
         tok = self._keep_start if truncate == "end" else self._keep_end
         need = self.max_length - self.num_special
         cut = []
-        for text in texts:
-            piece = self._piece(prompt, text, need, tail=truncate == "start")
+        for i, text in enumerate(texts):
+            where = f"input[{i}]"
+            # NOTE: cut above one window, not `whole_chars`: the ids are the same and a long
+            # text's cost follows the tokens kept (a request of many 60k-character texts)
+            piece = self._piece(prompt, text, need, tail=truncate == "start", where=where, whole=0)
             cut.append(prompt + text if piece is None else piece[0])
         return [e.ids for e in tok.encode_batch_fast(cut)]
 
@@ -160,20 +183,32 @@ class TextTokenizer:
                 param="prompt",
                 code="context_length_exceeded",
             )
-        piece = self._piece("", text, room, tail=True)
+        piece = self._piece("", text, room, tail=True, where="the input")
         ids = self.encode_plain(text if piece is None else piece[0])
         return [*self._lead, *prompt_ids, *ids[-room:], *self._trail]
 
-    def _piece(self, prompt: str, text: str, need: int, *, tail: bool) -> tuple[str, int] | None:
-        """For a `prompt + text` over `whole_chars`: the shortest of its first (`tail`: last)
-        `window_chars` characters, doubled, whose tokens that the cut cannot change
-        (`_stable_count`) number `need` at least, and that number. None for a shorter text, or
-        when no piece shorter than the text has them: tokenize it whole."""
+    def _piece(
+        self,
+        prompt: str,
+        text: str,
+        need: int,
+        *,
+        tail: bool,
+        where: str,
+        whole: int | None = None,
+    ) -> tuple[str, int] | None:
+        """For a `prompt + text` over `whole` (None: `whole_chars`) characters: the shortest of
+        its first (`tail`: last) `window_chars` characters, doubled, whose tokens that the cut
+        cannot change (`_stable_count`) number `need` at least, and that number. None for a
+        shorter text, or when no piece shorter than the text has them: tokenize it whole.
+        Raises `UnsplittableText` past `max_piece_chars` (the module docstring)."""
         total = len(prompt) + len(text)
-        if total <= self.whole_chars:
+        if total <= max(self.whole_chars if whole is None else whole, self.window_chars):
             return None
         n = self.window_chars
         while n < total:
+            if n > self.max_piece_chars:
+                raise UnsplittableText(where, total, self.max_piece_chars)
             if tail:
                 piece = text[-n:] if n <= len(text) else prompt[total - n :] + text
             else:
@@ -184,6 +219,17 @@ class TextTokenizer:
                 return piece, stable
             n *= 2
         return None
+
+    def check_fits(self, texts: Sequence[str]) -> None:
+        """`TooManyTokens` for the first long text a piece of which is over the limit already,
+        before a caller tokenizes it whole (a contextualized document)."""
+        need = self.max_length - self.num_special + 1
+        for i, text in enumerate(texts):
+            piece = self._piece("", text, need, tail=False, where=f"input[{i}]")
+            if piece is not None:
+                raise TooManyTokens(
+                    f"input[{i}]", piece[1] + self.num_special, len(text), self.max_length
+                )
 
     def encode_with_offsets(self, texts: Sequence[str]) -> list[Encoding]:
         """Whole encodings (character offsets, special-token masks), never truncated."""

@@ -8,6 +8,7 @@ are in `checks`, the body and disconnects in `transport`, the metrics and log li
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -21,6 +22,7 @@ from embedserve.core.inputs import InputError
 from embedserve.gateway.checks import (
     authenticate,
     check_content_type,
+    check_headers,
     check_host,
     no_route,
     request_id,
@@ -30,13 +32,20 @@ from embedserve.gateway.dropin import TEI_ROUTES, DropInRoutes
 from embedserve.gateway.errors import REQUEST_ID, ApiError, from_input_error
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
-from embedserve.gateway.metrics import Metrics, log_request, set_request_model, track_request
+from embedserve.gateway.metrics import (
+    GaugeRefresh,
+    Metrics,
+    log_request,
+    set_request_model,
+    track_request,
+)
 from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel, ServedModels
 from embedserve.gateway.openapi_dropin import api_document
 from embedserve.gateway.outputs import asked_outputs, outputs_body, parse_outputs
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
 from embedserve.gateway.replicas import REPLICAS_CALLED
 from embedserve.gateway.requests import (
+    MAX_TOKENS_PER_REQUEST,
     Limits,
     embeddings_head,
     parse_contextual,
@@ -59,6 +68,7 @@ from embedserve.gateway.transport import (
     Scope,
     Send,
     max_json_strings,
+    max_json_values,
     parse_json,
     read_body,
     unless_disconnected,
@@ -110,6 +120,10 @@ class GatewayApp:
         self.open_paths = set() if metrics_auth else {"/metrics"}
         self.limits = limits
         self.max_json_strings = max(max_json_strings(m.limits) for m in self.served.models)
+        self.max_json_values = max(
+            max_json_values(m.limits, m.max_tokens_per_request or MAX_TOKENS_PER_REQUEST)
+            for m in self.served.models
+        )
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout  # s for a body to arrive after its headers
         self.model_name = limits.model_names[0]
@@ -122,7 +136,10 @@ class GatewayApp:
         self.classify = classify = ClassifyRoutes(self)
         # what else runs on the worker's loop (the stall watch, TEI's gRPC API): `start()`
         # once the pipelines are up, `stop()` before they close
-        self.services: list[Any] = [LoopWatch(self.metrics.loop_lag, self.metrics.gc_pause)]
+        self.services: list[Any] = [
+            LoopWatch(self.metrics.loop_lag, self.metrics.gc_pause),
+            GaugeRefresh(self.metrics, self._replica_labels),
+        ]
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/embeddings"): self.embeddings,
             ("POST", "/embeddings"): self.embeddings,
@@ -206,8 +223,29 @@ class GatewayApp:
         self.in_flight += 1
         try:
             await self._http(scope, receive, send)
+        except asyncio.CancelledError:
+            # cut by the drain deadline (uvicorn cancels what is left): say so in JSON, where
+            # uvicorn answers a plain-text 500
+            if not self.draining or not await self._cut_short(send):
+                raise
         finally:
             self.in_flight -= 1
+
+    async def _cut_short(self, send: Send) -> bool:
+        """A 503 `shutting_down` for a request cut by the drain; False if its answer had begun
+        (uvicorn then refuses a second start)."""
+        error = ApiError(
+            503, "the gateway shut down before the answer was ready", code="shutting_down"
+        )
+        payload = self._error_body(False, error)
+        headers = [(b"content-type", JSON), (b"content-length", str(len(payload)).encode()),
+                   (b"retry-after", RETRY_AFTER_SECONDS), (b"connection", b"close")]  # fmt: skip
+        try:
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+        except RuntimeError:
+            return False
+        await send({"type": "http.response.body", "body": payload})
+        return True
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
@@ -227,6 +265,7 @@ class GatewayApp:
         REPLICAS_CALLED.set(replicas)
         set_request_model("")
         try:
+            check_headers(scope["headers"], headers_in)  # two Hosts: before the Host is read
             admitted = self._admit(path, headers_in)
             if self.draining and path != "/health":
                 raise ApiError(503, "the gateway is shutting down", code="shutting_down")
@@ -318,10 +357,10 @@ class GatewayApp:
         an embedding route's body asks for (default: dense vectors)."""
         if not self.served.several:  # the checks in a single-model gateway's order
             pipeline = self.served.models[0].started()
-            data = parse_json(body, self.max_json_strings)
+            data = parse_json(body, self.max_json_strings, self.max_json_values)
             chosen = self.served.pick(None, task, outputs(data) if outputs else None)
         else:
-            data = parse_json(body, self.max_json_strings)
+            data = parse_json(body, self.max_json_strings, self.max_json_values)
             chosen = self.served.pick(data, task, outputs(data) if outputs else None)
             pipeline = chosen.started()
             set_request_model(chosen.name)
@@ -429,6 +468,18 @@ class GatewayApp:
             )
             return 503, JSON, dumps({**error.body(), "not_ready": missing, **details})
         return 200, JSON, dumps({"status": "ready", **details})
+
+    def _replica_labels(self) -> dict[tuple[str, ...], Any]:
+        """Every started model's replicas by their gauge labels (`Metrics.refresh`)."""
+        if not self.served.several:
+            pipeline = self.served.models[0].pipeline
+            return {(r.address,): r for r in (pipeline.replicas.replicas if pipeline else ())}
+        return {
+            (r.address, m.name): r
+            for m in self.served.models
+            if m.pipeline is not None
+            for r in m.pipeline.replicas.replicas
+        }
 
     async def prometheus(self, body: bytes) -> Answer:
         if not self.served.several:

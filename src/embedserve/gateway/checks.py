@@ -15,6 +15,23 @@ from embedserve.gateway.errors import ApiError
 REQUEST_ID_MAX = 128  # longer (or unprintable) X-Request-Id values are replaced by our own
 
 
+def check_headers(raw: list[tuple[bytes, bytes]], headers: dict[bytes, bytes]) -> None:
+    """Headers no request may carry: two `Host` (the standard says 400; the last one won, and
+    could pass `--allowed-host` for the first), or a `Content-Encoding` (a compressed body read
+    as JSON was a confusing UTF-8 400)."""
+    if len(headers) < len(raw) and sum(1 for name, _ in raw if name == b"host") > 1:
+        raise ApiError(400, "the request has more than one Host header", code="duplicate_host")
+    encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+    if encoding != b"identity":
+        raise ApiError(
+            415,
+            f"Content-Encoding {encoding.decode('latin-1')!r} is not supported; send the body "
+            "uncompressed",
+            param="Content-Encoding",
+            code="unsupported_media_type",
+        )
+
+
 def check_host(headers: dict[bytes, bytes], allowed_hosts: frozenset[str]) -> None:
     """A page on another site cannot reach a local server through DNS rebinding: its
     requests carry that site's Host."""

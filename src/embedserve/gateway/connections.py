@@ -5,22 +5,34 @@ pin memory with a 100 MB header, or a socket with half a request line. Here, per
 
 - the request line and headers together at most `max_header_bytes` (431 and close past it,
   before the parser buffers more), at most `max_headers` header lines (431);
-- the headers complete within `header_timeout` seconds of their first byte (408 and close);
+- the headers complete within `header_timeout` seconds of their first byte (408 and close), and
+  a new connection's first request within `header_timeout` of its accept (closed without a word:
+  a connection that never sends a byte must not hold its slot for ever);
 - the same for a pipelined request: bytes that come after a request's body, while its answer is
   still being made, are the next request's headers and are counted as such (a request's end is
   the parser's `on_message_complete`, not its answer);
 
-and uvicorn's own `limit_concurrency` caps open connections and tasks per worker (503 past it).
+and at most `max_connections` open connections per worker, where a connection with no request
+in progress (idle between requests, or its headers not complete) holds its slot only until a
+new connection needs it: the oldest such is closed then. Only when every open connection has a
+request in progress is a new one refused (a JSON 503, then close). So idle and slow clients
+cannot lock everyone else out, and `/health` answers through a flood of idle connections.
 The body's read timeout is the app's (`GatewayApp`, 408). uvicorn is imported by the workers only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-MESSAGES = {431: b"Request Header Fields Too Large", 408: b"Request Timeout"}
+MESSAGES = {
+    431: b"Request Header Fields Too Large",
+    408: b"Request Timeout",
+    503: b"Service Unavailable",
+}
+CODES = {503: b"too_many_connections"}
 
 
 @dataclass(frozen=True)
@@ -28,16 +40,20 @@ class ConnectionLimits:
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
     header_timeout: float = 10.0  # s from a request's first byte to the end of its headers
+    max_connections: int = 1024  # open per worker (`--max-connections`)
 
 
 def _refusal(status: int, why: str) -> bytes:
     body = (
         b'{"error": {"message": "' + why.encode() + b'", "type": "invalid_request_error", '
-        b'"param": null, "code": "' + MESSAGES[status].lower().replace(b" ", b"_") + b'"}}'
+        b'"param": null, "code": "'
+        + CODES.get(status, MESSAGES[status].lower().replace(b" ", b"_"))
+        + b'"}}'
     )
+    retry = b"retry-after: 1\r\n" if status == 503 else b""
     head = (
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-        b"connection: close\r\n\r\n" % (status, MESSAGES[status], len(body))
+        b"%sconnection: close\r\n\r\n" % (status, MESSAGES[status], len(body), retry)
     )
     return head + body
 
@@ -60,8 +76,32 @@ class _Bounded(_Protocol):
         super().connection_made(transport)
         self._phase = "idle"
         self._header_bytes = self._header_count = 0
+        self._tail = b""  # the last bytes of the headers read so far
         self._header_timer: asyncio.TimerHandle | None = None
         self._refusal: bytes | None = None  # to send once the answer in progress is out
+        self._since = time.monotonic()  # when it last became idle (eviction order)
+        # NOTE: timed from the accept, not the first byte: a client that connects and sends
+        # nothing would hold its slot for ever (1,030 of them locked every client out)
+        self._header_timer = asyncio.get_event_loop().call_later(
+            self.limits.header_timeout, self._silent_too_long
+        )
+        if len(self.connections) > self.limits.max_connections and not _evict(self):
+            self._refuse(503, f"the gateway worker has {self.limits.max_connections} requests open")
+
+    def _evictable(self) -> bool:
+        """No request in progress: idle between requests, or its headers not complete."""
+        return (
+            self._phase in ("idle", "headers")
+            and not self._answering()
+            and not self.pipeline
+            and not self.transport.is_closing()
+        )
+
+    def _silent_too_long(self) -> None:
+        self._header_timer = None
+        if self._phase == "idle" and not self._answering() and not self.transport.is_closing():
+            self._phase = "closed"
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -71,13 +111,19 @@ class _Bounded(_Protocol):
         if self._phase == "closed":
             return  # refused: the rest is not read into memory
         if self._phase == "idle" and not self.transport.is_closing():
+            self._disarm()  # the accept's timer: this request's own starts now
             self._phase, self._header_bytes, self._header_count = "headers", 0, 0
+            self._tail = b""
             self._header_timer = asyncio.get_event_loop().call_later(
                 self.limits.header_timeout, self._headers_too_slow
             )
         if self._phase == "headers":
-            end = data.find(b"\r\n\r\n")
-            self._header_bytes += len(data) if end < 0 else end
+            # NOTE: the blank line may be split across two reads: look for it from the last
+            # bytes of the one before, or the body after it is counted as header bytes (431)
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else max(end - len(self._tail), 0)
+            self._tail = seen[-3:]
             if self._header_bytes > self.limits.max_header_bytes:
                 self._refuse(
                     431, f"the request's headers are over {self.limits.max_header_bytes} bytes"
@@ -137,6 +183,9 @@ class _Bounded(_Protocol):
             self._refuse(431, f"the request has over {self.limits.max_headers} header lines")
             # stops the parser (uvicorn's data_received catches it; the answer is sent)
             raise ValueError("too many header lines")
+        if len(self.tasks) >= self.limits.max_connections:
+            self._refuse(503, f"the gateway worker has {self.limits.max_connections} requests open")
+            raise ValueError("too many requests")
         self._phase = "body"
         super().on_headers_complete()
 
@@ -144,6 +193,24 @@ class _Bounded(_Protocol):
         super().on_message_complete()
         if self._phase == "body":
             self._phase = "idle"  # the next request's first byte arms the timer again
+            self._since = time.monotonic()
+
+
+def _evict(newcomer: _Bounded) -> bool:
+    """Close the connection idle the longest (see the module docstring) to make room for
+    `newcomer`; False when every other open connection has a request in progress."""
+    others: list[_Bounded] = [c for c in newcomer.connections if isinstance(c, _Bounded)]
+    idle = [c for c in others if c is not newcomer and c._evictable()]
+    if not idle:
+        return False
+    oldest = min(idle, key=lambda c: (c._phase != "idle", c._since))
+    oldest._disarm()
+    oldest._phase = "closed"
+    oldest.transport.close()
+    # NOTE: uvicorn drops a closed connection from its set on the next loop turn: drop it now,
+    # so the newcomer's request is not refused for a slot already given back
+    newcomer.connections.discard(oldest)
+    return True
 
 
 def bounded_protocol(limits: ConnectionLimits) -> type:

@@ -70,7 +70,7 @@ class DropInRoutes:
         }
 
     def _json(self, body: bytes) -> object:
-        return parse_json(body, self.app.max_json_strings)
+        return parse_json(body, self.app.max_json_strings, self.app.max_json_values)
 
     async def root(self, body: bytes) -> Answer:
         handler = self.root_tasks.get(self.app.limits.task)
@@ -98,7 +98,7 @@ class DropInRoutes:
     async def embed_all(self, body: bytes) -> Answer:
         _, limits, pipeline, data = self.app._served(body, EMBED)
         job = tei.parse_embed_all(data, limits, pipeline.inputs)
-        states, num_tokens = await pipeline.token_states(job)
+        states, num_tokens = await pipeline.token_states(job, limits.max_multivector_values)
         self.app.metrics.count(num_tokens, len(states))
         return 200, JSON, dumps(tei.token_rows(states))
 

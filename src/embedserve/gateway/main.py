@@ -34,6 +34,7 @@ from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import ReplicaPool, check_replica
+from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
 from embedserve.gateway.served import PER_MODEL_LIMITS, ModelEntry, load_model, model_entries
 from embedserve.gateway.sockets import bind, reserve_port, wait_until_up
 from embedserve.gateway.tei_grpc import TeiGrpc
@@ -55,6 +56,8 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # requests per gateway core, with no engine behind). On a small machine the rest of the cores
 # run the engine.
 DEFAULT_WORKERS = min(8, max(1, (os.cpu_count() or 1) // 4))
+MAX_RESTARTS_PER_MINUTE = 5  # worker restarts, all workers together
+MAX_BACKOFF_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -93,19 +96,22 @@ class GatewayConfig(Options):
     max_headers: int = option(ConnectionLimits.max_headers, "more header lines get HTTP 431")
     header_timeout: float = option(
         ConnectionLimits.header_timeout,
-        "seconds from a request's first byte to the end of its headers; past it HTTP 408",
+        "seconds from a connection's accept (or a request's first byte) to the end of its "
+        "headers; past it HTTP 408 (a connection that sent nothing is closed)",
     )
     body_timeout: float = option(
         BODY_TIMEOUT, "seconds the body may take to arrive after the headers; past it HTTP 408"
     )
     max_connections: int = option(
-        1024, "open connections (and requests) per gateway worker; past it HTTP 503"
+        ConnectionLimits.max_connections,
+        "open connections per gateway worker: a new one closes the longest idle; when every one "
+        "has a request in progress, HTTP 503",
     )
     max_inputs: int = option(2048, "inputs (documents) per request")
     max_chunks_per_document: int = option(
         MAX_CHUNKS_PER_DOCUMENT, "chunks per document of a contextualized-embeddings request"
     )
-    max_tokens_per_request: int = option(300_000, "real tokens per request")
+    max_tokens_per_request: int = option(MAX_TOKENS_PER_REQUEST, "real tokens per request")
     max_multivector_values: int = option(
         MAX_MULTIVECTOR_VALUES,
         "floats of multi-vector output (token vectors x dims) per request of a ColBERT or "
@@ -282,7 +288,9 @@ def make_pipeline(
     )
 
 
-def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
+def run_worker(config: GatewayConfig, sock: socket.socket, restarts: int = 0) -> None:
+    """One worker: uvicorn on `sock`; `restarts`: how many workers the supervisor has started
+    again so far (reported in /metrics)."""
     os.setpgrp()
     set_parent_death_signal()
     import uvicorn
@@ -293,14 +301,17 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         loop = "uvloop"
     except ImportError:
         loop = "asyncio"
-    limits = ConnectionLimits(config.max_header_bytes, config.max_headers, config.header_timeout)
+    limits = ConnectionLimits(
+        config.max_header_bytes, config.max_headers, config.header_timeout, config.max_connections
+    )
     http: Any
+    concurrency: int | None = None  # the bounded protocol keeps its own count (`connections`)
     try:
         import httptools  # noqa: F401
 
         http = bounded_protocol(limits)
     except ImportError:  # h11 bounds the headers itself (no header timeout there)
-        http = "h11"
+        http, concurrency = "h11", config.max_connections
     keys = KeyRing(config.api_keys, config.api_key_file)
     signal.signal(signal.SIGHUP, lambda signum, frame: keys.reload())
     if config.log_requests:
@@ -311,6 +322,7 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
         requests_log.setLevel(logging.INFO)
         requests_log.propagate = False
     app = build_app(config, keys)
+    app.metrics.worker_restarts.set(restarts)
     if config.tei_grpc_port is not None:
         app.services.append(TeiGrpc(app, config.host, config.tei_grpc_port))
     tracing.configure(config.otlp_endpoint, "embedserve-gateway")  # per worker: its own thread
@@ -326,7 +338,7 @@ def run_worker(config: GatewayConfig, sock: socket.socket) -> None:
             log_level="warning",
             timeout_graceful_shutdown=int(config.drain_seconds),
             timeout_keep_alive=30,
-            limit_concurrency=config.max_connections,
+            limit_concurrency=concurrency,
             h11_max_incomplete_event_size=config.max_header_bytes,
         ),
     )
@@ -380,13 +392,7 @@ def _supervise(config: GatewayConfig) -> int:
     grpc_sock = reserve_port(config.host, config.tei_grpc_port)  # the workers' one port
     if grpc_sock is not None:
         config = dataclasses.replace(config, tei_grpc_port=grpc_sock.getsockname()[1])
-    ctx = multiprocessing.get_context("spawn")
-    workers = [
-        ctx.Process(target=run_worker, args=(config, sock), name=f"gateway-{i}", daemon=False)
-        for i in range(config.workers)
-    ]
-    for w in workers:
-        w.start()
+    workers = Workers(config, sock)
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
@@ -394,31 +400,20 @@ def _supervise(config: GatewayConfig) -> int:
         if not stopping:
             stopping = True
             say("embedserve gateway: draining")
-            for w in workers:
-                if w.pid is not None and w.is_alive():
-                    os.kill(w.pid, signal.SIGTERM)
-
-    def reload_keys(signum: int, frame: object) -> None:
-        for w in workers:
-            if w.pid is not None and w.is_alive():
-                os.kill(w.pid, signal.SIGHUP)
+            workers.signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGHUP, reload_keys)
+    signal.signal(signal.SIGHUP, lambda signum, frame: workers.signal(signal.SIGHUP))
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"http://{host}:{port}"
     try:
-        wait_until_up(f"{url}/health", workers)
+        wait_until_up(f"{url}/health", workers.processes)
     except RuntimeError as e:
         stop(signal.SIGTERM, None)
-        for w in workers:
-            w.join(10)
+        workers.join(10)
         say(f"embedserve gateway: error: {e}", err=True)
         return 1
-    # NOTE: the workers hold the listening socket now. Our copy would keep the port open after
-    # they have all gone (connections piling up unanswered): once they exit, the port is free.
-    sock.close()
     grpc_address = {}
     if grpc_sock is not None:
         grpc_sock.close()
@@ -430,11 +425,78 @@ def _supervise(config: GatewayConfig) -> int:
         + "".join(f"; TEI gRPC API on {a}" for a in grpc_address.values()),
     )
     write_ready({"url": url, "workers": config.workers, **grpc_address})
-    while any(w.is_alive() for w in workers):
-        for w in workers:
-            w.join(0.2)
-        if not stopping and not all(w.is_alive() for w in workers):
-            say("embedserve gateway: a worker died; stopping", err=True)
+    while workers.alive():
+        if not stopping and not workers.keep():
+            say("embedserve gateway: a worker keeps exiting; stopping", err=True)
             stop(signal.SIGTERM, None)
+        time.sleep(0.2)
+    # NOTE: our copy of the socket is kept while workers may be restarted; once they have all
+    # gone it must go too (connections would pile up unanswered on an open port)
+    sock.close()
     say("embedserve gateway: stopped")
-    return 0 if all(w.exitcode == 0 for w in workers) else 1
+    return 0 if workers.exited_cleanly() else 1
+
+
+class Workers:
+    """The gateway's worker processes on one listening socket; a worker that dies is started
+    again after a backoff (0.5 s, doubling to `MAX_BACKOFF_SECONDS`), as `serve` restarts a
+    dead server: one worker's crash must not stop the gateway. More than
+    `MAX_RESTARTS_PER_MINUTE` in a minute is a worker that cannot run: `keep` says False.
+    Each started worker reports the restarts so far in the `worker_restarts` metric."""
+
+    def __init__(self, config: GatewayConfig, sock: socket.socket) -> None:
+        self.config, self.sock = config, sock
+        self.ctx = multiprocessing.get_context("spawn")
+        self.restarts = 0
+        self.recent: list[float] = []  # restart times in the last minute
+        self.due: dict[int, float] = {}  # a dead worker's slot -> when it starts again
+        self.processes = [self._start(i) for i in range(config.workers)]
+
+    def _start(self, i: int) -> multiprocessing.process.BaseProcess:
+        process = self.ctx.Process(
+            target=run_worker,
+            args=(self.config, self.sock, self.restarts),
+            name=f"gateway-{i}",
+            daemon=False,
+        )
+        process.start()
+        return process
+
+    def keep(self) -> bool:
+        """Start again each dead worker whose backoff has passed; False past the restart cap."""
+        now = time.monotonic()
+        for i, process in enumerate(self.processes):
+            if process.is_alive() or process.exitcode is None:
+                continue
+            if i not in self.due:
+                self.recent = [t for t in self.recent if now - t < 60] + [now]
+                if len(self.recent) > MAX_RESTARTS_PER_MINUTE:
+                    return False
+                backoff = min(0.5 * 2 ** (len(self.recent) - 1), MAX_BACKOFF_SECONDS)
+                self.due[i] = now + backoff
+                say(
+                    f"embedserve gateway: worker {process.name} exited ({process.exitcode}); "
+                    f"restarting in {backoff:g} s",
+                    err=True,
+                )
+            elif now >= self.due[i]:
+                del self.due[i]
+                self.restarts += 1
+                self.processes[i] = self._start(i)
+        return True
+
+    def alive(self) -> bool:
+        return any(p.is_alive() for p in self.processes) or bool(self.due)
+
+    def signal(self, signum: int) -> None:
+        self.due.clear()  # a worker waiting for its restart is not started again
+        for p in self.processes:
+            if p.pid is not None and p.is_alive():
+                os.kill(p.pid, signum)
+
+    def join(self, timeout: float) -> None:
+        for p in self.processes:
+            p.join(timeout)
+
+    def exited_cleanly(self) -> bool:
+        return all(p.exitcode == 0 for p in self.processes)

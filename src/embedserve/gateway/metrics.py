@@ -9,10 +9,11 @@ the series as they always were).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import prometheus_client as prom
@@ -62,12 +63,15 @@ class Metrics:
         self.inputs = prom.Counter(
             "embedserve_gateway_inputs", "Inputs embedded", by_model, registry=self.registry
         )
+        # NOTE: with several workers each writes its own view (`refresh`, every second and at
+        # each scrape it serves); the newest write is the value. "max" kept a replica healthy
+        # (1) from a worker's old write after it had died.
         self.healthy = prom.Gauge(
             "embedserve_gateway_replica_healthy",
             "1 when the replica passes health checks",
             ["replica", *by_model],
             registry=self.registry,
-            multiprocess_mode="max",
+            multiprocess_mode="mostrecent",
         )
         self.outstanding = prom.Gauge(
             "embedserve_gateway_replica_outstanding_tokens",
@@ -75,6 +79,13 @@ class Metrics:
             ["replica", *by_model],
             registry=self.registry,
             multiprocess_mode="livesum",
+        )
+        # set by each worker as it starts (`gateway.main.Workers`); the largest is the gateway's
+        self.worker_restarts = prom.Gauge(
+            "embedserve_gateway_worker_restarts",
+            "Gateway workers started again after one died",
+            registry=self.registry,
+            multiprocess_mode="max",
         )
         # what keeps a worker's loop from running (`gateway.stalls`): per worker, not per model
         stall_buckets = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
@@ -133,7 +144,8 @@ class Metrics:
         """`export` for several models: each model's replicas, labelled with its name."""
         return self._export({(r.address, m): r for m, rs in replicas.items() for r in rs})
 
-    def _export(self, replicas: dict[tuple[str, ...], Replica]) -> bytes:
+    def refresh(self, replicas: dict[tuple[str, ...], Replica]) -> None:
+        """This worker's view of the replicas into the gauges, by label (address[, model])."""
         # by address: the same server in every worker (an index named different ones); a
         # dropped replica's series go
         for labels in self._labelled - replicas.keys():
@@ -144,6 +156,9 @@ class Metrics:
         for labels, r in replicas.items():
             self.healthy.labels(*labels).set(float(r.healthy))
             self.outstanding.labels(*labels).set(r.outstanding_tokens)
+
+    def _export(self, replicas: dict[tuple[str, ...], Replica]) -> bytes:
+        self.refresh(replicas)
         registry = self.registry
         if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files
             registry = prom.CollectorRegistry()
@@ -187,3 +202,27 @@ def log_request(
             }
         ).decode()
     )
+
+
+class GaugeRefresh:
+    """Each worker writes its replicas' gauges every `interval` s, not only when it serves a
+    scrape: with several workers, the one scraped adds up every worker's files, and a worker
+    that had not been scraped since a replica died still said it was healthy."""
+
+    def __init__(self, metrics: Metrics, replicas: Callable[[], dict[tuple[str, ...], Replica]],
+                 interval: float = 1.0) -> None:  # fmt: skip
+        self.metrics, self.replicas, self.interval = metrics, replicas, interval
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if os.environ.get(MULTIPROCESS_DIR):  # one worker: the scrape writes them
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.metrics.refresh(self.replicas())

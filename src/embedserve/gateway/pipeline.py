@@ -30,6 +30,7 @@ from embedserve.contract.codec import (
     decode_response,
     encode_request,
 )
+from embedserve.core.bounds import check_chars, document_chars, pair_chars, text_chars
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.chunking import packed_spans
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
@@ -48,7 +49,7 @@ from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob, Limits
 from embedserve.gateway.scoring import ScoreJob
 from embedserve.retrieval.inputs import ColbertInputs, OutputSequences, prepare_outputs
-from embedserve.retrieval.outputs import EncodedOutputs, join_outputs
+from embedserve.retrieval.outputs import EncodedOutputs, check_multivector_size, join_outputs
 from embedserve.retrieval.scores import late_plan
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
@@ -62,15 +63,6 @@ class PipelineLimits:
     max_tokens_per_request: int
     part_tokens: int  # tokens per server call (a part of a request)
     parts_in_flight: int = 2  # parts of one request outstanding at once (see `_fan_out`)
-
-
-def _num_chars(value: Any) -> int:
-    """A cheap size of a request's text, to decide where to tokenize it."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_num_chars(x) if isinstance(x, (str, list)) else 1 for x in value)
-    return 1
 
 
 class Pipeline:
@@ -103,13 +95,16 @@ class Pipeline:
         self._threads.shutdown(wait=False)
 
     async def _off_loop(self, size: int, work: Callable[[], T]) -> T:
+        """`work()` (tokenizing `size` characters, as `core.bounds` counts them), refused
+        before it starts past the request's character bound; on the thread pool when large."""
+        check_chars(size, self.limits.max_tokens_per_request)
         if size <= INLINE_PREPARE_CHARS:
             return work()
         return await asyncio.get_running_loop().run_in_executor(self._threads, work)
 
     async def tokenize(self, texts: Any, options: InputOptions) -> list[list[int]]:
         prepared = await self._off_loop(
-            _num_chars(texts), lambda: self.inputs.prepare(texts, options)
+            self._text_chars(texts, options), lambda: self.inputs.prepare(texts, options)
         )
         return prepared.seqs
 
@@ -131,8 +126,12 @@ class Pipeline:
 
     async def _prepare(self, job: EmbedJob) -> PreparedInputs:
         return await self._off_loop(
-            _num_chars(job.inputs), lambda: self.inputs.prepare(job.inputs, job.options)
+            self._text_chars(job.inputs, job.options),
+            lambda: self.inputs.prepare(job.inputs, job.options),
         )
+
+    def _text_chars(self, texts: Any, options: InputOptions) -> int:
+        return text_chars(texts, options.prompt, options.truncate, self.inputs.tokenizer)
 
     async def _encode(self, prepared: PreparedInputs, head: Head) -> np.ndarray:
         """The prepared inputs' vectors, through the servers in token-budget parts."""
@@ -153,7 +152,7 @@ class Pipeline:
         if self.pairs is None:
             return await self._cosine(job)
         pairs = self.pairs
-        size = sum(_num_chars(q) + _num_chars(d) for q, d in job.groups)
+        size = sum(pair_chars(q, d) for q, d in job.groups)  # the query read once per document
 
         def prepare() -> list[PreparedPairs]:
             return [
@@ -291,7 +290,7 @@ class Pipeline:
         """The outputs of every input, in input order, and the prompt tokens; the answer's
         size and the token limit are checked before any part is sent."""
         prepared = await self._off_loop(
-            _num_chars(job.inputs),
+            self._text_chars(job.inputs, InputOptions(truncate=job.truncate)),
             lambda: prepare_outputs(
                 self.inputs, self.colbert, job.inputs, input_type=job.input_type,
                 prompt_name=job.prompt_name, prompt=job.prompt, truncate=job.truncate,
@@ -351,7 +350,10 @@ class Pipeline:
             )
             return queries, documents
 
-        size = sum(_num_chars(q) + _num_chars(d) for q, d in job.groups)
+        options = InputOptions(truncate=job.truncate)
+        size = sum(
+            self._text_chars(q, options) + self._text_chars(d, options) for q, d in job.groups
+        )
         queries, documents = await self._off_loop(size, prepare)
         total = sum(map(len, queries.seqs)) + sum(map(len, documents.seqs))
         self._check_size(total)
@@ -364,14 +366,16 @@ class Pipeline:
             start = stop
         return np.concatenate(scores), total
 
-    async def token_states(self, job: EmbedJob) -> tuple[list[np.ndarray], int]:
+    async def token_states(self, job: EmbedJob, max_values: int) -> tuple[list[np.ndarray], int]:
         """Per input, its tokens' final hidden states [num_tokens, width] float32 (TEI's
         `/embed_all`), and the prompt tokens: one late-chunking span per token, so the servers
-        pool each token alone, raw."""
+        pool each token alone, raw. An answer of over `max_values` floats is a 400 before any
+        part is sent (tokens x hidden floats: 300k tokens were 1.2-4.5 GB built here)."""
         prepared = await self._prepare(job)
         lengths = [len(s) for s in prepared.seqs]
         num_tokens = sum(lengths)
         self._check_size(num_tokens)
+        check_multivector_size(lengths, self.inputs.spec.hidden_size, max_values)
         calls = []
         for group in budget_groups(lengths, self.limits.part_tokens):
             sizes = [lengths[i] for i in group]
@@ -383,7 +387,7 @@ class Pipeline:
     async def contextual(self, job: ContextualJob) -> tuple[list[np.ndarray], int]:
         """Per document, encoded chunk vectors [num_chunks, width]; and the prompt tokens."""
         plans = await self._off_loop(
-            _num_chars(job.documents),
+            document_chars(job.documents),
             lambda: self.inputs.plan_documents(job.documents, job.separator),
         )
         lengths = [len(p.ids) for p in plans]

@@ -30,6 +30,9 @@ CONTEXTUAL_FIELDS = frozenset(
 )
 
 
+MAX_TOKENS_PER_REQUEST = 300_000  # real tokens per request (`--max-tokens-per-request`)
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one HTTP request may hold, and the schema facts `/openapi.json` publishes."""

@@ -253,7 +253,7 @@ class TeiGrpc:
         start, body = time.perf_counter(), body_of(request)
         model, pipeline = self._model(EMBED)
         job = tei.parse_embed_all(body, model.limits, pipeline.inputs)
-        states, num_tokens = await pipeline.token_states(job)
+        states, num_tokens = await pipeline.token_states(job, model.limits.max_multivector_values)
         self.app.metrics.count(num_tokens, 1)
         rows = [proto.message("TokenEmbedding")(embeddings=row) for row in states[0].tolist()]
         return proto.message("EmbedAllResponse")(
@@ -313,11 +313,28 @@ class TeiGrpc:
         return proto.message("RerankResponse")(ranks=ranks, metadata=metadata)
 
     async def rerank_stream(self, requests: AsyncIterator[Any]) -> Any:
-        """The first message's query and options, every message's text."""
-        first, texts = None, []
+        """The first message's query and options, every message's text. NOTE: the texts are
+        counted as they come, in number (the model's `max_inputs`) and characters (the body
+        bound an HTTP request has): an endless stream was kept whole before any limit."""
+        model, _ = self._model(SCORE)
+        max_texts, max_chars = model.limits.max_inputs, self.app.max_body_bytes
+        first, texts, num_chars = None, [], 0
         async for request in requests:
             first = first or request
             texts.append(request.text)
+            num_chars += len(request.text) + len(request.query)
+            if len(texts) > max_texts:
+                raise bad_request(
+                    f"RerankStream sent over {max_texts} texts, the limit per request",
+                    param="texts",
+                    code="too_many_inputs",
+                )
+            if num_chars > max_chars:
+                raise bad_request(
+                    f"RerankStream sent over {max_chars} characters, the limit per request",
+                    param="texts",
+                    code="body_too_large",
+                )
         if first is None:
             raise bad_request("RerankStream got no message; send one per text", param="texts")
         whole = proto.message("RerankRequest")(

@@ -8,7 +8,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from embedserve.gateway.errors import ApiError, bad_request
-from embedserve.gateway.jsonio import JSONDecodeError, count_strings, duplicate_key, loads
+from embedserve.gateway.jsonio import (
+    MAX_JSON_DEPTH,
+    JSONDecodeError,
+    count_strings,
+    count_values,
+    duplicate_key,
+    loads,
+)
 from embedserve.gateway.requests import Limits
 
 Scope = dict[str, Any]
@@ -68,9 +75,18 @@ def max_json_strings(limits: Limits) -> int:
     return per_item + 2 * MAX_TOP_LEVEL_FIELDS
 
 
-def parse_json(body: bytes, max_strings: int) -> Any:
-    """The body as JSON; empty, invalid, with more strings than `max_strings` (counted before
-    parsing: the parser's cost grows with them), or with a key twice at the top level: a 400."""
+def max_json_values(limits: Limits, max_tokens: int) -> int:
+    """The most JSON values other than strings any valid request of `limits` holds: a token id
+    per token (`max_tokens`), a list and an object per input or document, twice over for pairs,
+    and its fields."""
+    return max_tokens + 4 * limits.max_inputs + 2 * MAX_TOP_LEVEL_FIELDS
+
+
+def parse_json(body: bytes, max_strings: int, max_values: int | None = None) -> Any:
+    """The body as JSON; empty, invalid, with more strings than `max_strings` or more other
+    values than `max_values` (None: no bound) or nested deeper than `MAX_JSON_DEPTH` (all
+    counted before parsing: the parser's cost grows with values, not bytes), or with a key
+    twice at the top level: a 400."""
     if not body:
         raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
     strings = count_strings(body)
@@ -79,6 +95,19 @@ def parse_json(body: bytes, max_strings: int) -> Any:
             f"the body holds about {strings} JSON strings, over the {max_strings} any request "
             "of these limits needs",
             code="too_many_values",
+        )
+    values, depth = count_values(body, max_values if max_values is not None else len(body) + 1)
+    if max_values is not None and values > max_values:
+        raise bad_request(
+            f"the body holds over {max_values} JSON values besides strings (arrays, objects, "
+            "numbers), more than any request of these limits needs",
+            code="too_many_values",
+        )
+    if depth > MAX_JSON_DEPTH:
+        raise bad_request(
+            f"the body nests arrays or objects over {MAX_JSON_DEPTH} deep; no request nests "
+            "more than a few levels",
+            code="invalid_json",
         )
     try:
         parsed = loads(body)

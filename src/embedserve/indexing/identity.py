@@ -41,6 +41,15 @@ def model_fingerprint(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def cpu_default_dtype() -> str:
+    """The dtype an engine on this CPU runs when none is asked for (`engine.cpu`)."""
+    import torch
+
+    from embedserve.engine.cpu import default_dtype
+
+    return default_dtype(torch.device("cpu"))
+
+
 def vectors_identity(options: IndexOptions, gpus: int) -> dict[str, Any]:
     """Everything that decides the vectors of a job with `options` whose actors get `gpus`
     GPUs: the model folder (path and fingerprint; its prompts are in its configs), the engine's
@@ -54,8 +63,9 @@ def vectors_identity(options: IndexOptions, gpus: int) -> dict[str, Any]:
     return {
         "model": str(folder),
         "model_fingerprint": model_fingerprint(folder),
-        # the engine's default, on the device the actors get (`engine.Engine`)
-        "dtype": options.dtype or ("bfloat16" if gpus else "float32"),
+        # the engine's default, on the device the actors get (`engine.Engine`): a CPU that
+        # multiplies bf16 natively runs bf16 (the manifest said float32)
+        "dtype": options.dtype or ("bfloat16" if gpus else cpu_default_dtype()),
         "dimensions": spec.hidden_size,
         "normalize": True,  # the actor's head always normalizes (`EmbedBatch`)
         "output_dtype": options.output_dtype,

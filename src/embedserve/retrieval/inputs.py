@@ -95,11 +95,12 @@ def prepare_outputs(
         cut = inputs.options(truncate=truncate).truncate
         if cut == "chunk":
             raise InputError(CHUNK_DENSE_ONLY, param="truncate")
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, (list, tuple)):
-            raise InputError("input must be a string or a list of strings", param="input")
-        out = colbert.prepare(texts, query=query, truncate=cut)
+        # the request core's checks of the values (an empty list or text, a wrong type) first:
+        # an empty list reached the model and failed there (a 500)
+        read, ids = inputs.read_inputs(texts)
+        if read is None or ids is not None:
+            raise InputError("a ColBERT model takes texts (strings), not token ids")
+        out = colbert.prepare(read, query=query, truncate=cut)
         return OutputSequences(out.seqs, out.visible, out.vectors, query)
     options = inputs.options(
         prompt_name=prompt_name, prompt=prompt, input_type=input_type, truncate=truncate

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -212,21 +213,50 @@ def _grpc_server(
         options=[
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 256 << 20),
+            # NOTE: grpc shares a port with any process that asked the same by default: a
+            # second server on a taken port started silently, took half the calls and the
+            # first one's unix socket (gateways got the other model's vectors with 200)
+            ("grpc.so_reuseport", 0),
         ],
         interceptors=[LinkSecretInterceptor(secret)] if secret else None,
     )
     add_embed_service(server, service.embed)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    try:
+        port = server.add_insecure_port(f"{config.host}:{config.port}")
+    except RuntimeError:  # grpc's "Failed to bind"
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {config.host}:{config.port}")
+        raise PortTaken(config.host, config.port)
     return server, health_servicer, port
+
+
+class PortTaken(OSError):
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            f"cannot listen on {host}:{port}: the port is in use (another server?) or the "
+            "address is not this machine's; stop it, or pick another with --port (0: any free "
+            "port)"
+        )
+
+
+def check_port(host: str, port: int) -> None:
+    """`PortTaken` now, before a model loads, when `host:port` cannot be had (port 0: any)."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            raise PortTaken(host, port) from None
 
 
 async def serve(config: ServerConfig) -> int:
     """Serve until a signal (0) or until the engine cannot serve (FATAL_EXIT_CODE)."""
     tracing.configure(config.otlp_endpoint, "embedserve-server")
+    check_port(config.host, config.port)
     engine_thread = EngineThread()  # builds the engine, then runs its steps (see its module)
     engine = await asyncio.wrap_future(engine_thread.submit(lambda: _build_engine(config)))
     batch_wait_ms = config.batch_wait_ms
@@ -353,7 +383,11 @@ def run(config: ServerConfig) -> int:
         uvloop.install()
     except ImportError:
         pass
-    code = asyncio.run(serve(config))
+    try:
+        code = asyncio.run(serve(config))
+    except PortTaken as e:
+        say(f"embedserve server: error: {e}", err=True)
+        return 1
     if code:  # the engine's threads may be stuck in the device: do not wait for them
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):

@@ -101,8 +101,7 @@ class GatewayApp:
         else:
             assert limits is not None, "one model's pipeline comes with its limits"
             self.served = ServedModels([ServedModel(limits, make_pipeline)])
-        first = self.served.models[0]
-        limits = first.limits
+        limits = self.served.first.limits  # the default model's (`--default-model`), else the first
         self.allowed_hosts = allowed_hosts
         self.log_requests = log_requests
         self.api_keys = api_keys

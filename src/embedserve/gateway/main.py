@@ -160,6 +160,14 @@ class GatewayConfig(Options):
         "serve text-embeddings-inference's gRPC API (tei.proto) on this port too, from every "
         "worker, on --host (0: any free port); default: off",
     )
+    default_models: tuple[str, ...] = option(
+        (),
+        "with several models, the one a request that names none goes to: TASK=NAME for the "
+        "routes of one task (embed, score, classify), NAME alone for its own task and for "
+        "POST /, /info and /tokenize (repeatable; stated in /info's default_for)",
+        flag="default-model",
+        metavar="[TASK=]NAME",
+    )
     model_limits: tuple[str, ...] = option(
         (),
         f"one model's own limit (KEY: {', '.join(PER_MODEL_LIMITS)}), repeatable; the others "
@@ -246,7 +254,7 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
             )
         )
     return GatewayApp(
-        ServedModels(served),
+        ServedModels(served, config.default_models),
         max_body_bytes=config.max_body_bytes,
         body_timeout=config.body_timeout,
         api_keys=keys,

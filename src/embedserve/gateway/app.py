@@ -52,6 +52,7 @@ from embedserve.gateway.scoring import (
     tei_rerank_body,
 )
 from embedserve.gateway.stalls import LoopWatch
+from embedserve.gateway.timing import timing_headers, track_times
 from embedserve.gateway.transport import (
     Answer,
     ClientGone,
@@ -222,6 +223,7 @@ class GatewayApp:
         if tracing.TRACER is not None:  # --otlp-endpoint: this request's span
             span = tracing.gateway_span(headers_in, answer_id.decode("ascii"), method, route)
         counts = track_request()
+        times = track_times()  # TEI's timing headers (`gateway.timing`)
         replicas: set[int] = set()
         REPLICAS_CALLED.set(replicas)
         set_request_model("")
@@ -243,6 +245,7 @@ class GatewayApp:
             else:
                 status, content_type, payload = await handler(body)
             extra = self.dropin.headers.get((method, path), ())
+            extra += timing_headers(times, time.perf_counter() - start)
         except ClientGone:  # nobody to answer: counted, and logged as the ordinary event it is
             log.info("%s %s: the client disconnected before its answer", method, route)
             self.metrics.requests.labels(route, "499").inc()

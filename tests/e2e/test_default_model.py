@@ -29,13 +29,25 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def url(tiny: Path) -> Iterator[str]:
+def serving(tiny: Path) -> Iterator[tuple[str, Proc]]:
     proc = Proc("serve", "--model", "minilm", "--model", f"tiny={tiny}", "--default-model",
                 "tiny", "--port", "0", "--device", "cpu", "--dtype", "float32")  # fmt: skip
     try:
-        yield proc.wait_for(r"embedserve: serving minilm, tiny at (\S+)").group(1)
+        yield proc.wait_for(r"embedserve: serving minilm, tiny at (\S+)").group(1), proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def url(serving: tuple[str, Proc]) -> str:
+    return serving[0]
+
+
+def test_the_ready_lines_name_the_served_names(serving: tuple[str, Proc], tiny: Path) -> None:
+    proc = serving[1]
+    proc.wait_for(rf"embedserve server: ready on \S+ \(serving tiny: {tiny}, ")
+    proc.wait_for(r"embedserve server: ready on \S+ \(serving minilm: ")
+    proc.wait_for(r"embedserve gateway: listening on \S+ \(serving minilm, tiny; ")
 
 
 def test_inference_client_reaches_the_default_model(url: str, tiny: Path, minilm: Embedder) -> None:

@@ -431,7 +431,8 @@ def _supervise(config: GatewayConfig) -> int:
         grpc_sock.close()
         grpc_address["tei_grpc"] = f"{host}:{config.tei_grpc_port}"
     say(
-        f"embedserve gateway: listening on {url} ({config.workers} worker"
+        f"embedserve gateway: listening on {url} (serving "
+        f"{', '.join(e.names[0] for e in config.entries)}; {config.workers} worker"
         f"{'s' if config.workers > 1 else ''}, replicas {', '.join(config.replicas)}, "
         f"parts of {config.part_tokens or DEFAULT_PART_TOKENS} tokens)"
         + "".join(f"; TEI gRPC API on {a}" for a in grpc_address.values()),

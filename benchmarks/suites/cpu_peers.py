@@ -326,7 +326,7 @@ def run_worker(args: argparse.Namespace, system: str, which: str, folder: Path, 
 def write(
     args: argparse.Namespace, model: str, texts: dict[str, list[str]], results: dict[str, Any]
 ) -> None:
-    """One record per system and metric (BENCHMARKS.md's shape), each with the system's least
+    """One record per system and metric (the project's benchmark brief's shape), each with the system's least
     cosine against sentence-transformers torch fp32."""
     turn_load = results.pop("in_turn_load1", None)
     ref = results.get(REFERENCE, {}).get("vectors")

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 from harness import corpus, report, timing
 from harness.servers import CLI, start
 
-MATRIX_FLOPS = 743e12  # measured bf16 matrix rate of the H200 (ARCHITECTURE.md)
+MATRIX_FLOPS = 743e12  # measured bf16 matrix rate of the H200 (the project brief's)
 QUERY = "how do vector databases rank the documents they return for a search query?"
 PAIR_TOKENS = 512
 DEVICE = "cuda"  # --device cpu only to try the script out

@@ -151,11 +151,13 @@ def test_output_and_input_are_checked_before_any_work(
     monkeypatch.setattr(embedder_module.Embedder, "__init__", no_model)
     src = tmp_path / "in.txt"
     src.write_text("a text\n", encoding="utf-8")
+    empty = tmp_path / "empty"
+    empty.mkdir()
     cases = [
         (["--input", str(src), "--output", str(tmp_path / "nope" / "v.npy")], "does not exist"),
         (["--input", str(src), "--output", str(tmp_path)], "must end in .npy or .parquet"),
-        (["--input", str(tmp_path), "--output", str(tmp_path / "v.npy")], "is a folder"),
-        (["--input", str(tmp_path / "missing.txt")], "no such file"),
+        (["--input", str(empty), "--output", str(tmp_path / "v.npy")], "no input files"),
+        (["--input", str(tmp_path / "missing.txt")], "no input files"),
     ]
     for argv, words in cases:
         assert main(["embed", *argv]) == 2, argv
@@ -229,3 +231,35 @@ def test_key_help_strings_say_what_the_docs_say() -> None:
     serve_help = " ".join(sub["serve"].format_help().split())
     assert "Hugging Face Hub id" in serve_help and "Hub" in readme
     assert "--tei-grpc-port" in serve_help and "--tei-grpc-port" in serving
+
+
+def test_embed_reads_a_folder_or_glob_of_text_documents(
+    minilm: Embedder, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder's (or a glob's) .txt and .md files: each one document, its id its name; with
+    --lines one text per line; an empty document is an error naming it, unless --skip-empty."""
+    import pyarrow.parquet as pq
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("first document\nits second line", encoding="utf-8")
+    (docs / "b.md").write_text("# notes\n\nsecond document", encoding="utf-8")
+    (docs / "skip.csv").write_text("not read", encoding="utf-8")
+    out = tmp_path / "v.parquet"
+    assert main(["embed", "--input", str(docs), "--output", str(out)]) == 0
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == ["a.txt", "b.md"]
+    want = minilm.encode(["first document\nits second line", "# notes\n\nsecond document"])
+    np.testing.assert_allclose(np.array(table.column("embedding").to_pylist()), want, atol=1e-5)
+    lines = tmp_path / "l.parquet"
+    assert main(["embed", "--input", str(docs / "*.txt"), "--lines", "--output", str(lines)]) == 0
+    glob_table = pq.read_table(lines)
+    assert glob_table.num_rows == 2
+    assert glob_table.column("id").to_pylist() == [f"{docs / 'a.txt'}:1", f"{docs / 'a.txt'}:2"]
+    (docs / "c.txt").write_text("", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["embed", "--input", str(docs), "--output", str(out), "--overwrite"]) == 2
+    assert "c.txt: an empty document" in capsys.readouterr().err
+    args = ["embed", "--input", str(docs), "--output", str(out), "--overwrite", "--skip-empty"]
+    assert main(args) == 0
+    assert "skipped 1 empty texts: ['c.txt']" in capsys.readouterr().err

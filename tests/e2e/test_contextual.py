@@ -63,7 +63,12 @@ def test_options_dimensions_base64_normalize(served: str, minilm: Any) -> None:
     assert got.shape == (3, 128)
     assert cosine(got, want).min() >= 0.99999
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(want, axis=1), rtol=1e-4)
-    status, reply = call(served, "POST", ROUTE, {**body, "output_dtype": "ubinary"})
+    status, reply = call(
+        served,
+        "POST",
+        ROUTE,
+        {**body, "output_dtype": "ubinary", "encoding_format": "base64_packed"},
+    )
     assert status == 200, reply
     [bits] = chunk_rows(reply, lambda s: np.frombuffer(base64.b64decode(s), "u1"))
     [want_bits] = minilm.encode_contextual(DOCUMENTS[:1], dimensions=128, output_dtype="ubinary")

@@ -194,3 +194,31 @@ def test_health_ready_metrics_openapi(served: str, client: openai.OpenAI) -> Non
     assert {"/v1/embeddings", "/v1/models", "/tokenize", "/health", "/ready", "/metrics"} <= set(
         doc["paths"]
     )
+
+
+OUTPUT_DTYPES = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
+
+
+@pytest.mark.parametrize("dtype", OUTPUT_DTYPES)
+def test_every_output_dtype_is_right_or_a_clear_400(
+    client: openai.OpenAI, minilm: Any, dtype: str
+) -> None:
+    """The client's default path (it asks for base64 and decodes float32 from it) never gets
+    wrong numbers: float32 decodes right, any other dtype is a 400 that says what to pass; with
+    the encoding_format it names, the client returns the dtype's exact values."""
+    want = minilm.encode(TEXTS, output_dtype=dtype)
+    extra = {"output_dtype": dtype}
+    if dtype == "float32":
+        got = vectors(client.embeddings.create(model="minilm", input=TEXTS, extra_body=extra))
+        np.testing.assert_array_equal(got.astype(np.float32), want)
+    else:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.embeddings.create(model="minilm", input=TEXTS, extra_body=extra)
+        message = err.value.response.json()["error"]["message"]
+        assert f"output_dtype '{dtype}'" in message and "encoding_format 'float'" in message
+    named = client.embeddings.create(
+        model="minilm", input=TEXTS, encoding_format="float", extra_body=extra
+    )
+    got = vectors(named)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got.astype(want.dtype), want)

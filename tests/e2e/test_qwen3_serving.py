@@ -64,7 +64,7 @@ def test_native_outputs_equal_the_embedder_byte_for_byte(
     pplx_url: str, pplx: Embedder, output_dtype: str, dimensions: int | None, numpy_dtype: str
 ) -> None:
     body: dict[str, Any] = {"input": TEXTS, "output_dtype": output_dtype}
-    body |= {"encoding_format": "base64", "dimensions": dimensions}
+    body |= {"encoding_format": "base64_packed", "dimensions": dimensions}
     status, reply = call(pplx_url, "POST", "/v1/embeddings", body)
     assert status == 200, reply
     got = decoded(reply, numpy_dtype)
@@ -155,9 +155,9 @@ def test_contextual_chunks_equal_encode_contextual(pplx_url: str, pplx: Embedder
         assert got.shape == w.shape == (len(chunks), 64)
         cos = (got * w).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(w, axis=1))
         assert cos.min() >= 0.99999, cos
-    # the native default (int8 by the pplx rules), through base64
+    # the native default (int8 by the pplx rules), through base64 (packed: its own bytes)
     status, reply = call(
-        pplx_url, "POST", CONTEXTUAL, {"input": DOCUMENTS, "encoding_format": "base64"}
+        pplx_url, "POST", CONTEXTUAL, {"input": DOCUMENTS, "encoding_format": "base64_packed"}
     )
     assert status == 200, reply
     got = documents_of(reply, lambda s: np.frombuffer(base64.b64decode(s), "<i1"))

@@ -115,7 +115,7 @@ def test_encoding_format_and_output_dtype_apply_to_token_vectors(
     url: str, offline: dict[str, Embedder]
 ) -> None:
     (item,) = _embed(url, model="colbert", input=TEXTS[:1], outputs=["multivector"],
-                     encoding_format="base64", output_dtype="float16")  # fmt: skip
+                     encoding_format="base64_packed", output_dtype="float16")  # fmt: skip
     want = offline["colbert"].encode_outputs(TEXTS[:1]).multivector
     assert want is not None
     got = np.stack([np.frombuffer(base64.b64decode(v), "<f2") for v in item["multivector"]])

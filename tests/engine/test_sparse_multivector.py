@@ -285,7 +285,7 @@ def pylate_outputs(
     if not (PYLATE_ENV / "pylate").exists():
         pytest.skip(
             f"PyLate's reference environment is missing ({PYLATE_ENV}): build it with "
-            "`python -m embedserve.devtools.pylate_env` (docs/retrieval.md)"
+            "`python -m embedserve.devtools.pylate_env` (README.md, Tests)"
         )
     work = tmp_path_factory.mktemp("pylate")
     texts = {"queries": COLBERT_QUERIES, "documents": COLBERT_DOCUMENTS}

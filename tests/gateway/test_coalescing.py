@@ -160,9 +160,17 @@ def test_each_member_learns_the_replicas_its_call_went_to() -> None:
 
 @pytest.mark.parametrize("dtype", ["int8", "binary"])
 def test_encoded_rows_are_cut_by_their_bytes(dtype: str) -> None:
-    response = EmbedResponse(embeddings=bytes(range(12)), shape=[3, 4], dtype=dtype)
+    response = EmbedResponse(
+        embeddings=bytes(range(12)),
+        shape=[3, 4],
+        dtype=dtype,
+        queue_seconds=0.25,
+        inference_seconds=0.5,
+    )
     from embedserve.gateway.coalescing import split
 
     parts = split(response, [1, 2])
     assert [p.embeddings for p in parts] == [bytes(range(4)), bytes(range(4, 12))]
     assert [list(p.shape) for p in parts] == [[1, 4], [2, 4]]
+    # the TEI timing headers of each call read the merged call's stage times
+    assert all((p.queue_seconds, p.inference_seconds) == (0.25, 0.5) for p in parts)

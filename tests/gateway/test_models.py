@@ -172,3 +172,22 @@ def _parse_gateway(argv: list[str]):  # type: ignore[no-untyped-def]
     parser = argparse.ArgumentParser()
     GatewayConfig.add_arguments(parser)
     return parser.parse_args(argv)
+
+
+def test_a_default_model_per_task_takes_requests_that_name_none() -> None:
+    """`--default-model`: the routes and clients that cannot name a model (TEI's, the Hub's
+    InferenceClient) reach one when several could answer."""
+    models = [("a", "embed"), ("b", "embed"), ("r1", "score"), ("r2", "score")]
+    plain = served(*models)
+    assert "--default-model embed=NAME" in error(plain, {}, EMBED).message
+    assert "--default-model NAME" in error(plain, {}, ANY).message
+    chosen = ServedModels(plain.models, ["b", "score=r2"])
+    assert chosen.pick({}, EMBED).name == "b"
+    assert chosen.pick({}, ANY).name == "b" and chosen.first.name == "b"
+    assert chosen.pick({}, SCORE).name == "r2"  # its own task's default, not b by cosine
+    assert chosen.pick({"model": "a"}, EMBED).name == "a"  # a named model still wins
+    by_cosine = ServedModels(plain.models, ["score=a"])
+    assert by_cosine.pick({}, SCORE).name == "a"
+    for bad in ("nope", "rank=a", "embed=r1", "classify=a"):
+        with pytest.raises(ValueError, match="--default-model"):
+            ServedModels(plain.models, [bad])

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from embedserve.core.inputs import Head, InputOptions, InputPreparer
+from embedserve.gateway.errors import ApiError
 from embedserve.gateway.requests import Limits, parse_embeddings, parse_tokenize
 from tests.gateway.conftest import api_error
 
@@ -25,7 +26,7 @@ def test_options_and_nulls(inputs: InputPreparer) -> None:
         {
             "input": "x",
             "model": "alias",
-            "encoding_format": "base64",
+            "encoding_format": "base64_packed",
             "dimensions": 16,
             "user": "u",
             "normalize": False,
@@ -36,7 +37,7 @@ def test_options_and_nulls(inputs: InputPreparer) -> None:
         LIMITS,
         inputs,
     )
-    assert job.encoding_format == "base64"
+    assert job.encoding_format == "base64"  # packed: the row's own bytes
     assert job.head == Head(16, False, "ubinary")
     assert job.options == InputOptions("", "start")  # minilm has no query prompt
     chunk = parse_embeddings({"input": "x", "truncate": "chunk", "prompt": "q: "}, LIMITS, inputs)
@@ -95,3 +96,20 @@ def test_pplx_heads_floor_dimensions_and_default_to_the_native_output(
         )
         assert error.status == 400 and error.param == "dimensions"
         assert "between 128 and 1024" in error.message
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "binary", "ubinary", "float16"])
+def test_base64_of_a_row_that_is_not_float32_is_a_400_saying_what_to_pass(
+    inputs: InputPreparer, dtype: str
+) -> None:
+    """OpenAI clients decode base64 as float32: such bytes would be silently wrong numbers."""
+    body = {"input": "x", "encoding_format": "base64", "output_dtype": dtype}
+    with pytest.raises(ApiError, match="encoding_format 'float'.*'base64_packed'") as err:
+        parse_embeddings(body, LIMITS, inputs)
+    assert err.value.status == 400 and err.value.param == "encoding_format"
+    assert (
+        parse_embeddings({**body, "encoding_format": "float"}, LIMITS, inputs).head.output_dtype
+        == dtype
+    )
+    float32 = parse_embeddings({**body, "output_dtype": "float32"}, LIMITS, inputs)
+    assert float32.encoding_format == "base64"

@@ -105,7 +105,7 @@ def test_index_equals_embedder_reports_bad_records_and_resumes(
 def test_inputs_are_checked_before_ray_starts(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no input files"):
         input_files(tmp_path / "nothing-*.jsonl")
-    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "notes.csv").write_text("x")
     with pytest.raises(ValueError, match="no input files"):
         input_files(tmp_path)
 
@@ -244,3 +244,40 @@ def test_the_driver_splits_batches_by_file_and_refuses_rows_out_of_order(tmp_pat
     again = Job(out, {}, names, Progress(3, 0, 4, lambda line: None))
     with pytest.raises(RuntimeError, match="out of order"):
         again.consume(inputs, iter([batch([a, c, a], ["a0", "c0", "a1"])]))
+
+
+def test_a_folder_of_text_documents_indexes_and_resumes(
+    tmp_path: Path,
+    minilm,  # type: ignore[no-untyped-def]
+) -> None:
+    """.txt and .md files: each one document (its id the file's name), with the progress,
+    resume and bad-record reports of the other formats; `lines`: a record per line, an empty
+    line a bad record; switching between the two is a change of options, refused."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    texts = {"a.txt": TEXTS[0] + "\n" + TEXTS[1], "b.md": "# title\n\n" + TEXTS[2], "c.txt": ""}
+    for name, text in texts.items():
+        (docs / name).write_text(text, encoding="utf-8")
+    out = tmp_path / "vectors"
+    options = IndexOptions(model=str(minilm.spec.path), device="cpu", dtype="float32")
+    lines: list[str] = []
+    summary = run_index(docs, out, options, log=lines.append)
+    assert (summary["files"], summary["records"], summary["errors"]) == (3, 2, 1)
+    assert any("3/3 files" in line for line in lines)
+    rows = read_rows(out)
+    assert sorted(rows) == ["a.txt", "b.md"]
+    want = minilm.encode([texts["a.txt"], texts["b.md"]])
+    np.testing.assert_allclose(np.stack([rows["a.txt"], rows["b.md"]]), want, atol=1e-5)
+    errors = (out / "c.errors.jsonl").read_text().splitlines()
+    assert [json.loads(e)["error"] for e in errors] == ["'text' is empty"]
+    assert run_index(docs, out, options, log=lambda line: None)["skipped"] == 3
+    with pytest.raises(ValueError, match="text_lines"):
+        run_index(docs, out, IndexOptions(**{**options.__dict__, "lines": True}))
+    by_line = tmp_path / "by-line"
+    (docs / "c.txt").write_text("one\n\nthree\n", encoding="utf-8")
+    summary = run_index(docs / "c.txt", by_line, IndexOptions(**{**options.__dict__, "lines": True}),
+                        log=lambda line: None)  # fmt: skip
+    assert (summary["records"], summary["errors"]) == (2, 1)
+    table = pq.read_table(by_line / "c.parquet")
+    np.testing.assert_allclose(np.asarray(table["vector"].to_pylist()),
+                               minilm.encode(["one", "three"]), atol=1e-5)  # fmt: skip

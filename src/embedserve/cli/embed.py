@@ -4,6 +4,7 @@ the input files they read (.txt, .jsonl) and the vector files they write (.npy, 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
@@ -30,7 +31,16 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("embed", help="embed texts given as arguments or a file, offline")
     p.add_argument("texts", nargs="*", help="texts to embed; printed as JSON")
     p.add_argument(
-        "--input", type=Path, help="a .txt (one text per line) or .jsonl ({'text': ...}) file"
+        "--input",
+        type=Path,
+        help="a .txt (one text per line) or .jsonl ({'text': ...}) file, or a folder or glob of "
+        ".txt / .md files (each one document, its id its name; see --lines) and .jsonl files",
+    )
+    p.add_argument(
+        "--lines",
+        action="store_true",
+        help="with a folder or glob: each .txt / .md file holds one text per line, as a single "
+        ".txt file does",
     )
     p.add_argument("--output", type=Path, help="where to write vectors: .npy or .parquet")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
@@ -89,7 +99,7 @@ class Records:
 
     ids: list[Any] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    skipped: list[int] = field(default_factory=list)
+    skipped: list[Any] = field(default_factory=list)  # line numbers (FILE:LINE, or a file)
 
 
 def read_records(path: Path, *, skip_empty: bool = False) -> Records:
@@ -181,11 +191,64 @@ def check_output(path: Path, overwrite: bool) -> None:
             ) from None
 
 
+TEXT_SUFFIXES = (".txt", ".md")  # in a folder or glob: a document per file, or --lines
+FOLDER_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl")
+
+
+def input_paths(spec: Path) -> list[Path]:
+    """The files of `--input`: the file itself, or a folder's / a glob's .txt, .md and .jsonl
+    files, sorted; an error naming what was expected when there are none."""
+    if spec.is_file():
+        return [spec]
+    if spec.is_dir():
+        found = sorted(p for p in spec.iterdir() if p.is_file())
+    else:
+        found = sorted(Path(p) for p in glob.glob(str(spec), recursive=True))
+    files = [p for p in found if p.suffix in FOLDER_SUFFIXES and p.is_file()]
+    if not files:
+        raise ValueError(
+            f"--input {spec}: no input files (expected a .txt or .jsonl file, or a folder or "
+            "glob of .txt, .md and .jsonl files)"
+        )
+    return files
+
+
+def read_inputs(spec: Path, *, skip_empty: bool = False, lines: bool = False) -> Records:
+    """The records of `--input`: one file as `read_records` reads it; a folder or glob's files
+    in order, each .txt / .md one document (its id the file's name under the folder; empty: an
+    error unless `skip_empty`) or with `lines` one text per line, and each .jsonl's records;
+    their ids and skipped lines are `FILE:ID` / `FILE:LINE`."""
+    paths = input_paths(spec)
+    if spec.is_file():
+        return read_records(spec, skip_empty=skip_empty)
+    out = Records()
+    for path in paths:
+        name = str(path.relative_to(spec)) if spec.is_dir() else str(path)
+        if path.suffix in TEXT_SUFFIXES and not lines:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            if not text and not skip_empty:
+                raise ValueError(
+                    f"{path}: an empty document; remove the file, or pass --skip-empty to leave "
+                    "it out (the skipped files are reported)"
+                )
+            if text:
+                out.ids.append(name)
+                out.texts.append(text)
+            else:
+                out.skipped.append(name)
+            continue
+        records = read_records(path, skip_empty=skip_empty)
+        out.ids += [f"{name}:{i}" for i in records.ids]
+        out.texts += records.texts
+        out.skipped += [f"{name}:{n}" for n in records.skipped]
+    return out
+
+
 def check_input(path: Path) -> None:
-    if path.is_dir():
-        raise ValueError(f"--input {path} is a folder; give a .txt or .jsonl file")
-    if not path.exists():
-        raise ValueError(f"--input {path}: no such file")
+    input_paths(path)  # an error when it names no input file
 
 
 def _run_embed(args: argparse.Namespace) -> int:
@@ -196,13 +259,14 @@ def _run_embed(args: argparse.Namespace) -> int:
     if args.output is not None:
         check_output(args.output, args.overwrite)
     records = (
-        read_records(args.input, skip_empty=args.skip_empty)
+        read_inputs(args.input, skip_empty=args.skip_empty, lines=args.lines)
         if args.input
         else Records(list(range(len(args.texts))), list(args.texts))
     )
     if records.skipped:
         say(
-            f"embedserve embed: skipped {len(records.skipped)} empty lines: {records.skipped}",
+            f"embedserve embed: skipped {len(records.skipped)} empty "
+            f"{'lines' if args.input.is_file() else 'texts'}: {records.skipped}",
             err=True,
         )
     texts = records.texts

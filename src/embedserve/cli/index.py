@@ -14,7 +14,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "index",
-        help="embed a corpus of jsonl / Parquet files into Parquet with Ray Data (resumable)",
+        help="embed a corpus of jsonl / Parquet / text files into Parquet with Ray Data "
+        "(resumable)",
         description="Each input file's records (an id and a text field) are embedded on a pool "
         "of Ray actors and written to OUTPUT/<name>.parquet (id, vector, model, dims, "
         "output_dtype; with --outputs, sparse_indices / sparse_values and multivector); records that cannot be embedded go to <name>.errors.jsonl with the "
@@ -25,7 +26,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--input",
         required=True,
-        help="a .jsonl / .json / .parquet file, a folder of them, or a glob",
+        help="a .jsonl / .json / .parquet / .txt / .md file, a folder of them, or a glob (a "
+        ".txt or .md file is one document, its id the file's name; see --lines)",
+    )
+    p.add_argument(
+        "--lines",
+        action="store_true",
+        help="a .txt / .md input holds one record per line (an empty line is a bad record)",
     )
     p.add_argument(
         "--output", required=True, type=Path, help="the folder to write Parquet files to"
@@ -130,6 +137,7 @@ def _run_index(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         workers=args.workers,
         fail_fast=args.fail_fast,
+        lines=args.lines,
     )
     summary = run_index(
         args.input,

@@ -228,6 +228,7 @@ def run_serve(args: argparse.Namespace) -> int:
         # with several models, a replica is NAME=HOST:PORT: keep each server's NAME=
         prefixes = [r.rpartition("=")[0] + "=" if "=" in r else "" for r in gateway.replicas]
         names = [p[:-1] or gateway.model_names[0] for p in prefixes]
+        configs = [replace(c, served_name=n) for c, n in zip(configs, names, strict=True)]
         readies = start_servers(configs, names, start_server, stop_requested, servers)
         addresses = [str(r["address"]) for r in readies]
         budgets = [int(r["max_batch_tokens"]) for r in readies]

@@ -37,6 +37,8 @@ MESSAGES: dict[str, list[tuple[str, str, bool]]] = {
         ("vector_counts", "uint32", True),
         ("vectors", "bytes", False),
         ("vector_dims", "uint32", False),
+        ("queue_seconds", "double", False),
+        ("inference_seconds", "double", False),
     ],
 }
 
@@ -51,6 +53,7 @@ def build_messages() -> tuple[Any, Any]:
         "uint32": field.TYPE_UINT32,
         "bool": field.TYPE_BOOL,
         "string": field.TYPE_STRING,
+        "double": field.TYPE_DOUBLE,
     }
     file = descriptor_pb2.FileDescriptorProto(
         name="embedserve/contract/embedserve_runtime.proto",

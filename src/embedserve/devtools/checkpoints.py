@@ -49,7 +49,11 @@ from embedserve.devtools.family_checkpoints import ENCODER_ARCHS, make_family_ch
 from embedserve.devtools.random_weights import make_readable, write_weights
 from embedserve.devtools.retrieval_checkpoints import RETRIEVAL_ARCHS, make_retrieval_checkpoint
 from embedserve.devtools.st_modules import write_st_modules
-from embedserve.devtools.tokenizer_sources import write_bert_tokenizer, write_tokenizer
+from embedserve.devtools.tokenizer_sources import (
+    check_sources,
+    write_bert_tokenizer,
+    write_tokenizer,
+)
 
 QUERY_PROMPT = (
     "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
@@ -167,6 +171,7 @@ def make_checkpoint(
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
     target = Path(out)
+    _check_sources(arch, tokenizer_from)  # every missing extra named before any work
     if target.exists() and any(target.iterdir()) and not overwrite:
         raise ValueError(f"{target} exists and is not empty; pass --overwrite to replace it")
     # NOTE: written into a temporary folder beside the target and renamed into place once
@@ -189,6 +194,19 @@ def make_checkpoint(
         shutil.rmtree(path, ignore_errors=True)
         raise
     return target
+
+
+def _check_sources(arch: str, tokenizer_from: Path | None) -> None:
+    """The packages `arch`'s folder is written from, checked at once (`check_sources`)."""
+    if arch in RETRIEVAL_ARCHS:
+        kind = "xlm-roberta" if arch.startswith("bge-m3") else "bert-uncased"
+    elif arch in FAMILY_ARCHS:
+        kind = "bert-uncased" if tokenizer_from is not None else FAMILY_ARCHS[arch].tokenizer
+    elif arch in CROSS_ENCODERS:
+        kind = "bert-uncased"
+    else:  # the Qwen3 embedders and rerankers (their weights are ours, not transformers')
+        kind = "qwen3"
+    check_sources(kind, needs_transformers=kind != "qwen3" and arch not in CROSS_ENCODERS)
 
 
 def _write_checkpoint(

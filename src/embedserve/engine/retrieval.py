@@ -2,9 +2,9 @@
 states, and what one forward gives: dense rows, sparse rows and token vectors, each only when
 asked for, all from the same hidden states.
 
-Weights: SPLADE's masked-LM head from the folder's safetensors (the decoder tied to the word
-embeddings unless the checkpoint has its own); PyLate's Dense projection from its module's
-safetensors; bge-m3's `sparse_linear.pt` / `colbert_linear.pt` with `torch.load(...,
+Weights: SPLADE's masked-LM head from the folder's checkpoint (the decoder tied to the word
+embeddings unless the checkpoint has its own: `tensor_names.TIED`); PyLate's Dense projection from
+its module's safetensors (or an older `pytorch_model.bin`); bge-m3's `sparse_linear.pt` / `colbert_linear.pt` with `torch.load(...,
 weights_only=True)`, which builds tensors and plain containers only and refuses any other pickled
 object (no code runs), then checked to be exactly a Linear's weight and bias (SECURITY.md).
 """
@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
@@ -29,9 +28,10 @@ from embedserve.engine.pooler.multivector import (
     token_vectors,
 )
 from embedserve.engine.pooler.sparse import SparseRows, SpladeHead, lexical_weights, relu_weights
-from embedserve.engine.weights import read_tensors
+from embedserve.engine.weights import read_dense_tensors, read_tensors
 from embedserve.loading.retrieval import M3_COLBERT_HEAD, M3_SPARSE_HEAD, RetrievalSpec
 from embedserve.loading.spec import ModelLoadError, ModelSpec
+from embedserve.loading.tensor_names import TIED, tied_source
 
 CONVERT_PT = (
     'python -c "import torch,safetensors.torch as s,sys; '
@@ -85,14 +85,14 @@ def _splade_head(spec: ModelSpec) -> SpladeHead:
     assert cfg is not None and r is not None and r.splade is not None
     p = "cls.predictions."
     names = [f"{p}transform.dense.weight", f"{p}transform.dense.bias", f"{p}transform.LayerNorm.weight",
-             f"{p}transform.LayerNorm.bias", f"{p}bias", f"{p}decoder.weight", f"{p}decoder.bias",
-             "bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"]  # fmt: skip
-    t = read_tensors(spec.path, names)
-    decoder = t.get(f"{p}decoder.weight", t.get(names[7], t.get(names[8])))
-    bias = t.get(f"{p}bias", t.get(f"{p}decoder.bias"))
+             f"{p}transform.LayerNorm.bias", f"{p}bias", f"{p}decoder.weight", f"{p}decoder.bias"]  # fmt: skip
+    tied = [t for n in names for t in TIED.get(n, ())]
+    t = read_tensors(spec.path, names + tied, spec.family_row.prefixes)
+    # a decoder tied to another tensor is left out of the checkpoint: that tensor, then
+    decoder, bias = (t.get(n, t.get(tied_source(n, t) or "")) for n in names[5:7])
     if decoder is None or bias is None or f"{p}transform.dense.weight" not in t:
         raise ModelLoadError(
-            f"{spec.path}: a SPLADE folder needs BertForMaskedLM's cls.predictions head"
+            f"{t.where}: a SPLADE folder needs BertForMaskedLM's cls.predictions head"
         )
     head = SpladeHead(cfg.hidden_size, cfg.vocab_size, cfg.layer_norm_eps, r.splade.pooling,
                       r.splade.activation, cfg.hidden_act)  # fmt: skip
@@ -125,10 +125,9 @@ class RetrievalHeads(nn.Module):
         if r.colbert is not None:
             layers = []
             for sub, (fan_in, _, _) in zip(r.colbert.dense_paths, r.colbert.dims, strict=True):
-                weights = spec.path / sub / "model.safetensors"
-                if not weights.exists():
-                    raise ModelLoadError(f"{weights}: not found (PyLate's Dense as safetensors)")
-                state = {k.removeprefix("linear."): v for k, v in load_file(str(weights)).items()}
+                tensors = read_dense_tensors(spec.path / sub)  # safetensors, or an old .bin
+                state = {k.removeprefix("linear."): v for k, v in tensors.items()}
+                weights = tensors.where
                 layers.append(_linear(state, weights, fan_in))
             self.colbert_linear = nn.Sequential(*layers)
             ids = r.colbert.skiplist_ids

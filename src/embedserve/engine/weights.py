@@ -1,5 +1,7 @@
-"""Reading checkpoint tensors from a model folder (single or sharded safetensors), and the
-Hugging Face decoder layout the decoder families share, mapped into the fused one."""
+"""Reading checkpoint tensors from a model folder (safetensors, single or sharded, else
+transformers' `pytorch_model.bin` through `torch.load(weights_only=True)`) under the names the
+engine reads (`loading.tensor_names`), and the Hugging Face decoder layout the decoder families
+share, mapped into the fused one."""
 
 from __future__ import annotations
 
@@ -12,44 +14,105 @@ from safetensors.torch import load_file
 
 from embedserve.loading.family_configs import Gemma3Config, Qwen3Config
 from embedserve.loading.spec import ModelLoadError
+from embedserve.loading.tensor_names import canonical, canonical_names
 
 WEIGHT_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# pickled state dicts, read as transformers reads them: `torch.load(weights_only=True)`, whose
+# unpickler builds tensors and plain containers only and refuses any other object (no code runs)
+BIN_FILE = "pytorch_model.bin"
+BIN_INDEX_FILE = "pytorch_model.bin.index.json"
+# in transformers' order of preference
+WEIGHT_LAYOUTS = (WEIGHT_FILE, INDEX_FILE, BIN_FILE, BIN_INDEX_FILE)
 
 
-def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the checkpoint in `folder`, by their checkpoint names."""
-    single = folder / WEIGHT_FILE
-    index = folder / INDEX_FILE
-    if single.exists():
-        return load_file(str(single))
-    if index.exists():
+class Checkpoint(dict[str, torch.Tensor]):
+    """A checkpoint's tensors by the names the engine reads (`loading.tensor_names`), and for
+    each the file it came from and its name there, so an error names both."""
+
+    def __init__(self, where: Path) -> None:
+        super().__init__()
+        self.where = where  # the weights file, or the index of the shards
+        self.origin: dict[str, tuple[Path, str]] = {}  # engine name -> (file, checkpoint name)
+
+    def add(self, file: Path, tensors: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> None:
+        for ours, theirs in canonical_names(tensors, prefixes, str(file)).items():
+            if ours in self.origin:
+                raise ModelLoadError(
+                    f"{file}: tensor {theirs!r} is also in {self.origin[ours][0]}; keep one"
+                )
+            self[ours] = tensors[theirs]
+            self.origin[ours] = (file, theirs)
+
+
+def weight_files(folder: Path) -> tuple[Path, list[Path]]:
+    """(the file that names the weights, the files holding them): `model.safetensors`, else
+    its index's shards, else `pytorch_model.bin`, else its index's shards (transformers' order);
+    an error saying what was expected and what was found otherwise."""
+    for layout in WEIGHT_LAYOUTS:
+        path = folder / layout
+        if not path.exists():
+            continue
+        if not layout.endswith(".index.json"):
+            return path, [path]
         try:
-            weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        except (KeyError, json.JSONDecodeError) as e:
-            raise ModelLoadError(f"{index}: expected JSON with a 'weight_map' ({e})") from None
-        tensors: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            shard_path = folder / shard
-            if not shard_path.exists():
-                raise ModelLoadError(f"{shard_path}: shard named in {INDEX_FILE} not found")
-            tensors.update(load_file(str(shard_path)))
-        return tensors
+            weight_map: dict[str, str] = json.loads(path.read_text())["weight_map"]
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ModelLoadError(f"{path}: expected JSON with a 'weight_map' ({e})") from None
+        shards = [folder / s for s in sorted(set(weight_map.values()))]
+        for shard in shards:
+            if not shard.exists():
+                raise ModelLoadError(f"{shard}: shard named in {layout} not found")
+        return path, shards
     raise ModelLoadError(
-        f"{folder}: no weights; expected {WEIGHT_FILE} or {INDEX_FILE}{_pickled(folder)}"
+        f"{folder}: no weights; expected {', '.join(WEIGHT_LAYOUTS[:-1])} or "
+        f"{WEIGHT_LAYOUTS[-1]}{_pickled(folder)}"
     )
 
 
+def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    """One weights file: safetensors, or a pickled state dict through `torch.load(...,
+    weights_only=True)` (memory-mapped where the file's format allows)."""
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # the legacy (pre-zip) format cannot be memory-mapped
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # an UnpicklingError for anything but tensors and containers
+        raise ModelLoadError(
+            f"{path}: not a plain tensor file, refused ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200]}); pickles are read with torch.load(weights_only=True) "
+            "only (SECURITY.md)"
+        ) from None
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise ModelLoadError(f"{path}: expected a state dict of named tensors")
+    return dict(state)
+
+
+def read_state_dict(folder: Path, prefixes: tuple[str, ...] = ()) -> Checkpoint:
+    """All tensors of the checkpoint in `folder`, by the names the engine reads (the family's
+    base-model `prefixes` dropped, legacy names renamed: `loading.tensor_names`)."""
+    where, files = weight_files(folder)
+    out = Checkpoint(where)
+    for file in files:
+        out.add(file, load_weights_file(file), prefixes)
+    return out
+
+
 def _pickled(folder: Path) -> str:
-    """What to say of pickled weights in `folder`: they are never read (a pickle can run code
-    when loaded), so the way to convert one, or nothing when there are none."""
+    """What to say of other pickled files in `folder` (`*.pt`, a `.bin` of another name): only
+    transformers' file names are read, so the way to convert one, or nothing when none."""
     found = sorted(p.name for p in folder.glob("*.bin")) + sorted(
         p.name for p in folder.glob("*.pt")
     )
     if not found:
         return ""
     return (
-        f" (found {', '.join(found)}: pickled weights are refused; convert with: "
+        f" (found {', '.join(found)}: only {BIN_FILE} is read as a pickle; convert with: "
         f"{convert_command(folder / found[0])})"
     )
 
@@ -64,59 +127,50 @@ def convert_command(pickled: Path) -> str:
     )
 
 
-def read_dense_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """A sentence-transformers Dense module's tensors, from its `model.safetensors` only."""
-    single = folder / WEIGHT_FILE
-    if single.exists():
-        return load_file(str(single))
-    raise ModelLoadError(f"{folder}: no Dense weights; expected {WEIGHT_FILE}{_pickled(folder)}")
+def read_dense_tensors(folder: Path) -> Checkpoint:
+    """A sentence-transformers Dense module's tensors (`model.safetensors`, or the
+    `pytorch_model.bin` older versions wrote)."""
+    for name in (WEIGHT_FILE, BIN_FILE):
+        if (folder / name).exists():
+            out = Checkpoint(folder / name)
+            out.add(folder / name, load_weights_file(folder / name), ())
+            return out
+    raise ModelLoadError(
+        f"{folder}: no Dense weights; expected {WEIGHT_FILE} or {BIN_FILE}{_pickled(folder)}"
+    )
 
 
-def read_tensors(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
-    """Only the named tensors that the checkpoint holds (a score head's few), not all of them."""
-    single, index = folder / WEIGHT_FILE, folder / INDEX_FILE
-    if single.exists():
-        where = dict.fromkeys(names, WEIGHT_FILE)
-    elif index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        where = {n: weight_map[n] for n in names if n in weight_map}
-    else:
-        read_state_dict(folder)  # raises with what was found instead
-        return {}
-    out: dict[str, torch.Tensor] = {}
-    for file in sorted(set(where.values())):
-        with safe_open(str(folder / file), framework="pt") as f:
-            keys = set(f.keys())
-            for name in names:
-                if where.get(name) == file and name in keys:
-                    out[name] = f.get_tensor(name)
-    return out
-
-
-def strip_prefix(
-    tensors: dict[str, torch.Tensor], prefixes: tuple[str, ...]
-) -> dict[str, torch.Tensor]:
-    """Drop a wrapper prefix ('bert.', 'model.') so task heads and bare models load alike."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        for p in prefixes:
-            if name.startswith(p):
-                name = name[len(p) :]
-                break
-        out[name] = t
+def read_tensors(folder: Path, names: list[str], prefixes: tuple[str, ...] = ()) -> Checkpoint:
+    """Only the named tensors (engine names) that the checkpoint holds (a score head's few), not
+    all of them: safetensors are opened lazily; a pickled checkpoint is read whole."""
+    where, files = weight_files(folder)
+    out = Checkpoint(where)
+    wanted = set(names)
+    for file in files:
+        if file.suffix != ".safetensors":
+            tensors = load_weights_file(file)
+            out.add(file, {k: v for k, v in tensors.items() if canonical(k, prefixes) in wanted},
+                    prefixes)  # fmt: skip
+            continue
+        with safe_open(str(file), framework="pt") as f:
+            keys = [k for k in f.keys() if canonical(k, prefixes) in wanted]  # noqa: SIM118
+            out.add(file, {k: f.get_tensor(k) for k in keys}, prefixes)
     return out
 
 
 def take(
     tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], source: Path
 ) -> torch.Tensor:
-    """One tensor by name, checked against the shape the config implies."""
+    """One tensor by (engine) name, checked against the shape the config implies; an error names
+    the file and the tensor's name there."""
     t = tensors.get(name)
     if t is None:
-        raise ModelLoadError(f"{source}: missing tensor {name!r} (expected shape {list(shape)})")
+        where = tensors.where if isinstance(tensors, Checkpoint) else source
+        raise ModelLoadError(f"{where}: missing tensor {name!r} (expected shape {list(shape)})")
     if tuple(t.shape) != shape:
+        file, theirs = tensors.origin[name] if isinstance(tensors, Checkpoint) else (source, name)
         raise ModelLoadError(
-            f"{source}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)} "
+            f"{file}: tensor {theirs!r} has shape {list(t.shape)}, expected {list(shape)} "
             "from config.json"
         )
     return t

@@ -61,6 +61,7 @@ from embedserve.gateway.scoring import (
     tei_rerank_body,
 )
 from embedserve.gateway.stalls import LoopWatch
+from embedserve.gateway.timing import timing_headers, track_times
 from embedserve.gateway.transport import (
     Answer,
     ClientGone,
@@ -111,8 +112,7 @@ class GatewayApp:
         else:
             assert limits is not None, "one model's pipeline comes with its limits"
             self.served = ServedModels([ServedModel(limits, make_pipeline)])
-        first = self.served.models[0]
-        limits = first.limits
+        limits = self.served.first.limits  # the default model's (`--default-model`), else the first
         self.allowed_hosts = allowed_hosts
         self.log_requests = log_requests
         self.api_keys = api_keys
@@ -261,6 +261,7 @@ class GatewayApp:
         if tracing.TRACER is not None:  # --otlp-endpoint: this request's span
             span = tracing.gateway_span(headers_in, answer_id.decode("ascii"), method, route)
         counts = track_request()
+        times = track_times()  # TEI's timing headers (`gateway.timing`)
         replicas: set[int] = set()
         REPLICAS_CALLED.set(replicas)
         set_request_model("")
@@ -283,6 +284,7 @@ class GatewayApp:
             else:
                 status, content_type, payload = await handler(body)
             extra = self.dropin.headers.get((method, path), ())
+            extra += timing_headers(times, time.perf_counter() - start)
         except ClientGone:  # nobody to answer: counted, and logged as the ordinary event it is
             log.info("%s %s: the client disconnected before its answer", method, route)
             self.metrics.requests.labels(route, "499").inc()

@@ -80,6 +80,9 @@ def split(response: Any, num_seqs: list[int]) -> list[Any]:
                 embeddings=data[start * row_bytes : (start + n) * row_bytes],
                 shape=[n, *response.shape[1:]],
                 dtype=response.dtype,
+                # each call was in the merged call's batch: its stage times are theirs
+                queue_seconds=response.queue_seconds,
+                inference_seconds=response.inference_seconds,
             )
         )
         start += n

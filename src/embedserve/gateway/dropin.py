@@ -15,7 +15,7 @@ from embedserve.gateway import cohere, outputs, tei
 from embedserve.gateway.docs_page import CONTENT_SECURITY_POLICY, HTML, docs_html
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.jsonio import dumps
-from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel
+from embedserve.gateway.models import ANY, DEFAULT_TASKS, EMBED, SCORE, ServedModel
 from embedserve.gateway.transport import Answer, parse_json
 
 if TYPE_CHECKING:
@@ -73,10 +73,11 @@ class DropInRoutes:
         return parse_json(body, self.app.max_json_strings, self.app.max_json_values)
 
     async def root(self, body: bytes) -> Answer:
-        handler = self.root_tasks.get(self.app.limits.task)
+        task = self.app.served.first.limits.task  # the default model's (`--default-model`)
+        handler = self.root_tasks.get(task)
         if handler is None:
             raise bad_request(
-                f"POST / has no route for this model's task {self.app.limits.task!r}",
+                f"POST / has no route for this model's task {task!r}",
                 param="model",
                 code="wrong_model_task",
             )
@@ -123,8 +124,13 @@ class DropInRoutes:
         return 200, JSON, dumps(tei.decode(pipeline.inputs.spec.path, batch, skip))
 
     async def info(self, body: bytes) -> Answer:
-        model = self.app.served.pick(None, ANY)  # several models: 400 naming them (no body)
-        return 200, JSON, dumps(self.info_of(model))
+        served = self.app.served
+        model = served.pick(None, ANY)  # several models, no default: 400 naming them (no body)
+        # ours beside TEI's keys: the routes this model answers when a request names none
+        default_for = [t for t, m in served.defaults.items() if m is model] or (
+            [] if served.several else [ANY, *(t for t in DEFAULT_TASKS if model.does(t))]
+        )
+        return 200, JSON, dumps({**self.info_of(model), "default_for": default_for})
 
     @staticmethod
     def info_of(model: ServedModel) -> dict[str, Any]:

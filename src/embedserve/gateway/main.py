@@ -167,6 +167,14 @@ class GatewayConfig(Options):
         "serve text-embeddings-inference's gRPC API (tei.proto) on this port too, from every "
         "worker, on --host (0: any free port); default: off",
     )
+    default_models: tuple[str, ...] = option(
+        (),
+        "with several models, the one a request that names none goes to: TASK=NAME for the "
+        "routes of one task (embed, score, classify), NAME alone for its own task and for "
+        "POST /, /info and /tokenize (repeatable; stated in /info's default_for)",
+        flag="default-model",
+        metavar="[TASK=]NAME",
+    )
     model_limits: tuple[str, ...] = option(
         (),
         f"one model's own limit (KEY: {', '.join(PER_MODEL_LIMITS)}), repeatable; the others "
@@ -253,7 +261,7 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
             )
         )
     return GatewayApp(
-        ServedModels(served),
+        ServedModels(served, config.default_models),
         max_body_bytes=config.max_body_bytes,
         body_timeout=config.body_timeout,
         api_keys=keys,
@@ -419,7 +427,8 @@ def _supervise(config: GatewayConfig) -> int:
         grpc_sock.close()
         grpc_address["tei_grpc"] = f"{host}:{config.tei_grpc_port}"
     say(
-        f"embedserve gateway: listening on {url} ({config.workers} worker"
+        f"embedserve gateway: listening on {url} (serving "
+        f"{', '.join(e.names[0] for e in config.entries)}; {config.workers} worker"
         f"{'s' if config.workers > 1 else ''}, replicas {', '.join(config.replicas)}, "
         f"parts of {config.part_tokens or DEFAULT_PART_TOKENS} tokens)"
         + "".join(f"; TEI gRPC API on {a}" for a in grpc_address.values()),

@@ -11,8 +11,10 @@ The rule a request follows (docs/serving.md, "Several models"):
 - several: a `model` naming a served model picks it (unknown: 404 listing the served names); a
   request without `model` goes to the only model that does the route's task (embedding routes:
   the only embedder; scoring routes: the only reranker, else the only embedder, by cosine); where
-  more than one could, `model` is required (400 naming them). A reranker asked to embed is a 400
-  naming the models that embed.
+  more than one could, the task's default model (`serve --default-model [TASK=]NAME`) takes it,
+  else `model` is required (400 naming them and the flag). A reranker asked to embed is a 400
+  naming the models that embed. Routes of no one task (`POST /`, `/info`, `/tokenize`) go to
+  the default model (`--default-model NAME`, no task), else need `model`.
 - outputs: an embedding route asks for dense vectors, unless it names other `outputs` (sparse,
   multivector: `gateway.outputs`); only a model with every output asked is picked, and a model
   without one is a 400 naming the outputs it has (and the models that have them).
@@ -102,10 +104,14 @@ class ServedModel:
         }
 
 
-class ServedModels:
-    """The models of one gateway, in the order given (the first is the default's report)."""
+DEFAULT_TASKS = (EMBED, SCORE, CLASSIFY)
 
-    def __init__(self, models: Sequence[ServedModel]) -> None:
+
+class ServedModels:
+    """The models of one gateway, in the order given, and the default model of each task for
+    requests that name none (`defaults`: `[TASK=]NAME` entries, as `--default-model` takes)."""
+
+    def __init__(self, models: Sequence[ServedModel], defaults: Sequence[str] = ()) -> None:
         if not models:
             raise ValueError("a gateway serves at least one model")
         self.models = list(models)
@@ -115,6 +121,35 @@ class ServedModels:
                 if name in self.by_name:
                     raise ValueError(f"two served models are named {name!r}: give each its own")
                 self.by_name[name] = m
+        self.defaults = self._read_defaults(defaults)
+
+    def _read_defaults(self, entries: Sequence[str]) -> dict[str, ServedModel]:
+        """{task: model} of `--default-model` entries: TASK=NAME for one task (an embedder may
+        be the score default: it scores by cosine); a NAME alone for its own task and the
+        routes of no one task (ANY)."""
+        out: dict[str, ServedModel] = {}
+        for entry in entries:
+            task, sep, name = entry.partition("=")
+            if not sep:
+                task, name = "", entry
+            model = self.by_name.get(name)
+            if model is None or (sep and task not in DEFAULT_TASKS):
+                raise ValueError(
+                    f"--default-model {entry!r}: expected [TASK=]NAME, TASK one of "
+                    f"{', '.join(DEFAULT_TASKS)}, NAME one of {', '.join(self.names())}"
+                )
+            tasks = [task] if sep else [ANY, model.limits.task]  # its own task, not cosine
+            for t in tasks:
+                if not model.does(t):
+                    raise ValueError(f"--default-model {entry!r}: {name!r} does not {t}")
+                out[t] = model
+        return out
+
+    @property
+    def first(self) -> ServedModel:
+        """The model a route of no one task reports (`/info`, `POST /`): the default, else the
+        first given."""
+        return self.defaults.get(ANY, self.models[0])
 
     @property
     def several(self) -> bool:
@@ -160,6 +195,9 @@ class ServedModels:
         return found
 
     def _default(self, task: str, outputs: Sequence[str]) -> ServedModel:
+        default = self.defaults.get(task)
+        if default is not None and default.has(outputs):
+            return default
         if task == SCORE:  # a reranker first; else an embedder, by cosine
             choices = [m for m in self.models if m.limits.task == "score"]
             choices = choices or [m for m in self.models if m.does(SCORE)]
@@ -175,7 +213,8 @@ class ServedModels:
             )
         raise bad_request(
             "several models are served here: 'model' is required, one of "
-            f"{', '.join(m.name for m in choices)}",
+            f"{', '.join(m.name for m in choices)} (or start serve with --default-model "
+            f"{'' if task == ANY else task + '='}NAME)",
             param="model",
             code="missing_required_parameter",
         )

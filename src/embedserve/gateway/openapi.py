@@ -7,7 +7,7 @@ from typing import Any
 from embedserve.core.inputs import INPUT_TYPES
 from embedserve.core.outputs import OUTPUT_DTYPES
 from embedserve.gateway.classify_schema import classify_paths, classify_schemas
-from embedserve.gateway.requests import Limits
+from embedserve.gateway.requests import ENCODING_FORMATS, Limits
 
 ERROR = {
     "type": "object",
@@ -150,7 +150,7 @@ def _embeddings_request(limits: Limits) -> dict[str, Any]:
                 ]
             },
             "model": {"type": "string", "enum": list(limits.model_names)},
-            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "encoding_format": {"type": "string", "enum": list(ENCODING_FORMATS)},
             "dimensions": {
                 "type": "integer",
                 "minimum": limits.min_dimensions,

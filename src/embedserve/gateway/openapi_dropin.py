@@ -168,6 +168,8 @@ def _info() -> dict[str, Any]:
             "max_batch_requests": optional_int, "max_client_batch_size": optional_int,
             "auto_truncate": {"type": "boolean"}, "tokenization_workers": optional_int,
             "version": text, "sha": optional_text, "docker_label": optional_text,
+            # ours: the routes this model answers when a request names no model
+            "default_for": {"type": "array", "items": {"type": "string"}},
         },
     }  # fmt: skip
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from embedserve.gateway.outputs import OutputsJob, check_size
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob, Limits
 from embedserve.gateway.scoring import ScoreJob
+from embedserve.gateway.timing import add_server_answer, add_tokenization
 from embedserve.retrieval.inputs import ColbertInputs, OutputSequences, prepare_outputs
 from embedserve.retrieval.outputs import EncodedOutputs, check_multivector_size, join_outputs
 from embedserve.retrieval.scores import late_plan
@@ -96,11 +98,16 @@ class Pipeline:
 
     async def _off_loop(self, size: int, work: Callable[[], T]) -> T:
         """`work()` (tokenizing `size` characters, as `core.bounds` counts them), refused
-        before it starts past the request's character bound; on the thread pool when large."""
+        before it starts past the request's character bound; on the thread pool when large;
+        timed for the TEI headers."""
         check_chars(size, self.limits.max_tokens_per_request)
-        if size <= INLINE_PREPARE_CHARS:
-            return work()
-        return await asyncio.get_running_loop().run_in_executor(self._threads, work)
+        start = time.perf_counter()
+        try:
+            if size <= INLINE_PREPARE_CHARS:
+                return work()
+            return await asyncio.get_running_loop().run_in_executor(self._threads, work)
+        finally:
+            add_tokenization(time.perf_counter() - start)
 
     async def tokenize(self, texts: Any, options: InputOptions) -> list[list[int]]:
         prepared = await self._off_loop(
@@ -278,7 +285,9 @@ class Pipeline:
         """One server call's answer, traced when tracing; a server's 500 without its text."""
         tracing.stamp(request)  # the request's trace context, when tracing
         try:
-            return await self.calls.embed(request, num_tokens)
+            response = await self.calls.embed(request, num_tokens)
+            add_server_answer(response)
+            return response
         except ApiError as e:
             if e.status == 500:  # the server's text stays in the gateway's log
                 raise server_failure(e) from None

@@ -123,14 +123,33 @@ def input_value(
     return value
 
 
-def _encoding_format(body: dict[str, Any]) -> str:
+# "base64_packed": base64 of an encoded row's own little-endian bytes (int8, binary, float16,
+# ...), our extension; "base64" keeps OpenAI's meaning, float32 bytes, the only one its clients
+# decode (the openai package asks for base64 unless told otherwise and reads float32 from it)
+ENCODING_FORMATS = ("float", "base64", "base64_packed")
+
+
+def _encoding_format(body: dict[str, Any], head: Head) -> str:
+    """The body's encoding ("float" or "base64", packed or not), checked against the head: a
+    row that is not float32 is never sent where a client would decode float32 from it."""
     value = optional_string(body, "encoding_format") or "float"
-    if value not in ("float", "base64"):
+    if value not in ENCODING_FORMATS:
         raise bad_request(
-            f'\'encoding_format\' must be "float" or "base64"; got {value!r}',
+            f"'encoding_format' must be one of {', '.join(map(repr, ENCODING_FORMATS))}; "
+            f"got {value!r}",
             param="encoding_format",
         )
-    return value
+    if value == "base64" and head.output_dtype != "float32":
+        raise bad_request(
+            f"output_dtype {head.output_dtype!r} cannot be sent as encoding_format 'base64': "
+            "OpenAI clients decode base64 as float32 (the openai package asks for base64 unless "
+            "encoding_format is given) and would read these bytes as wrong numbers; pass "
+            f"encoding_format 'float' for the {head.output_dtype} values as JSON numbers, or "
+            "'base64_packed' for their little-endian bytes",
+            param="encoding_format",
+            code="encoding_not_decodable",
+        )
+    return "base64" if value == "base64_packed" else value
 
 
 def _head(body: dict[str, Any], inputs: InputPreparer) -> Head:
@@ -144,7 +163,8 @@ def _options(body: dict[str, Any], inputs: InputPreparer) -> InputOptions:
 
 def embeddings_head(body: dict[str, Any], inputs: InputPreparer) -> tuple[Head, str]:
     """An embeddings body's head and `encoding_format`, checked."""
-    return _head(body, inputs), _encoding_format(body)
+    head = _head(body, inputs)
+    return head, _encoding_format(body, head)
 
 
 def parse_embeddings(body: Any, limits: Limits, inputs: InputPreparer) -> EmbedJob:
@@ -161,8 +181,8 @@ def parse_contextual(body: Any, limits: Limits, inputs: InputPreparer) -> Contex
     body = check_object(body, CONTEXTUAL_FIELDS)
     check_model(body, limits)
     optional_string(body, "user")
-    encoding_format = _encoding_format(body)
     head = _head(body, inputs)
+    encoding_format = _encoding_format(body, head)
     documents = inputs.read_documents(input_value(body, limits, "documents"), limits.max_chunks)
     job = ContextualJob(documents, body.get("separator"), head, encoding_format)
     if job.num_chunks > limits.max_request_chunks:  # before any is tokenized

@@ -48,6 +48,7 @@ class IndexOptions:
     batch_size: int = 256  # records per map_batches call
     workers: int | None = None  # actors; None: one per GPU, else one on the CPU
     fail_fast: bool = False
+    lines: bool = False  # a .txt / .md input: a record per line (else one per file)
 
 
 def require_ray() -> Any:

@@ -14,12 +14,15 @@ from typing import Any
 import numpy as np
 
 MANIFEST = "_index.json"
-INPUT_SUFFIXES = (".jsonl", ".json", ".parquet")
+# text files: each one document (its id the file's name), or with `lines` one record per line
+TEXT_SUFFIXES = (".txt", ".md")
+INPUT_SUFFIXES = (".jsonl", ".json", ".parquet", *TEXT_SUFFIXES)
 COUNT_SAMPLE_BYTES = 1 << 20  # a jsonl file's lines are counted in this much of it, for the ETA
 
 
 def input_files(spec: str | Path) -> list[Path]:
-    """A file, a folder (its jsonl / json / Parquet files) or a glob, sorted; an error if none."""
+    """A file, a folder (its jsonl / json / Parquet / .txt / .md files) or a glob, sorted; an
+    error if none."""
     text = str(spec)
     path = Path(text).expanduser()
     if path.is_dir():
@@ -30,19 +33,21 @@ def input_files(spec: str | Path) -> list[Path]:
         files = [Path(p) for p in sorted(glob.glob(text)) if Path(p).suffix in INPUT_SUFFIXES]
     if not files:
         raise ValueError(
-            f"--input {text}: no input files (expected .jsonl, .json or .parquet, a folder of "
-            "them, or a glob)"
+            f"--input {text}: no input files (expected .jsonl, .json, .parquet, .txt or .md, a "
+            "folder of them, or a glob)"
         )
     bad = [p for p in files if p.suffix not in INPUT_SUFFIXES]
     if bad:
-        raise ValueError(f"--input {bad[0]}: expected a .jsonl, .json or .parquet file")
+        raise ValueError(f"--input {bad[0]}: expected a .jsonl, .json, .parquet, .txt or .md file")
     return files
 
 
-def count_records(path: Path) -> int | None:
-    """Records in an input, for the ETA: exact for Parquet (its footer) and small jsonl files,
-    estimated from the first MiB of a larger one (so a corpus is not read twice); None for a
-    .json file."""
+def count_records(path: Path, lines: bool = False) -> int | None:
+    """Records in an input, for the ETA: exact for Parquet (its footer), a text document (one)
+    and small jsonl (or text `lines`) files, estimated from the first MiB of a larger one (so a
+    corpus is not read twice); None for a .json file."""
+    if path.suffix in TEXT_SUFFIXES and not lines:
+        return 1
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -50,15 +55,15 @@ def count_records(path: Path) -> int | None:
             return int(pq.ParquetFile(path).metadata.num_rows)
         except Exception:  # unreadable here: Ray's reader says why
             return None
-    if path.suffix != ".jsonl":
+    if path.suffix not in (".jsonl", *TEXT_SUFFIXES):
         return None
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(min(size, COUNT_SAMPLE_BYTES))
-    lines = head.count(b"\n") + (1 if head and not head.endswith(b"\n") else 0)
-    if size <= COUNT_SAMPLE_BYTES or not lines:
-        return lines
-    return round(lines * size / len(head))
+    count = head.count(b"\n") + (1 if head and not head.endswith(b"\n") else 0)
+    if size <= COUNT_SAMPLE_BYTES or not count:
+        return count
+    return round(count * size / len(head))
 
 
 def read_manifest(out: Path) -> dict[str, Any]:
@@ -226,9 +231,48 @@ def _arrow_type(v: np.ndarray) -> Any:
     return {np.dtype(np.int8): pa.int8(), np.dtype(np.uint8): pa.uint8()}.get(v.dtype, pa.float32())
 
 
-def read_inputs(ray: Any, paths: list[Path]) -> Any:
-    """One Dataset over inputs of one format, each record with its file's path."""
+def read_inputs(ray: Any, paths: list[Path], lines: bool = False) -> Any:
+    """One Dataset over inputs of one format, each record with its file's path; a text file is
+    one document (`text`, its `id` the file's name), or with `lines` a record per line."""
     names = [str(p.resolve()) for p in paths]
     if paths[0].suffix == ".parquet":
         return ray.data.read_parquet(names, include_paths=True)
+    if paths[0].suffix in TEXT_SUFFIXES:
+        files = ray.data.read_binary_files(names, include_paths=True)
+        return files.map_batches(text_lines if lines else text_documents, batch_format="numpy")
     return ray.data.read_json(names, lines=paths[0].suffix == ".jsonl", include_paths=True)
+
+
+def _decoded(data: Any) -> str | None:
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def text_documents(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Text files read whole (`bytes`, `path`) as records: `text` (UTF-8; a file that is not is
+    a bad record, its text missing), `id` (the file's name), `path`."""
+    return {
+        "text": np.array([_decoded(d) for d in batch["bytes"]], dtype=object),
+        "id": np.array([Path(str(p)).name for p in batch["path"]], dtype=object),
+        "path": batch["path"],
+    }
+
+
+def text_lines(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Text files read whole as a record per line: `text`, `id` (`NAME:LINE`, from 1), `path`."""
+    texts: list[str | None] = []
+    ids: list[str] = []
+    paths: list[Any] = []
+    for data, path in zip(batch["bytes"], batch["path"], strict=True):
+        text = _decoded(data)
+        rows: list[str | None] = [None] if text is None else list(text.splitlines())
+        texts += rows
+        ids += [f"{Path(str(path)).name}:{n}" for n in range(1, len(rows) + 1)]
+        paths += [path] * len(rows)
+    return {
+        "text": np.array(texts, dtype=object),
+        "id": np.array(ids, dtype=object),
+        "path": np.array(paths, dtype=object),
+    }

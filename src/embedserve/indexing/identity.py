@@ -18,7 +18,7 @@ from embedserve.indexing.files import write_manifest
 CONTENT_SUFFIXES = (".json", ".txt", ".model")
 LEGACY = "not recorded (written by an older embedserve)"
 # what an output recorded before a field existed was made with: every file had dense vectors only
-RECORDED_BEFORE = {"outputs": ["dense"]}
+RECORDED_BEFORE: dict[str, Any] = {"outputs": ["dense"], "text_lines": False}
 
 
 def _files(folder: Path) -> Iterator[Path]:
@@ -74,6 +74,8 @@ def vectors_identity(options: IndexOptions, gpus: int) -> dict[str, Any]:
         "truncate": options.truncate or None,
         "max_length": spec.max_seq_length,
         "outputs": list(chosen_outputs(options.outputs, spec.outputs)),  # a list, as in JSON
+        # a .txt / .md input's records: its lines (else the file, one document)
+        "text_lines": options.lines,
     }
 
 

@@ -256,7 +256,7 @@ def run_index(
     skipped = len(files) - len(todo)
     if skipped:
         log(f"embedserve index: {skipped} of {len(files)} files already done, skipped")
-    counts = [count_records(p) for p in todo]
+    counts = [count_records(p, options.lines) for p in todo]
     total = None if None in counts else sum(c or 0 for c in counts)
     progress = Progress(len(files), skipped, total, log)
     if todo:
@@ -267,7 +267,7 @@ def run_index(
     for suffix in INPUT_SUFFIXES:  # one Dataset, one actor pool, per format
         group = [p for p in todo if p.suffix == suffix]
         if group:
-            ds = embed_dataset(read_inputs(ray, group), options)
+            ds = embed_dataset(read_inputs(ray, group, options.lines), options)
             job.consume(group, ds.iter_batches(batch_format="numpy", batch_size=None))
     return {
         "files": len(files),

@@ -30,11 +30,13 @@ PoolingMethod = Literal["mean", "cls", "last"]
 AttentionKind = Literal["bidirectional", "causal"]
 ScoreKind = Literal["classifier", "yes_no"]
 
-# checkpoint names of a cross-encoder's head: (its pooler's prefixes, its classifier's), each
-# tried in order; BERT's pooler with or without the "bert." wrapper, then `classifier`
-BERT_CLASSIFIER = (("bert.pooler.dense.", "pooler.dense."), ("classifier.",))
+# checkpoint names of a cross-encoder's head (after `tensor_names.canonical`): (its pooler's
+# prefixes, its classifier's), each tried in order; BERT's pooler, then `classifier`
+BERT_CLASSIFIER = (("pooler.dense.",), ("classifier.",))
 # RoBERTa's classification head: its own dense + tanh on <s>, then `out_proj`
 ROBERTA_CLASSIFIER = (("classifier.dense.",), ("classifier.out_proj.",))
+# BertEncoder runs BERT and RoBERTa folders alike: either one's base-model prefix
+BERT_PREFIXES = ("bert.", "roberta.", "model.")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class Family:
     # colbert): the row applies to a folder of its model_types only when the marker is found
     marker: str = ""
     outputs: tuple[str, ...] = ("dense",)  # what it embeds: dense, sparse, multivector
+    # the base-model prefixes its task models save the encoder under (transformers'
+    # `base_model_prefix`, then older ones), dropped from checkpoint names (`tensor_names`)
+    prefixes: tuple[str, ...] = ("model.",)
 
     @property
     def attention_kinds(self) -> tuple[AttentionKind, ...]:
@@ -105,6 +110,7 @@ FAMILIES: tuple[Family, ...] = (
         "embedserve.engine.models.bert:BertEncoder",
         "all-MiniLM-L6-v2, bge-*-en-v1.5, e5-*-v2, gte-small, multilingual-e5-small, "
         "ms-marco-MiniLM cross-encoders",
+        prefixes=BERT_PREFIXES,
     ),
     Family(
         "xlm-roberta",
@@ -116,6 +122,7 @@ FAMILIES: tuple[Family, ...] = (
         "multilingual-e5-base / -large, bge-m3 (dense), bge-reranker-v2-m3, roberta-base",
         "positions start at padding_idx + 1; no token types",
         classifier_tensors=ROBERTA_CLASSIFIER,
+        prefixes=BERT_PREFIXES,
     ),
     Family(
         "mpnet",
@@ -131,6 +138,7 @@ FAMILIES: tuple[Family, ...] = (
         # padded first: it runs at any size (S L², not T²); the masked ones are timed where a
         # bucket is small or holds one sequence
         kernels=("padded", "cudnn", "block_mask"),
+        prefixes=("mpnet.", "model."),
     ),
     Family(
         "nomic-bert",
@@ -142,6 +150,8 @@ FAMILIES: tuple[Family, ...] = (
         "nomic-embed-text-v1 / v1.5",
         "rotary, SwiGLU; prompts search_query: / search_document:",
         pooling_default=(("bidirectional", "mean"),),
+        # transformers' NomicBertFor*, then nomic's remote code
+        prefixes=("nomic_bert.", "bert.", "model."),
     ),
     Family(
         "modernbert",
@@ -168,6 +178,8 @@ FAMILIES: tuple[Family, ...] = (
         undeclared_attention='a Gemma 3 without "use_bidirectional_attention": true is a '
         "causal language model; embedserve runs Gemma 3 as EmbeddingGemma does, "
         'bidirectionally (say so in config.json, or pass attention="bidirectional")',
+        # Gemma3ForConditionalGeneration's text model, before and since transformers 4.52
+        prefixes=("model.language_model.", "language_model.model.", "model."),
     ),
     Family(
         "qwen3",
@@ -180,6 +192,8 @@ FAMILIES: tuple[Family, ...] = (
         "a Qwen3ForCausalLM folder without sentence-transformers modules is a reranker",
         pooling_default=(("causal", "last"), ("bidirectional", "mean")),
         answer_tokens=("yes", "no"),
+        # Qwen3ForQuestionAnswering keeps the older `transformer`
+        prefixes=("model.", "transformer."),
     ),
 )
 
@@ -198,6 +212,7 @@ RETRIEVAL_FAMILIES: tuple[Family, ...] = (
         "log(1 + ReLU(MLM logits)) pooled per input in token blocks",
         marker="splade",
         outputs=("sparse",),
+        prefixes=BERT_PREFIXES,
     ),
     Family(
         "bge-m3",
@@ -211,6 +226,7 @@ RETRIEVAL_FAMILIES: tuple[Family, ...] = (
         "multi-vector from one forward",
         marker="bge-m3",
         outputs=("dense", "sparse", "multivector"),
+        prefixes=BERT_PREFIXES,
     ),
     Family(
         "colbert",
@@ -224,6 +240,7 @@ RETRIEVAL_FAMILIES: tuple[Family, ...] = (
         "projection per token",
         marker="colbert",
         outputs=("multivector",),
+        prefixes=BERT_PREFIXES,
     ),
 )
 

@@ -1,8 +1,9 @@
 """Models by Hugging Face Hub id (`org/name` or `org/name@revision`), in the Hub's own cache.
 
 Only what embedserve loads is fetched: the config, safetensors weights (one file or shards and
-their index), the tokenizer files and the sentence-transformers module configs; never pickled
-weights, never code. The environment is the Hub's: `HF_HOME` / `HF_HUB_CACHE` choose the cache,
+their index), the tokenizer files and the sentence-transformers module configs; transformers'
+pickled `pytorch_model.bin` (read with `torch.load(weights_only=True)`) only for a model that has
+no safetensors weights; never code. The environment is the Hub's: `HF_HOME` / `HF_HUB_CACHE` choose the cache,
 `HF_HUB_OFFLINE=1` reads only from it, `HF_TOKEN` authenticates. No torch here.
 """
 
@@ -29,6 +30,13 @@ FILES = [
     "embedserve.json",
     "*/config.json",
 ]
+# a model without safetensors weights: the pickled state dicts transformers reads instead
+BIN_FILES = ["pytorch_model.bin", "pytorch_model*.bin", "pytorch_model.bin.index.json",
+             "*/pytorch_model.bin"]  # fmt: skip
+
+
+def _without_weights(folder: Path) -> bool:
+    return not any(folder.glob("model*.safetensors"))
 
 
 def is_hub_id(text: str) -> bool:
@@ -52,7 +60,6 @@ def fetch(model_id: str) -> Path:
     that names the id and the cache otherwise."""
     repo, _, revision = model_id.partition("@")
     try:
-        from huggingface_hub import snapshot_download
         from huggingface_hub.errors import (
             GatedRepoError,
             LocalEntryNotFoundError,
@@ -66,14 +73,9 @@ def fetch(model_id: str) -> Path:
         ) from None
     cache = cache_dir()
     try:
-        path = snapshot_download(
-            repo,
-            revision=revision or None,
-            allow_patterns=FILES,
-            cache_dir=str(cache),
-            local_files_only=offline(),
-            token=os.environ.get("HF_TOKEN") or None,
-        )
+        path = Path(_download(repo, revision, FILES, cache))
+        if _without_weights(path):
+            path = Path(_download(repo, revision, BIN_FILES, cache))
     except LocalEntryNotFoundError:
         if offline():
             raise ValueError(
@@ -93,4 +95,17 @@ def fetch(model_id: str) -> Path:
         ) from None
     except RevisionNotFoundError:
         raise ValueError(f"model {model_id!r}: no revision {revision!r}") from None
-    return Path(path)
+    return path
+
+
+def _download(repo: str, revision: str, patterns: list[str], cache: Path) -> str:
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(
+        repo,
+        revision=revision or None,
+        allow_patterns=patterns,
+        cache_dir=str(cache),
+        local_files_only=offline(),
+        token=os.environ.get("HF_TOKEN") or None,
+    )

@@ -83,6 +83,12 @@ class ServerConfig(Options):
         "this port; 0 picks a free one; with serve, replica i uses PORT+i (default: off)",
     )
     drain_seconds: float = drain_option()
+    served_name: str | None = option(
+        None,
+        "the name clients use for this model (serve passes it), said in the ready line "
+        "(default: the model as given)",
+        metavar="NAME",
+    )
     link_secret_file: str | None = option(
         None,
         "a file with the secret gateways must send (the same file on the gateway): needed when "
@@ -341,8 +347,8 @@ def _announce_ready(
         else f"{engine.output_width} dims"
     )
     say(
-        f"embedserve server: ready on {config.host}:{port} "
-        f"({config.engine.model}, {engine.device}, {precision}, {what}, "
+        f"embedserve server: ready on {config.host}:{port} (serving "
+        f"{config.served_name or config.engine.model}: {engine.spec.path}, {engine.device}, {precision}, {what}, "
         f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
         f"batch tokens {budget}, local socket {local_path})",
     )

@@ -46,6 +46,7 @@ class Pending:
     # the answer; done once answered, failed or cancelled (the client went away)
     result: asyncio.Future[Any]
     arrived: float = field(default_factory=time.perf_counter)  # when it was queued
+    taken: float = 0.0  # when a batch took it (perf_counter), for its answer's timings
     # its tokens count against the queue budget (`Scheduler.cancel` gives them back at once)
     counted: bool = field(default=False, repr=False)
     # the traced server call it belongs to (`contract.tracing`, `--otlp-endpoint`), else None

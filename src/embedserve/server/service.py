@@ -62,6 +62,15 @@ log = logging.getLogger("embedserve.server")
 BATCH_WAIT_MAX_REQUESTS = 4
 
 
+def stamp_timings(batch: list[Pending], answers: list[Any], encoded: float) -> None:
+    """Each answer's time in this server: queued until its batch was taken, then the batch's
+    run until the answers were encoded (the gateway's TEI timing headers read them)."""
+    for request, answer in zip(batch, answers, strict=True):
+        if answer is not None:
+            answer.queue_seconds = request.taken - request.arrived
+            answer.inference_seconds = encoded - request.taken
+
+
 class RequestFailed(Exception):
     """A request's failure, with the status code every transport answers it with."""
 
@@ -268,6 +277,7 @@ class EmbedService:
         observe = self.stage_times.observe
         taken = time.perf_counter()
         for request in batch:
+            request.taken = taken
             observe("queue", taken - request.arrived)
         if tracing.TRACER is not None:
             tracing.step_started(batch, taken)
@@ -372,6 +382,7 @@ class EmbedService:
                 self.guard.end(id(batch))
                 self.guard.succeeded()
             encoded = time.perf_counter()
+            stamp_timings(batch, answers, encoded)
             if tracing.TRACER is not None:
                 tracing.step_finished(batch, ready)
             self.stage_times.observe("device", ready - launched)

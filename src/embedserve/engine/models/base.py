@@ -10,21 +10,18 @@ gate-up matrix) and checked against the config's shapes, in float32 on the CPU.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
 from embedserve.engine.ops import Ops
-from embedserve.engine.weights import read_state_dict, strip_prefix
+from embedserve.engine.weights import read_state_dict
 from embedserve.loading.spec import ModelSpec
 
 
 class PackedEncoder(nn.Module):
-    # wrapper prefixes dropped from checkpoint names, so task heads and bare models load alike
-    prefixes: ClassVar[tuple[str, ...]] = ("model.",)
-
     def __init__(self, cfg: Any, ops: Ops) -> None:
         """`ops`: the pointwise chains and matrix products (`ops.EAGER_OPS` or compiled)."""
         super().__init__()
@@ -55,7 +52,8 @@ class PackedEncoder(nn.Module):
         raise NotImplementedError
 
     def checkpoint(self, tensors: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
-        """This model's state dict from the checkpoint's tensors (prefixes stripped)."""
+        """This model's state dict from the checkpoint's tensors, by the names transformers reads
+        (`loading.tensor_names`: base-model prefix dropped, legacy names renamed)."""
         raise NotImplementedError
 
     @classmethod
@@ -68,7 +66,7 @@ class PackedEncoder(nn.Module):
         """Build the model and load the folder's checkpoint into it (fp32, on the CPU)."""
         with torch.device("meta"):
             model = cls.build(spec, ops)
-        tensors = strip_prefix(read_state_dict(spec.path), cls.prefixes)
+        tensors = read_state_dict(spec.path, spec.family_row.prefixes)
         state = model.checkpoint(tensors, spec.path)
         model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
         return model.eval()

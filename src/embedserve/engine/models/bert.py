@@ -75,7 +75,6 @@ class BertLayer(nn.Module):
 
 class BertEncoder(PackedEncoder):
     cfg: BertConfig
-    prefixes = ("bert.", "roberta.", "model.")
 
     def __init__(self, cfg: BertConfig, ops: Ops) -> None:
         super().__init__(cfg, ops)

@@ -78,7 +78,6 @@ class Gemma3Layer(nn.Module):
 
 class Gemma3Encoder(PackedEncoder):
     cfg: Gemma3Config
-    prefixes = ("model.language_model.", "model.")
 
     def __init__(self, cfg: Gemma3Config, ops: Ops) -> None:
         super().__init__(cfg, ops)

@@ -50,7 +50,6 @@ def _distance_buckets(num_buckets: int) -> torch.Tensor:
 
 class MPNetEncoder(PackedEncoder):
     cfg: BertConfig
-    prefixes = ("mpnet.", "model.")
 
     def __init__(self, cfg: BertConfig, ops: Ops) -> None:
         super().__init__(cfg, ops)

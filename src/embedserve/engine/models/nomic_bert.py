@@ -57,7 +57,6 @@ class NomicBertLayer(nn.Module):
 
 class NomicBertEncoder(PackedEncoder):
     cfg: NomicBertConfig
-    prefixes = ("nomic_bert.", "model.", "bert.")
 
     def __init__(self, cfg: NomicBertConfig, ops: Ops) -> None:
         super().__init__(cfg, ops)

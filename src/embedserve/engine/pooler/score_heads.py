@@ -25,6 +25,7 @@ from torch import nn
 
 from embedserve.engine.weights import read_tensors
 from embedserve.loading.spec import ModelLoadError, ModelSpec
+from embedserve.loading.tensor_names import TIED
 
 
 class ClassifierHead(nn.Module):
@@ -73,7 +74,8 @@ def build_score_head(spec: ModelSpec) -> nn.Module | None:
         pooler, classifier = spec.family_row.classifier_tensors
         pooler_w, pooler_b = [p + "weight" for p in pooler], [p + "bias" for p in pooler]
         out_w, out_b = [c + "weight" for c in classifier], [c + "bias" for c in classifier]
-        tensors = read_tensors(folder, [*pooler_w, *pooler_b, *out_w, *out_b])
+        prefixes = spec.family_row.prefixes
+        tensors = read_tensors(folder, [*pooler_w, *pooler_b, *out_w, *out_b], prefixes)
         head: nn.Module = ClassifierHead(h, n)
         state = {
             "pooler.weight": _one(tensors, pooler_w, (h, h), folder),
@@ -85,10 +87,10 @@ def build_score_head(spec: ModelSpec) -> nn.Module | None:
         assert spec.score is not None and spec.score.yes_no_ids is not None
         vocab = spec.vocab_size
         # an untied checkpoint has its own output projection; a tied one reuses the embeddings
-        names = ["lm_head.weight", "model.embed_tokens.weight", "embed_tokens.weight"]
+        names = ["lm_head.weight", *TIED["lm_head.weight"]]
         if not getattr(spec.config, "tie_word_embeddings", True):
             names = names[:1]
-        tensors = read_tensors(folder, names)
+        tensors = read_tensors(folder, names, spec.family_row.prefixes)
         table = _one(tensors, [n for n in names if n in tensors] or names, (vocab, h), folder)
         head = YesNoHead(h)
         state = {"rows": table[list(spec.score.yes_no_ids)].clone()}

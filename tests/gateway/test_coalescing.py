@@ -174,3 +174,16 @@ def test_encoded_rows_are_cut_by_their_bytes(dtype: str) -> None:
     assert [list(p.shape) for p in parts] == [[1, 4], [2, 4]]
     # the TEI timing headers of each call read the merged call's stage times
     assert all((p.queue_seconds, p.inference_seconds) == (0.25, 0.5) for p in parts)
+
+
+def test_merged_calls_are_counted_for_the_metrics() -> None:
+    from embedserve.gateway.metrics import Metrics
+
+    server, metrics = FakeServer(), Metrics()
+    coalescer = Coalescer(server.send, max_tokens=100)
+    coalescer.on_merged = metrics.merged("minilm")
+    asyncio.run(gather(coalescer, [[1]], [[2]], [[3]]))
+    asyncio.run(gather(coalescer, [[4]]))  # alone: not a merged call
+    text = metrics.export(None).decode()
+    assert "embedserve_gateway_merged_calls_total 1.0" in text
+    assert "embedserve_gateway_merged_requests_total 3.0" in text

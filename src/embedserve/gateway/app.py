@@ -201,6 +201,7 @@ class GatewayApp:
                 try:
                     for m in self.served.models:
                         m.pipeline = m.make_pipeline()
+                        m.pipeline.calls.on_merged = self.metrics.merged(m.name)
                         await m.pipeline.replicas.start()
                     for service in self.services:
                         await service.start()

@@ -101,6 +101,7 @@ class Coalescer:
         self._tasks: set[asyncio.Task[None]] = set()
         self.num_calls = 0  # server calls made for merged requests
         self.num_merged = 0  # requests that went inside them
+        self.on_merged: Callable[[int], None] | None = None  # told each merged call's size
 
     async def embed(self, request: Any, num_tokens: int) -> Any:
         key = merge_key(request)
@@ -152,6 +153,8 @@ class Coalescer:
         REPLICAS_CALLED.set(called)  # this task's own context: the members get it below
         self.num_calls += 1
         self.num_merged += len(part)
+        if self.on_merged is not None:
+            self.on_merged(len(part))
         try:
             response = await self._send(
                 merge([c.request for c in part]), sum(c.num_tokens for c in part)

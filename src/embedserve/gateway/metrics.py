@@ -63,6 +63,19 @@ class Metrics:
         self.inputs = prom.Counter(
             "embedserve_gateway_inputs", "Inputs embedded", by_model, registry=self.registry
         )
+        # `gateway.coalescing`: how much of a loop turn's work went to the servers together
+        self.merged_calls = prom.Counter(
+            "embedserve_gateway_merged_calls",
+            "Server calls that carried several requests' sequences",
+            by_model,
+            registry=self.registry,
+        )
+        self.merged_requests = prom.Counter(
+            "embedserve_gateway_merged_requests",
+            "Requests (parts) sent inside those merged calls",
+            by_model,
+            registry=self.registry,
+        )
         # NOTE: with several workers each writes its own view (`refresh`, every second and at
         # each scrape it serves); the newest write is the value. "max" kept a replica healthy
         # (1) from a worker's old write after it had died.
@@ -135,6 +148,18 @@ class Metrics:
         counts = _REQUEST_COUNTS.get()
         if counts is not None:
             counts[:] = [num_tokens, num_inputs]
+
+    def merged(self, model: str) -> Callable[[int], None]:
+        """What a model's `Coalescer` calls for each merged call (its number of requests)."""
+        calls, requests = self.merged_calls, self.merged_requests
+        if self.model_label:
+            calls, requests = calls.labels(model), requests.labels(model)
+
+        def count(num_requests: int) -> None:
+            calls.inc()
+            requests.inc(num_requests)
+
+        return count
 
     def export(self, replicas: Sequence[Replica] | None) -> bytes:
         """The text exposition of /metrics, with the replicas' state as of now."""

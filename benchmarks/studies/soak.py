@@ -101,7 +101,7 @@ def mixed(args: argparse.Namespace) -> None:
     server, ready = start([*CLI, "serve", "--device", "cpu", "--port", "0", "--model", "minilm",
                            "--model", f"rerank={folder / 'ms-marco-minilm-l6'}",
                            "--model", f"splade={folder / 'splade-minilm-l6'}"],
-                          r"serving \S+ at (http://127\.0\.0\.1:(\d+))", timeout=600)  # fmt: skip
+                          r"serving .+ at (http://127\.0\.0\.1:(\d+))", timeout=600)  # fmt: skip
     port = int(ready.group(2))
     queries, passages = corpus.queries(64), corpus.passages(64, max_words=60)
     work = [

@@ -326,9 +326,9 @@ class InputPreparer:
         self, texts: list[str], options: InputOptions, single: bool
     ) -> PreparedInputs:
         if options.truncate != "chunk":
-            cut = self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt)
-            self._check_content(cut, single)
-            return PreparedInputs(cut, single)
+            seqs = self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt)
+            self._check_content(seqs, single)
+            return PreparedInputs(seqs, single)
         prompted = [options.prompt + t for t in texts] if options.prompt else texts
         limit = self.max_length
         prompt_ids = self.tokenizer.encode_plain(options.prompt) if options.prompt else []

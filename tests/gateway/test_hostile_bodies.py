@@ -125,17 +125,3 @@ def test_a_token_id_past_64_bits_is_out_of_the_vocabulary_not_a_float(
     with pytest.raises(InputError) as caught:
         inputs.prepare(data["input"])
     assert caught.value.code == "invalid_token_id" and "outside the vocabulary" in str(caught.value)
-
-
-@pytest.mark.parametrize("text", ["\u0000", " ", "\u200b\u0000 "])
-def test_a_text_with_no_tokens_of_its_own_is_refused_like_an_empty_one(
-    inputs: InputPreparer, text: str
-) -> None:
-    """`""` is refused; `"\\u0000"` alone was embedded as the special tokens alone."""
-    from embedserve.errors import InputError
-
-    with pytest.raises(InputError, match="no tokens of its own"):
-        inputs.prepare(text)
-    with pytest.raises(InputError, match=r"input\[1\] has no tokens"):
-        inputs.prepare(["a text", text])
-    assert len(inputs.prepare(["a text"]).seqs[0]) > inputs.tokenizer.num_special

@@ -311,24 +311,14 @@ class InputPreparer:
             out.append(ids)
         return PreparedInputs(out, single)
 
-    def _check_content(self, seqs: list[list[int]], single: bool) -> None:
-        """An InputError for a text that tokenizes to the special tokens alone (only spaces or
-        characters the tokenizer drops, such as "\\u0000"), as an empty string is one."""
-        for i, ids in enumerate(seqs):
-            if len(ids) <= self.tokenizer.num_special:
-                where = "input" if single else f"input[{i}]"
-                raise InputError(
-                    f"{where} has no tokens of its own: only spaces or characters the tokenizer "
-                    "drops"
-                )
-
     def _prepare_texts(
         self, texts: list[str], options: InputOptions, single: bool
     ) -> PreparedInputs:
         if options.truncate != "chunk":
-            seqs = self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt)
-            self._check_content(seqs, single)
-            return PreparedInputs(seqs, single)
+            return PreparedInputs(
+                self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt),
+                single,
+            )
         prompted = [options.prompt + t for t in texts] if options.prompt else texts
         limit = self.max_length
         prompt_ids = self.tokenizer.encode_plain(options.prompt) if options.prompt else []

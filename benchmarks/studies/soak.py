@@ -88,6 +88,18 @@ def main() -> None:
     print(json.dumps(doc, indent=1))
 
 
+def _named(pid: int) -> str:
+    """`pid` with what it runs (the model of a server), for the samples."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return str(pid)
+    words = [a.decode(errors="replace") for a in argv]
+    model = next((w for w, prev in zip(words[1:], words) if prev == "--model"), "")
+    role = next((w for w in ("server", "gateway", "serve") if w in words), words[0][-20:])
+    return f"{pid} {role} {Path(model).name}".strip()
+
+
 def mixed(args: argparse.Namespace) -> None:
     """Embed, rerank and sparse requests on three models of one `serve` (see the docstring)."""
     import multiprocessing as mp
@@ -119,7 +131,7 @@ def mixed(args: argparse.Namespace) -> None:
 
         def sample() -> None:
             while not stop.wait(10.0):
-                now = {str(pid): round(rss_mb({pid}), 1) for pid in sorted(pids)}
+                now = {_named(pid): round(rss_mb({pid}), 1) for pid in sorted(pids)}
                 samples.append({"s": round(time.monotonic() - t0, 1), "rss_mb": now})
 
         sampler = threading.Thread(target=sample)

@@ -95,7 +95,9 @@ def _named(pid: int) -> str:
     except OSError:
         return str(pid)
     words = [a.decode(errors="replace") for a in argv]
-    model = next((w for w, prev in zip(words[1:], words) if prev == "--model"), "")
+    model = next(
+        (w for w, prev in zip(words[1:], words[:-1], strict=True) if prev == "--model"), ""
+    )
     role = next((w for w in ("server", "gateway", "serve") if w in words), words[0][-20:])
     return f"{pid} {role} {Path(model).name}".strip()
 

@@ -88,6 +88,20 @@ def main() -> None:
     print(json.dumps(doc, indent=1))
 
 
+def _named(pid: int) -> str:
+    """`pid` with what it runs (the model of a server), for the samples."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return str(pid)
+    words = [a.decode(errors="replace") for a in argv]
+    model = next(
+        (w for w, prev in zip(words[1:], words[:-1], strict=True) if prev == "--model"), ""
+    )
+    role = next((w for w in ("server", "gateway", "serve") if w in words), words[0][-20:])
+    return f"{pid} {role} {Path(model).name}".strip()
+
+
 def mixed(args: argparse.Namespace) -> None:
     """Embed, rerank and sparse requests on three models of one `serve` (see the docstring)."""
     import multiprocessing as mp
@@ -101,7 +115,7 @@ def mixed(args: argparse.Namespace) -> None:
     server, ready = start([*CLI, "serve", "--device", "cpu", "--port", "0", "--model", "minilm",
                            "--model", f"rerank={folder / 'ms-marco-minilm-l6'}",
                            "--model", f"splade={folder / 'splade-minilm-l6'}"],
-                          r"serving \S+ at (http://127\.0\.0\.1:(\d+))", timeout=600)  # fmt: skip
+                          r"serving .+ at (http://127\.0\.0\.1:(\d+))", timeout=600)  # fmt: skip
     port = int(ready.group(2))
     queries, passages = corpus.queries(64), corpus.passages(64, max_words=60)
     work = [
@@ -119,7 +133,7 @@ def mixed(args: argparse.Namespace) -> None:
 
         def sample() -> None:
             while not stop.wait(10.0):
-                now = {str(pid): round(rss_mb({pid}), 1) for pid in sorted(pids)}
+                now = {_named(pid): round(rss_mb({pid}), 1) for pid in sorted(pids)}
                 samples.append({"s": round(time.monotonic() - t0, 1), "rss_mb": now})
 
         sampler = threading.Thread(target=sample)

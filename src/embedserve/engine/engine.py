@@ -88,9 +88,12 @@ class Engine:
         graphs: GraphConfig | bool | None = None,
         fuse: bool | None = None,
         fidelity: bool | None = None,
+        epilogues: bool = True,
     ) -> None:
         """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU, where
-        the engine runs exactly the eager path. `graphs` may be a GraphConfig. `dtype` defaults
+        the engine runs exactly the eager path. With `fuse`, `epilogues` lets a matrix product
+        and the chain after it run as one kernel where that measured faster (`ops.CHAINS`;
+        off: the two kernels, for A/B measurements). `graphs` may be a GraphConfig. `dtype` defaults
         to bf16 on CUDA and on a CPU with native bf16 (`cpu.native_bf16`), else fp32; a CPU's
         default bf16 is held to the fidelity guard and falls back to fp32 if it fails.
         `attention_backend` names the attention kernel (`attention.BACKEND_NAMES`); by default
@@ -116,7 +119,9 @@ class Engine:
         )
         fused = on_cuda if fuse is None else fuse
         # the ops first, then the model built with them (it calls them for every chain)
-        self.ops = compiled_ops(self.choices, self.stats) if fused else EAGER_OPS
+        self.ops = (
+            compiled_ops(self.choices, self.stats, epilogues=epilogues) if fused else EAGER_OPS
+        )
         self._compiling: contextlib.AbstractContextManager[Any] = (
             compile_limits() if fused else contextlib.nullcontext()
         )

@@ -132,6 +132,8 @@ GLU_CONFIGS = (
     Config(128, 32, 128, 1, 4, 3),
     Config(32, 32, 128, 1, 4, 4),
     Config(16, 64, 128, 1, 4, 4),
+    Config(128, 16, 128, 1, 4, 4),  # one row tile at M = 128: 2 × 16 weight rows a program
+    Config(128, 32, 64, 1, 4, 4),
 )
 
 # block_n is the head dim (one program a head); block_m, block_k, warps and stages vary

@@ -57,3 +57,11 @@ def test_the_bundle_keeps_flashinfer_and_tvm_ffi() -> None:
     resolve = _load("vllm_resolve")
     assert "flashinfer-python" not in resolve.DROP and "apache-tvm-ffi" not in resolve.DROP
     assert "flashinfer-cubin" in resolve.DROP
+
+
+def test_the_peer_wheels_pin_grpcio_health_checking_to_the_images_grpcio() -> None:
+    """1.84.2's generated modules refuse grpcio 1.84.0, the image's (image_packages.txt lists
+    grpcio without a version; KINDS.md's reading is 1.84.0)."""
+    text = (PEERS / "peer_wheels.sh").read_text()
+    assert "GRPCIO=${GRPCIO:-1.84.0}" in text
+    assert '"grpcio-health-checking==$GRPCIO"' in text

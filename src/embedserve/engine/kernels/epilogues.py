@@ -18,8 +18,6 @@ unfused pair for the exact shape (`tuning.fused_epilogues`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -28,73 +26,34 @@ from embedserve.engine.kernels.small_gemm import Config
 
 
 @triton.jit
-def _split_sum(
-    ws_ptr, cnt_ptr, tile, pid_k, acc1, acc2, SIZE: tl.constexpr, r, SPLIT_K: tl.constexpr
-):
-    """Split-K in one launch: each program stores its two partial tiles ([SIZE] fp32 each) in its
-    slot; the counter's atomic (acquire-release) makes them visible; the program that arrives
-    last sums every slot in split order (the same sum whichever arrives last), resets the
-    counter for the next launch, and returns last = True with the sums."""
-    mine = ws_ptr + (tile * SPLIT_K + pid_k).to(tl.int64) * (2 * SIZE)
-    tl.store(mine + r, acc1)
-    tl.store(mine + SIZE + r, acc2)
-    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-    last = arrived == SPLIT_K - 1
-    first = ws_ptr + (tile * SPLIT_K).to(tl.int64) * (2 * SIZE)
-    sum1 = tl.zeros(acc1.shape, dtype=tl.float32)
-    sum2 = tl.zeros(acc2.shape, dtype=tl.float32)
-    if last:
-        for s in tl.static_range(SPLIT_K):
-            sum1 += tl.load(first + s * 2 * SIZE + r, cache_modifier=".cg")
-            sum2 += tl.load(first + s * 2 * SIZE + SIZE + r, cache_modifier=".cg")
-        tl.atomic_xchg(cnt_ptr + tile, 0)
-    return last, sum1, sum2
-
-
-@triton.jit
 def _glu_kernel(
-    x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, INTER, K, stride_xm, stride_wn, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    x_ptr, w_ptr, y_ptr, M, INTER, K, stride_xm, stride_wn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = pid_k * (K // SPLIT_K) + tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
     row_ok = offs_m[:, None] < M
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
     g_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN]
     u_ptrs = g_ptrs + INTER.to(tl.int64) * stride_wn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # K is a multiple of BLOCK_K × SPLIT_K and INTER of BLOCK_N (checked by the caller): no masks
-    for _ in range(0, K // (BLOCK_K * SPLIT_K)):
+    # K is a multiple of BLOCK_K and INTER of BLOCK_N (checked by the caller): no masks
+    for _ in range(0, K // BLOCK_K):
         x = tl.load(x_ptrs, mask=row_ok, other=0.0)
         acc_g = tl.dot(x, tl.load(g_ptrs), acc_g)
         acc_u = tl.dot(x, tl.load(u_ptrs), acc_u)
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
-    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-    if SPLIT_K == 1:
-        _glu_store(acc_g, acc_u, y_ptrs, row_ok)
-    else:
-        r = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tile = pid_m * tl.num_programs(0) + pid_n
-        last, acc_g, acc_u = _split_sum(
-            ws_ptr, cnt_ptr, tile, pid_k, acc_g, acc_u, BLOCK_M * BLOCK_N, r, SPLIT_K
-        )
-        if last:
-            _glu_store(acc_g, acc_u, y_ptrs, row_ok)
-
-
-@triton.jit
-def _glu_store(acc_g, acc_u, y_ptrs, mask):
-    dtype = y_ptrs.dtype.element_ty
-    g = acc_g.to(dtype).to(tl.float32)  # the product as the unfused GEMM writes it
+    dtype = y_ptr.dtype.element_ty
+    g = acc_g.to(dtype).to(tl.float32)
     u = acc_u.to(dtype).to(tl.float32)
-    tl.store(y_ptrs, (g * tl.sigmoid(g) * u).to(dtype), mask=mask)
+    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, (g * tl.sigmoid(g) * u).to(dtype), mask=row_ok)
 
 
 @triton.jit
@@ -117,16 +76,15 @@ def _norm_rope_store(
 
 @triton.jit
 def _qkv_rope_kernel(
-    x_ptr, w_ptr, b_ptr, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr,
+    x_ptr, w_ptr, b_ptr, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
     M, K, stride_xm, stride_ct, eps,
     NQ: tl.constexpr, NK: tl.constexpr, HALF: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     head = tl.program_id(0)
     pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = pid_k * (K // SPLIT_K) + tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
     d = tl.arange(0, HALF)
     row_ok = offs_m[:, None] < M
     rows = offs_m[:, None].to(tl.int64)
@@ -136,35 +94,13 @@ def _qkv_rope_kernel(
     w2_ptrs = w1_ptrs + HALF * K
     acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-    for _ in range(0, K // (BLOCK_K * SPLIT_K)):  # K a multiple of both (checked by the caller)
+    for _ in range(0, K // BLOCK_K):  # K a multiple of BLOCK_K (checked by the caller)
         x = tl.load(x_ptrs, mask=row_ok, other=0.0)
         acc1 = tl.dot(x, tl.load(w1_ptrs), acc1)
         acc2 = tl.dot(x, tl.load(w2_ptrs), acc2)
         x_ptrs += BLOCK_K
         w1_ptrs += BLOCK_K
         w2_ptrs += BLOCK_K
-    if SPLIT_K == 1:
-        _qkv_epilogue(acc1, acc2, b_ptr, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
-                      stride_ct, eps, head, rows, row_ok, col, d, NQ, NK, HALF, HAS_BIAS)  # fmt: skip
-    else:
-        r = tl.arange(0, BLOCK_M)[:, None] * HALF + d[None, :]
-        tile = pid_m * tl.num_programs(0) + head
-        last, acc1, acc2 = _split_sum(
-            ws_ptr, cnt_ptr, tile, pid_k, acc1, acc2, BLOCK_M * HALF, r, SPLIT_K
-        )
-        if last:
-            _qkv_epilogue(acc1, acc2, b_ptr, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr,
-                          sin_ptr, stride_ct, eps, head, rows, row_ok, col, d, NQ, NK, HALF,
-                          HAS_BIAS)  # fmt: skip
-
-
-@triton.jit
-def _qkv_epilogue(
-    acc1, acc2, b_ptr, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, stride_ct, eps,
-    head, rows, row_ok, col, d, NQ: tl.constexpr, NK: tl.constexpr, HALF: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-):  # fmt: skip
-    """One head's product (two halves, fp32): bias, rounding, and q/k's norm + rotary, stored."""
     if HAS_BIAS:
         acc1 += tl.load(b_ptr + col)[None, :].to(tl.float32)
         acc2 += tl.load(b_ptr + HALF + col)[None, :].to(tl.float32)
@@ -205,11 +141,6 @@ GLU_CONFIGS = (
     Config(64, 32, 64, 1, 4, 4),
     Config(64, 64, 128, 1, 8, 3),
     Config(32, 64, 128, 1, 4, 3),
-    # split-K in one launch (`_split_sum`): more programs, each a shorter stretch of K
-    Config(64, 32, 128, 2, 4, 3),
-    Config(64, 64, 128, 2, 4, 3),
-    Config(128, 32, 128, 2, 4, 3),
-    Config(64, 32, 128, 4, 4, 3),
 )
 
 # block_n is the head dim (one program a head); block_m, block_k, warps and stages vary
@@ -226,39 +157,7 @@ QKV_CONFIGS = (
     Config(64, 0, 128, 1, 8, 3),
     Config(16, 0, 256, 1, 4, 3),
     Config(32, 0, 64, 1, 4, 6),
-    # split-K in one launch (`_split_sum`): Qwen3's 32 heads give too few programs alone
-    Config(64, 0, 128, 2, 4, 3),
-    Config(32, 0, 128, 2, 4, 4),
-    Config(64, 0, 64, 4, 4, 4),
-    Config(128, 0, 64, 2, 8, 3),
-    Config(128, 0, 128, 4, 8, 3),
 )
-
-
-class Launch(NamedTuple):
-    """A config and, for a split-K one, its scratch: the partial tiles (fp32, fully rewritten
-    by every launch) and one arrival counter a tile (zeroed here, reset by each tile's last
-    program). Made outside any capture, once per shape (`tuning.fused_epilogues`), and owned
-    by the engine's choices: its steps run one at a time, so no two launches share them."""
-
-    config: Config
-    scratch: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-
-def prepare(config: Config, m: int, tiles_n: int, tile_cols: int, device: torch.device) -> Launch:
-    """`config` ready to launch for M rows and `tiles_n` column programs of `tile_cols`
-    accumulator columns each (two accumulators)."""
-    if config.split_k == 1:
-        return Launch(config)
-    tiles = tiles_n * triton.cdiv(m, config.block_m)
-    partials = torch.empty(
-        tiles * config.split_k * 2 * config.block_m * tile_cols, dtype=torch.float32, device=device
-    )
-    return Launch(config, (partials, torch.zeros(tiles, dtype=torch.int32, device=device)))
 
 
 def _operands_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -277,30 +176,23 @@ def glu_fits(x: torch.Tensor, weight: torch.Tensor, config: Config) -> bool:
         _operands_ok(x, weight)
         and weight.shape[0] % 2 == 0
         and i % config.block_n == 0
-        and k % (config.block_k * config.split_k) == 0
+        and k % config.block_k == 0
     )
-
-
-def glu_launch(x: torch.Tensor, weight: torch.Tensor, config: Config) -> Launch:
-    i = weight.shape[0] // 2
-    return prepare(config, x.shape[0], i // config.block_n, config.block_n, x.device)
 
 
 def linear_silu_mul(
     x: torch.Tensor,  # [M, K], unit stride along K
     weight: torch.Tensor,  # [2I, K] contiguous: gate rows, then up rows
-    launch: Launch,  # `glu_launch` of this M
+    config: Config,
 ) -> torch.Tensor:  # [M, I]
     m, k = x.shape
     i = weight.shape[0] // 2
-    config = launch.config
     y = torch.empty((m, i), dtype=x.dtype, device=x.device)
-    ws, cnt = launch.scratch if launch.scratch is not None else (y, y)
-    grid = (i // config.block_n, triton.cdiv(m, config.block_m), config.split_k)
+    grid = (i // config.block_n, triton.cdiv(m, config.block_m))
     _glu_kernel[grid](
-        x, weight, y, ws, cnt, m, i, k, x.stride(0), weight.stride(0), y.stride(0),
+        x, weight, y, m, i, k, x.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=config.split_k, num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y
 
@@ -315,14 +207,9 @@ def qkv_fits(
         and d * (nq + 2 * nk) == n
         and d >= 32
         and d & (d - 1) == 0
-        and k % (config.block_k * config.split_k) == 0
+        and k % config.block_k == 0
         and cos.stride(-1) == 1
     )
-
-
-def qkv_launch(x: torch.Tensor, weight: torch.Tensor, nq: int, nk: int, config: Config) -> Launch:
-    heads = nq + 2 * nk
-    return prepare(config, x.shape[0], heads, weight.shape[0] // heads // 2, x.device)
 
 
 def qkv_norm_rope(
@@ -336,7 +223,7 @@ def qkv_norm_rope(
     cos: torch.Tensor,  # [M, 1, D] (any row stride)
     sin: torch.Tensor,  # [M, 1, D], cos's strides
     eps: float,
-    launch: Launch,  # `qkv_launch` of this M
+    config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # contiguous [M, Nq, D], [M, Nkv, D] × 2
     m, k = x.shape
     d = weight.shape[0] // (nq + 2 * nk)
@@ -346,14 +233,12 @@ def qkv_norm_rope(
     if m == 0:
         return q, kk, v
     assert sin.stride() == cos.stride()
-    config = launch.config
-    ws, cnt = launch.scratch if launch.scratch is not None else (q, q)
-    grid = (nq + 2 * nk, triton.cdiv(m, config.block_m), config.split_k)
+    grid = (nq + 2 * nk, triton.cdiv(m, config.block_m))
     _qkv_rope_kernel[grid](
         x, weight, bias if bias is not None else weight, q, kk, v, q_weight, k_weight, cos, sin,
-        ws, cnt, m, k, x.stride(0), cos.stride(0), eps,
+        m, k, x.stride(0), cos.stride(0), eps,
         NQ=nq, NK=nk, HALF=d // 2, HAS_BIAS=bias is not None,
-        BLOCK_M=config.block_m, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
+        BLOCK_M=config.block_m, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return q, kk, v

@@ -168,7 +168,6 @@ def fused_epilogues(
             choices, stats, ("silu",), x, weight, configs,
             lambda w: unfused["linear_silu_mul"](x, w),
             lambda w, c: epilogues.linear_silu_mul(x, w, c),
-            lambda c: epilogues.glu_launch(x, weight, c),
         )  # fmt: skip
 
     def qkv_norm_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -179,7 +178,6 @@ def fused_epilogues(
             choices, stats, ("qkv-norm-rope", nq, nk, bias is not None), x, weight, configs,
             lambda w: unfused["qkv_norm_rope"](x, w, bias, nq, nk, *rest),
             lambda w, c: epilogues.qkv_norm_rope(x, w, bias, nq, nk, qw, kw, cos, sin, eps, c),
-            lambda c: epilogues.qkv_launch(x, weight, nq, nk, c),
         )  # fmt: skip
 
     return {
@@ -198,10 +196,8 @@ def _fused_or_not(
     configs: list[Any],
     unfused: Callable[[torch.Tensor], Any],  # the call on another weight of the same shape
     fused: Callable[[torch.Tensor, Any], Any],  # the same, through the kernel with a config
-    prepare: Callable[[Any], Any] | None = None,  # a config -> what `fused` takes (its scratch)
 ) -> Any:
-    """The call, through the fused kernel config chosen for its shape, or unfused. `prepare`
-    runs when the shape is measured, outside any capture, for every config."""
+    """The call, through the fused kernel config chosen for its shape, or unfused."""
     if not configs or not _tunable(x):
         return unfused(weight)
     key = (*name, x.device, x.dtype, x.shape[0], *weight.shape)
@@ -210,8 +206,7 @@ def _fused_or_not(
         if torch.cuda.is_current_stream_capturing():  # never measure inside a capture
             return unfused(weight)
         label = f"{x.shape[0]}x{weight.shape[0]}x{weight.shape[1]}+{name[0]}"
-        launches = [prepare(c) for c in configs] if prepare is not None else configs
-        choice = choices.gemm[key] = _tune_fused(label, weight, launches, unfused, fused, stats)
+        choice = choices.gemm[key] = _tune_fused(label, weight, configs, unfused, fused, stats)
     return unfused(weight) if choice is None else fused(weight, choice)
 
 

@@ -134,13 +134,6 @@ GLU_CONFIGS = (
     Config(16, 64, 128, 1, 4, 4),
     Config(128, 16, 128, 1, 4, 4),  # one row tile at M = 128: 2 × 16 weight rows a program
     Config(128, 32, 64, 1, 4, 4),
-    # fewer stages: two programs a multiprocessor, so M = 128's 192 programs run in one wave
-    # (4 stages of 64 × 32 × 128 took 11.0 µs there against 6.7 at M = 64: two waves)
-    Config(64, 32, 128, 1, 4, 3),
-    Config(64, 32, 128, 1, 4, 2),
-    Config(64, 32, 64, 1, 4, 4),
-    Config(64, 64, 128, 1, 8, 3),
-    Config(32, 64, 128, 1, 4, 3),
 )
 
 # block_n is the head dim (one program a head); block_m, block_k, warps and stages vary
@@ -150,13 +143,6 @@ QKV_CONFIGS = (
     Config(32, 0, 128, 1, 4, 4),
     Config(16, 0, 128, 1, 4, 4),
     Config(128, 0, 64, 1, 8, 3),
-    # longer K steps and more warps: a program streams a whole head's weights (256 KB at Qwen3's
-    # 1024 × 128), so each one's bandwidth decides
-    Config(32, 0, 256, 1, 4, 3),
-    Config(32, 0, 128, 1, 8, 4),
-    Config(64, 0, 128, 1, 8, 3),
-    Config(16, 0, 256, 1, 4, 3),
-    Config(32, 0, 64, 1, 4, 6),
 )
 
 

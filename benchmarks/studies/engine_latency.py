@@ -12,6 +12,10 @@ config and saved as a checkpoint folder, loaded through our loader; all-MiniLM-L
 weights, float16 copy, run in bf16 by both). Inputs are real English text (Python standard
 library docstrings and the project's test passages) tokenized by each model's tokenizer.
 Engine time is CUDA-event time from before `step()` to after its device-to-host copy.
+
+Beside embedserve as built, a second engine as the baseline column (`--baseline`): graph-only
+(graphs, no fusion) or no-epilogues (everything but the products fused with the chains after
+them, `ops.CHAINS`: the A/B of that step, with each one's kernel profile).
 """
 
 from __future__ import annotations
@@ -85,6 +89,16 @@ def overlap(engine: Engine, batch: PackedBatch, n: int = 50) -> dict[str, float]
     return {"sequential_ms_per_step": round(seq, 4), "pipelined_ms_per_step": round(pipe, 4),
             "step_return_us_median": round(statistics.median(returns) * 1e6, 1),
             "handles_not_ready_at_return": not_ready, "steps": n}  # fmt: skip
+
+
+BASELINES = {"graph-only": {"fuse": False}, "no-epilogues": {"epilogues": False}}
+
+
+def baseline_engine(folder: Path, baseline: str, **kw: Any) -> Engine:
+    """The baseline column's engine: `BASELINES[baseline]`, graphs on, no fidelity guard."""
+    return Engine.from_folder(
+        folder, device="cuda", graphs=GRAPHS, fidelity=False, **BASELINES[baseline], **kw
+    )
 
 
 def profile_replay(engine: Engine, batch: PackedBatch, out: Path, name: str) -> dict[str, Any]:
@@ -277,13 +291,17 @@ def save(args: argparse.Namespace, records: list[dict[str, Any]], extra: dict[st
         "records": records, **extra,
     }  # fmt: skip
     stem = f"latency-{'h200' if 'H200' in result['hardware'] else 'gpu'}-{today:%Y%m%d}"
+    if args.baseline != "graph-only":  # an A/B of one step
+        stem += f"-ab-{args.baseline}"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     md = [f"# latency on {result['hardware']} — commit {args.commit}, {today}", "",
           f"software: {result['software']}", "",
           "Engine time per forward (CUDA events, step() to host copy done). Inputs: real English "
           "text (Python stdlib docstrings + tests/data/texts.py). Qwen3-0.6B shape with random "
           "weights (bidirectional, mean); all-MiniLM-L6-v2 real weights (fp16 copy, run in bf16). "
-          "embedserve = graphs + torch.compile fusion; graph-only = graphs, no fusion. "
+          "embedserve = graphs + torch.compile fusion + fused epilogues; graph-only = graphs, "
+          "no fusion; no-epilogues = embedserve with each product and the chain after it as two "
+          "kernels. "
           "cos = min cosine vs HF at warm-up.", "", *table, "", *before_table(args.before),
           "```json", json.dumps({k: v for k, v in extra.items() if k != "ceilings"}, indent=1), "```"]  # fmt: skip
     (args.out / f"{stem}.md").write_text("\n".join(md) + "\n")
@@ -298,6 +316,8 @@ def main() -> None:
     ap.add_argument("--skip-qwen3", action="store_true")
     ap.add_argument("--before", type=Path, help="an earlier results JSON, for a before table")
     ap.add_argument("--budget-s", type=float, default=400, help="skip optional extras past this")
+    ap.add_argument("--baseline", choices=sorted(BASELINES), default="graph-only",
+                    help="the second engine's column")  # fmt: skip
     args = ap.parse_args()
     deadline = time.time() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
@@ -306,7 +326,7 @@ def main() -> None:
     print("ceilings", ceil, flush=True)
     text = real_text()
     records: list[dict[str, Any]] = []
-    header = "| model | workload | HF eager p50 ms | embedserve p50 / p99 [replay] ms | cos | graph-only p50 / p99 [replay] ms | cos | floor ms |"
+    header = f"| model | workload | HF eager p50 ms | embedserve p50 / p99 [replay] ms | cos | {args.baseline} p50 / p99 [replay] ms | cos | floor ms |"
     table = [header, "|" + "---|" * 8]
     extra: dict[str, Any] = {"ceilings": ceil}
     extra["levers_attention"] = guarded(attention_levers)
@@ -336,9 +356,7 @@ def qwen3(args: argparse.Namespace, text: str, ceil: dict[str, float], deadline:
     t0 = time.perf_counter()
     ours = Engine.from_folder(folder, device="cuda", graphs=GRAPHS, **kw)
     startup = time.perf_counter() - t0
-    plain = Engine.from_folder(
-        folder, device="cuda", graphs=GRAPHS, fuse=False, fidelity=False, **kw
-    )
+    plain = baseline_engine(folder, args.baseline, **kw)
     extra["qwen3_startup"] = {
         "seconds": round(startup, 2),
         "fidelity_cosine": ours.fidelity_cosine,
@@ -349,7 +367,7 @@ def qwen3(args: argparse.Namespace, text: str, ceil: dict[str, float], deadline:
     rng = np.random.default_rng(1)
     hundred = [int(n) for n in rng.integers(64, 513, 100)]
     bench_model(
-        "qwen3-0.6b", "random", {"embedserve": ours, "embedserve-graph-only": plain},
+        "qwen3-0.6b", "random", {"embedserve": ours, f"embedserve-{args.baseline}": plain},
         HF(hf_model, bidirectional_4d=True), stream,
         [("1 x 16", [16], 200), ("1 x 100", [100], 200), ("1 x 128", [128], 200),
          ("1 x 500", [500], 200), ("1 x 512", [512], 200), ("1 x 4095", [4095], 50),
@@ -362,9 +380,10 @@ def qwen3(args: argparse.Namespace, text: str, ceil: dict[str, float], deadline:
         b = cut(stream, lens, np.random.default_rng(4))
         extra[f"profile_qwen3_{label}"] = {
             "embedserve": guarded(lambda b=b, label=label: profile_replay(ours, b, args.out, f"qwen3-{label}")),
-            "graph_only": guarded(lambda b=b: profile_replay(plain, b, args.out, "graph-only")),
+            args.baseline: guarded(lambda b=b, label=label: profile_replay(plain, b, args.out, f"{args.baseline}-qwen3-{label}")),
         }  # fmt: skip
     extra["qwen3_stats"] = ours.stats.as_dict()
+    extra[f"qwen3_stats_{args.baseline}"] = plain.stats.as_dict()
     extra["qwen3_attention_choice"] = ours.runner.attention_choice() if ours.runner else {}
     print(
         json.dumps({k: extra[k] for k in ("overlap_qwen3_1x128", "profile_qwen3_1x128")}),
@@ -384,25 +403,28 @@ def minilm(args: argparse.Namespace, text: str, ceil: dict[str, float],
 
     hf_bert = AutoModel.from_pretrained(args.minilm, dtype=torch.bfloat16).cuda().eval()
     mini = Engine.from_folder(args.minilm, device="cuda", graphs=GRAPHS)
-    mini_plain = Engine.from_folder(
-        args.minilm, device="cuda", graphs=GRAPHS, fuse=False, fidelity=False
-    )
+    mini_plain = baseline_engine(args.minilm, args.baseline)
     extra["minilm_fidelity_cosine"] = mini.fidelity_cosine
     stream = token_stream(args.minilm / "tokenizer.json", text)
     rng = np.random.default_rng(3)
     passages = [int(n) for n in rng.integers(32, 257, 100)]
     mparams = sum(t.numel() for n, t in hf_bert.named_parameters() if "embeddings" not in n)
     bench_model(
-        "all-MiniLM-L6-v2", "real", {"embedserve": mini, "embedserve-graph-only": mini_plain},
+        "all-MiniLM-L6-v2", "real", {"embedserve": mini, f"embedserve-{args.baseline}": mini_plain},
         HF(hf_bert, bidirectional_4d=False), stream,
         [("1 x 100", [100], 300), ("1 x 128", [128], 300), ("1 x 250", [250], 300),
          ("100 x 32-256", passages, 50)],
         lambda s: floor_ms(mparams, 384, 6, 384, s, ceil), records, table,
     )  # fmt: skip
     extra["minilm_stats"] = mini.stats.as_dict()
+    extra[f"minilm_stats_{args.baseline}"] = mini_plain.stats.as_dict()
     extra["minilm_attention_choice"] = mini.runner.attention_choice() if mini.runner else {}
     m128 = cut(stream, [128], np.random.default_rng(2))
     extra["overlap_minilm_1x128"] = guarded(lambda: overlap(mini, m128))
+    extra["profile_minilm_1x128"] = {
+        "embedserve": guarded(lambda: profile_replay(mini, m128, args.out, "minilm-1x128")),
+        args.baseline: guarded(lambda: profile_replay(mini_plain, m128, args.out, f"{args.baseline}-minilm-1x128")),
+    }  # fmt: skip
     extra["host_minilm_1x128"] = guarded(
         lambda: host_profile(mini, m128, args.out / "host-profile-minilm-1x128.txt")
     )

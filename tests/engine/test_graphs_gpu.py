@@ -365,3 +365,117 @@ def test_padded_attention_peak_memory_is_bounded_for_one_long_text_among_short_o
         row_cosines(out.float().flatten(1).cpu().numpy(), want.flatten(1).cpu().numpy()).min()
         > 0.999
     )
+
+
+def _rope_args(t: int, d: int) -> tuple[torch.Tensor, ...]:
+    inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    angles = torch.cat([torch.arange(t, device="cuda").float()[:, None] * inv] * 2, -1)[:, None]
+    qw, kw = (torch.rand(d, device="cuda", dtype=torch.bfloat16) + 0.5 for _ in range(2))
+    return qw, kw, angles.cos().bfloat16(), angles.sin().bfloat16()
+
+
+@pytest.mark.parametrize("m", [1, 100, 128, 512])
+def test_epilogue_kernels_against_fp64_each_config(m: int) -> None:
+    """Every config of each fused kernel, on Qwen3's and MiniLM's shapes: no worse than the
+    unfused bf16 pair (product, then the chain) against an fp64 reference."""
+    from embedserve.engine.kernels import epilogues, small_gemm
+    from embedserve.engine.ops import EAGER_OPS
+
+    torch.manual_seed(m)
+
+    def check(got: tuple[torch.Tensor, ...], eager: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...]) -> None:  # fmt: skip
+        for g, e, r in zip(got, eager, ref, strict=True):
+            assert g.shape == r.shape and g.is_contiguous() and bool(torch.isfinite(g).all())
+            err = ((g.double() - r).norm() / r.norm()).item()
+            eager_err = ((e.double() - r).norm() / r.norm()).item()
+            assert err <= 1.25 * eager_err + 1e-4, (err, eager_err)
+
+    bf = torch.bfloat16
+    x = torch.randn(m, 1024, device="cuda", dtype=bf)
+    w = torch.randn(6144, 1024, device="cuda", dtype=bf) * 1024**-0.5  # gate | up
+    ref = (EAGER_OPS.linear_silu_mul(x.double(), w.double()),)
+    eager = (EAGER_OPS.linear_silu_mul(x, w),)
+    for c in epilogues.GLU_CONFIGS:
+        check((epilogues.linear_silu_mul(x, w, c),), eager, ref)
+    for bias in (False, True):
+        wq = torch.randn(4096, 1024, device="cuda", dtype=bf) * 1024**-0.5  # 16 + 2 × 8 heads
+        b = torch.randn(4096, device="cuda", dtype=bf) if bias else None
+        rest = (*_rope_args(m, 128), 1e-6)
+        ref = EAGER_OPS.qkv_norm_rope(
+            x.double(), wq.double(), None if b is None else b.double(), 16, 8,
+            *(a.double() for a in rest[:4]), 1e-6,
+        )  # fmt: skip
+        eager = EAGER_OPS.qkv_norm_rope(x, wq, b, 16, 8, *rest)
+        for c in epilogues.QKV_CONFIGS:
+            check(epilogues.qkv_norm_rope(x, wq, b, 16, 8, *rest, c), eager, ref)
+    xb = torch.randn(m, 384, device="cuda", dtype=bf)
+    wb = torch.randn(1536, 384, device="cuda", dtype=bf) * 384**-0.5
+    bb = torch.randn(1536, device="cuda", dtype=bf)
+    for approximate in ("none", "tanh"):
+        ref = (EAGER_OPS.linear_gelu(xb.double(), wb.double(), bb.double(), approximate),)
+        eager = (EAGER_OPS.linear_gelu(xb, wb, bb, approximate),)
+        for c in small_gemm.CONFIGS:
+            if c.split_k == 1 and c.fits(1536, 384):
+                check((small_gemm.linear(xb, wb, bb, c, act=approximate),), eager, ref)
+
+
+def test_fused_epilogues_measure_once_and_record_their_choice() -> None:
+    from embedserve.engine.kernels.tuning import fused_epilogues
+    from embedserve.engine.ops import EAGER_OPS, composed
+    from embedserve.engine.stats import EngineStats
+
+    torch.manual_seed(1)
+    stats, choices = EngineStats(), KernelChoices()
+    chains = fused_epilogues(
+        choices, stats, composed(EAGER_OPS.linear, EAGER_OPS.silu_mul, EAGER_OPS.qk_norm_rope)
+    )
+    bf = torch.bfloat16
+    x = torch.randn(128, 1024, device="cuda", dtype=bf)
+    w = torch.randn(6144, 1024, device="cuda", dtype=bf) * 1024**-0.5
+    wq = torch.randn(4096, 1024, device="cuda", dtype=bf) * 1024**-0.5
+    rest = (*_rope_args(128, 128), 1e-6)
+    xb = torch.randn(128, 384, device="cuda", dtype=bf)
+    wb = torch.randn(1536, 384, device="cuda", dtype=bf) * 384**-0.5
+    bb = torch.randn(1536, device="cuda", dtype=bf)
+    calls = [
+        lambda: (chains["linear_silu_mul"](x, w),),
+        lambda: chains["qkv_norm_rope"](x, wq, None, 16, 8, *rest),
+        lambda: (chains["linear_gelu"](xb, wb, bb, "none"),),
+    ]
+    wants = [
+        (EAGER_OPS.linear_silu_mul(x, w),),
+        EAGER_OPS.qkv_norm_rope(x, wq, None, 16, 8, *rest),
+        (EAGER_OPS.linear_gelu(xb, wb, bb, "none"),),
+    ]
+    for call, want in zip(calls, wants, strict=True):
+        for _ in range(2):  # the first call measures, the second uses the choice
+            for g, e in zip(call(), want, strict=True):
+                err = ((g.float() - e.float()).norm() / e.float().norm()).item()
+                assert g.shape == e.shape and err < 1e-2, err
+    assert set(stats.gemm_timings) == {
+        "128x6144x1024+silu", "128x4096x1024+qkv-norm-rope", "128x1536x384+gelu-none"
+    }  # fmt: skip
+    assert all("unfused" in t and "chosen" in t for t in stats.gemm_timings.values())
+    assert sum(key[0] in ("silu", "qkv-norm-rope", "gelu-none") for key in choices.gemm) == 3
+
+
+@pytest.mark.parametrize("epilogues", [False, True])
+def test_qwen3_and_bert_with_and_without_epilogues_match_eager(
+    qwen3_folder: Path, minilm_folder: Path, epilogues: bool
+) -> None:
+    """Both sides of the A/B: each engine passes its guard and matches the eager fp path."""
+    for folder, kw in ((qwen3_folder, {"pooling": "mean", "attention": "bidirectional"}),
+                       (minilm_folder, {})):  # fmt: skip
+        fast = Engine.from_folder(folder, device="cuda", epilogues=epilogues, **kw)
+        assert fast.fidelity_cosine is not None and fast.fidelity_cosine >= 0.999
+        eager = Engine.from_folder(
+            folder, device="cuda", graphs=False, fuse=False, fidelity=False, **kw
+        )
+        rng = np.random.default_rng(6)
+        for seqlens in [[16], [128], [3, 50, 300], [512]]:
+            batch = _batch(rng, seqlens, fast.vocab_size)
+            for _ in range(3):
+                _assert_close(fast.step(batch).wait(), eager.step(batch).wait())
+        chains = ("+silu", "+qkv-norm-rope", "+gelu-none")
+        fused = [k for k in fast.stats.gemm_timings if k.endswith(chains)]
+        assert bool(fused) == epilogues, fast.stats.gemm_timings

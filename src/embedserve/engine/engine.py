@@ -92,11 +92,14 @@ class Engine:
         fuse: bool | None = None,
         fidelity: bool | None = None,
         cpu_path: str | None = None,
+        epilogues: bool = True,
     ) -> None:
-        """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU. `graphs`
-        may be a GraphConfig. `dtype` defaults to bf16 on CUDA and on a CPU with native bf16
-        (`cpu.native_bf16`), else fp32; a CPU's default bf16 is held to the fidelity guard and
-        falls back to fp32 if it fails. A CPU's default fp32 runs the fastest of the float32
+        """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU. With
+        `fuse`, `epilogues` lets a matrix product and the chain after it run as one kernel where
+        that measured faster (`ops.CHAINS`; off: the two kernels, for A/B measurements).
+        `graphs` may be a GraphConfig. `dtype` defaults to bf16 on CUDA and on a CPU with native
+        bf16 (`cpu.native_bf16`), else fp32; a CPU's default bf16 is held to the fidelity guard
+        and falls back to fp32 if it fails. A CPU's default fp32 runs the fastest of the float32
         executors measured at start-up (`cpu_paths`); `cpu_path` names one ("onnx", "packed",
         "eager"; float32 only), and an asked-for `dtype="float32"` alone runs the eager
         reference path. `attention_backend` names the attention kernel
@@ -129,7 +132,9 @@ class Engine:
         )
         fused = on_cuda if fuse is None else fuse
         # the ops first, then the model built with them (it calls them for every chain)
-        self.ops = compiled_ops(self.choices, self.stats) if fused else EAGER_OPS
+        self.ops = (
+            compiled_ops(self.choices, self.stats, epilogues=epilogues) if fused else EAGER_OPS
+        )
         # what every forward runs inside: the compile limits, or (`cpu_paths`) one torch thread
         self._around_forward: contextlib.AbstractContextManager[Any] = (
             compile_limits() if fused else contextlib.nullcontext()

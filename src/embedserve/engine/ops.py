@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from embedserve.engine.choices import KernelChoices
-from embedserve.engine.kernels.tuning import small_m_linear
+from embedserve.engine.kernels.tuning import fused_epilogues, small_m_linear
 from embedserve.engine.pooler.pooling import pool
 from embedserve.engine.stats import EngineStats
 
@@ -152,6 +152,56 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return F.linear(x, weight, bias)
 
 
+def composed(
+    linear: Callable[..., torch.Tensor],
+    silu_mul: Callable[..., torch.Tensor],
+    qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+) -> dict[str, Callable[..., Any]]:
+    """The chains that start with a matrix product, as the product and then the pointwise op
+    (two kernels on CUDA): `linear_gelu`, `linear_silu_mul`, `qkv_norm_rope`. Built from a
+    table's own product and ops; on CUDA `kernels.tuning.fused_epilogues` replaces each pair
+    with one kernel where that measured faster."""
+
+    def linear_gelu(
+        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, approximate: str
+    ) -> torch.Tensor:
+        """GELU(x W^T + b): the BERT family's up-projection and activation."""
+        return F.gelu(linear(x, weight, bias), approximate=approximate)
+
+    def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate) × up of x W^T, W = [gate; up] ([2I, K]): Qwen3's MLP before `down`."""
+        return silu_mul(linear(x, weight, None))
+
+    def qkv_norm_rope(
+        x: torch.Tensor,  # [T, H]
+        weight: torch.Tensor,  # [(Nq + 2 Nkv) D, H]: query, key, value fused
+        bias: torch.Tensor | None,
+        nq: int,
+        nk: int,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [T, Nq, D], [T, Nkv, D] × 2
+        """Qwen3's QKV product, then per-head RMSNorm and rotary of q and k."""
+        t, d = x.shape[0], weight.shape[0] // (nq + 2 * nk)
+        q, k, v = linear(x, weight, bias).split([nq * d, nk * d, nk * d], -1)
+        q, k = qk_norm_rope(q.view(t, nq, d), k.view(t, nk, d), q_weight, k_weight, cos, sin, eps)
+        return q, k, v.view(t, nk, d)
+
+    return {
+        "linear_gelu": linear_gelu,
+        "linear_silu_mul": linear_silu_mul,
+        "qkv_norm_rope": qkv_norm_rope,
+    }
+
+
+_EAGER_CHAINS = composed(linear, silu_mul, qk_norm_rope)
+# the table's ops built from its product and pointwise ops, not compiled themselves
+CHAINS = tuple(_EAGER_CHAINS)
+
+
 @dataclass(frozen=True)
 class Ops:
     """The table; its defaults are the eager functions above."""
@@ -171,6 +221,9 @@ class Ops:
     rope: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rope
     pool: Callable[..., torch.Tensor] = pool
     linear: Callable[..., torch.Tensor] = linear
+    linear_gelu: Callable[..., torch.Tensor] = _EAGER_CHAINS["linear_gelu"]
+    linear_silu_mul: Callable[..., torch.Tensor] = _EAGER_CHAINS["linear_silu_mul"]
+    qkv_norm_rope: Callable[..., tuple[torch.Tensor, ...]] = _EAGER_CHAINS["qkv_norm_rope"]
 
 
 EAGER_OPS = Ops()
@@ -196,20 +249,27 @@ class _Timed:
 
 
 def compiled_ops(
-    choices: KernelChoices, stats: EngineStats | None = None, mode: str | None = None
+    choices: KernelChoices,
+    stats: EngineStats | None = None,
+    mode: str | None = None,
+    epilogues: bool = True,
 ) -> Ops:
     """Every op through `torch.compile`, compiled on the first call of each shape family
     (`dynamic=None`: a second token count recompiles once with the token dimension symbolic).
     Compilations and their host seconds are counted in `stats`; GEMM kernels measured per shape
-    are kept in `choices`. Call the table inside `compile_limits()`."""
+    are kept in `choices`. With `epilogues` a product and the chain after it (`CHAINS`) run as
+    one kernel where that measured faster for the shape. Call the table inside
+    `compile_limits()`."""
     stats = stats if stats is not None else EngineStats()
     compiled: dict[str, Callable[..., Any]] = {
         f.name: _Timed(torch.compile(getattr(EAGER_OPS, f.name), fullgraph=True, mode=mode), stats)
         for f in fields(Ops)
-        if f.name != "linear"
+        if f.name != "linear" and f.name not in CHAINS
     }
     compiled["qk_norm_rope"] = _triton_qk_norm_rope(compiled["qk_norm_rope"])
     compiled["linear"] = small_m_linear(choices, stats)
+    pairs = composed(compiled["linear"], compiled["silu_mul"], compiled["qk_norm_rope"])
+    compiled.update(fused_epilogues(choices, stats, pairs) if epilogues else pairs)
     return Ops(**compiled)
 
 

@@ -4,7 +4,8 @@
 At M = 128 cuBLAS picks tiles that leave the H200 streaming weights at 0.8–2.1 TB/s (5.4–6.4 µs
 for 4–12 MB; docs/gpu.md). This kernel tiles N finely (16–64 columns) so that more programs
 stream weight rows at once, optionally splits K across programs (fp32 atomics into a zeroed
-buffer, then one cast), and adds the bias in the epilogue.
+buffer, then one cast), and adds the bias in the epilogue, then optionally a GELU (`act`: the
+BERT family's up-projection, one kernel instead of the product and a GELU after it).
 
 Whether it is used for a shape is decided by measurement, per (M, N, K), against cuBLAS
 (`SmallGemm.tune`); it only ever runs where it measured faster.
@@ -23,7 +24,7 @@ import triton.language as tl
 def _linear_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, ACT: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -46,12 +47,28 @@ def _linear_kernel(
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n)[None, :].to(tl.float32)
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok)
+        dtype = y_ptr.dtype.element_ty
+        if ACT != 0:  # GELU of the product as the unfused GEMM writes it (rounded)
+            acc = _gelu(acc.to(dtype).to(tl.float32), ACT)
+        tl.store(y_ptrs, acc.to(dtype), mask=row_ok)
     else:
         if HAS_BIAS:  # noqa: SIM102 - a compile-time branch around a run-time one
             if pid_k == 0:
                 acc += tl.load(b_ptr + offs_n)[None, :].to(tl.float32)
         tl.atomic_add(y_ptrs, acc, mask=row_ok, sem="relaxed")
+
+
+@triton.jit
+def _gelu(x, ACT: tl.constexpr):
+    """ACT 1: the exact (erf) GELU; 2: its tanh approximation, 0.5 x (1 + tanh u) = x σ(2u)."""
+    if ACT == 1:
+        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return x * tl.sigmoid(2.0 * u)
+
+
+# `act` names -> the kernel's ACT: F.gelu's `approximate` values
+ACTS = {None: 0, "none": 1, "tanh": 2}
 
 
 @dataclass(frozen=True)
@@ -102,10 +119,12 @@ def linear(
     weight: torch.Tensor,  # [N, K] contiguous
     bias: torch.Tensor | None,  # [N]
     config: Config,
+    act: str | None = None,  # None, or the GELU after the bias: F.gelu's `approximate`
 ) -> torch.Tensor:  # [M, N] in x's dtype
     m, k = x.shape
     n = weight.shape[0]
     split = config.split_k
+    assert act is None or split == 1, "an activation epilogue needs the whole sum (no split-K)"
     if split == 1:
         y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     else:
@@ -115,7 +134,7 @@ def linear(
         x, weight, bias if bias is not None else weight, y, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, SPLIT_K=split,
+        BLOCK_K=config.block_k, SPLIT_K=split, ACT=ACTS[act],
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y if split == 1 else y.to(x.dtype)

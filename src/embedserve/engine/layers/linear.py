@@ -8,7 +8,9 @@ On a CPU in bf16 the engine packs each weight once into oneDNN's blocked layout 
 `F.linear` reorders the whole [out, in] weight into that layout on every call, which for a short
 query (a few rows) costs as much as the product itself. The packed product is the same oneDNN
 kernel on the same operands: bitwise equal to `F.linear`'s (tests/engine/test_packed_linear.py).
-A packed product also takes what follows it as oneDNN post-ops (`plus`, `activated`): a residual
+Unpacked, `activated` (GELU) and `silu_mul` call the ops table's chains (`ops.CHAINS`), which on
+CUDA run the product and the chain as one kernel where that measured faster. A packed product
+also takes what follows it as oneDNN post-ops (`plus`, `activated`): a residual
 sum or an erf GELU applied to its fp32 accumulator before the bf16 result is written, one
 operator call and one pass over the rows fewer each (a short query: ~0.07 ms of ~2.1,
 benchmarks/results/studies/cpu-fused-cpu2-20261202.json).
@@ -80,7 +82,16 @@ class Linear(nn.Module):
         post-op, computed on the fp32 sum before its rounding to bf16."""
         if self.packed is not None and isinstance(act, nn.GELU) and act.approximate == "none":
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "gelu", [], "none")
+        if self.packed is None and isinstance(act, nn.GELU):  # one kernel on CUDA, if faster
+            return self.ops.linear_gelu(x, self.weight, self.bias, act.approximate)
         return act(self(x))
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate) × up of this gate/up product ([2I, in]: gate rows, then up rows): one
+        kernel on CUDA where that measured faster (`ops.linear_silu_mul`)."""
+        if self.packed is not None or self.bias is not None:
+            return self.ops.silu_mul(self(x))
+        return self.ops.linear_silu_mul(x, self.weight)
 
     def pack(self, *, keep_weight: bool = False) -> None:
         """Hold the weight in oneDNN's blocked layout (CPU). `keep_weight`: keep the plain copy

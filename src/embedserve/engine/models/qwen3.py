@@ -12,6 +12,7 @@ I = intermediate.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from embedserve.engine.layers.linear import Linear
 from embedserve.engine.layers.norms import RMSNorm
 from embedserve.engine.layers.rotary import Rotary
 from embedserve.engine.models.base import PackedEncoder
-from embedserve.engine.ops import Ops
+from embedserve.engine.ops import Ops, composed
 from embedserve.engine.weights import decoder_checkpoint
 from embedserve.loading.spec import ModelSpec, Qwen3Config
 
@@ -54,28 +55,36 @@ class Qwen3Layer(nn.Module):
         attend: AttentionFn,
         causal: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output, residual stream), both [T, H]
-        t, d, ops = x.shape[0], self.head_dim, self.ops
+        t, ops = x.shape[0], self.ops
         norm = self.input_norm
         if residual is None:
             h, residual = ops.rms_norm(x, norm.weight, norm.eps), x
         else:
             h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-        q, k, v = self.qkv(h).split(
-            [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1
-        )
-        q, k = ops.qk_norm_rope(
-            q.view(t, self.num_heads, d),  # [T, Nq, D]
-            k.view(t, self.num_kv_heads, d),  # [T, Nkv, D]
+        # QKV product, per-head q/k norm and rotary: [T, Nq, D], [T, Nkv, D], [T, Nkv, D]
+        chain = ops.qkv_norm_rope if self.qkv.packed is None else self._packed_qkv_norm_rope
+        q, k, v = chain(
+            h,
+            self.qkv.weight,
+            self.qkv.bias,
+            self.num_heads,
+            self.num_kv_heads,
             self.q_norm.weight,
             self.k_norm.weight,
             cos,
             sin,
             self.q_norm.eps,
         )
-        a = attend(q, k, v.view(t, self.num_kv_heads, d), layout, causal)  # [T, Nq, D]
+        a = attend(q, k, v, layout, causal)  # [T, Nq, D]
         norm = self.post_attn_norm
         h, residual = ops.add_rms_norm(self.out(a.reshape(t, -1)), residual, norm.weight, norm.eps)
-        return self.down(ops.silu_mul(self.gate_up(h))), residual  # SiLU(gate) × up: [T, I]
+        return self.down(self.gate_up.silu_mul(h)), residual  # SiLU(gate) × up: [T, I]
+
+    def _packed_qkv_norm_rope(self, x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, ...]:
+        """`ops.qkv_norm_rope` with the packed CPU product (`Linear.pack`) as its product."""
+        return composed(lambda x, w, b: self.qkv(x), self.ops.silu_mul, self.ops.qk_norm_rope)[
+            "qkv_norm_rope"
+        ](x, *args)
 
 
 class Qwen3Encoder(PackedEncoder):

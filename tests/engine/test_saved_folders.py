@@ -215,20 +215,26 @@ np.savez(out + ".npz", **{str(i): np.asarray(v, np.float32) for i, v in enumerat
 """
 
 
-@pytest.mark.slow  # PyLate in a subprocess of its own environment: ~20 s on 2 cores
-def test_pylate_save_equals_pylate(sources: dict[str, Path], tmp_path: Path) -> None:
+def run_in_pylate_env(script: str, *args: str) -> None:
+    """`script` under PyLate's reference environment (its sentence-transformers 5.3 and
+    transformers 5.3: other versions than the project's), or a skip without it."""
     pylate_env = env_folder(Path(__file__).parents[2])
     if not (pylate_env / "pylate").exists():
         pytest.skip(
             f"PyLate's reference environment is missing ({pylate_env}): build it with "
             "`python -m embedserve.devtools.pylate_env` (README.md, Tests)"
         )
-    out = tmp_path / "pylate-saved"
     env = {**os.environ, "PYTHONPATH": str(pylate_env)}
-    args = [sys.executable, "-c", PYLATE_SAVE, str(sources["answerai-colbert-small-v1"]),
-            str(out), json.dumps(TEXTS)]  # fmt: skip
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow  # PyLate in a subprocess of its own environment: ~20 s on 2 cores
+def test_pylate_save_equals_pylate(sources: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "pylate-saved"
+    run_in_pylate_env(PYLATE_SAVE, str(sources["answerai-colbert-small-v1"]), str(out),
+                      json.dumps(TEXTS))  # fmt: skip
     want = np.load(str(out) + ".npz")
     ours = Embedder(out, device="cpu", dtype="float32").encode_outputs(
         TEXTS, input_type="document", truncate="end"
@@ -237,6 +243,43 @@ def test_pylate_save_equals_pylate(sources: dict[str, Path], tmp_path: Path) -> 
     for i, mine in enumerate(ours.multivector):
         assert mine.shape == want[str(i)].shape
         assert cosines(mine, want[str(i)]).min() >= MIN_COSINE
+
+
+ST5_SAVE = """
+import json, sys
+import numpy as np
+from sentence_transformers import SentenceTransformer, SparseEncoder
+kind, src, out, texts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+cls = SparseEncoder if kind == "sparse" else SentenceTransformer
+cls(src, device="cpu").save(out)
+# the saved folder as that version reads it back (NOTE: transformers 5.3 saves a bidirectional
+# Gemma 3's sliding_window already halved, so its folder differs from the one it read)
+got = cls(out, device="cpu").encode(texts, convert_to_tensor=kind == "sparse")
+np.save(out + ".npy", got.to_dense().numpy() if kind == "sparse" else got)
+"""
+
+
+@pytest.mark.slow  # sentence-transformers 5.3 in a subprocess: ~20 s on 2 cores each
+@pytest.mark.parametrize("source", ["splade-minilm-l6", "gemma3", "mpnet"])
+def test_sentence_transformers_5_saves_equal_their_vectors(
+    source: str, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """Folders saved by another sentence-transformers and transformers (5.3, PyLate's
+    environment) than the project's: a SparseEncoder's and two SentenceTransformers' (Dense
+    modules, relative position bias) give that version's own vectors on the folder."""
+    out = tmp_path / "st5"
+    kind = "sparse" if source.startswith("splade") else "dense"
+    run_in_pylate_env(ST5_SAVE, kind, str(sources[source]), str(out), json.dumps(TEXTS))
+    want = np.load(str(out) + ".npy")
+    ours = Embedder(out, device="cpu", dtype="float32")
+    if kind == "dense":
+        got = ours.encode(TEXTS, output_dtype="float32")
+        assert cosines(got, want).min() >= MIN_COSINE
+        return
+    for row, vec in zip(want, sparse_rows(ours), strict=True):
+        nz = np.flatnonzero(row)
+        assert vec["indices"] == nz.tolist()
+        np.testing.assert_allclose(vec["values"], row[nz], rtol=1e-5, atol=1e-6)
 
 
 # -- refused -----------------------------------------------------------------------------------

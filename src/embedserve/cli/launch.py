@@ -60,7 +60,8 @@ class ServeConfig(Options):
 # `serve`'s servers listen on 127.0.0.1, any free port; its --host / --port are the gateway's;
 # --cpu-threads is set by the sharing rule (several models on the CPU); the gateway's
 # --max-multivector-values is theirs too (a field reads the flag of its name).
-SERVE_SERVER_FIXED = ("host", "port", "cpu_threads", "max_multivector_values")
+# --served-name is the name each server's model is served under: serve sets it.
+SERVE_SERVER_FIXED = ("host", "port", "cpu_threads", "max_multivector_values", "served_name")
 # --model is the gateway's, repeatable: each server gets its model's.
 SERVE_ENGINE_FIXED = ("model",)
 # The gateway's replicas are the servers; --drain-seconds and --link-secret-file are theirs, shared.

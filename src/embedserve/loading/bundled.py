@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from embedserve.loading.layout import flat_view
+
 DEFAULT_MODEL = "minilm"
 
 # name -> (importable package, what it is)
@@ -27,12 +29,12 @@ def resolve_model(model: str | Path) -> Path:
             ) from None
         return Path(module.get_model_path())
     path = Path(text).expanduser()
-    if path.is_dir():
-        return path
+    if path.is_dir():  # an older sentence-transformers layout seen flat (`layout`)
+        return flat_view(path)
     from embedserve.loading import hub
 
     if hub.is_hub_id(text):
-        return hub.fetch(text)
+        return flat_view(hub.fetch(text))
     known = ", ".join(sorted(BUNDLED))
     raise ValueError(
         f"model {text!r} is neither a bundled name ({known}), an existing folder, nor a Hugging "

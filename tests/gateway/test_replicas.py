@@ -166,7 +166,7 @@ def test_replica_metrics_are_labelled_by_address_and_a_dropped_one_goes(tmp_path
         app.pipeline = pipeline  # type: ignore[assignment]
 
         async def healthy_series() -> list[str]:
-            text = (await app.prometheus(b""))[2].decode()
+            text = (await app.probes.prometheus(b""))[2].decode()
             return [
                 line
                 for line in text.splitlines()

@@ -15,8 +15,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import prometheus_client as prom
-
 from embedserve.contract import tracing
 from embedserve.core.inputs import InputError
 from embedserve.gateway.checks import (
@@ -43,6 +41,7 @@ from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel, ServedMode
 from embedserve.gateway.openapi_dropin import api_document
 from embedserve.gateway.outputs import asked_outputs, outputs_body, parse_outputs
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
+from embedserve.gateway.probes import Probes
 from embedserve.gateway.replicas import REPLICAS_CALLED
 from embedserve.gateway.requests import (
     MAX_TOKENS_PER_REQUEST,
@@ -128,6 +127,7 @@ class GatewayApp:
         self.body_timeout = body_timeout  # s for a body to arrive after its headers
         self.model_name = limits.model_names[0]
         self.metrics = Metrics(model_label=self.served.several)
+        self.probes = Probes(self.served, self.metrics)  # /health, /ready, /metrics
         # set on SIGTERM (gateway.main.DrainingServer): every new request but /health gets 503
         # at once while the ones in flight (counted here) finish
         self.draining = False
@@ -138,7 +138,7 @@ class GatewayApp:
         # once the pipelines are up, `stop()` before they close
         self.services: list[Any] = [
             LoopWatch(self.metrics.loop_lag, self.metrics.gc_pause),
-            GaugeRefresh(self.metrics, self._replica_labels),
+            GaugeRefresh(self.metrics, self.probes.replica_labels),
         ]
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/embeddings"): self.embeddings,
@@ -153,9 +153,9 @@ class GatewayApp:
             ("POST", "/classify"): classify.classify,
             ("GET", "/v1/models"): self.models,
             ("POST", "/tokenize"): self.tokenize,
-            ("GET", "/health"): self.health,
-            ("GET", "/ready"): self.ready,
-            ("GET", "/metrics"): self.prometheus,
+            ("GET", "/health"): self.probes.health,
+            ("GET", "/ready"): self.probes.ready,
+            ("GET", "/metrics"): self.probes.prometheus,
             ("GET", "/openapi.json"): self.openapi,
         }
         # TEI's other routes, Cohere's v2, the API page (`gateway.dropin`)
@@ -281,7 +281,7 @@ class GatewayApp:
             if handler in self.cancellable:
                 status, content_type, payload = await unless_disconnected(handler(body), receive)
             elif path == "/ready":
-                status, content_type, payload = await self.ready(body, detailed=admitted)
+                status, content_type, payload = await self.probes.ready(body, detailed=admitted)
             else:
                 status, content_type, payload = await handler(body)
             extra = self.dropin.headers.get((method, path), ())
@@ -438,67 +438,5 @@ class GatewayApp:
         data = [m.describe() for m in self.served.models]
         return 200, JSON, dumps({"object": "list", "data": data})
 
-    async def health(self, body: bytes) -> Answer:
-        return 200, JSON, b'{"status":"ok"}'
-
-    async def ready(self, body: bytes, *, detailed: bool = True) -> Answer:
-        """200 while every model has a healthy server replica, else 503 (naming the models
-        that have none); `detailed` (a request that passed the Host and key checks): with each
-        replica's health and load, else the status only."""
-        if not self.served.several:
-            pool = self.served.models[0].started().replicas
-            details: dict[str, Any] = (
-                {"replicas": _replica_states(pool.replicas)} if detailed else {}
-            )
-            if pool.num_healthy == 0:
-                error = ApiError(503, "no healthy server replica", code="no_healthy_replica")
-                return 503, JSON, dumps({**error.body(), **details})
-            return 200, JSON, dumps({"status": "ready", **details})
-        pools = {m.name: m.started().replicas for m in self.served.models}
-        models: dict[str, dict[str, Any]] = {
-            name: {"ready": p.num_healthy > 0} for name, p in pools.items()
-        }
-        if detailed:
-            for name, p in pools.items():
-                models[name]["replicas"] = _replica_states(p.replicas)
-        details = {"models": models} if detailed else {}
-        missing = self.served.not_ready()
-        if missing:
-            error = ApiError(
-                503,
-                f"no healthy server replica for {', '.join(missing)}",
-                code="no_healthy_replica",
-            )
-            return 503, JSON, dumps({**error.body(), "not_ready": missing, **details})
-        return 200, JSON, dumps({"status": "ready", **details})
-
-    def _replica_labels(self) -> dict[tuple[str, ...], Any]:
-        """Every started model's replicas by their gauge labels (`Metrics.refresh`)."""
-        if not self.served.several:
-            pipeline = self.served.models[0].pipeline
-            return {(r.address,): r for r in (pipeline.replicas.replicas if pipeline else ())}
-        return {
-            (r.address, m.name): r
-            for m in self.served.models
-            if m.pipeline is not None
-            for r in m.pipeline.replicas.replicas
-        }
-
-    async def prometheus(self, body: bytes) -> Answer:
-        if not self.served.several:
-            pipeline = self.served.models[0].pipeline
-            replicas = None if pipeline is None else pipeline.replicas.replicas
-            return 200, prom.CONTENT_TYPE_LATEST.encode(), self.metrics.export(replicas)
-        by_model = {m.name: m.pipeline.replicas.replicas for m in self.served.models if m.pipeline}
-        return 200, prom.CONTENT_TYPE_LATEST.encode(), self.metrics.export_models(by_model)
-
     async def openapi(self, body: bytes) -> Answer:
         return 200, JSON, self._openapi
-
-
-def _replica_states(replicas: list[Any]) -> list[dict[str, Any]]:
-    # by id, never by address: internal addresses stay out of client answers
-    return [
-        {"replica": r.id, "healthy": r.healthy, "outstanding_tokens": r.outstanding_tokens}
-        for r in replicas
-    ]

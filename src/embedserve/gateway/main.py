@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
@@ -38,6 +37,7 @@ from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
 from embedserve.gateway.served import PER_MODEL_LIMITS, ModelEntry, load_model, model_entries
 from embedserve.gateway.sockets import bind, reserve_port, wait_until_up
 from embedserve.gateway.tei_grpc import TeiGrpc
+from embedserve.gateway.workers import Workers
 from embedserve.loading.bundled import DEFAULT_MODEL
 from embedserve.memory import TOKENIZER_POOL, tokenizer_threads
 from embedserve.options import Options, drain_option, model_option, option
@@ -56,8 +56,6 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # requests per gateway core, with no engine behind). On a small machine the rest of the cores
 # run the engine.
 DEFAULT_WORKERS = min(8, max(1, (os.cpu_count() or 1) // 4))
-MAX_RESTARTS_PER_MINUTE = 5  # worker restarts, all workers together
-MAX_BACKOFF_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -400,7 +398,7 @@ def _supervise(config: GatewayConfig) -> int:
     grpc_sock = reserve_port(config.host, config.tei_grpc_port)  # the workers' one port
     if grpc_sock is not None:
         config = dataclasses.replace(config, tei_grpc_port=grpc_sock.getsockname()[1])
-    workers = Workers(config, sock)
+    workers = Workers(config, sock, run_worker)
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
@@ -444,68 +442,3 @@ def _supervise(config: GatewayConfig) -> int:
     sock.close()
     say("embedserve gateway: stopped")
     return 0 if workers.exited_cleanly() else 1
-
-
-class Workers:
-    """The gateway's worker processes on one listening socket; a worker that dies is started
-    again after a backoff (0.5 s, doubling to `MAX_BACKOFF_SECONDS`), as `serve` restarts a
-    dead server: one worker's crash must not stop the gateway. More than
-    `MAX_RESTARTS_PER_MINUTE` in a minute is a worker that cannot run: `keep` says False.
-    Each started worker reports the restarts so far in the `worker_restarts` metric."""
-
-    def __init__(self, config: GatewayConfig, sock: socket.socket) -> None:
-        self.config, self.sock = config, sock
-        self.ctx = multiprocessing.get_context("spawn")
-        self.restarts = 0
-        self.recent: list[float] = []  # restart times in the last minute
-        self.due: dict[int, float] = {}  # a dead worker's slot -> when it starts again
-        self.processes = [self._start(i) for i in range(config.workers)]
-
-    def _start(self, i: int) -> multiprocessing.process.BaseProcess:
-        process = self.ctx.Process(
-            target=run_worker,
-            args=(self.config, self.sock, self.restarts),
-            name=f"gateway-{i}",
-            daemon=False,
-        )
-        process.start()
-        return process
-
-    def keep(self) -> bool:
-        """Start again each dead worker whose backoff has passed; False past the restart cap."""
-        now = time.monotonic()
-        for i, process in enumerate(self.processes):
-            if process.is_alive() or process.exitcode is None:
-                continue
-            if i not in self.due:
-                self.recent = [t for t in self.recent if now - t < 60] + [now]
-                if len(self.recent) > MAX_RESTARTS_PER_MINUTE:
-                    return False
-                backoff = min(0.5 * 2 ** (len(self.recent) - 1), MAX_BACKOFF_SECONDS)
-                self.due[i] = now + backoff
-                say(
-                    f"embedserve gateway: worker {process.name} exited ({process.exitcode}); "
-                    f"restarting in {backoff:g} s",
-                    err=True,
-                )
-            elif now >= self.due[i]:
-                del self.due[i]
-                self.restarts += 1
-                self.processes[i] = self._start(i)
-        return True
-
-    def alive(self) -> bool:
-        return any(p.is_alive() for p in self.processes) or bool(self.due)
-
-    def signal(self, signum: int) -> None:
-        self.due.clear()  # a worker waiting for its restart is not started again
-        for p in self.processes:
-            if p.pid is not None and p.is_alive():
-                os.kill(p.pid, signum)
-
-    def join(self, timeout: float) -> None:
-        for p in self.processes:
-            p.join(timeout)
-
-    def exited_cleanly(self) -> bool:
-        return all(p.exitcode == 0 for p in self.processes)

@@ -93,7 +93,7 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livesum",
         )
-        # set by each worker as it starts (`gateway.main.Workers`); the largest is the gateway's
+        # set by each worker as it starts (`gateway.workers.Workers`); the largest is the gateway's
         self.worker_restarts = prom.Gauge(
             "embedserve_gateway_worker_restarts",
             "Gateway workers started again after one died",

@@ -1,0 +1,82 @@
+"""The gateway's worker processes, kept running: a dead one is started again with a backoff."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.process
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from embedserve.processes import say
+
+MAX_RESTARTS_PER_MINUTE = 5  # worker restarts, all workers together
+MAX_BACKOFF_SECONDS = 10.0
+
+
+class Workers:
+    """The gateway's worker processes on one listening socket; a worker that dies is started
+    again after a backoff (0.5 s, doubling to `MAX_BACKOFF_SECONDS`), as `serve` restarts a
+    dead server: one worker's crash must not stop the gateway. More than
+    `MAX_RESTARTS_PER_MINUTE` in a minute is a worker that cannot run: `keep` says False.
+    Each started worker reports the restarts so far in the `worker_restarts` metric."""
+
+    def __init__(self, config: Any, sock: socket.socket, target: Callable[..., None]) -> None:
+        """`target(config, sock, restarts)` runs one worker (`gateway.main.run_worker`)."""
+        self.config, self.sock, self.target = config, sock, target
+        self.ctx = multiprocessing.get_context("spawn")
+        self.restarts = 0
+        self.recent: list[float] = []  # restart times in the last minute
+        self.due: dict[int, float] = {}  # a dead worker's slot -> when it starts again
+        self.processes = [self._start(i) for i in range(config.workers)]
+
+    def _start(self, i: int) -> multiprocessing.process.BaseProcess:
+        process = self.ctx.Process(
+            target=self.target,
+            args=(self.config, self.sock, self.restarts),
+            name=f"gateway-{i}",
+            daemon=False,
+        )
+        process.start()
+        return process
+
+    def keep(self) -> bool:
+        """Start again each dead worker whose backoff has passed; False past the restart cap."""
+        now = time.monotonic()
+        for i, process in enumerate(self.processes):
+            if process.is_alive() or process.exitcode is None:
+                continue
+            if i not in self.due:
+                self.recent = [t for t in self.recent if now - t < 60] + [now]
+                if len(self.recent) > MAX_RESTARTS_PER_MINUTE:
+                    return False
+                backoff = min(0.5 * 2 ** (len(self.recent) - 1), MAX_BACKOFF_SECONDS)
+                self.due[i] = now + backoff
+                say(
+                    f"embedserve gateway: worker {process.name} exited ({process.exitcode}); "
+                    f"restarting in {backoff:g} s",
+                    err=True,
+                )
+            elif now >= self.due[i]:
+                del self.due[i]
+                self.restarts += 1
+                self.processes[i] = self._start(i)
+        return True
+
+    def alive(self) -> bool:
+        return any(p.is_alive() for p in self.processes) or bool(self.due)
+
+    def signal(self, signum: int) -> None:
+        self.due.clear()  # a worker waiting for its restart is not started again
+        for p in self.processes:
+            if p.pid is not None and p.is_alive():
+                os.kill(p.pid, signum)
+
+    def join(self, timeout: float) -> None:
+        for p in self.processes:
+            p.join(timeout)
+
+    def exited_cleanly(self) -> bool:
+        return all(p.exitcode == 0 for p in self.processes)

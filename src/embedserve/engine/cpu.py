@@ -7,7 +7,9 @@ fp32. The win is half the weight bytes read per forward and oneDNN's bf16 GEMMs;
 bf16 the same dtype is emulated and slower than fp32, so such a CPU keeps fp32.
 
 The choice is checked at start-up by the engine's fidelity guard against the eager fp32
-reference, and falls back to fp32 when the guard finds it too far (`Engine`).
+reference, and falls back to fp32 when the guard finds it too far (`Engine`). A CPU whose default
+is fp32 runs the fastest float32 executor measured at start-up (`cpu_paths`: ONNX Runtime,
+oneDNN prepacked weights, or eager).
 """
 
 from __future__ import annotations

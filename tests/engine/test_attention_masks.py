@@ -106,8 +106,7 @@ def test_a_model_with_a_score_bias_never_gets_flash_attention(tmp_path) -> None:
     # stand-in for CUDA graphs): eager hit, capture, replay all equal the eager engine
     from embedserve.engine.batch import PackedBatch
     from embedserve.engine.choices import KernelChoices
-    from embedserve.engine.engine import graph_config
-    from embedserve.engine.graphs import EagerGraph, GraphConfig, GraphRunner
+    from embedserve.engine.graphs import EagerGraph, GraphConfig, GraphRunner, graph_config
 
     engine = Engine.from_folder(folder, device="cpu", dtype="float32")
     config = graph_config(engine.spec, GraphConfig(max_tokens=512), None)

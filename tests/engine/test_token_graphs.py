@@ -15,7 +15,8 @@ import torch
 
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.choices import KernelChoices
-from embedserve.engine.engine import Engine, _eager_run
+from embedserve.engine.eager import eager_run
+from embedserve.engine.engine import Engine
 from embedserve.engine.graphs import EagerGraph, GraphConfig, GraphRunner
 from embedserve.engine.pooler.sparse import SparseRows
 from embedserve.engine.retrieval import BatchOutputs
@@ -46,7 +47,7 @@ def _random_batch(rng: np.random.Generator, seqlens: list[int], vocab: int) -> P
 
 
 def _eager_hidden(engine: Engine, batch: PackedBatch) -> torch.Tensor:
-    return _eager_run(engine._hidden, batch, CPU, engine.attend)
+    return eager_run(engine._hidden, batch, CPU, engine.attend)
 
 
 @torch.inference_mode()

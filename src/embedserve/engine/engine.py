@@ -7,12 +7,11 @@ device; the head (truncate, normalize, encode) is applied per request by `output
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -22,62 +21,39 @@ from embedserve.engine.attention import (
     CAPTURE_SAFE,
     AttentionFn,
     RaggedLayout,
-    choose_backend,
-    graph_candidates,
     model_backend,
 )
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
-from embedserve.engine.cpu import default_dtype
-from embedserve.engine.cpu_paths import PATHS as CPU_PATHS
 from embedserve.engine.cpu_paths import CpuChoice, forward_context, timing_batches
 from embedserve.engine.cpu_paths import choose as choose_cpu_path
+from embedserve.engine.eager import eager_run, reference_run
 from embedserve.engine.fidelity import (
     SCORE_MAX_DIFF,
     FidelityError,
     check_fidelity,
     make_probes,
 )
-from embedserve.engine.graphs import GraphConfig, GraphRunner
+from embedserve.engine.graphs import GraphConfig, GraphRunner, graph_config
 from embedserve.engine.layers.linear import Linear, can_pack, pack_linears
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
 from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.ops import EAGER_OPS, compile_limits, compiled_ops
+from embedserve.engine.placement import DTYPES, resolve_device, resolve_dtype
 from embedserve.engine.pooler.dense import build_dense
 from embedserve.engine.pooler.score_heads import build_score_head
 from embedserve.engine.pooler.spans import pool_spans
 from embedserve.engine.retrieval import BatchOutputs, build_retrieval, visible_keys_attention
 from embedserve.engine.stats import EngineStats
-from embedserve.loading.spec import ModelSpec, PoolingMethod, read_model_spec
+from embedserve.loading.spec import ModelSpec, read_model_spec
 
 log = logging.getLogger(__name__)
 
 # NOTE: on the CPU, small batches win: at 16k tokens the [tokens, 1536] FFN activations fall out
 # of cache and a 2-core run took 1.8x as long as at 2k (measured on all-MiniLM-L6-v2).
 CPU_BATCH_TOKENS = 2048
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but no CUDA device is available")
-    return dev
-
-
-def graph_config(
-    spec: ModelSpec, config: GraphConfig, attention_backend: str | None
-) -> GraphConfig:
-    """The graph attention candidates for this model: its family's kernels (MPNet's, whose score
-    bias FlashAttention cannot take), a named backend alone, or the configured ones
-    (`attention.graph_candidates`)."""
-    candidates = graph_candidates(spec.family_row, config.attention, attention_backend)
-    return dataclasses.replace(config, attention=candidates)
 
 
 class Engine:
@@ -107,15 +83,7 @@ class Engine:
         candidate per bucket."""
         self.spec = spec
         self.device = resolve_device(device)
-        asked_path = cpu_path not in (None, "auto")
-        if asked_path and cpu_path not in CPU_PATHS:
-            raise ValueError(f"cpu_path {cpu_path!r} is not one of auto, {', '.join(CPU_PATHS)}")
-        if asked_path and (self.device.type != "cpu" or dtype not in (None, "float32")):
-            raise ValueError(f"cpu_path {cpu_path!r} is a float32 CPU executor: not on "
-                             f"{self.device.type} with dtype {dtype!r}")  # fmt: skip
-        dtype_name = dtype or ("float32" if asked_path else default_dtype(self.device))
-        if dtype_name not in DTYPES:
-            raise ValueError(f"dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
+        dtype_name, asked_path = resolve_dtype(self.device, dtype, cpu_path)
         self.dtype = DTYPES[dtype_name]
         on_cuda = self.device.type == "cuda"
         self.stats = EngineStats()
@@ -151,17 +119,14 @@ class Engine:
         self.packed_linears = (
             pack_linears(self.model) if not fused and can_pack(self.device, self.dtype) else 0
         )
-        # a scoring model's head after pooling, in float32 (`pooler.score_heads`); None to embed
-        head = build_score_head(spec)
-        self.score_head = head.to(self.device) if head is not None else None
-        # a sentence-transformers folder's Dense modules after pooling, in float32; None if none
-        dense = build_dense(spec)
-        self.dense = dense.to(self.device) if dense is not None else None
+        # in float32: a scoring model's head after pooling (`pooler.score_heads`; None to embed),
+        # a sentence-transformers folder's Dense modules after pooling (None if none)
+        self.score_head, self.dense = (_on(build_score_head(spec), self.device),
+                                       _on(build_dense(spec), self.device))  # fmt: skip
         # what follows pooling on the device: the Dense modules or the score head (never both)
         self.after_pooling = self.score_head if self.score_head is not None else self.dense
         # a sparse / multi-vector layout's heads (`retrieval`), in float32; None if dense only
-        retrieval = build_retrieval(spec)
-        self.retrieval = retrieval.to(self.device) if retrieval is not None else None
+        self.retrieval = _on(build_retrieval(spec), self.device)
         self.runner = self._graph_runner(graphs, attention_backend)
         # the heads' hidden states through graphs of their own (`encode_outputs`)
         self.token_runner = self._token_runner(self.runner)
@@ -283,7 +248,7 @@ class Engine:
         try:
             return check_fidelity(
                 lambda b: self.step(b).wait().copy(),
-                lambda b: _reference_run(
+                lambda b: reference_run(
                     reference, self.after_pooling, b, self.device, self.spec.pooling
                 ),
                 make_probes(self.vocab_size, self.max_positions),
@@ -375,7 +340,7 @@ class Engine:
         with self._lock:
             if self.runner is None:
                 return LazyTensor.from_device(
-                    _eager_run(self._forward, batch, self.device, self.attend)
+                    eager_run(self._forward, batch, self.device, self.attend)
                 )
             pooled = self.runner.run(batch)
             if pooled is not None:
@@ -395,7 +360,7 @@ class Engine:
             rows = runner.run(part)
             if rows is None:
                 self.stats.eager_runs += 1  # above the largest bucket
-                rows = _eager_run(forward, part, self.device, self.attend)
+                rows = eager_run(forward, part, self.device, self.attend)
             if out is None:
                 total = batch.num_tokens if runner.per_token else batch.num_seqs
                 out = rows.new_empty((total, *rows.shape[1:]))
@@ -419,7 +384,7 @@ class Engine:
         self.check(batch)
         spans = check_spans(spans, batch)
         with self._lock:  # the compile context and the kernel choices are shared too
-            hidden = _eager_run(self._hidden, batch, self.device, self.attend)
+            hidden = eager_run(self._hidden, batch, self.device, self.attend)
             spans_dev = torch.from_numpy(spans).to(self.device, non_blocking=True)
             pooled = pool_spans(hidden, spans_dev)
             return (pooled if self.dense is None else self.dense(pooled)).cpu().numpy()
@@ -471,45 +436,13 @@ class Engine:
             if runner is not None:
                 self.stats.eager_runs += 1
             attend = self.attend if visible_keys is None else visible_keys_attention(visible_keys)
-            return _eager_run(self._hidden, batch, self.device, attend)
+            return eager_run(self._hidden, batch, self.device, attend)
         hidden = runner.run(batch)
         return hidden if hidden is not None else self._run_parts(batch, runner, self._hidden)
 
 
-def _eager_run(
-    forward: Callable[..., torch.Tensor],
-    batch: PackedBatch,
-    device: torch.device,
-    attend: AttentionFn,
-) -> torch.Tensor:
-    """One unpadded forward (pooled, or hidden states for spans) with the batch's own
-    boundaries (host values allowed)."""
-
-    def to_dev(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a).to(device, non_blocking=True)
-
-    cu_seqlens = to_dev(batch.cu_seqlens)
-    layout = RaggedLayout(cu_seqlens, batch.max_seqlen, tuple(batch.seqlens.tolist()))
-    ids, positions, types = (
-        to_dev(a) for a in (batch.input_ids, batch.positions, batch.token_type_ids)
-    )
-    return forward(ids, positions, types, to_dev(batch.seq_ids), layout, attend)
+M = TypeVar("M", bound=nn.Module)
 
 
-@torch.inference_mode()
-def _reference_run(
-    model: nn.Module,
-    head: nn.Module | None,
-    batch: PackedBatch,
-    device: torch.device,
-    pooling: PoolingMethod,
-) -> np.ndarray:
-    """The fidelity reference: fp32, eager ops, per-sequence SDPA, no padding, no graph."""
-
-    def forward(ids, positions, types, seq_ids, layout, attend):  # type: ignore[no-untyped-def]
-        hidden = model(ids, positions, types, layout, attend)
-        pooled = EAGER_OPS.pool(hidden, layout.cu_seqlens, seq_ids, pooling)
-        return pooled if head is None else head(pooled)
-
-    attend = choose_backend("sdpa_loop", device, KernelChoices())
-    return _eager_run(forward, batch, device, attend).cpu().numpy()
+def _on(module: M | None, device: torch.device) -> M | None:
+    return module.to(device) if module is not None else None

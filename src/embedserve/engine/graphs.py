@@ -15,6 +15,7 @@ one buffer of the largest bucket's size, so the graphs hold no [T, H] output eac
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from embedserve.engine.attention import (
     AttentionFn,
     RaggedLayout,
     attention_backends,
+    graph_candidates,
 )
 from embedserve.engine.attention.masks import MAX_MASK_TOKENS
 from embedserve.engine.batch import PackedBatch
@@ -42,6 +44,7 @@ from embedserve.engine.buckets import (
 )
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.stats import EngineStats
+from embedserve.loading.spec import ModelSpec
 
 # (input_ids [T], positions [T], token_type_ids [T], seq_ids [T], layout, attend) -> [S, H] fp32
 # (per token: [T, H] in the model's dtype)
@@ -410,3 +413,13 @@ class GraphRunner:
     def attention_choice(self) -> dict[str, str]:
         """Bucket key -> the attention backend its graph was captured with."""
         return dict(self.choices.attention)
+
+
+def graph_config(
+    spec: ModelSpec, config: GraphConfig, attention_backend: str | None
+) -> GraphConfig:
+    """The graph attention candidates for this model: its family's kernels (MPNet's, whose score
+    bias FlashAttention cannot take), a named backend alone, or the configured ones
+    (`attention.graph_candidates`)."""
+    candidates = graph_candidates(spec.family_row, config.attention, attention_backend)
+    return dataclasses.replace(config, attention=candidates)

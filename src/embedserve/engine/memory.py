@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from embedserve.engine.attention.masks import padded_bound
-from embedserve.engine.engine import DTYPES
+from embedserve.engine.placement import DTYPES
 from embedserve.engine.weights import load_weights_file, weight_files
 from embedserve.loading.spec import ModelSpec
 from embedserve.memory import ModelMemory, batch_bytes

@@ -1,0 +1,55 @@
+"""A batch through a model eagerly, unpadded, with its own boundaries: spans, outputs without
+graphs, and the fidelity reference (fp32, eager ops, per-sequence SDPA)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from embedserve.engine.attention import AttentionFn, RaggedLayout, choose_backend
+from embedserve.engine.batch import PackedBatch
+from embedserve.engine.choices import KernelChoices
+from embedserve.engine.ops import EAGER_OPS
+from embedserve.loading.spec import PoolingMethod
+
+
+def eager_run(
+    forward: Callable[..., torch.Tensor],
+    batch: PackedBatch,
+    device: torch.device,
+    attend: AttentionFn,
+) -> torch.Tensor:
+    """One unpadded forward (pooled, or hidden states for spans) with the batch's own
+    boundaries (host values allowed)."""
+
+    def to_dev(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(device, non_blocking=True)
+
+    cu_seqlens = to_dev(batch.cu_seqlens)
+    layout = RaggedLayout(cu_seqlens, batch.max_seqlen, tuple(batch.seqlens.tolist()))
+    ids, positions, types = (
+        to_dev(a) for a in (batch.input_ids, batch.positions, batch.token_type_ids)
+    )
+    return forward(ids, positions, types, to_dev(batch.seq_ids), layout, attend)
+
+
+@torch.inference_mode()
+def reference_run(
+    model: nn.Module,
+    head: nn.Module | None,
+    batch: PackedBatch,
+    device: torch.device,
+    pooling: PoolingMethod,
+) -> np.ndarray:
+    """The fidelity reference: fp32, eager ops, per-sequence SDPA, no padding, no graph."""
+
+    def forward(ids, positions, types, seq_ids, layout, attend):  # type: ignore[no-untyped-def]
+        hidden = model(ids, positions, types, layout, attend)
+        pooled = EAGER_OPS.pool(hidden, layout.cu_seqlens, seq_ids, pooling)
+        return pooled if head is None else head(pooled)
+
+    attend = choose_backend("sdpa_loop", device, KernelChoices())
+    return eager_run(forward, batch, device, attend).cpu().numpy()

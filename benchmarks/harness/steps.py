@@ -87,6 +87,13 @@ STEPS: dict[str, Step] = {
                                    "--levels", "1,16,64"), tail=40),
     "serving-16-w2": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                       "--levels", "16,64", "--workers", "2", "--tag=-w2"), tail=12),
+    # the start-up warm-up of short queries' graphs (serve's default) against none, one call
+    "serving-cold": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
+                                     "--levels", "1,16,64", "--serve-args=--warmup-queries 0",
+                                     "--tag=-cold"), tail=12),
+    "gpu-test-qwen3-reranker": Step(lambda: [sys.executable, "-m", "pytest", "-q", "-m", "gpu",
+                                             "tests/engine/test_graphs_gpu.py", "-k", "qwen3-reranker"],
+                                    tail=3, env={"EMBEDSERVE_MINILM": MINILM}),
     "serving-16-old": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                        "--levels", "1,16,64", "--tag=-before"), tail=40, old=True),
     "host": Step(lambda: _py("studies/host_path.py", "--model", MINILM, "--qwen3", QWEN3,

@@ -51,6 +51,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu only to try the script out")
     ap.add_argument("--workers", type=int, default=None, help="gateway workers (default: serve's)")
     ap.add_argument("--tag", default="", help="suffix of the results' file name")
+    ap.add_argument(
+        "--serve-args", default="", help="more `serve` flags, e.g. '--warmup-queries 0'"
+    )
     args = ap.parse_args()
     from sentence_transformers import SentenceTransformer
 
@@ -63,7 +66,7 @@ def main() -> None:
     server, ready = start(
         [*CLI, "serve", "--model", str(args.model), "--device", args.device, "--port", "0",
          "--served-model-name", "minilm",
-         *(["--workers", str(args.workers)] if args.workers else [])],
+         *(["--workers", str(args.workers)] if args.workers else []), *args.serve_args.split()],
         SERVING,
     )  # fmt: skip
     port = int(ready.group(1))
@@ -191,7 +194,7 @@ def write(args: argparse.Namespace, st_dtype: str, records: list[dict[str, Any]]
 
     notes = (
         f"`embedserve serve --device cuda` (one server replica, gateway workers: "
-        f"{args.workers or 'default'}) over HTTP on loopback; concurrency and throughput clients "
+        f"{args.workers or 'default'}{'; ' + args.serve_args if args.serve_args else ''}) over HTTP on loopback; concurrency and throughput clients "
         "are processes of their own (benchmarks/harness/loadgen.py), one keep-alive connection each, "
         "closed loop. "
         "end_to_end = HTTP request to parsed JSON reply; engine = `Engine.step(batch).wait()` "

@@ -18,6 +18,7 @@ from embedserve.engine.buckets import (
     plan_bucket,
     seq_bucket,
     seqlen_bucket,
+    short_query_batches,
     stage_inputs,
     token_bucket,
 )
@@ -208,6 +209,36 @@ def test_warm_up_captures_configured_buckets(minilm_path) -> None:  # type: igno
     with torch.inference_mode():
         runner.warm_up()
     assert runner.num_graphs == 2 and engine.stats.captures == 2
+
+
+def test_a_server_warms_the_graphs_that_short_query_batches_meet(minilm_path) -> None:  # type: ignore[no-untyped-def]
+    """`serve` on a GPU captures at start-up the buckets of batches of up to N short queries:
+    each once (eager run, then capture), and later batches of that traffic only replay."""
+    from embedserve.server.main import warm_up_graphs
+
+    engine = _bert_engine(minilm_path)
+    assert warm_up_graphs(engine, 16) == 0  # no graphs on the CPU: nothing to warm
+    engine.runner = _runner(engine)  # the CPU stand-in of the CUDA graphs
+    warmed = warm_up_graphs(engine, 16)
+    assert warmed == len(short_query_batches(16, engine.runner.config, engine.max_positions))
+    assert engine.runner.num_graphs == engine.stats.captures == engine.stats.eager_runs == warmed
+    rng = np.random.default_rng(1)
+    for _ in range(40):  # one to 16 queries of 5 to 20 tokens
+        seqlens = rng.integers(5, 21, int(rng.integers(1, 17))).tolist()
+        engine.step(_random_batch(rng, seqlens, engine.vocab_size)).wait()
+    assert engine.stats.captures == engine.stats.eager_runs == warmed
+    assert engine.stats.replays >= 40
+
+
+def test_short_query_batches_are_one_per_bucket_and_cover_random_traffic() -> None:
+    config = GraphConfig()
+    batches = short_query_batches(64, config, 512)
+    keys = [plan_bucket(b, config, 512).key for b in batches]  # type: ignore[union-attr]
+    assert len(keys) == len(set(keys)) and all(len(b) <= 64 for b in batches)
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        seqlens = rng.integers(5, 21, int(rng.integers(1, 65)))
+        assert plan_bucket(seqlens, config, 512).key in keys  # type: ignore[union-attr]
 
 
 def test_dense_plan_only_for_one_sequence_filling_the_bucket_solo_for_any_one_sequence() -> None:

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 SMALL_TOKENS = 1024  # up to here token buckets step by 64, above by 256
 MIN_SEQLEN_BUCKET = 64
+# the token counts of the short queries a start-up warm-up is made of (a search query of a few
+# words with its special tokens)
+SHORT_QUERY_TOKENS = tuple(range(5, 21))
 
 
 def token_bucket(num_tokens: int, max_tokens: int) -> int | None:
@@ -86,6 +89,25 @@ def plan_bucket(
         return None
     solo = len(seqlens) == 1
     return BucketPlan(tokens, seqs, max_seqlen, pads, solo=solo, dense=solo and not pads)
+
+
+def short_query_batches(
+    max_queries: int, config: GraphConfig, max_positions: int
+) -> list[np.ndarray]:
+    """Sequence lengths of one batch per bucket that batches of 1 to `max_queries` short queries
+    (`SHORT_QUERY_TOKENS` each) fall into, in order of first appearance: what a server captures
+    at start-up so that its first clients do not wait for captures. Every total a count of such
+    queries can have is tried (the bucket follows from the count and the total alone)."""
+    found: dict[str, np.ndarray] = {}
+    low, high = SHORT_QUERY_TOKENS[0], SHORT_QUERY_TOKENS[-1]
+    for n in range(1, max_queries + 1):
+        for total in range(low * n, high * n + 1):
+            seqlens = np.full(n, total // n)
+            seqlens[: total % n] += 1
+            plan = plan_bucket(seqlens, config, max_positions)
+            if plan is not None and plan.key not in found:
+                found[plan.key] = seqlens
+    return list(found.values())
 
 
 def grid_parts(

@@ -20,6 +20,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ from embedserve.server.service import EmbedService
 
 log = logging.getLogger("embedserve.server")
 
+# Batches of up to this many short queries find their CUDA graphs captured at start-up
+# (`warm_up_graphs`): 46 buckets, one query from each of 64 clients in one batch.
+WARMUP_QUERIES = 64
 # The exit status of a server whose engine cannot serve (`serve` restarts it, as any exit).
 FATAL_EXIT_CODE = 3
 # How long it answers NOT_SERVING before it exits: a gateway's health poll (every 0.5 s) sees
@@ -81,6 +85,13 @@ class ServerConfig(Options):
         None,
         "serve the server's Prometheus metrics (graph captures, replays, padding, queue) on "
         "this port; 0 picks a free one; with serve, replica i uses PORT+i (default: off)",
+    )
+    warmup_queries: int = option(
+        WARMUP_QUERIES,
+        "on a GPU, capture at start-up the CUDA graphs that batches of up to N short queries "
+        "fall into (each a first step's kernel timings and a second's capture, tenths of a "
+        "second a first client would wait); 0: each on first use",
+        metavar="N",
     )
     drain_seconds: float = drain_option()
     served_name: str | None = option(
@@ -155,6 +166,8 @@ class ServerConfig(Options):
             raise ValueError(
                 f"max_multivector_values must be positive, got {self.max_multivector_values}"
             )
+        if self.warmup_queries < 0:
+            raise ValueError(f"warmup_queries must be >= 0, got {self.warmup_queries}")
         self.scheduler(1)  # validates the budgets
 
     def scheduler(self, engine_batch_tokens: int) -> SchedulerConfig:
@@ -188,7 +201,30 @@ def _build_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
         import torch
 
         torch.set_num_threads(config.cpu_threads)
-    return load_engine(config.engine)
+    engine = load_engine(config.engine)
+    warm_up_graphs(engine, config.warmup_queries)
+    return engine
+
+
+def warm_up_graphs(engine, max_queries: int) -> int:  # type: ignore[no-untyped-def]
+    """On a GPU, the graphs of batches of up to `max_queries` short queries, each bucket taken
+    through its first two steps now (`buckets.short_query_batches`); the buckets warmed."""
+    from embedserve.engine.batch import PackedBatch
+    from embedserve.engine.buckets import short_query_batches
+
+    if engine.runner is None or max_queries == 0:
+        return 0
+    start = time.perf_counter()
+    batches = short_query_batches(max_queries, engine.runner.config, engine.max_positions)
+    for seqlens in batches:
+        batch = PackedBatch.from_packed(np.full(int(seqlens.sum()), 100, np.int64), seqlens)
+        for _ in range(2):  # an eager run with its kernel timings, then the capture
+            engine.step(batch).wait()
+    say(
+        f"embedserve server: graphs of {len(batches)} buckets (batches of up to {max_queries} "
+        f"short queries) warmed in {time.perf_counter() - start:.1f} s"
+    )
+    return len(batches)
 
 
 def _local_socket_path(port: int) -> Path:

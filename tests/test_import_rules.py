@@ -50,33 +50,52 @@ def test_the_tree_keeps_every_import_rule() -> None:
     assert f"Contracts: {len(_contracts())} kept, 0 broken." in out.stdout
 
 
-def test_a_forbidden_import_breaks_its_rule(tmp_path: Path) -> None:
+def _copy_with(tmp_path: Path, module: str, line: str) -> Path:
+    """A copy of the tree whose `module` (a path under src/embedserve) ends with `line`."""
     shutil.copy(PYPROJECT, tmp_path / "pyproject.toml")
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    budget = src / "embedserve" / "core" / "budget.py"
-    budget.write_text(budget.read_text() + "\nimport torch  # forbidden in the request core\n")
+    path = src / "embedserve" / module
+    path.write_text((path.read_text() if path.exists() else "") + f"\n{line}\n")
+    return tmp_path
 
-    out = _lint(tmp_path)
+
+def test_a_forbidden_import_breaks_its_rule(tmp_path: Path) -> None:
+    out = _lint(_copy_with(tmp_path, "core/budget.py", "import torch  # forbidden in the core"))
 
     assert out.returncode != 0, out.stdout
     # The analysed package is the copy: the rule names the very module and line we broke.
-    broken = "the request core and model loading import neither torch nor grpc BROKEN"
+    broken = "the request core, model loading and retrieval import neither torch nor grpc BROKEN"
     assert broken in out.stdout
     assert "embedserve.core is not allowed to import torch" in out.stdout
     assert "embedserve.core.budget -> torch" in out.stdout
 
 
-def test_the_devtools_rule_covers_every_module_but_the_cli() -> None:
-    """The rule lists its sources (import-linter has no "all but"): a new module must join it."""
-    (devtools,) = [c for c in _contracts() if c["forbidden_modules"] == ["embedserve.devtools"]]
-    package = ROOT / "src" / "embedserve"
-    modules = {
-        f"embedserve.{p.stem}"
-        for p in package.iterdir()
-        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
-    }
-    assert set(devtools["source_modules"]) == modules - {  # type: ignore[arg-type]
-        "embedserve.cli",
-        "embedserve.devtools",
-    }
+def test_an_upward_import_breaks_the_layers(tmp_path: Path) -> None:
+    """The kind of import the layers rule was written to end: loading reaching up into the
+    request core (`loading/spec.py` once took `core.outputs`' names)."""
+    line = "from embedserve.core.outputs import Head  # upward"
+    out = _lint(_copy_with(tmp_path, "loading/spec.py", line))
+
+    assert out.returncode != 0, out.stdout
+    assert "the layers: each package imports only the layers below it BROKEN" in out.stdout
+    assert "embedserve.loading is not allowed to import embedserve.core" in out.stdout
+    assert "embedserve.loading.spec -> embedserve.core.outputs" in out.stdout
+
+
+def test_a_module_without_a_layer_breaks_the_layers(tmp_path: Path) -> None:
+    """`exhaustive`: a new module of the package must be given its row."""
+    out = _lint(_copy_with(tmp_path, "newcomer.py", "X = 1"))
+
+    assert out.returncode != 0, out.stdout
+    assert "the layers: each package imports only the layers below it BROKEN" in out.stdout
+    assert "embedserve.newcomer" in out.stdout
+
+
+def test_only_the_cli_may_import_the_devtools() -> None:
+    """What the removed devtools rule said, now said by the layers: `devtools` shares its row
+    with `indexing` alone, and only the CLI's row is above it."""
+    (layers,) = [c for c in _contracts() if c["type"] == "layers"]
+    rows = [[m.strip() for m in row.split("|")] for row in layers["layers"]]  # type: ignore[attr-defined]
+    (row,) = [i for i, r in enumerate(rows) if "devtools" in r]
+    assert rows[:row] == [["cli"]] and rows[row] == ["indexing", "devtools"]

@@ -28,6 +28,7 @@ from embedserve.retrieval.inputs import ColbertInputs, prepare_outputs
 from embedserve.retrieval.outputs import (
     MAX_MULTIVECTOR_VALUES,
     EncodedOutputs,
+    SparseVector,
     check_multivector_size,
     check_outputs,
 )
@@ -184,8 +185,6 @@ class Embedder:
         `output_dtype` apply to the dense vectors. ColBERT: `input_type="query"` encodes
         queries (marker, expansion to the query length), otherwise documents. An answer over
         `max_multivector_values` floats is an InputError before the model runs."""
-        from embedserve.retrieval.runner import run_outputs
-
         asked = check_outputs(outputs, self.spec.outputs)
         head = self.inputs.head(dimensions, normalize, output_dtype)
         prepared = prepare_outputs(
@@ -366,3 +365,39 @@ def _progress_bar(total: int | None) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, unit="tok", unit_scale=True, desc="embedding")
+
+
+def run_outputs(
+    engine: Engine,
+    seqs: Sequence[Sequence[int]],
+    outputs: tuple[str, ...],
+    head: Head,
+    batch_tokens: int,
+    *,
+    query: bool = False,
+    visible: Sequence[int] | None = None,
+) -> EncodedOutputs:
+    """`outputs` of every sequence through `Engine.encode_outputs`, token-budget batches of
+    one forward each for every output asked for, in input order; `visible`: per sequence, its
+    attended leading tokens."""
+    dense: list[np.ndarray] = []
+    sparse: list[SparseVector] = []
+    vectors: list[np.ndarray] = []
+    for group in budget_groups([len(s) for s in seqs], batch_tokens):
+        batch = PackedBatch.from_token_lists([seqs[i] for i in group])
+        keys = None if visible is None else tuple(visible[i] for i in group)
+        out = engine.encode_outputs(batch, outputs, query=query, visible_keys=keys)
+        if out.dense is not None:
+            dense.append(out.dense)
+        for i in range(len(group)):
+            if out.sparse is not None:
+                idx, val = out.sparse.row(i)
+                sparse.append({"indices": idx.tolist(), "values": val.tolist()})
+            if out.multivector is not None:
+                vectors.append(out.multivector.row(i))
+    return EncodedOutputs(
+        dense=head.apply(np.concatenate(dense)) if "dense" in outputs else None,
+        sparse=sparse if "sparse" in outputs else None,
+        multivector=vectors if "multivector" in outputs else None,
+        tokens=[len(s) for s in seqs],
+    )

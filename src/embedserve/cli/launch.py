@@ -24,6 +24,7 @@ from embedserve.cli.models_file import ModelSection, read_models_file
 from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.models import split_named
 from embedserve.gateway.served import default_names
+from embedserve.gpus import visible_gpus
 from embedserve.memory import ModelMemory, check_fits, cpu_thread_shares
 from embedserve.options import EngineOptions, Options, option
 from embedserve.processes import Child, exit_with_parent, say, write_ready
@@ -111,16 +112,6 @@ def run_gateway(args: argparse.Namespace) -> int:
     config = GatewayConfig.from_args(args)
     exit_with_parent(config.drain_seconds + ORPHAN_GRACE_SECONDS)
     return run(config)
-
-
-def visible_gpus() -> int:
-    """CUDA devices this process may use; 0 without touching torch where no NVIDIA driver is
-    loaded (the CPU machines: importing torch costs the launcher a second or two)."""
-    if not os.path.exists("/dev/nvidiactl") and not os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return 0
-    import torch  # the launcher only; neither the gateway nor its workers import this
-
-    return int(torch.cuda.device_count())
 
 
 def _server_devices(device: str, replicas: int) -> list[str]:

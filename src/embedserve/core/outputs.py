@@ -39,7 +39,8 @@ encoding under either set of rules; a request's `Head` (checked once by `check_h
 arrives: the offline API, the gateway, or a server decoding the wire) carries them.
 
 NOTE: `Head` lives here, not with the inputs, so a server (which needs the head but never
-tokenizes) reaches the request core through this NumPy-only module alone.
+tokenizes) reaches the request core through this module alone (NumPy, and the names of the
+encodings and rules that `loading.spec` declares, since a model folder may name its default).
 """
 
 from __future__ import annotations
@@ -51,9 +52,8 @@ from typing import Any
 import numpy as np
 
 from embedserve.errors import InputError, InputTypeError
+from embedserve.loading.spec import OUTPUT_DTYPES, OUTPUT_RULES
 
-OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
-OUTPUT_RULES: tuple[str, ...] = ("generic", "pplx")
 # Matryoshka floor of pplx-style models: 128 ... hidden size
 PPLX_MIN_DIMENSIONS = 128
 
@@ -194,14 +194,3 @@ def to_base64(row: np.ndarray) -> str:
     return base64.b64encode(
         np.ascontiguousarray(row).astype(row.dtype.newbyteorder("<")).tobytes()
     ).decode("ascii")
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """Elementwise logistic, stable for large |x|, as float32 (a reranker's activation)."""
-    x = np.asarray(x, dtype=np.float64)
-    out = np.empty_like(x)
-    pos = x >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
-    ex = np.exp(x[~pos])
-    out[~pos] = ex / (1.0 + ex)
-    return out.astype(np.float32)

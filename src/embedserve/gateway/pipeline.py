@@ -35,7 +35,7 @@ from embedserve.core.bounds import check_chars, document_chars, pair_chars, text
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.chunking import packed_spans
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
-from embedserve.core.outputs import Head, sigmoid, to_base64
+from embedserve.core.outputs import Head, to_base64
 from embedserve.core.pairs import (
     PairPreparer,
     PreparedPairs,
@@ -50,6 +50,7 @@ from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob, Limits
 from embedserve.gateway.scoring import ScoreJob
 from embedserve.gateway.timing import add_server_answer, add_tokenization
+from embedserve.loading.labels import sigmoid
 from embedserve.retrieval.inputs import ColbertInputs, OutputSequences, prepare_outputs
 from embedserve.retrieval.outputs import EncodedOutputs, check_multivector_size, join_outputs
 from embedserve.retrieval.scores import late_plan

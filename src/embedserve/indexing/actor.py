@@ -254,7 +254,7 @@ def _cluster_gpus(ray: Any) -> int:
     """GPUs of the Ray cluster the job runs on (every node's, not only this machine's)."""
     if ray.is_initialized():
         return int(ray.cluster_resources().get("GPU", 0))
-    from embedserve.cli.launch import visible_gpus
+    from embedserve.gpus import visible_gpus
 
     return visible_gpus()
 

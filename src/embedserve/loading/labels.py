@@ -27,6 +27,18 @@ from embedserve.loading.family_configs import ModelLoadError
 LabelActivation = Literal["softmax", "sigmoid"]
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Elementwise logistic, stable for large |x|, as float32 (a reranker's, a
+    multi-label classifier's activation)."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    pos = x >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
+    ex = np.exp(x[~pos])
+    out[~pos] = ex / (1.0 + ex)
+    return out.astype(np.float32)
+
+
 @dataclass(frozen=True)
 class LabelSpec:
     """What a classifier's logits mean: one label per column, and how they become scores."""
@@ -43,8 +55,6 @@ class LabelSpec:
         so a softmax of large logits neither overflows nor loses the small ones)."""
         x = np.asarray(raw, dtype=np.float64).reshape(-1, self.num_labels)
         if self.activation == "sigmoid":
-            from embedserve.core.outputs import sigmoid  # numpy only
-
             return sigmoid(x)
         e = np.exp(x - x.max(axis=1, keepdims=True))
         return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)

@@ -48,7 +48,13 @@ from embedserve.loading.families import (
     family_of,
 )
 from embedserve.loading.family_configs import BertConfig, FamilyConfig, ModelLoadError, Qwen3Config
-from embedserve.loading.labels import LabelSpec, cross_encoder_activation, num_labels, read_labels
+from embedserve.loading.labels import (
+    LabelSpec,
+    cross_encoder_activation,
+    num_labels,
+    read_labels,
+    sigmoid,
+)
 from embedserve.loading.retrieval import Output, RetrievalSpec, read_retrieval
 from embedserve.loading.score_readers import answer_ids
 
@@ -68,6 +74,8 @@ OutputRules = Literal["generic", "pplx"]
 POOLING_METHODS: tuple[str, ...] = ("mean", "cls", "last")
 ATTENTION_KINDS: tuple[str, ...] = ("causal", "bidirectional")
 OUTPUT_RULES: tuple[str, ...] = ("generic", "pplx")
+# the encodings of a vector (`core.outputs` applies them; a folder may name its default)
+OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 
 TASKS: tuple[str, ...] = ("embed", "score", "classify")
 # the architectures that only score pairs (cross-encoders with a one-label classifier); a
@@ -91,8 +99,6 @@ class ScoreSpec:
     def activate(self, raw: Any) -> Any:
         """Raw scores (logits) -> relevance scores, float32 (a NumPy array)."""
         import numpy as np
-
-        from embedserve.core.outputs import sigmoid  # numpy only
 
         raw = np.asarray(raw, dtype=np.float64)
         return raw.astype(np.float32) if self.activation == "identity" else sigmoid(raw)
@@ -357,8 +363,6 @@ def _output_defaults(extra: dict[str, Any], extra_path: Path) -> tuple[OutputRul
             f"{extra_path}: output_rules {rules!r} is not one of {', '.join(OUTPUT_RULES)}"
         )
     default_dtype = str(extra.get("default_output_dtype", "float32"))
-    from embedserve.core.outputs import OUTPUT_DTYPES  # numpy only, no torch
-
     if default_dtype not in OUTPUT_DTYPES:
         raise ModelLoadError(
             f"{extra_path}: default_output_dtype {default_dtype!r} is not one of "

@@ -1,7 +1,7 @@
 """A replica whose engine fails every batch (as after a sticky CUDA error: the process lives)
 leaves the pool: it reports NOT_SERVING and exits, `serve` replaces it, and a client load through
 the gateway sees no error once the replacement is ready. The failing engine is the test-only
-fault-injection hook `EMBEDSERVE_TEST_FAIL_STEPS` (`embedserve.server.faults`)."""
+fault-injection hook of `tests/server/faults.py` (`fault_env`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from embedserve.server.faults import FAIL_STEPS_ENV
 from embedserve.server.main import FATAL_EXIT_CODE
 from tests.e2e.conftest import Proc
 from tests.e2e.test_replica_failure import call
+from tests.server.faults import fault_env
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,8 @@ def test_a_replica_failing_every_batch_reports_not_serving_and_serve_replaces_it
 ) -> None:
     switch = tmp_path / "fail-steps"
     switch.touch()
-    monkeypatch.setenv(FAIL_STEPS_ENV, str(switch))
+    for name, value in fault_env(switch).items():
+        monkeypatch.setenv(name, value)
     serve = Proc("serve", "--port", "0", "--device", "cpu", "--max-failed-steps", "3")
     try:
         ready = serve.wait_ready(300)

@@ -4,8 +4,12 @@ its tokens back to the queue budget at once; the service in process, in front of
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
+import types
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,10 +17,10 @@ import grpc
 import numpy as np
 import pytest
 
-from embedserve.server.faults import FAIL_STEPS_ENV, FailingEngine, inject_faults
 from embedserve.server.guard import EngineGuard, unrecoverable
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService, RequestFailed
+from tests.server.faults import FailingEngine, fault_env, inject_faults, wrap_load_engine
 from tests.server.test_service import FAIL_ID, FakeEngine, req, rows_of
 
 
@@ -172,18 +176,43 @@ def test_a_cancelled_request_gives_its_tokens_back_to_the_queue_budget_at_once()
 
 
 def test_the_fault_hook_fails_every_step_of_the_one_process_that_claims_its_file(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Any,
 ) -> None:
     engine = FakeEngine()
-    assert inject_faults(engine) is engine  # unset: nothing changes
     switch = tmp_path / "fail"
-    monkeypatch.setenv(FAIL_STEPS_ENV, str(switch))
-    assert inject_faults(engine) is engine  # no file: nothing changes
+    assert inject_faults(engine, switch) is engine  # no file: nothing changes
     switch.touch()
-    faulty = inject_faults(engine)
+    faulty = inject_faults(engine, switch)
     assert isinstance(faulty, FailingEngine) and not switch.exists()
-    assert inject_faults(engine) is engine  # claimed once: the replacement serves
+    assert inject_faults(engine, switch) is engine  # claimed once: the replacement serves
     assert faulty.output_width == engine.output_width
     batch = np.array([1, 2], dtype=np.int64)
     with pytest.raises(RuntimeError, match="fault injection"):
         faulty.step(batch)
+
+
+def test_the_fault_hook_wraps_the_servers_load_engine(tmp_path: Any) -> None:
+    """`wrap_load_engine` on a stand-in of `server.main`, then in a fresh process under
+    `fault_env`: its `server.main.load_engine` is the wrapped one, and nothing is claimed before
+    an engine loads. Without the environment the product's own `load_engine` is untouched."""
+    switch = tmp_path / "fail"
+    switch.touch()
+    engine = FakeEngine()
+    module = types.ModuleType("server_main")
+    module.load_engine = lambda options: engine
+    wrap_load_engine(module, switch)
+    assert isinstance(module.load_engine(None), FailingEngine) and not switch.exists()
+    assert module.load_engine(None) is engine
+
+    switch.touch()
+    probe = "import embedserve.server.main as m; print(m.load_engine.__qualname__)"
+    for env, want in (
+        (fault_env(switch), "wrap_load_engine.<locals>.<lambda>"),
+        ({}, "load_engine"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env={**os.environ, **env},
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        assert out.stdout.strip() == want, out.stderr
+    assert switch.exists()

@@ -40,7 +40,6 @@ from embedserve.options import EngineOptions, Options, drain_option, option
 from embedserve.processes import say, write_ready
 from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
 from embedserve.server.engine_thread import EngineThread
-from embedserve.server.faults import inject_faults
 from embedserve.server.guard import MAX_FAILED_STEPS, STEP_TIMEOUT_SECONDS, EngineGuard
 from embedserve.server.local import serve_local
 from embedserve.server.outputs import MultivectorLimit
@@ -193,7 +192,7 @@ def load_engine(options: EngineOptions):  # type: ignore[no-untyped-def]
     )
     warm = PackedBatch.from_packed(np.arange(100, 132, dtype=np.int64), np.array([16, 16]))
     engine.step(warm).wait()
-    return inject_faults(engine)  # a no-op outside the tests (`server.faults`)
+    return engine
 
 
 def _build_engine(config: ServerConfig):  # type: ignore[no-untyped-def]

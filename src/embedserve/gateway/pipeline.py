@@ -76,8 +76,7 @@ class Pipeline:
         limits: PipelineLimits,
         pairs: PairPreparer | None = None,
     ) -> None:
-        """`pairs`: a scoring model's request core (None: an embedding model, which scores by
-        cosine)."""
+        """`pairs`: a scoring model's request core (None: an embedding model, scoring by cosine)."""
         self.inputs = inputs
         self.pairs = pairs
         self.replicas = replicas

@@ -23,6 +23,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "other options (see --overwrite). Needs: pip install "
         "'embedserve[ray]'.",
     )
+    _add_input_flags(p, D)
+    _add_output_flags(p, D)
+    _add_job_flags(p, D)
+    p.set_defaults(run=_run_index)
+
+
+def _add_input_flags(p: argparse.ArgumentParser, D: Any) -> None:
+    """Where the records are, which fields they embed, and how a text becomes its input."""
     p.add_argument(
         "--input",
         required=True,
@@ -60,7 +68,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         choices=["end", "start"],
         help="cut over-long texts (default: they are errors, recorded with their id)",
     )
-    _add_output_flags(p, D)
+
+
+def _add_job_flags(p: argparse.ArgumentParser, D: Any) -> None:
+    """How the job runs: its engine, its actors and its Ray, what it does with bad records and
+    with an OUTPUT made otherwise."""
     p.add_argument(
         "--device", default=D.device, help="auto (a GPU per actor when there are GPUs), cpu, cuda"
     )
@@ -97,7 +109,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--verbose", action="store_true", help="show Ray's own logs and Ray Data's progress bars"
     )
-    p.set_defaults(run=_run_index)
 
 
 def _add_output_flags(p: argparse.ArgumentParser, D: Any) -> None:

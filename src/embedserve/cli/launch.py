@@ -223,47 +223,19 @@ def run_serve(args: argparse.Namespace) -> int:
         configs = [replace(c, served_name=n) for c, n in zip(configs, names, strict=True)]
         readies = start_servers(configs, names, start_server, stop_requested, servers)
         addresses = [str(r["address"]) for r in readies]
-        budgets = [int(r["max_batch_tokens"]) for r in readies]
         # A restarted server takes the same port: the gateway's health checks take it back.
         configs = [
             replace(c, port=int(a.rsplit(":", 1)[1]))
             for c, a in zip(configs, addresses, strict=True)
         ]
-        gateway = replace(
-            gateway, replicas=tuple(p + a for p, a in zip(prefixes, addresses, strict=True))
-        )
-        if gateway.part_tokens is None:  # a part of a request is one batch of the servers'
-            gateway = with_part_tokens(gateway, names, budgets)
+        gateway = _gateway_in_front(gateway, prefixes, names, readies)
         gateway_proc = Child(
             [*cli, "gateway", *gateway.to_argv()], name="gateway", relay=sys.stderr
         )
         ready = gateway_proc.wait_ready(120, cancel=stop_requested)
-        url = str(ready["url"])
         gateway_proc.forget_output()
-        served = ", ".join(e.names[0] for e in gateway.entries)
-        say(f"embedserve: serving {served} at {url}")
-        grpc_address = {k: ready[k] for k in ("tei_grpc",) if k in ready}
-        for address in grpc_address.values():
-            say(f"embedserve: TEI's gRPC API at {address}")
-        write_ready({"url": url, "replicas": addresses, **grpc_address})
-        restarts: list[list[float]] = [[] for _ in servers]
-        while not stop_requested.wait(0.2):
-            if gateway_proc.proc.poll() is not None:
-                code = gateway_proc.proc.returncode
-                say(f"embedserve: the gateway exited ({code}); shutting down")
-                return 1
-            for i, s in enumerate(servers):
-                if s.proc.poll() is not None:
-                    now = time.monotonic()
-                    restarts[i] = [t for t in restarts[i] if now - t < 60] + [now]
-                    if len(restarts[i]) > MAX_RESTARTS_PER_MINUTE:
-                        say(f"embedserve: {s.name} keeps exiting; shutting down")
-                        return 1
-                    say(f"embedserve: {s.name} exited ({s.proc.returncode}); restarting")
-                    servers[i] = start_server(i)
-                    servers[i].forget_output()
-        say("embedserve: stopping (draining in-flight requests)")
-        return 0
+        _announce(ready, gateway, addresses)
+        return _supervise(gateway_proc, servers, start_server, stop_requested)
     # a child exited or hung before it was ready; a model did not fit beside another
     except (RuntimeError, TimeoutError, ValueError) as e:
         say(f"embedserve serve: error: {e}", err=True)
@@ -274,6 +246,57 @@ def run_serve(args: argparse.Namespace) -> int:
             gateway_proc.stop(gateway.drain_seconds + 10)
         for s in servers:
             s.stop(gateway.drain_seconds + 10)
+
+
+def _gateway_in_front(
+    gateway: GatewayConfig, prefixes: list[str], names: list[str], readies: list[dict[str, Any]]
+) -> GatewayConfig:
+    """The gateway's config once its servers are ready: their addresses as its replicas (each
+    with its NAME= prefix), and, unless set, a part of a request as one batch of theirs."""
+    addresses = [str(r["address"]) for r in readies]
+    gateway = replace(
+        gateway, replicas=tuple(p + a for p, a in zip(prefixes, addresses, strict=True))
+    )
+    if gateway.part_tokens is None:  # a part of a request is one batch of the servers'
+        gateway = with_part_tokens(gateway, names, [int(r["max_batch_tokens"]) for r in readies])
+    return gateway
+
+
+def _announce(ready: dict[str, Any], gateway: GatewayConfig, addresses: list[str]) -> None:
+    """What `serve` serves and where, said once the gateway is ready, and its own ready record."""
+    url = str(ready["url"])
+    served = ", ".join(e.names[0] for e in gateway.entries)
+    say(f"embedserve: serving {served} at {url}")
+    grpc_address = {k: ready[k] for k in ("tei_grpc",) if k in ready}
+    for address in grpc_address.values():
+        say(f"embedserve: TEI's gRPC API at {address}")
+    write_ready({"url": url, "replicas": addresses, **grpc_address})
+
+
+def _supervise(
+    gateway: Child, servers: list[Child], start: Callable[[int], Child], stop: threading.Event
+) -> int:
+    """Until `stop`: a server that exits is started again (`servers[i]`), at most
+    MAX_RESTARTS_PER_MINUTE times a minute each. 0 on `stop`; 1 when the gateway exits or a
+    server keeps exiting."""
+    restarts: list[list[float]] = [[] for _ in servers]
+    while not stop.wait(0.2):
+        if gateway.proc.poll() is not None:
+            say(f"embedserve: the gateway exited ({gateway.proc.returncode}); shutting down")
+            return 1
+        for i, s in enumerate(servers):
+            if s.proc.poll() is None:
+                continue
+            now = time.monotonic()
+            restarts[i] = [t for t in restarts[i] if now - t < 60] + [now]
+            if len(restarts[i]) > MAX_RESTARTS_PER_MINUTE:
+                say(f"embedserve: {s.name} keeps exiting; shutting down")
+                return 1
+            say(f"embedserve: {s.name} exited ({s.proc.returncode}); restarting")
+            servers[i] = start(i)
+            servers[i].forget_output()
+    say("embedserve: stopping (draining in-flight requests)")
+    return 0
 
 
 def start_servers(

@@ -87,6 +87,26 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
+def _check_prompt_choice(values: dict[str, Any]) -> None:
+    """The ways a request may choose its prompt (`InputPreparer.prompt`'s arguments, in order):
+    each given one a string, one at most (an instruction goes with an input_type), and an
+    input_type one of INPUT_TYPES."""
+    given = {name: value for name, value in values.items() if value is not None}
+    for name, value in given.items():
+        if not isinstance(value, str):
+            raise InputTypeError(f"{name} must be a string, got {type(value).__name__}", param=name)
+    if len(given) > 1 and set(given) != {"input_type", "instruction"}:
+        raise InputError(
+            f"pass only one of {', '.join(given)}", param=list(given)[1], code="conflict"
+        )
+    input_type = given.get("input_type")
+    if input_type is not None and input_type not in INPUT_TYPES:
+        raise InputError(
+            f'input_type must be "query" or "document"; got {shown(input_type)}',
+            param="input_type",
+        )
+
+
 class InputPreparer:
     """One model's request core: prompts, tokenization, checks, truncation, windows, heads."""
 
@@ -152,51 +172,40 @@ class InputPreparer:
         the folder defines none); `prompt_name` any prompt of the folder; `prompt` a literal
         text. Without any of them, the folder's default prompt, if it names one.
         """
-        given = {
-            name: value
-            for name, value in (
-                ("prompt", prompt),
-                ("prompt_name", prompt_name),
-                ("input_type", input_type),
-                ("instruction", instruction),
-            )
-            if value is not None
-        }
-        for name, value in given.items():
-            if not isinstance(value, str):
-                raise InputTypeError(
-                    f"{name} must be a string, got {type(value).__name__}", param=name
-                )
-        if len(given) > 1 and set(given) != {"input_type", "instruction"}:
-            raise InputError(
-                f"pass only one of {', '.join(given)}", param=list(given)[1], code="conflict"
-            )
-        if input_type is not None and input_type not in INPUT_TYPES:
-            raise InputError(
-                f'input_type must be "query" or "document"; got {shown(input_type)}',
-                param="input_type",
-            )
+        _check_prompt_choice(
+            {"prompt": prompt, "prompt_name": prompt_name, "input_type": input_type,
+             "instruction": instruction}
+        )  # fmt: skip
         if instruction is not None:
-            if not self.takes_instruction:
-                raise InputError(
-                    "this model has no instruction template (its folder's query prompt is not "
-                    f"{INSTRUCTION_TEMPLATE.format(instruction='…')!r}): drop instruction, or "
-                    "pass a literal prompt",
-                    param="instruction",
-                )
-            if input_type == "document":
-                raise InputError(
-                    "an instruction applies to queries; documents take none",
-                    param="instruction",
-                    code="conflict",
-                )
-            if not instruction.strip():
-                raise InputError("instruction must be a non-empty string", param="instruction")
-            return INSTRUCTION_TEMPLATE.format(instruction=instruction)
+            return self._instruction_prompt(instruction, input_type)
         if input_type is not None:
             return self.spec.prompts.get(input_type, "")
         if prompt is not None:
             return str(prompt)
+        return self._named_prompt(prompt_name)
+
+    def _instruction_prompt(self, instruction: str, input_type: str | None) -> str:
+        """Qwen3-Embedding's query format around `instruction`, where the folder's query prompt
+        has that form."""
+        if not self.takes_instruction:
+            raise InputError(
+                "this model has no instruction template (its folder's query prompt is not "
+                f"{INSTRUCTION_TEMPLATE.format(instruction='…')!r}): drop instruction, or "
+                "pass a literal prompt",
+                param="instruction",
+            )
+        if input_type == "document":
+            raise InputError(
+                "an instruction applies to queries; documents take none",
+                param="instruction",
+                code="conflict",
+            )
+        if not instruction.strip():
+            raise InputError("instruction must be a non-empty string", param="instruction")
+        return INSTRUCTION_TEMPLATE.format(instruction=instruction)
+
+    def _named_prompt(self, prompt_name: str | None) -> str:
+        """The folder's prompt of that name, else its default prompt's, else none."""
         chosen = prompt_name if prompt_name is not None else self.spec.default_prompt_name
         if chosen is None:
             return ""

@@ -133,13 +133,23 @@ class GatewayApp:
         self.draining = False
         self.in_flight = 0
         # /predict (TEI) and /classify (vLLM); TEI's gRPC Predict calls it too
-        self.classify = classify = ClassifyRoutes(self)
+        self.classify = ClassifyRoutes(self)
         # what else runs on the worker's loop (the stall watch, TEI's gRPC API): `start()`
         # once the pipelines are up, `stop()` before they close
         self.services: list[Any] = [
             LoopWatch(self.metrics.loop_lag, self.metrics.gc_pause),
             GaugeRefresh(self.metrics, self.probes.replica_labels),
         ]
+        self._add_routes()
+        every_name = tuple(n for m in self.served.models for n in m.limits.model_names)
+        # the schema lists every model's names and outputs (the first model's other limits)
+        every_output = tuple(dict.fromkeys(o for m in self.served.models for o in m.limits.outputs))
+        schema_limits = dataclasses.replace(limits, model_names=every_name, outputs=every_output)
+        self._openapi = dumps(api_document(", ".join(self.served.names()), schema_limits))
+
+    def _add_routes(self) -> None:
+        """The route table (`routes`: ours, then the drop-in APIs'), its paths, and the handlers
+        whose work a client's disconnect cancels."""
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/embeddings"): self.embeddings,
             ("POST", "/embeddings"): self.embeddings,
@@ -149,8 +159,8 @@ class GatewayApp:
             ("POST", "/rerank"): self.tei_rerank,
             ("POST", "/v1/score"): self.score,
             ("POST", "/score"): self.score,
-            ("POST", "/predict"): classify.predict,
-            ("POST", "/classify"): classify.classify,
+            ("POST", "/predict"): self.classify.predict,
+            ("POST", "/classify"): self.classify.classify,
             ("GET", "/v1/models"): self.models,
             ("POST", "/tokenize"): self.tokenize,
             ("GET", "/health"): self.probes.health,
@@ -169,15 +179,10 @@ class GatewayApp:
             self.rerank,
             self.tei_rerank,
             self.score,
-            classify.predict,
-            classify.classify,
+            self.classify.predict,
+            self.classify.classify,
             *self.dropin.cancellable,
         }
-        every_name = tuple(n for m in self.served.models for n in m.limits.model_names)
-        # the schema lists every model's names and outputs (the first model's other limits)
-        every_output = tuple(dict.fromkeys(o for m in self.served.models for o in m.limits.outputs))
-        schema_limits = dataclasses.replace(limits, model_names=every_name, outputs=every_output)
-        self._openapi = dumps(api_document(", ".join(self.served.names()), schema_limits))
 
     @property
     def pipeline(self) -> Pipeline | None:

@@ -41,6 +41,15 @@ class Metrics:
         self.registry = prom.CollectorRegistry()
         self.model_label = model_label
         by_model = ["model"] if model_label else []
+        self._add_request_metrics(by_model)
+        self._add_replica_metrics(by_model)
+        self._add_stall_metrics()
+        self._route_children: dict[tuple[str, int, str], tuple[Any, Any]] = {}
+        # the replica series there are: (address,) or, by model, (address, model)
+        self._labelled: set[tuple[str, ...]] = set()
+
+    def _add_request_metrics(self, by_model: list[str]) -> None:
+        """Requests, their latency, tokens and inputs, and how many went to the servers merged."""
         self.requests = prom.Counter(
             "embedserve_gateway_requests",
             "HTTP requests by route and status",
@@ -76,6 +85,9 @@ class Metrics:
             by_model,
             registry=self.registry,
         )
+
+    def _add_replica_metrics(self, by_model: list[str]) -> None:
+        """Each replica's health and outstanding tokens; the workers' restarts."""
         # NOTE: with several workers each writes its own view (`refresh`, every second and at
         # each scrape it serves); the newest write is the value. "max" kept a replica healthy
         # (1) from a worker's old write after it had died.
@@ -100,7 +112,10 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="max",
         )
-        # what keeps a worker's loop from running (`gateway.stalls`): per worker, not per model
+
+    def _add_stall_metrics(self) -> None:
+        """What keeps a worker's loop from running: per worker, not per model."""
+        # both observed by `gateway.stalls`, on one set of buckets
         stall_buckets = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
         self.loop_lag = prom.Histogram(
             "embedserve_gateway_loop_lag_seconds",
@@ -115,9 +130,6 @@ class Metrics:
             buckets=stall_buckets,
             registry=self.registry,
         )
-        self._route_children: dict[tuple[str, int, str], tuple[Any, Any]] = {}
-        # the replica series there are: (address,) or, by model, (address, model)
-        self._labelled: set[tuple[str, ...]] = set()
 
     def _model(self) -> tuple[str, ...]:
         return (_REQUEST_MODEL.get(),) if self.model_label else ()

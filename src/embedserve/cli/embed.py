@@ -29,6 +29,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def _add_embed(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("embed", help="embed texts given as arguments or a file, offline")
+    _add_embed_io(p)
+    EngineOptions.add_arguments(p)
+    _add_embed_outputs(p)
+    p.set_defaults(run=_run_embed)
+
+
+def _add_embed_io(p: argparse.ArgumentParser) -> None:
+    """`embed`'s texts: given as arguments or read from files, and where the vectors go."""
     p.add_argument("texts", nargs="*", help="texts to embed; printed as JSON")
     p.add_argument(
         "--input",
@@ -50,7 +58,10 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
         help="leave out empty lines of --input (reported) instead of failing; every other line "
         "is one row",
     )
-    EngineOptions.add_arguments(p)
+
+
+def _add_embed_outputs(p: argparse.ArgumentParser) -> None:
+    """What `embed` returns for each text (the head, truncation, prompt, outputs), and its batch."""
     p.add_argument("--dimensions", type=int, default=None, help="truncate to this many dimensions")
     p.add_argument("--no-normalize", action="store_true", help="return un-normalized vectors")
     p.add_argument(
@@ -89,7 +100,6 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="tokens per engine batch (default: the engine's largest CUDA-graph bucket, 8192, on a GPU; 2048 on the CPU)",
     )
-    p.set_defaults(run=_run_embed)
 
 
 @dataclass
@@ -251,7 +261,8 @@ def check_input(path: Path) -> None:
     input_paths(path)  # an error when it names no input file
 
 
-def _run_embed(args: argparse.Namespace) -> int:
+def _embed_records(args: argparse.Namespace) -> Records:
+    """`embed`'s texts (arguments or --input), with its files checked before anything loads."""
     if bool(args.texts) == bool(args.input):
         raise ValueError("give texts as arguments or --input FILE (one of the two)")
     if args.input is not None:
@@ -269,6 +280,30 @@ def _run_embed(args: argparse.Namespace) -> int:
             f"{'lines' if args.input.is_file() else 'texts'}: {records.skipped}",
             err=True,
         )
+    return records
+
+
+def _write_or_print(vectors: Any, records: Records, args: argparse.Namespace) -> None:
+    """Dense vectors (a NumPy array) to --output, else as JSON on standard output."""
+    if args.output is not None:
+        write_vectors(args.output, vectors, records.ids)
+        print(
+            f"wrote {vectors.shape[0]} vectors of {vectors.shape[1]} to {args.output}",
+            file=sys.stderr,
+        )
+    else:
+        if vectors.dtype.kind != "f" and args.output_dtype is None:  # not what one expects
+            say(
+                f"embedserve embed: this model's native output is {vectors.dtype.name} (its "
+                "folder's embedserve.json); pass --output-dtype float32 for floats",
+                err=True,
+            )
+        json.dump({"model": str(args.model), "embeddings": vectors.tolist()}, sys.stdout)
+        sys.stdout.write("\n")
+
+
+def _run_embed(args: argparse.Namespace) -> int:
+    records = _embed_records(args)
     texts = records.texts
     from embedserve.cli.outputs import check_outputs_file, run_outputs
     from embedserve.embedder import Embedder
@@ -300,21 +335,7 @@ def _run_embed(args: argparse.Namespace) -> int:
             "shorten it or pass --truncate end (keep the beginning) or --truncate start (keep "
             "the end)"
         ) from None
-    if args.output is not None:
-        write_vectors(args.output, vectors, records.ids)
-        print(
-            f"wrote {vectors.shape[0]} vectors of {vectors.shape[1]} to {args.output}",
-            file=sys.stderr,
-        )
-    else:
-        if vectors.dtype.kind != "f" and args.output_dtype is None:  # not what one expects
-            say(
-                f"embedserve embed: this model's native output is {vectors.dtype.name} (its "
-                "folder's embedserve.json); pass --output-dtype float32 for floats",
-                err=True,
-            )
-        json.dump({"model": str(args.model), "embeddings": vectors.tolist()}, sys.stdout)
-        sys.stdout.write("\n")
+    _write_or_print(vectors, records, args)
     return 0
 
 

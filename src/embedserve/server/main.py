@@ -294,26 +294,12 @@ def check_port(host: str, port: int) -> None:
             raise PortTaken(host, port) from None
 
 
-async def serve(config: ServerConfig) -> int:
-    """Serve until a signal (0) or until the engine cannot serve (FATAL_EXIT_CODE)."""
-    tracing.configure(config.otlp_endpoint, "embedserve-server")
-    check_port(config.host, config.port)
-    engine_thread = EngineThread()  # builds the engine, then runs its steps (see its module)
-    engine = await asyncio.wrap_future(engine_thread.submit(lambda: _build_engine(config)))
+def _service(config: ServerConfig, engine: Any, guard: EngineGuard) -> EmbedService:
+    """The queue in front of `engine` and its threads, under `config`'s limits."""
     batch_wait_ms = config.batch_wait_ms
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
         batch_wait_ms = 3.0 if engine.device.type == "cpu" else 0.0
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_fatal(reason: str) -> None:  # from the engine, results or watchdog thread
-        _exit_soon(FATAL_EXIT_CODE, FATAL_LINGER_SECONDS + FATAL_EXIT_BACKSTOP_SECONDS)
-        loop.call_soon_threadsafe(stop.set)
-
-    guard = EngineGuard(
-        on_fatal, max_failures=config.max_failed_steps, step_timeout=config.step_timeout
-    )
-    service = EmbedService(
+    return EmbedService(
         engine,
         config.scheduler(engine.batch_tokens),
         batch_wait=batch_wait_ms / 1000,
@@ -326,6 +312,25 @@ async def serve(config: ServerConfig) -> int:
         if engine.retrieval is not None
         else None,
     )
+
+
+async def serve(config: ServerConfig) -> int:
+    """Serve until a signal (0) or until the engine cannot serve (FATAL_EXIT_CODE)."""
+    tracing.configure(config.otlp_endpoint, "embedserve-server")
+    check_port(config.host, config.port)
+    engine_thread = EngineThread()  # builds the engine, then runs its steps (see its module)
+    engine = await asyncio.wrap_future(engine_thread.submit(lambda: _build_engine(config)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_fatal(reason: str) -> None:  # from the engine, results or watchdog thread
+        _exit_soon(FATAL_EXIT_CODE, FATAL_LINGER_SECONDS + FATAL_EXIT_BACKSTOP_SECONDS)
+        loop.call_soon_threadsafe(stop.set)
+
+    guard = EngineGuard(
+        on_fatal, max_failures=config.max_failed_steps, step_timeout=config.step_timeout
+    )
+    service = _service(config, engine, guard)
     server, health_servicer, port = _grpc_server(config, service)
     await service.start(engine_thread)
     guard.start()

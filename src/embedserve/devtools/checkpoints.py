@@ -223,15 +223,14 @@ def _write_checkpoint(
 ) -> Path:
     """`make_checkpoint`'s folder, written into `path` (an empty folder)."""
     shard_bytes = int(max_shard_gb * 2**30)
-    if arch in RETRIEVAL_ARCHS:  # SPLADE, bge-m3, ColBERT (`retrieval_checkpoints`)
-        make_retrieval_checkpoint(path, arch, seed=seed, dtype=dtype)
-        for weights in path.rglob("*.safetensors"):
-            make_readable(weights)
-        return path
-    if arch in FAMILY_ARCHS:
-        make_family_checkpoint(
-            path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from, archs=FAMILY_ARCHS
-        )
+    if arch in RETRIEVAL_ARCHS or arch in FAMILY_ARCHS:
+        if arch in RETRIEVAL_ARCHS:  # SPLADE, bge-m3, ColBERT (`retrieval_checkpoints`)
+            make_retrieval_checkpoint(path, arch, seed=seed, dtype=dtype)
+        else:
+            make_family_checkpoint(
+                path, arch, seed=seed, dtype=dtype, tokenizer_from=tokenizer_from,
+                archs=FAMILY_ARCHS,
+            )  # fmt: skip
         for weights in path.rglob("*.safetensors"):
             make_readable(weights)
         return path

@@ -194,7 +194,7 @@ class Embedder:
         if "multivector" in asked:
             check_multivector_size(prepared.vectors, self.multivector_dims, max_multivector_values)
         budget = self._batch_tokens(batch_tokens)
-        return run_outputs(
+        return _outputs_by_batch(
             self.engine, prepared.seqs, asked, head, budget,
             query=prepared.query, visible=prepared.visible,
         )  # fmt: skip
@@ -367,7 +367,7 @@ def _progress_bar(total: int | None) -> Any:
     return tqdm(total=total, unit="tok", unit_scale=True, desc="embedding")
 
 
-def run_outputs(
+def _outputs_by_batch(
     engine: Engine,
     seqs: Sequence[Sequence[int]],
     outputs: tuple[str, ...],

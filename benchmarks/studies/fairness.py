@@ -84,11 +84,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="default: results/concurrency/")
     parser.add_argument("--passages", type=int, default=1200)
+    parser.add_argument("--serve-args", default="", help="more `serve` flags, as one string")
+    parser.add_argument("--tag", default="", help="suffix of the results' hardware slug")
     args = parser.parse_args()
     words = [w.strip(".,:;()").lower() for w in " ".join(corpus.queries(200)).split()][:200]
     texts = long_passages(args.passages)
-    server = Child([*CLI, "serve", "--device", "cpu", "--port", "0"])
+    server = Child([*CLI, "serve", "--device", "cpu", "--port", "0", *args.serve_args.split()])
     try:
+        budget_line = server.wait_for(r"ready on .*(batch tokens \d+)", timeout=300)
+        server_budget = budget_line.group(1)
         url = server.wait_for(r"embedserve: serving \S+ at (\S+)", timeout=300).group(1)
         server.forget_output()
         idle: list[tuple[int, float]] = []
@@ -119,12 +123,13 @@ def main() -> int:
         f"One request of {args.passages} passages of 233 tokens ({num_tokens} tokens): HTTP "
         f"{status} in {seconds:.1f} s. Meanwhile {len(during)} one-word queries sent one after "
         f"another (statuses {sorted({s for s, _ in during})}); reference: the same queries for "
-        f"10 s on the idle server. `embedserve serve --device cpu`, default flags."
+        f"10 s on the idle server. `embedserve serve --device cpu`, "
+        f"{args.serve_args or 'default flags'}; {server_budget}."
     )
     _, table = report.write(
         "concurrency",
         report.cpu_hardware(),
-        "cpu-fairness",
+        "cpu-fairness" + args.tag,
         records,
         report.versions("torch"),
         notes,

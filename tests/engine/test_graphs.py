@@ -214,7 +214,7 @@ def test_warm_up_captures_configured_buckets(minilm_path) -> None:  # type: igno
 def test_a_server_warms_the_graphs_that_short_query_batches_meet(minilm_path) -> None:  # type: ignore[no-untyped-def]
     """`serve` on a GPU captures at start-up the buckets of batches of up to N short queries:
     each once (eager run, then capture), and later batches of that traffic only replay."""
-    from embedserve.server.main import warm_up_graphs
+    from embedserve.server.warmup import warm_up_graphs
 
     engine = _bert_engine(minilm_path)
     assert warm_up_graphs(engine, 16) == 0  # no graphs on the CPU: nothing to warm

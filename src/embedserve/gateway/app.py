@@ -169,7 +169,7 @@ class GatewayApp:
             ("GET", "/openapi.json"): self.openapi,
         }
         # TEI's other routes, Cohere's v2, the API page (`gateway.dropin`)
-        self.dropin = DropInRoutes(self)
+        self.dropin = DropInRoutes(self, self.tei_rerank)
         self.routes.update(self.dropin.routes)
         self.paths = {path for _, path in self.routes}
         # the work a client's disconnect cancels (with its server calls)
@@ -357,7 +357,7 @@ class GatewayApp:
             raise
         return True
 
-    def _served(
+    def served_for(
         self, body: bytes, task: str, outputs: Callable[[Any], Any] | None = None
     ) -> tuple[str, Limits, Pipeline, Any]:
         """The request's model (its name, limits and pipeline) for a route of `task`, and its
@@ -375,7 +375,7 @@ class GatewayApp:
         return chosen.name, chosen.limits, pipeline, data
 
     async def embeddings(self, body: bytes) -> Answer:
-        name, limits, pipeline, data = self._served(body, EMBED, asked_outputs)
+        name, limits, pipeline, data = self.served_for(body, EMBED, asked_outputs)
         outputs = asked_outputs(data)
         if outputs is not None and limits.retrieval is not None:  # `gateway.outputs`
             head, encoding_format = embeddings_head(data, pipeline.inputs)
@@ -389,14 +389,14 @@ class GatewayApp:
         return 200, JSON, dumps(embeddings_body(vectors, job.encoding_format, name, num_tokens))
 
     async def contextualized(self, body: bytes) -> Answer:
-        name, limits, pipeline, data = self._served(body, EMBED)
+        name, limits, pipeline, data = self.served_for(body, EMBED)
         job = parse_contextual(data, limits, pipeline.inputs)
         documents, num_tokens = await pipeline.contextual(job)
         self.metrics.count(num_tokens, job.num_chunks)
         return 200, JSON, dumps(contextual_body(documents, job.encoding_format, name, num_tokens))
 
     async def rerank(self, body: bytes) -> Answer:
-        name, limits, pipeline, data = self._served(body, SCORE)
+        name, limits, pipeline, data = self.served_for(body, SCORE)
         job, top_n, return_documents = parse_rerank(data, limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
@@ -408,21 +408,21 @@ class GatewayApp:
         )
 
     async def tei_rerank(self, body: bytes) -> Answer:
-        _, limits, pipeline, data = self._served(body, SCORE)
+        _, limits, pipeline, data = self.served_for(body, SCORE)
         job, return_text = parse_tei_rerank(data, limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
         return 200, JSON, dumps(tei_rerank_body(scores, job.groups[0][1], return_text))
 
     async def score(self, body: bytes) -> Answer:
-        name, limits, pipeline, data = self._served(body, SCORE)
+        name, limits, pipeline, data = self.served_for(body, SCORE)
         job = parse_score(data, limits)
         scores, num_tokens = await pipeline.score(job)
         self.metrics.count(num_tokens, job.num_documents)
         return 200, JSON, dumps(score_body(scores, name, num_tokens))
 
     async def tokenize(self, body: bytes) -> Answer:
-        name, limits, pipeline, data = self._served(body, ANY)
+        name, limits, pipeline, data = self.served_for(body, ANY)
         texts, options = parse_tokenize(data, limits, pipeline.inputs)
         tokens = await pipeline.tokenize(texts, options)
         count = sum(map(len, tokens))

@@ -34,7 +34,7 @@ from embedserve.gateway.transport import Answer
 from embedserve.loading.labels import LabelSpec
 
 if TYPE_CHECKING:
-    from embedserve.gateway.app import GatewayApp
+    from embedserve.gateway.context import RouteContext
     from embedserve.gateway.pipeline import Pipeline
 
 JSON = b"application/json"
@@ -116,12 +116,12 @@ class ClassifyRoutes:
     """The two routes' handlers, on the pipeline of the request's classifier (its servers return
     the logits)."""
 
-    def __init__(self, app: GatewayApp) -> None:
+    def __init__(self, app: RouteContext) -> None:
         self.app = app
         self._preparers: dict[str, ClassifyPreparer] = {}  # by served model name
 
     def _job(self, body: bytes, parse: Any) -> tuple[str, ClassifyPreparer, Pipeline, ClassifyJob]:
-        name, limits, pipeline, data = self.app._served(body, CLASSIFY)
+        name, limits, pipeline, data = self.app.served_for(body, CLASSIFY)
         return name, self.preparer(name, pipeline), pipeline, parse(data, limits)
 
     def preparer(self, name: str, pipeline: Pipeline) -> ClassifyPreparer:

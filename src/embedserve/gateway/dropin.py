@@ -19,7 +19,7 @@ from embedserve.gateway.models import ANY, DEFAULT_TASKS, EMBED, SCORE, ServedMo
 from embedserve.gateway.transport import Answer, parse_json
 
 if TYPE_CHECKING:
-    from embedserve.gateway.app import GatewayApp
+    from embedserve.gateway.context import RouteContext
 
 JSON = b"application/json"
 Headers = tuple[tuple[bytes, bytes], ...]
@@ -35,10 +35,10 @@ PAGE_HEADERS: Headers = ((b"content-security-policy", CONTENT_SECURITY_POLICY),)
 
 
 class DropInRoutes:
-    def __init__(self, app: GatewayApp) -> None:
+    def __init__(self, app: RouteContext, rerank: Handler) -> None:
         self.app = app
         # `POST /` per model task (`Limits.task`); a new task adds its handler here
-        self.root_tasks: dict[str, Handler] = {"embed": self.root_embed, "score": app.tei_rerank}
+        self.root_tasks: dict[str, Handler] = {"embed": self.root_embed, "score": rerank}
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/"): self.root,
             ("POST", "/embed"): self.embed,
@@ -90,14 +90,14 @@ class DropInRoutes:
         return await self.embed(body)
 
     async def embed(self, body: bytes) -> Answer:
-        _, limits, pipeline, data = self.app._served(body, EMBED)
+        _, limits, pipeline, data = self.app.served_for(body, EMBED)
         job = tei.parse_embed(data, limits, pipeline.inputs)
         vectors, num_tokens = await pipeline.embed(job)
         self.app.metrics.count(num_tokens, len(vectors))
         return 200, JSON, dumps(vectors)
 
     async def embed_all(self, body: bytes) -> Answer:
-        _, limits, pipeline, data = self.app._served(body, EMBED)
+        _, limits, pipeline, data = self.app.served_for(body, EMBED)
         job = tei.parse_embed_all(data, limits, pipeline.inputs)
         states, num_tokens = await pipeline.token_states(job, limits.max_multivector_values)
         self.app.metrics.count(num_tokens, len(states))
@@ -105,21 +105,21 @@ class DropInRoutes:
 
     async def embed_sparse(self, body: bytes) -> Answer:
         """TEI's sparse embeddings (SPLADE, bge-m3's lexical weights): `gateway.outputs`."""
-        _, limits, pipeline, data = self.app._served(body, EMBED, lambda _: ("sparse",))
+        _, limits, pipeline, data = self.app.served_for(body, EMBED, lambda _: ("sparse",))
         job = outputs.parse_embed_sparse(data, limits, pipeline.inputs.head())
         encoded, num_tokens = await pipeline.outputs(job, limits)
         self.app.metrics.count(num_tokens, len(encoded))
         return 200, JSON, dumps(outputs.tei_sparse_body(encoded))
 
     async def similarity(self, body: bytes) -> Answer:
-        _, limits, pipeline, data = self.app._served(body, EMBED)
+        _, limits, pipeline, data = self.app.served_for(body, EMBED)
         job = tei.parse_similarity(data, limits, pipeline.inputs)
         vectors, num_tokens = await pipeline.embed(job)
         self.app.metrics.count(num_tokens, len(vectors))
         return 200, JSON, dumps(tei.cosines(vectors))
 
     async def decode(self, body: bytes) -> Answer:
-        _, _, pipeline, data = self.app._served(body, ANY)
+        _, _, pipeline, data = self.app.served_for(body, ANY)
         batch, skip = tei.parse_decode(data, pipeline.inputs.vocab_size)
         return 200, JSON, dumps(tei.decode(pipeline.inputs.spec.path, batch, skip))
 
@@ -147,14 +147,14 @@ class DropInRoutes:
         return tei.info_body(model.name, model.limits, facts)
 
     async def cohere_embed(self, body: bytes) -> Answer:
-        _, limits, pipeline, data = self.app._served(body, EMBED)
+        _, limits, pipeline, data = self.app.served_for(body, EMBED)
         job = cohere.parse_embed(data, limits, pipeline.inputs)
         rows, num_tokens = await pipeline.embed(job.job)
         self.app.metrics.count(num_tokens, len(rows))
         return 200, JSON, dumps(cohere.embed_body(rows, job, num_tokens))
 
     async def cohere_rerank(self, body: bytes) -> Answer:
-        _, limits, pipeline, data = self.app._served(body, SCORE)
+        _, limits, pipeline, data = self.app.served_for(body, SCORE)
         job, top_n = cohere.parse_rerank(data, limits)
         scores, num_tokens = await pipeline.score(job)
         self.app.metrics.count(num_tokens, job.num_documents)

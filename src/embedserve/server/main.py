@@ -20,7 +20,6 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,12 +44,10 @@ from embedserve.server.local import serve_local
 from embedserve.server.outputs import MultivectorLimit
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
+from embedserve.server.warmup import WARMUP_QUERIES, measured_batch_tokens, warm_up_graphs
 
 log = logging.getLogger("embedserve.server")
 
-# Batches of up to this many short queries find their CUDA graphs captured at start-up
-# (`warm_up_graphs`): 46 buckets, one query from each of 64 clients in one batch.
-WARMUP_QUERIES = 64
 # The exit status of a server whose engine cannot serve (`serve` restarts it, as any exit).
 FATAL_EXIT_CODE = 3
 # How long it answers NOT_SERVING before it exits: a gateway's health poll (every 0.5 s) sees
@@ -69,7 +66,8 @@ class ServerConfig(Options):
     max_batch_tokens: int | None = option(
         None,
         "token budget of one engine batch; a larger request runs alone (default: the engine's "
-        "largest CUDA-graph bucket, 8192, on a GPU; 2048 on the CPU)",
+        "largest CUDA-graph bucket, 8192, on a GPU; on the CPU the tokens it runs in 0.25 s, "
+        "measured at start-up, 256 to 2048)",
     )
     max_queued_tokens: int = option(
         SchedulerConfig.max_queued_tokens,
@@ -202,28 +200,7 @@ def _build_engine(config: ServerConfig):  # type: ignore[no-untyped-def]
         torch.set_num_threads(config.cpu_threads)
     engine = load_engine(config.engine)
     warm_up_graphs(engine, config.warmup_queries)
-    return engine
-
-
-def warm_up_graphs(engine, max_queries: int) -> int:  # type: ignore[no-untyped-def]
-    """On a GPU, the graphs of batches of up to `max_queries` short queries, each bucket taken
-    through its first two steps now (`buckets.short_query_batches`); the buckets warmed."""
-    from embedserve.engine.batch import PackedBatch
-    from embedserve.engine.buckets import short_query_batches
-
-    if engine.runner is None or max_queries == 0:
-        return 0
-    start = time.perf_counter()
-    batches = short_query_batches(max_queries, engine.runner.config, engine.max_positions)
-    for seqlens in batches:
-        batch = PackedBatch.from_packed(np.full(int(seqlens.sum()), 100, np.int64), seqlens)
-        for _ in range(2):  # an eager run with its kernel timings, then the capture
-            engine.step(batch).wait()
-    say(
-        f"embedserve server: graphs of {len(batches)} buckets (batches of up to {max_queries} "
-        f"short queries) warmed in {time.perf_counter() - start:.1f} s"
-    )
-    return len(batches)
+    return engine, (measured_batch_tokens(engine) if config.max_batch_tokens is None else None)
 
 
 def _local_socket_path(port: int) -> Path:
@@ -294,14 +271,17 @@ def check_port(host: str, port: int) -> None:
             raise PortTaken(host, port) from None
 
 
-def _service(config: ServerConfig, engine: Any, guard: EngineGuard) -> EmbedService:
-    """The queue in front of `engine` and its threads, under `config`'s limits."""
+def _service(
+    config: ServerConfig, engine: Any, guard: EngineGuard, batch_tokens: int
+) -> EmbedService:
+    """The queue in front of `engine` and its threads, under `config`'s limits (`batch_tokens`:
+    the engine's batch budget, unless the config sets one)."""
     batch_wait_ms = config.batch_wait_ms
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
         batch_wait_ms = 3.0 if engine.device.type == "cpu" else 0.0
     return EmbedService(
         engine,
-        config.scheduler(engine.batch_tokens),
+        config.scheduler(batch_tokens),
         batch_wait=batch_wait_ms / 1000,
         output_rules=engine.spec.output_rules,
         span_pooler=engine.embed_spans,
@@ -319,7 +299,9 @@ async def serve(config: ServerConfig) -> int:
     tracing.configure(config.otlp_endpoint, "embedserve-server")
     check_port(config.host, config.port)
     engine_thread = EngineThread()  # builds the engine, then runs its steps (see its module)
-    engine = await asyncio.wrap_future(engine_thread.submit(lambda: _build_engine(config)))
+    engine, measured_budget = await asyncio.wrap_future(
+        engine_thread.submit(lambda: _build_engine(config))
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -330,7 +312,7 @@ async def serve(config: ServerConfig) -> int:
     guard = EngineGuard(
         on_fatal, max_failures=config.max_failed_steps, step_timeout=config.step_timeout
     )
-    service = _service(config, engine, guard)
+    service = _service(config, engine, guard, measured_budget or engine.batch_tokens)
     server, health_servicer, port = _grpc_server(config, service)
     await service.start(engine_thread)
     guard.start()

@@ -4,7 +4,8 @@ The end-to-end tests need a replica that breaks the way a GPU with a sticky erro
 batch fails, the process lives) under a real `embedserve serve`, whose restarted replica must
 then serve normally. The product holds no hook for it: a test puts `FAULT_SITE` on PYTHONPATH
 (`fault_env`), so each process it starts imports `fault_site/sitecustomize.py` at start-up,
-which wraps `embedserve.server.main.load_engine` when that module is imported. The switch is a
+which wraps `embedserve.server.main._build_engine` when that module is imported: the engine
+fails once built, warmed up and measured, as a device that breaks while serving. The switch is a
 file, claimed once: the first server process that finds it removes it and fails every engine
 step from then on (RuntimeError "fault injection: ..."); the others, and every later one (its
 replacement included), serve as usual.
@@ -51,14 +52,20 @@ def inject_faults(engine: Any, switch: Path) -> Any:
     return FailingEngine(engine)
 
 
-def wrap_load_engine(module: ModuleType, switch: Path) -> None:
-    """`module.load_engine` (the server's, `server.main`) with `inject_faults` after it."""
-    load: Callable[..., Any] = module.load_engine
-    module.load_engine = lambda options: inject_faults(load(options), switch)
+def wrap_build_engine(module: ModuleType, switch: Path) -> None:
+    """`module._build_engine` (the server's, `server.main`: an engine and its batch budget) with
+    `inject_faults` on its engine."""
+    build: Callable[..., tuple[Any, Any]] = module._build_engine
+
+    def build_faulty(config: Any) -> tuple[Any, Any]:
+        engine, budget = build(config)
+        return inject_faults(engine, switch), budget
+
+    module._build_engine = build_faulty
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):
-    """Finds `server.main` as Python would, and wraps its `load_engine` once it has run."""
+    """Finds `server.main` as Python would, and wraps its `_build_engine` once it has run."""
 
     def __init__(self, switch: Path) -> None:
         self.switch = switch
@@ -77,16 +84,16 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            wrap_load_engine(module, self.switch)
+            wrap_build_engine(module, self.switch)
 
         loader.exec_module = exec_module
         return spec
 
 
 def install(switch: Path) -> None:
-    """Wraps the server's `load_engine` in this process when `server.main` is imported."""
+    """Wraps the server's `_build_engine` in this process when `server.main` is imported."""
     if WRAPPED in sys.modules:
-        wrap_load_engine(sys.modules[WRAPPED], switch)
+        wrap_build_engine(sys.modules[WRAPPED], switch)
     else:
         sys.meta_path.insert(0, _WrapOnImport(switch))
 

@@ -20,7 +20,7 @@ import pytest
 from embedserve.server.guard import EngineGuard, unrecoverable
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService, RequestFailed
-from tests.server.faults import FailingEngine, fault_env, inject_faults, wrap_load_engine
+from tests.server.faults import FailingEngine, fault_env, inject_faults, wrap_build_engine
 from tests.server.test_service import FAIL_ID, FakeEngine, req, rows_of
 
 
@@ -191,24 +191,25 @@ def test_the_fault_hook_fails_every_step_of_the_one_process_that_claims_its_file
         faulty.step(batch)
 
 
-def test_the_fault_hook_wraps_the_servers_load_engine(tmp_path: Any) -> None:
-    """`wrap_load_engine` on a stand-in of `server.main`, then in a fresh process under
-    `fault_env`: its `server.main.load_engine` is the wrapped one, and nothing is claimed before
-    an engine loads. Without the environment the product's own `load_engine` is untouched."""
+def test_the_fault_hook_wraps_the_servers_engine_builder(tmp_path: Any) -> None:
+    """`wrap_build_engine` on a stand-in of `server.main`, then in a fresh process under
+    `fault_env`: its `server.main._build_engine` is the wrapped one, and nothing is claimed
+    before an engine is built. Without the environment the product's own is untouched."""
     switch = tmp_path / "fail"
     switch.touch()
     engine = FakeEngine()
     module = types.ModuleType("server_main")
-    module.load_engine = lambda options: engine
-    wrap_load_engine(module, switch)
-    assert isinstance(module.load_engine(None), FailingEngine) and not switch.exists()
-    assert module.load_engine(None) is engine
+    module._build_engine = lambda config: (engine, None)
+    wrap_build_engine(module, switch)
+    faulty, budget = module._build_engine(None)
+    assert isinstance(faulty, FailingEngine) and budget is None and not switch.exists()
+    assert module._build_engine(None) == (engine, None)
 
     switch.touch()
-    probe = "import embedserve.server.main as m; print(m.load_engine.__qualname__)"
+    probe = "import embedserve.server.main as m; print(m._build_engine.__qualname__)"
     for env, want in (
-        (fault_env(switch), "wrap_load_engine.<locals>.<lambda>"),
-        ({}, "load_engine"),
+        (fault_env(switch), "wrap_build_engine.<locals>.build_faulty"),
+        ({}, "_build_engine"),
     ):
         out = subprocess.run(
             [sys.executable, "-c", probe], env={**os.environ, **env},

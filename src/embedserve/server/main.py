@@ -43,7 +43,7 @@ from embedserve.server.engine_thread import EngineThread
 from embedserve.server.faults import inject_faults
 from embedserve.server.guard import MAX_FAILED_STEPS, STEP_TIMEOUT_SECONDS, EngineGuard
 from embedserve.server.local import serve_local
-from embedserve.server.outputs import MultivectorLimit
+from embedserve.server.output_requests import MultivectorLimit
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 

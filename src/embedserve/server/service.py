@@ -34,7 +34,7 @@ from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.server.engine_thread import EngineThread
 from embedserve.server.guard import EngineGuard
 from embedserve.server.handles import EngineLike, Ready, ResultHandle, SpanPooler, is_ready
-from embedserve.server.outputs import (
+from embedserve.server.output_requests import (
     MultivectorLimit,
     OutputsAsk,
     OutputsEncoder,

@@ -45,7 +45,7 @@ from embedserve.core.pairs import (
 )
 from embedserve.gateway.coalescing import Coalescer
 from embedserve.gateway.errors import ApiError, bad_request, server_failure
-from embedserve.gateway.outputs import OutputsJob, check_size
+from embedserve.gateway.output_bodies import OutputsJob, check_size
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob, Limits
 from embedserve.gateway.scoring import ScoreJob
@@ -293,7 +293,7 @@ class Pipeline:
                 raise server_failure(e) from None
             raise
 
-    # -- a sparse or multi-vector model's outputs (`gateway.outputs`) ----------------------
+    # -- a sparse or multi-vector model's outputs (`gateway.output_bodies`) ----------------
 
     async def outputs(self, job: OutputsJob, limits: Limits) -> tuple[EncodedOutputs, int]:
         """The outputs of every input, in input order, and the prompt tokens; the answer's

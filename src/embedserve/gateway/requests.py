@@ -19,7 +19,7 @@ from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
 
 PROMPT_FIELDS = ("prompt_name", "prompt", "input_type", "instruction")
 HEAD_FIELDS = ("dimensions", "normalize", "output_dtype")
-# `outputs` (`gateway.outputs`) is read before the model is picked: here a dense-only model's
+# `outputs` (`gateway.output_bodies`) is read before the model is picked: here a dense-only model's
 EMBEDDINGS_FIELDS = frozenset(
     {"input", "model", "encoding_format", "user", "truncate", "outputs", *PROMPT_FIELDS,
      *HEAD_FIELDS}

@@ -9,8 +9,8 @@
 
 Scores: a reranker's activation of its logit (sentence-transformers CrossEncoder's convention,
 the folder's), TEI's sigmoid of it on `/rerank` (its raw logit with `raw_scores`); an embedding
-model's cosine similarity; a sparse or multi-vector model's own score (`gateway.outputs`; bge-m3
-takes `weights` on `/v1/rerank` and `/v1/score`). Only what is particular to HTTP is checked here; the query and
+model's cosine similarity; a sparse or multi-vector model's own score
+(`gateway.output_bodies`; bge-m3 takes `weights` on `/v1/rerank` and `/v1/score`). Only what is particular to HTTP is checked here; the query and
 documents go to the request core (`pairs`) as sent.
 """
 

@@ -13,7 +13,7 @@ import pytest
 from embedserve.loading.families import RETRIEVAL_FAMILIES
 from embedserve.loading.retrieval import OUTPUTS
 from embedserve.loading.retrieval_kinds import KIND_BY_NAME, RETRIEVAL_KINDS
-from embedserve.retrieval.outputs import DEFAULT_OUTPUTS_RULE
+from embedserve.retrieval.results import DEFAULT_OUTPUTS_RULE
 from embedserve.retrieval.scores import late_plan
 
 

@@ -19,7 +19,7 @@ from embedserve.engine.pooler.multivector import TokenVectors
 from embedserve.engine.pooler.sparse import SparseRows
 from embedserve.engine.retrieval import BatchOutputs
 from embedserve.loading.retrieval import ColbertSpec, M3Spec, RetrievalSpec
-from embedserve.retrieval.outputs import multivector_rows
+from embedserve.retrieval.results import multivector_rows
 from embedserve.server.output_requests import MultivectorLimit
 from embedserve.server.service import EmbedService
 from tests.server.test_service import HIDDEN, FakeEngine, req, with_server

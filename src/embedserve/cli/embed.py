@@ -17,7 +17,7 @@ from embedserve.core.outputs import OUTPUT_DTYPES
 from embedserve.errors import InputTooLong
 from embedserve.options import EngineOptions
 from embedserve.processes import say
-from embedserve.retrieval.outputs import DEFAULT_OUTPUTS_RULE
+from embedserve.retrieval.results import DEFAULT_OUTPUTS_RULE
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -274,7 +274,7 @@ def _run_embed(args: argparse.Namespace) -> int:
     from embedserve.embedder import Embedder
     from embedserve.loading.bundled import resolve_model
     from embedserve.loading.spec import read_model_spec
-    from embedserve.retrieval.outputs import parse_outputs
+    from embedserve.retrieval.results import parse_outputs
 
     options = EngineOptions.from_args(args)
     # the outputs and the file they go to, checked before the model loads

@@ -113,7 +113,7 @@ class RetrievalHeads(nn.Module):
 
     def kept(self, input_ids: torch.Tensor, positions: torch.Tensor, query: bool) -> torch.Tensor:
         """[T] bool: the tokens that give a multi-vector row, by the row's `multivector_tokens`
-        (the server bounds an answer by the same rule: `retrieval.outputs.multivector_rows`)."""
+        (the server bounds an answer by the same rule: `retrieval.results.multivector_rows`)."""
         if self.kind.multivector_tokens == "after_first":
             return after_first(positions)
         if self.kind.multivector_tokens == "skiplist" and not query:

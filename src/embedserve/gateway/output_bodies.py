@@ -35,7 +35,7 @@ from embedserve.gateway.requests import (
 )
 from embedserve.gateway.scoring import tei_truncate
 from embedserve.loading.retrieval import OUTPUTS
-from embedserve.retrieval.outputs import EncodedOutputs, check_multivector_size, check_outputs
+from embedserve.retrieval.results import EncodedOutputs, check_multivector_size, check_outputs
 
 OUTPUTS_FIELDS = frozenset(
     {"input", "model", "encoding_format", "user", "truncate", "outputs", "input_type",

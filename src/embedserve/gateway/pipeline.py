@@ -51,7 +51,7 @@ from embedserve.gateway.requests import ContextualJob, EmbedJob, Limits
 from embedserve.gateway.scoring import ScoreJob
 from embedserve.gateway.timing import add_server_answer, add_tokenization
 from embedserve.retrieval.inputs import ColbertInputs, OutputSequences, prepare_outputs
-from embedserve.retrieval.outputs import EncodedOutputs, check_multivector_size, join_outputs
+from embedserve.retrieval.results import EncodedOutputs, check_multivector_size, join_outputs
 from embedserve.retrieval.scores import late_plan
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop

@@ -15,7 +15,7 @@ from typing import Any
 from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT, MAX_CHUNKS_PER_REQUEST
 from embedserve.core.inputs import Head, InputOptions, InputPreparer
 from embedserve.gateway.errors import ApiError, bad_request
-from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
+from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
 
 PROMPT_FIELDS = ("prompt_name", "prompt", "input_type", "instruction")
 HEAD_FIELDS = ("dimensions", "normalize", "output_dtype")

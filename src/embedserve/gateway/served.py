@@ -23,7 +23,7 @@ from embedserve.gateway.requests import Limits
 from embedserve.loading.bundled import BUNDLED, resolve_model
 from embedserve.loading.hub import is_hub_id
 from embedserve.loading.spec import read_model_spec
-from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
+from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
 
 # The gateway's limits a model may set for itself (`--model-limit NAME:KEY=VALUE`, a models
 # file's keys): each is the GatewayConfig field of that name, whose value a model without its own

@@ -14,7 +14,7 @@ from embedserve.core.outputs import Head
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
 from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong
-from embedserve.retrieval.outputs import EncodedOutputs, SparseVector
+from embedserve.retrieval.results import EncodedOutputs, SparseVector
 
 
 def run_outputs(

@@ -18,7 +18,7 @@ import numpy as np
 
 from embedserve.errors import InputError
 from embedserve.loading.retrieval_kinds import KIND_BY_NAME, M3_MODES, RETRIEVAL_KINDS, ScoreRule
-from embedserve.retrieval.outputs import EncodedOutputs, SparseVector
+from embedserve.retrieval.results import EncodedOutputs, SparseVector
 
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:

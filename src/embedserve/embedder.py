@@ -16,8 +16,8 @@ import numpy as np
 import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
 from embedserve.core.budget import budget_groups, split_rows
 from embedserve.core.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
+from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
-from embedserve.core.outputs import Head
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine

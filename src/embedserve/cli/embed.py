@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from embedserve.core.outputs import OUTPUT_DTYPES
+from embedserve.core.head import OUTPUT_DTYPES
 from embedserve.errors import InputTooLong
 from embedserve.options import EngineOptions
 from embedserve.processes import say

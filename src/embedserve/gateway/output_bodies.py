@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.core.outputs import Head, check_output_dtype, encode, to_base64
+from embedserve.core.head import Head, check_output_dtype, encode, to_base64
 from embedserve.errors import InputError
 from embedserve.gateway.errors import bad_request
 from embedserve.gateway.requests import (

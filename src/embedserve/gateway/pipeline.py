@@ -34,8 +34,8 @@ from embedserve.contract.codec import (
 from embedserve.core.bounds import check_chars, document_chars, pair_chars, text_chars
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.chunking import packed_spans
+from embedserve.core.head import Head, sigmoid, to_base64
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
-from embedserve.core.outputs import Head, sigmoid, to_base64
 from embedserve.core.pairs import (
     PairPreparer,
     PreparedPairs,

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedserve.core.head import min_dimensions
 from embedserve.core.inputs import InputPreparer
-from embedserve.core.outputs import min_dimensions
 from embedserve.core.pairs import PairPreparer, scoring_kind
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.gateway.models import split_named

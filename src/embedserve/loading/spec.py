@@ -93,7 +93,7 @@ class ScoreSpec:
         """Raw scores (logits) -> relevance scores, float32 (a NumPy array)."""
         import numpy as np
 
-        from embedserve.core.outputs import sigmoid  # numpy only
+        from embedserve.core.head import sigmoid  # numpy only
 
         raw = np.asarray(raw, dtype=np.float64)
         return raw.astype(np.float32) if self.activation == "identity" else sigmoid(raw)
@@ -359,7 +359,7 @@ def _output_defaults(extra: dict[str, Any], extra_path: Path) -> tuple[OutputRul
             f"{extra_path}: output_rules {rules!r} is not one of {', '.join(OUTPUT_RULES)}"
         )
     default_dtype = str(extra.get("default_output_dtype", "float32"))
-    from embedserve.core.outputs import OUTPUT_DTYPES  # numpy only, no torch
+    from embedserve.core.head import OUTPUT_DTYPES  # numpy only, no torch
 
     if default_dtype not in OUTPUT_DTYPES:
         raise ModelLoadError(

@@ -29,7 +29,7 @@ import numpy as np
 
 from embedserve.contract import tracing
 from embedserve.contract.codec import decode_request, encode_response
-from embedserve.core.outputs import Head
+from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.server.engine_thread import EngineThread
 from embedserve.server.guard import EngineGuard

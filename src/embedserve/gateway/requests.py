@@ -49,7 +49,7 @@ class Limits:
     scoring: str = "bi-encoder"
     # what it embeds (spec.outputs): dense, sparse, multivector
     outputs: tuple[str, ...] = ("dense",)
-    # splade | bge-m3 | colbert (spec.retrieval.kind); None: a dense-only model
+    # its retrieval kind (spec.retrieval.kind, a row of `retrieval_kinds`); None: dense only
     retrieval: str | None = None
     multivector_dims: int = 0  # the width of each multi-vector row (0: none)
     # floats of multi-vector answer per request (--max-multivector-values)

@@ -82,7 +82,7 @@ def read_pt_head(path: Path, fan_in: int) -> nn.Linear:
 class RetrievalHeads(nn.Module):
     """The heads of one retrieval kind in float32, and the outputs they make from hidden states.
     Each kind's heads are a subclass in a file of `engine/heads/`, named by its row
-    (`retrieval_kinds.RetrievalKind.heads`): it sets `sparse_rows` if the kind has a sparse
+    (`retrieval_kinds.RetrievalKind.heads`): it overrides `sparse_rows` if the kind has a sparse
     output, `token_head` (the projection of each kept token) if it has a multi-vector one, and
     `drop_ids`, the token ids its row's rules drop."""
 

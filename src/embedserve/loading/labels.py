@@ -43,7 +43,7 @@ class LabelSpec:
         so a softmax of large logits neither overflows nor loses the small ones)."""
         x = np.asarray(raw, dtype=np.float64).reshape(-1, self.num_labels)
         if self.activation == "sigmoid":
-            from embedserve.core.outputs import sigmoid  # numpy only
+            from embedserve.core.head import sigmoid  # numpy only
 
             return sigmoid(x)
         e = np.exp(x - x.max(axis=1, keepdims=True))

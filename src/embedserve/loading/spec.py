@@ -49,7 +49,8 @@ from embedserve.loading.families import (
 )
 from embedserve.loading.family_configs import BertConfig, FamilyConfig, ModelLoadError, Qwen3Config
 from embedserve.loading.labels import LabelSpec, cross_encoder_activation, num_labels, read_labels
-from embedserve.loading.retrieval import Output, RetrievalSpec, read_retrieval
+from embedserve.loading.retrieval import Output, RetrievalSpec
+from embedserve.loading.retrieval_kinds import KIND_BY_NAME, read_retrieval
 from embedserve.loading.score_readers import answer_ids
 
 __all__ = [
@@ -92,7 +93,7 @@ class ScoreSpec:
         """Raw scores (logits) -> relevance scores, float32 (a NumPy array)."""
         import numpy as np
 
-        from embedserve.core.outputs import sigmoid  # numpy only
+        from embedserve.core.head import sigmoid  # numpy only
 
         raw = np.asarray(raw, dtype=np.float64)
         return raw.astype(np.float32) if self.activation == "identity" else sigmoid(raw)
@@ -271,7 +272,8 @@ def read_model_spec(
     rules, default_dtype = _output_defaults(extra, extra_path)
     retrieval = read_retrieval(path, family.marker, config.hidden_size) if family.marker else None
     # a ColBERT folder's Dense modules project every token (its own head), not a pooled vector
-    dense = () if family.marker == "colbert" else _dense_layers(path, config.hidden_size)
+    token_dense = bool(family.marker) and KIND_BY_NAME[family.marker].token_dense
+    dense = () if token_dense else _dense_layers(path, config.hidden_size)
     if dense and task != "embed":
         raise ModelLoadError(f"{path / 'modules.json'}: a {task} model has no Dense modules")
     return ModelSpec(
@@ -357,7 +359,7 @@ def _output_defaults(extra: dict[str, Any], extra_path: Path) -> tuple[OutputRul
             f"{extra_path}: output_rules {rules!r} is not one of {', '.join(OUTPUT_RULES)}"
         )
     default_dtype = str(extra.get("default_output_dtype", "float32"))
-    from embedserve.core.outputs import OUTPUT_DTYPES  # numpy only, no torch
+    from embedserve.core.head import OUTPUT_DTYPES  # numpy only, no torch
 
     if default_dtype not in OUTPUT_DTYPES:
         raise ModelLoadError(

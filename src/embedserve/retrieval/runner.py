@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from embedserve.core.budget import budget_groups
-from embedserve.core.outputs import Head
+from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
 from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong
-from embedserve.retrieval.outputs import EncodedOutputs, SparseVector
+from embedserve.retrieval.results import EncodedOutputs, SparseVector
 
 
 def run_outputs(

@@ -64,9 +64,9 @@ def test_the_forbidden_imports_it_states_are_contracts() -> None:
     assert "`gateway` imports no torch and no `engine`" in text
     gateway = [f for s, f in forbidden if s == ("embedserve.gateway",)]
     assert gateway and {"torch", "embedserve.engine"} <= set(gateway[0])
-    assert "`server` reaches the request core only through `core.outputs` and `core.budget`" in text
+    assert "`server` reaches the request core only through `core.head` and `core.budget`" in text
     (server,) = [f for s, f in forbidden if s == ("embedserve.server",)]
-    core = {p.stem for p in (PACKAGE / "core").glob("*.py")} - {"__init__", "outputs", "budget"}
+    core = {p.stem for p in (PACKAGE / "core").glob("*.py")} - {"__init__", "head", "budget"}
     assert {f"embedserve.core.{m}" for m in core} == set(server)
 
 

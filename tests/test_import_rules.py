@@ -73,14 +73,14 @@ def test_a_forbidden_import_breaks_its_rule(tmp_path: Path) -> None:
 
 def test_an_upward_import_breaks_the_layers(tmp_path: Path) -> None:
     """The kind of import the layers rule was written to end: loading reaching up into the
-    request core (`loading/spec.py` once took `core.outputs`' names)."""
-    line = "from embedserve.core.outputs import Head  # upward"
+    request core (`loading/spec.py` once took `core.head`' names)."""
+    line = "from embedserve.core.head import Head  # upward"
     out = _lint(_copy_with(tmp_path, "loading/spec.py", line))
 
     assert out.returncode != 0, out.stdout
     assert "the layers: each package imports only the layers below it BROKEN" in out.stdout
     assert "embedserve.loading is not allowed to import embedserve.core" in out.stdout
-    assert "embedserve.loading.spec -> embedserve.core.outputs" in out.stdout
+    assert "embedserve.loading.spec -> embedserve.core.head" in out.stdout
 
 
 def test_a_module_without_a_layer_breaks_the_layers(tmp_path: Path) -> None:

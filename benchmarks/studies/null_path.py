@@ -88,7 +88,7 @@ def direct_us(server_port: int, model: str, texts: list[str], count: int) -> lis
 
     from embedserve.contract.codec import encode_request
     from embedserve.contract.local import LocalEmbedClient, local_socket_for
-    from embedserve.core.outputs import Head
+    from embedserve.core.head import Head
     from embedserve.loading.bundled import resolve_model
 
     path = local_socket_for(f"127.0.0.1:{server_port}")

@@ -16,8 +16,8 @@ import numpy as np
 import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
 from embedserve.core.budget import budget_groups, split_rows
 from embedserve.core.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
+from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
-from embedserve.core.outputs import Head
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
@@ -25,7 +25,7 @@ from embedserve.errors import InputError
 from embedserve.loading.bundled import DEFAULT_MODEL, resolve_model
 from embedserve.loading.spec import ModelLoadError, read_model_spec
 from embedserve.retrieval.inputs import ColbertInputs, prepare_outputs
-from embedserve.retrieval.outputs import (
+from embedserve.retrieval.results import (
     MAX_MULTIVECTOR_VALUES,
     EncodedOutputs,
     SparseVector,
@@ -181,7 +181,7 @@ class Embedder:
     ) -> EncodedOutputs:
         """Dense, sparse and/or multi-vector outputs (`outputs`, default: all the model has,
         `spec.outputs`) of every input from one forward per batch, in input order (a single
-        string is a list of one); see `retrieval.outputs`. `dimensions`, `normalize` and
+        string is a list of one); see `retrieval.results`. `dimensions`, `normalize` and
         `output_dtype` apply to the dense vectors. ColBERT: `input_type="query"` encodes
         queries (marker, expansion to the query length), otherwise documents. An answer over
         `max_multivector_values` floats is an InputError before the model runs."""

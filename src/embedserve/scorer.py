@@ -33,6 +33,7 @@ from embedserve.embedder import Embedder, run_batches
 from embedserve.engine.engine import Engine
 from embedserve.errors import InputError
 from embedserve.loading.bundled import DEFAULT_MODEL, resolve_model
+from embedserve.loading.retrieval_kinds import KIND_BY_NAME
 from embedserve.loading.spec import ModelLoadError, read_model_spec
 from embedserve.retrieval.scores import M3_DEFAULT_WEIGHTS, late_plan, m3_scores
 
@@ -152,8 +153,9 @@ class Scorer:
         batch_tokens: int | None = None,
     ) -> dict[str, np.ndarray]:
         """bge-m3's five scores per document, as FlagEmbedding's `compute_score` names them
-        (`retrieval.scores.M3_MODES`); `weights`: (dense, sparse, colbert)."""
-        if self.spec.retrieval is None or self.spec.retrieval.kind != "bge-m3":
+        (`retrieval_kinds.M3_MODES`); `weights`: (dense, sparse, colbert)."""
+        r = self.spec.retrieval
+        if r is None or not KIND_BY_NAME[r.kind].score_modes:
             raise InputError("score_modes is for bge-m3 (dense + sparse + multi-vector)")
         assert self.embedder is not None
         budget = batch_tokens or self.engine.batch_tokens

@@ -17,7 +17,7 @@ from embedserve.contract.codec import (
     encode_response,
 )
 from embedserve.core.budget import shift_spans
-from embedserve.core.outputs import Head
+from embedserve.core.head import Head
 from embedserve.errors import InputError
 
 

@@ -9,7 +9,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from embedserve.core import inputs, outputs
+from embedserve.core import head, inputs
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.loading.spec import ModelSpec, read_model_spec
 
@@ -40,5 +40,5 @@ def preparer(**spec_changes: Any) -> inputs.InputPreparer:
 
 
 def head_type() -> type:
-    """`Head`, the output head (`core.outputs`)."""
-    return outputs.Head
+    """`Head`, the output head (`core.head`)."""
+    return head.Head

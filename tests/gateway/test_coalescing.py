@@ -11,7 +11,7 @@ import pytest
 
 from embedserve.contract import EmbedResponse
 from embedserve.contract.codec import decode_response, encode_request
-from embedserve.core.outputs import Head
+from embedserve.core.head import Head
 from embedserve.gateway.coalescing import Coalescer
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.replicas import REPLICAS_CALLED

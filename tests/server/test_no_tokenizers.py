@@ -1,6 +1,6 @@
 """The server never tokenizes: its modules import without the `tokenizers` library.
 
-It reaches the request core only through `core.outputs` (the head) and `core.budget`; a path
+It reaches the request core only through `core.head` (the head) and `core.budget`; a path
 through `core.inputs` would pull in `chunking` and `tokenization`, which need `tokenizers`.
 """
 
@@ -44,5 +44,5 @@ def test_the_server_modules_import_without_tokenizers() -> None:
     assert run.returncode == 0, run.stderr
     assert (
         run.stdout.strip()
-        == "['embedserve.core', 'embedserve.core.budget', 'embedserve.core.outputs']"
+        == "['embedserve.core', 'embedserve.core.budget', 'embedserve.core.head']"
     )

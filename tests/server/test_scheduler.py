@@ -7,7 +7,7 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from embedserve.core.outputs import Head
+from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch
 from embedserve.server.scheduler import (
     Overloaded,

@@ -336,7 +336,7 @@ def test_batch_wait_ends_once_enough_requests_are_queued() -> None:
 
 
 def test_pplx_output_rules_and_their_dimensions_floor() -> None:
-    from embedserve.core.outputs import encode_pplx
+    from embedserve.core.head import encode_pplx
     from embedserve.server.service import parse_request
 
     # the floor: 128 ... hidden under pplx rules, 1 ... hidden otherwise

@@ -13,11 +13,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from embedserve.core.outputs import OUTPUT_DTYPES
+from embedserve.core.head import OUTPUT_DTYPES
 from embedserve.errors import InputTooLong
 from embedserve.options import EngineOptions
 from embedserve.processes import say
-from embedserve.retrieval.outputs import DEFAULT_OUTPUTS_RULE
+from embedserve.retrieval.results import DEFAULT_OUTPUTS_RULE
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -167,7 +167,7 @@ def write_vectors(path: Path, vectors: object, ids: list[Any] | None = None) -> 
             raise ValueError(
                 "writing .parquet needs pyarrow: pip install 'embedserve[parquet]'"
             ) from None
-        from embedserve.cli.outputs import DENSE_COLUMN, parquet_ids
+        from embedserve.cli.embed_outputs import DENSE_COLUMN, parquet_ids
 
         column = pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), arr.shape[1])
         id_values = parquet_ids(ids, len(arr))
@@ -305,11 +305,11 @@ def _write_or_print(vectors: Any, records: Records, args: argparse.Namespace) ->
 def _run_embed(args: argparse.Namespace) -> int:
     records = _embed_records(args)
     texts = records.texts
-    from embedserve.cli.outputs import check_outputs_file, run_outputs
+    from embedserve.cli.embed_outputs import check_outputs_file, run_outputs
     from embedserve.embedder import Embedder
     from embedserve.loading.bundled import resolve_model
     from embedserve.loading.spec import read_model_spec
-    from embedserve.retrieval.outputs import parse_outputs
+    from embedserve.retrieval.results import parse_outputs
 
     options = EngineOptions.from_args(args)
     # the outputs and the file they go to, checked before the model loads

@@ -113,7 +113,7 @@ def _add_job_flags(p: argparse.ArgumentParser, D: Any) -> None:
 
 def _add_output_flags(p: argparse.ArgumentParser, D: Any) -> None:
     """What each record's row holds: the dense dtype and which outputs."""
-    from embedserve.retrieval.outputs import DEFAULT_OUTPUTS_RULE
+    from embedserve.retrieval.results import DEFAULT_OUTPUTS_RULE
 
     p.add_argument(
         "--output-dtype",
@@ -130,7 +130,7 @@ def _add_output_flags(p: argparse.ArgumentParser, D: Any) -> None:
 
 def _run_index(args: argparse.Namespace) -> int:
     from embedserve.indexing.job import IndexOptions, run_index
-    from embedserve.retrieval.outputs import split_outputs
+    from embedserve.retrieval.results import split_outputs
 
     if args.batch_size <= 0 or (args.workers is not None and args.workers <= 0):
         raise ValueError("--batch-size and --workers must be positive")

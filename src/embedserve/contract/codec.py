@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from embedserve.contract import EmbedRequest, EmbedResponse
-from embedserve.core.outputs import Head, check_head
-from embedserve.retrieval.outputs import EncodedOutputs, SparseVector
+from embedserve.core.head import Head, check_head
+from embedserve.retrieval.results import EncodedOutputs, SparseVector
 
 
 class WireError(ValueError):

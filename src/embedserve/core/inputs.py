@@ -31,7 +31,7 @@ from embedserve.core.chunking import (
     plan_document,
     split_windows,
 )
-from embedserve.core.outputs import Head, check_head
+from embedserve.core.head import Head, check_head
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong, InputTypeError, shown
 from embedserve.loading.spec import ModelSpec

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer
-from embedserve.core.outputs import Head
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.errors import InputError, InputTooLong, InputTypeError, shown
 from embedserve.loading.spec import ModelSpec

@@ -81,9 +81,9 @@ def plan_bucket(
         return None
     max_seqlen = seqlen_bucket(int(np.max(seqlens)), tokens)
     # NOTE: a dummy sequence is also bounded by the position table: its positions count from 0.
-    chunk = min(max_seqlen, max_positions)
+    dummy = min(max_seqlen, max_positions)  # the longest dummy sequence
     pad = tokens - num_tokens
-    pads = (chunk,) * (pad // chunk) + ((pad % chunk,) if pad % chunk else ())
+    pads = (dummy,) * (pad // dummy) + ((pad % dummy,) if pad % dummy else ())
     seqs = seq_bucket(len(seqlens) + len(pads), config.max_seqs)
     if seqs is None:
         return None

@@ -1,16 +1,16 @@
-"""The heads of the sparse and multi-vector layouts (`loading.retrieval`) on the engine's hidden
-states, and what one forward gives: dense rows, sparse rows and token vectors, each only when
-asked for, all from the same hidden states.
+"""What one forward of a sparse or multi-vector model gives (dense rows, sparse rows and token
+vectors, each only when asked for, all from the same hidden states), the base of each retrieval
+kind's heads (a file under `engine/heads/`, named by the kind's row of
+`loading.retrieval_kinds`), and the readers of their Linear layers.
 
-Weights: SPLADE's masked-LM head from the folder's checkpoint (the decoder tied to the word
-embeddings unless the checkpoint has its own: `tensor_names.TIED`); PyLate's Dense projection from
-its module's safetensors (or an older `pytorch_model.bin`); bge-m3's `sparse_linear.pt` / `colbert_linear.pt` with `torch.load(...,
+Weights: bge-m3's `sparse_linear.pt` / `colbert_linear.pt` are read with `torch.load(...,
 weights_only=True)`, which builds tensors and plain containers only and refuses any other pickled
 object (no code runs), then checked to be exactly a Linear's weight and bias (SECURITY.md).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +27,10 @@ from embedserve.engine.pooler.multivector import (
     not_skipped,
     token_vectors,
 )
-from embedserve.engine.pooler.sparse import SparseRows, SpladeHead, lexical_weights, relu_weights
-from embedserve.engine.weights import read_dense_tensors, read_tensors
-from embedserve.loading.retrieval import M3_COLBERT_HEAD, M3_SPARSE_HEAD, RetrievalSpec
+from embedserve.engine.pooler.sparse import SparseRows
+from embedserve.loading.retrieval import RetrievalSpec
+from embedserve.loading.retrieval_kinds import KIND_BY_NAME
 from embedserve.loading.spec import ModelLoadError, ModelSpec
-from embedserve.loading.tensor_names import TIED, tied_source
 
 CONVERT_PT = (
     'python -c "import torch,safetensors.torch as s,sys; '
@@ -48,7 +47,7 @@ class BatchOutputs:
     multivector: TokenVectors | None = None
 
 
-def _linear(state: dict[str, torch.Tensor], source: Path, fan_in: int) -> nn.Linear:
+def linear_from_state(state: dict[str, torch.Tensor], source: Path, fan_in: int) -> nn.Linear:
     """A Linear from exactly its weight (and bias), checked against the input width."""
     weight, bias = state.get("weight"), state.get("bias")
     extra = set(state) - {"weight", "bias"}
@@ -77,77 +76,49 @@ def read_pt_head(path: Path, fan_in: int) -> nn.Linear:
         ) from None
     if not isinstance(state, dict):
         raise ModelLoadError(f"{path}: expected a state dict, got {type(state).__name__}")
-    return _linear(state, path, fan_in)
-
-
-def _splade_head(spec: ModelSpec) -> SpladeHead:
-    cfg, r = spec.bert, spec.retrieval
-    assert cfg is not None and r is not None and r.splade is not None
-    p = "cls.predictions."
-    names = [f"{p}transform.dense.weight", f"{p}transform.dense.bias", f"{p}transform.LayerNorm.weight",
-             f"{p}transform.LayerNorm.bias", f"{p}bias", f"{p}decoder.weight", f"{p}decoder.bias"]  # fmt: skip
-    tied = [t for n in names for t in TIED.get(n, ())]
-    t = read_tensors(spec.path, names + tied, spec.family_row.prefixes)
-    # a decoder tied to another tensor is left out of the checkpoint: that tensor, then
-    decoder, bias = (t.get(n, t.get(tied_source(n, t) or "")) for n in names[5:7])
-    if decoder is None or bias is None or f"{p}transform.dense.weight" not in t:
-        raise ModelLoadError(
-            f"{t.where}: a SPLADE folder needs BertForMaskedLM's cls.predictions head"
-        )
-    head = SpladeHead(cfg.hidden_size, cfg.vocab_size, cfg.layer_norm_eps, r.splade.pooling,
-                      r.splade.activation, cfg.hidden_act)  # fmt: skip
-    state = {
-        "dense.weight": t[names[0]], "dense.bias": t[names[1]], "norm.weight": t[names[2]],
-        "norm.bias": t[names[3]], "decoder.weight": decoder, "decoder.bias": bias,
-    }  # fmt: skip
-    head.load_state_dict({k: v.float() for k, v in state.items()})
-    return head
+    return linear_from_state(state, path, fan_in)
 
 
 class RetrievalHeads(nn.Module):
-    """The heads one layout has, in float32, and the outputs they make from hidden states."""
+    """The heads of one retrieval kind in float32, and the outputs they make from hidden states.
+    Each kind's heads are a subclass in a file of `engine/heads/`, named by its row
+    (`retrieval_kinds.RetrievalKind.heads`): it overrides `sparse_rows` if the kind has a sparse
+    output, `token_head` (the projection of each kept token) if it has a multi-vector one, and
+    `drop_ids`, the token ids its row's rules drop."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         r = spec.retrieval
         assert r is not None
         self.spec: RetrievalSpec = r
+        self.kind = KIND_BY_NAME[r.kind]
         self.vocab = spec.vocab_size
-        self.splade = _splade_head(spec) if r.splade is not None else None
-        self.sparse_linear: nn.Linear | None = None
-        self.colbert_linear: nn.Module | None = None
-        hidden = spec.config.hidden_size
-        ids: Sequence[int] = ()
-        if r.m3 is not None:
-            self.sparse_linear = read_pt_head(spec.path / M3_SPARSE_HEAD, hidden)
-            self.colbert_linear = read_pt_head(spec.path / M3_COLBERT_HEAD, hidden)
-            ids = r.m3.unused_ids
-        if r.colbert is not None:
-            layers = []
-            for sub, (fan_in, _, _) in zip(r.colbert.dense_paths, r.colbert.dims, strict=True):
-                tensors = read_dense_tensors(spec.path / sub)  # safetensors, or an old .bin
-                state = {k.removeprefix("linear."): v for k, v in tensors.items()}
-                weights = tensors.where
-                layers.append(_linear(state, weights, fan_in))
-            self.colbert_linear = nn.Sequential(*layers)
-            ids = r.colbert.skiplist_ids
-        # the width of each multi-vector row (0: none)
-        self.multivector_dims = (
-            0
-            if self.colbert_linear is None
-            else int(self.colbert_linear(torch.zeros(1, hidden)).shape[-1])
-        )
-        if self.multivector_dims != r.multivector_dims:
-            raise ModelLoadError(
-                f"{spec.path}: the multi-vector head gives {self.multivector_dims} dims, not the "
-                f"{r.multivector_dims} the folder declares (bge-m3: colbert_linear.pt is "
-                "hidden -> hidden)"
-            )
-        # bge-m3's dropped special tokens, or ColBERT's document skip-list
+        self.token_head: nn.Module | None = None
+        self.multivector_dims = 0  # the width of each multi-vector row (0: none)
         self.drop_ids: torch.Tensor
-        self.register_buffer(
-            "drop_ids", torch.tensor(list(ids), dtype=torch.int64), persistent=False
-        )
+        self.register_buffer("drop_ids", torch.zeros(0, dtype=torch.int64), persistent=False)
+
+    def set_drop_ids(self, ids: Sequence[int]) -> None:
+        self.drop_ids = torch.tensor(list(ids), dtype=torch.int64)
+
+    def sparse_rows(
+        self,
+        hidden: torch.Tensor,  # [T, H]
+        input_ids: torch.Tensor,
+        seq_ids: torch.Tensor,
+        seqlens: tuple[int, ...],
+    ) -> SparseRows | None:
+        """Per input, its sparse entries (None: the kind has no sparse output)."""
+        return None
+
+    def kept(self, input_ids: torch.Tensor, positions: torch.Tensor, query: bool) -> torch.Tensor:
+        """[T] bool: the tokens that give a multi-vector row, by the row's `multivector_tokens`
+        (the server bounds an answer by the same rule: `retrieval.results.multivector_rows`)."""
+        if self.kind.multivector_tokens == "after_first":
+            return after_first(positions)
+        if self.kind.multivector_tokens == "skiplist" and not query:
+            return not_skipped(input_ids, self.drop_ids)
+        return torch.ones_like(input_ids, dtype=torch.bool)  # a query's expansion included
 
     def forward(
         self,
@@ -163,24 +134,33 @@ class RetrievalHeads(nn.Module):
         dense = sparse = vectors = None
         if "dense" in outputs:
             dense = hidden[positions == 0].float().cpu().numpy()  # CLS, as bge-m3 pools
-        if "sparse" in outputs and self.splade is not None:
-            sparse = self.splade(hidden, seqlens)
-        elif "sparse" in outputs and self.sparse_linear is not None:
-            weights = relu_weights(self.sparse_linear, hidden)
-            sparse = lexical_weights(weights, input_ids, seq_ids, self.drop_ids, self.vocab, n)
-        if "multivector" in outputs and self.colbert_linear is not None:
-            if self.spec.kind == "bge-m3":
-                keep = after_first(positions)
-            elif query:  # a ColBERT query keeps every token, its expansion included
-                keep = torch.ones_like(input_ids, dtype=torch.bool)
-            else:
-                keep = not_skipped(input_ids, self.drop_ids)
-            vectors = token_vectors(hidden, keep, seq_ids, self.colbert_linear, n)
+        if "sparse" in outputs:
+            sparse = self.sparse_rows(hidden, input_ids, seq_ids, seqlens)
+        if "multivector" in outputs and self.token_head is not None:
+            keep = self.kept(input_ids, positions, query)
+            vectors = token_vectors(hidden, keep, seq_ids, self.token_head, n)
         return BatchOutputs(dense, sparse, vectors)
 
 
 def build_retrieval(spec: ModelSpec) -> RetrievalHeads | None:
-    return RetrievalHeads(spec) if spec.retrieval is not None else None
+    """The heads of a sparse or multi-vector model (its kind's row names the class), their
+    multi-vector width checked against the folder's; None for a dense-only model."""
+    if spec.retrieval is None:
+        return None
+    module, _, name = KIND_BY_NAME[spec.retrieval.kind].heads.partition(":")
+    heads = getattr(importlib.import_module(module), name)(spec)
+    if not isinstance(heads, RetrievalHeads):
+        raise TypeError(f"{module}:{name} is not a RetrievalHeads")
+    hidden = spec.config.hidden_size
+    if heads.token_head is not None:
+        heads.multivector_dims = int(heads.token_head(torch.zeros(1, hidden)).shape[-1])
+    if heads.multivector_dims != spec.retrieval.multivector_dims:
+        raise ModelLoadError(
+            f"{spec.path}: the multi-vector head gives {heads.multivector_dims} dims, not the "
+            f"{spec.retrieval.multivector_dims} the folder declares (bge-m3: colbert_linear.pt is "
+            "hidden -> hidden)"
+        )
+    return heads
 
 
 def visible_keys_attention(visible: Sequence[int]) -> AttentionFn:

@@ -39,7 +39,7 @@ from embedserve.gateway.metrics import (
 )
 from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel, ServedModels
 from embedserve.gateway.openapi_dropin import api_document
-from embedserve.gateway.outputs import asked_outputs, outputs_body, parse_outputs
+from embedserve.gateway.output_bodies import asked_outputs, outputs_body, parse_outputs
 from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
 from embedserve.gateway.probes import Probes
 from embedserve.gateway.replicas import REPLICAS_CALLED
@@ -377,7 +377,7 @@ class GatewayApp:
     async def embeddings(self, body: bytes) -> Answer:
         name, limits, pipeline, data = self.served_for(body, EMBED, asked_outputs)
         outputs = asked_outputs(data)
-        if outputs is not None and limits.retrieval is not None:  # `gateway.outputs`
+        if outputs is not None and limits.retrieval is not None:  # `gateway.output_bodies`
             head, encoding_format = embeddings_head(data, pipeline.inputs)
             asked = parse_outputs(data, limits, head, encoding_format, outputs)
             encoded, num_tokens = await pipeline.outputs(asked, limits)

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.core.head import Head, to_base64
 from embedserve.core.inputs import InputPreparer
-from embedserve.core.outputs import Head, to_base64
 from embedserve.core.pairs import check_top_n, ranked
 from embedserve.gateway.errors import bad_request
 from embedserve.gateway.requests import EmbedJob, Limits, check_model, check_object

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from embedserve.gateway import cohere, outputs, tei
+from embedserve.gateway import cohere, output_bodies, tei
 from embedserve.gateway.docs_page import CONTENT_SECURITY_POLICY, HTML, docs_html
 from embedserve.gateway.errors import ApiError, bad_request
 from embedserve.gateway.jsonio import dumps
@@ -104,12 +104,12 @@ class DropInRoutes:
         return 200, JSON, dumps(tei.token_rows(states))
 
     async def embed_sparse(self, body: bytes) -> Answer:
-        """TEI's sparse embeddings (SPLADE, bge-m3's lexical weights): `gateway.outputs`."""
+        """TEI's sparse embeddings (SPLADE, bge-m3's lexical weights): `gateway.output_bodies`."""
         _, limits, pipeline, data = self.app.served_for(body, EMBED, lambda _: ("sparse",))
-        job = outputs.parse_embed_sparse(data, limits, pipeline.inputs.head())
+        job = output_bodies.parse_embed_sparse(data, limits, pipeline.inputs.head())
         encoded, num_tokens = await pipeline.outputs(job, limits)
         self.app.metrics.count(num_tokens, len(encoded))
-        return 200, JSON, dumps(outputs.tei_sparse_body(encoded))
+        return 200, JSON, dumps(output_bodies.tei_sparse_body(encoded))
 
     async def similarity(self, body: bytes) -> Answer:
         _, limits, pipeline, data = self.app.served_for(body, EMBED)

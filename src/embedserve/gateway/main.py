@@ -42,7 +42,7 @@ from embedserve.loading.bundled import DEFAULT_MODEL
 from embedserve.memory import TOKENIZER_POOL, tokenizer_threads
 from embedserve.options import Options, drain_option, model_option, option
 from embedserve.processes import say, set_parent_death_signal, write_ready
-from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
+from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
 
 # Tokens per server call of a gateway started on its own (`serve` passes its servers' budget).
 DEFAULT_PART_TOKENS = 8192

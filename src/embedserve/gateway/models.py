@@ -16,7 +16,7 @@ The rule a request follows (docs/serving.md, "Several models"):
   naming the models that embed. Routes of no one task (`POST /`, `/info`, `/tokenize`) go to
   the default model (`--default-model NAME`, no task), else need `model`.
 - outputs: an embedding route asks for dense vectors, unless it names other `outputs` (sparse,
-  multivector: `gateway.outputs`); only a model with every output asked is picked, and a model
+  multivector: `gateway.output_bodies`); only a model with every output asked is picked, and a model
   without one is a 400 naming the outputs it has (and the models that have them).
 """
 

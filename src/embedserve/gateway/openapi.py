@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from embedserve.core.head import OUTPUT_DTYPES
 from embedserve.core.inputs import INPUT_TYPES
-from embedserve.core.outputs import OUTPUT_DTYPES
 from embedserve.gateway.classify_schema import classify_paths, classify_schemas
 from embedserve.gateway.requests import ENCODING_FORMATS, Limits
 

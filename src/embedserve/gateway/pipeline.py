@@ -34,8 +34,8 @@ from embedserve.contract.codec import (
 from embedserve.core.bounds import check_chars, document_chars, pair_chars, text_chars
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.chunking import packed_spans
+from embedserve.core.head import Head, to_base64
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
-from embedserve.core.outputs import Head, to_base64
 from embedserve.core.pairs import (
     PairPreparer,
     PreparedPairs,
@@ -45,14 +45,14 @@ from embedserve.core.pairs import (
 )
 from embedserve.gateway.coalescing import Coalescer
 from embedserve.gateway.errors import ApiError, bad_request, server_failure
-from embedserve.gateway.outputs import OutputsJob, check_size
+from embedserve.gateway.output_bodies import OutputsJob, check_size
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob, Limits
 from embedserve.gateway.scoring import ScoreJob
 from embedserve.gateway.timing import add_server_answer, add_tokenization
 from embedserve.loading.labels import sigmoid
 from embedserve.retrieval.inputs import ColbertInputs, OutputSequences, prepare_outputs
-from embedserve.retrieval.outputs import EncodedOutputs, check_multivector_size, join_outputs
+from embedserve.retrieval.results import EncodedOutputs, check_multivector_size, join_outputs
 from embedserve.retrieval.scores import late_plan
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
@@ -293,7 +293,7 @@ class Pipeline:
                 raise server_failure(e) from None
             raise
 
-    # -- a sparse or multi-vector model's outputs (`gateway.outputs`) ----------------------
+    # -- a sparse or multi-vector model's outputs (`gateway.output_bodies`) ----------------
 
     async def outputs(self, job: OutputsJob, limits: Limits) -> tuple[EncodedOutputs, int]:
         """The outputs of every input, in input order, and the prompt tokens; the answer's

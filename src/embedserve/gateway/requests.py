@@ -15,11 +15,11 @@ from typing import Any
 from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT, MAX_CHUNKS_PER_REQUEST
 from embedserve.core.inputs import Head, InputOptions, InputPreparer
 from embedserve.gateway.errors import ApiError, bad_request
-from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
+from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
 
 PROMPT_FIELDS = ("prompt_name", "prompt", "input_type", "instruction")
 HEAD_FIELDS = ("dimensions", "normalize", "output_dtype")
-# `outputs` (`gateway.outputs`) is read before the model is picked: here a dense-only model's
+# `outputs` (`gateway.output_bodies`) is read before the model is picked: here a dense-only model's
 EMBEDDINGS_FIELDS = frozenset(
     {"input", "model", "encoding_format", "user", "truncate", "outputs", *PROMPT_FIELDS,
      *HEAD_FIELDS}
@@ -49,7 +49,7 @@ class Limits:
     scoring: str = "bi-encoder"
     # what it embeds (spec.outputs): dense, sparse, multivector
     outputs: tuple[str, ...] = ("dense",)
-    # splade | bge-m3 | colbert (spec.retrieval.kind); None: a dense-only model
+    # its retrieval kind (spec.retrieval.kind, a row of `retrieval_kinds`); None: dense only
     retrieval: str | None = None
     multivector_dims: int = 0  # the width of each multi-vector row (0: none)
     # floats of multi-vector answer per request (--max-multivector-values)

@@ -9,8 +9,8 @@
 
 Scores: a reranker's activation of its logit (sentence-transformers CrossEncoder's convention,
 the folder's), TEI's sigmoid of it on `/rerank` (its raw logit with `raw_scores`); an embedding
-model's cosine similarity; a sparse or multi-vector model's own score (`gateway.outputs`; bge-m3
-takes `weights` on `/v1/rerank` and `/v1/score`). Only what is particular to HTTP is checked here; the query and
+model's cosine similarity; a sparse or multi-vector model's own score
+(`gateway.output_bodies`; bge-m3 takes `weights` on `/v1/rerank` and `/v1/score`). Only what is particular to HTTP is checked here; the query and
 documents go to the request core (`pairs`) as sent.
 """
 
@@ -26,6 +26,7 @@ import numpy as np
 from embedserve.core.pairs import check_top_n, ranked, read_documents
 from embedserve.gateway.errors import bad_request
 from embedserve.gateway.requests import Limits, check_model, check_object, optional_string
+from embedserve.loading.retrieval_kinds import KIND_BY_NAME
 
 RERANK_FIELDS = frozenset(
     {"model", "query", "documents", "top_n", "return_documents", "truncate", "instruction",
@@ -160,7 +161,8 @@ def parse_score(body: Any, limits: Limits) -> ScoreJob:
 def _weights(body: dict[str, Any], limits: Limits) -> Any:
     """bge-m3's `weights`, as sent (`late_plan` checks the numbers); a 400 on any other model."""
     weights = body.get("weights")
-    if weights is not None and limits.retrieval != "bge-m3":
+    kind = KIND_BY_NAME.get(limits.retrieval or "")
+    if weights is not None and (kind is None or not kind.score_weights):
         raise bad_request(
             "weights are bge-m3's (dense, sparse, colbert) score weights; this model takes none",
             param="weights",

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedserve.core.head import min_dimensions
 from embedserve.core.inputs import InputPreparer
-from embedserve.core.outputs import min_dimensions
 from embedserve.core.pairs import PairPreparer, scoring_kind
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.gateway.models import split_named
@@ -23,7 +23,7 @@ from embedserve.gateway.requests import Limits
 from embedserve.loading.bundled import BUNDLED, resolve_model
 from embedserve.loading.hub import is_hub_id
 from embedserve.loading.spec import read_model_spec
-from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
+from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
 
 # The gateway's limits a model may set for itself (`--model-limit NAME:KEY=VALUE`, a models
 # file's keys): each is the GatewayConfig field of that name, whose value a model without its own

@@ -8,8 +8,8 @@ messages. Streams answer in request order, up to `STREAM_WINDOW` requests of a s
 
 Errors: `ApiError` / `InputError` map to gRPC codes by HTTP status (`STATUS_CODES`), a route of
 another task to FAILED_PRECONDITION (as TEI answers); the API keys, the drain and the metrics are
-the HTTP routes'. The sparse RPCs go through `/embed_sparse`'s parser (`gateway.outputs`) to a
-model with a sparse output.
+the HTTP routes'. The sparse RPCs go through `/embed_sparse`'s parser (`gateway.output_bodies`)
+to a model with a sparse output.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import grpc
 
 from embedserve.contract import tei as proto
 from embedserve.core.inputs import InputError
-from embedserve.gateway import outputs, tei
+from embedserve.gateway import output_bodies, tei
 from embedserve.gateway.checks import authenticate, request_id
 from embedserve.gateway.classify import parse_predict
 from embedserve.gateway.errors import REQUEST_ID, ApiError, bad_request, from_input_error
@@ -262,15 +262,15 @@ class TeiGrpc:
 
     async def embed_sparse(self, request: Any) -> Any:
         """TEI's EmbedSparse through `/embed_sparse`'s parser and the pipeline's outputs call
-        (`gateway.outputs`): a model with a sparse output (SPLADE, bge-m3), else a 400-like
+        (`gateway.output_bodies`): a model with a sparse output (SPLADE, bge-m3), else a 400-like
         INVALID_ARGUMENT naming the outputs the served model has."""
         start, body = time.perf_counter(), body_of(request)
         model = self.app.served.pick(None, EMBED, ("sparse",))
         pipeline = model.started()
-        job = outputs.parse_embed_sparse(body, model.limits, pipeline.inputs.head())
+        job = output_bodies.parse_embed_sparse(body, model.limits, pipeline.inputs.head())
         encoded, num_tokens = await pipeline.outputs(job, model.limits)
         self.app.metrics.count(num_tokens, 1)
-        (row,) = outputs.tei_sparse_body(encoded)
+        (row,) = output_bodies.tei_sparse_body(encoded)
         sparse = [proto.message("SparseValue")(index=e["index"], value=e["value"]) for e in row]
         return proto.message("EmbedSparseResponse")(
             sparse_embeddings=sparse, metadata=self._metadata(body, num_tokens, start)

@@ -17,7 +17,7 @@ import numpy as np
 from embedserve.errors import InputError, InputTooLong
 from embedserve.indexing.ledger import DIED, RECORD_DEATHS, Ledger, work_key
 from embedserve.retrieval.columns import COLUMNS, MULTIVECTOR, SPARSE_INDICES, SPARSE_VALUES
-from embedserve.retrieval.outputs import chosen_outputs
+from embedserve.retrieval.results import chosen_outputs
 
 # the columns of each output in an `embedserve index` file (dense: `vector`, as always)
 OUTPUT_COLUMNS = {"dense": ("vector",), **COLUMNS}
@@ -41,7 +41,7 @@ class IndexOptions:
     input_type: str | None = None
     truncate: Any = False
     output_dtype: str = "float32"
-    # dense / sparse / multivector; None: `retrieval.outputs.default_outputs` of the model
+    # dense / sparse / multivector; None: `retrieval.results.default_outputs` of the model
     outputs: tuple[str, ...] | None = None
     device: str = "auto"
     dtype: str | None = None  # the engine's: float32 on the CPU, bfloat16 on a GPU

@@ -56,7 +56,7 @@ def vectors_identity(options: IndexOptions, gpus: int) -> dict[str, Any]:
     dtype, the head (dimensions, normalize, output dtype), the prompt and the truncation."""
     from embedserve.loading.bundled import resolve_model
     from embedserve.loading.spec import read_model_spec
-    from embedserve.retrieval.outputs import chosen_outputs
+    from embedserve.retrieval.results import chosen_outputs
 
     folder = resolve_model(options.model).resolve()
     spec = read_model_spec(folder)

@@ -24,7 +24,7 @@ from embedserve.loading.family_configs import (
     read_nomic_bert,
     read_qwen3,
 )
-from embedserve.loading.retrieval import MARKERS
+from embedserve.loading.retrieval_kinds import KIND_BY_NAME
 
 PoolingMethod = Literal["mean", "cls", "last"]
 AttentionKind = Literal["bidirectional", "causal"]
@@ -70,10 +70,10 @@ class Family:
     # (no sentence-transformers modules, or embedserve.json "task": "score").
     answer_tokens: tuple[str, ...] = ()
     classifier_tensors: tuple[tuple[str, ...], tuple[str, ...]] = BERT_CLASSIFIER
-    # a retrieval layout on another family's encoder (`retrieval.MARKERS`: splade, bge-m3,
-    # colbert): the row applies to a folder of its model_types only when the marker is found
+    # a retrieval kind on another family's encoder (its row of `retrieval_kinds`: splade,
+    # bge-m3, colbert): the row applies to a folder of its model_types only when that kind's
+    # `detect` finds it
     marker: str = ""
-    outputs: tuple[str, ...] = ("dense",)  # what it embeds: dense, sparse, multivector
     # the base-model prefixes its task models save the encoder under (transformers'
     # `base_model_prefix`, then older ones), dropped from checkpoint names (`tensor_names`)
     prefixes: tuple[str, ...] = ("model.",)
@@ -211,7 +211,6 @@ RETRIEVAL_FAMILIES: tuple[Family, ...] = (
         "sentence-transformers SparseEncoder folder (MLMTransformer + SpladePooling); "
         "log(1 + ReLU(MLM logits)) pooled per input in token blocks",
         marker="splade",
-        outputs=("sparse",),
         prefixes=BERT_PREFIXES,
     ),
     Family(
@@ -225,7 +224,6 @@ RETRIEVAL_FAMILIES: tuple[Family, ...] = (
         "sparse_linear.pt + colbert_linear.pt beside the encoder; dense, sparse and "
         "multi-vector from one forward",
         marker="bge-m3",
-        outputs=("dense", "sparse", "multivector"),
         prefixes=BERT_PREFIXES,
     ),
     Family(
@@ -239,7 +237,6 @@ RETRIEVAL_FAMILIES: tuple[Family, ...] = (
         "PyLate folder: query/document markers, query expansion, document skip-list, "
         "projection per token",
         marker="colbert",
-        outputs=("multivector",),
         prefixes=BERT_PREFIXES,
     ),
 )
@@ -258,7 +255,7 @@ def family_of(cfg: dict[str, Any], path: Path) -> tuple[Family, str]:
     arch = architectures[0] if architectures else cfg.get("model_type", "<none>")
     model_type = cfg.get("model_type")
     for family in RETRIEVAL_FAMILIES:
-        if model_type in family.model_types and MARKERS[family.marker](path.parent):
+        if model_type in family.model_types and KIND_BY_NAME[family.marker].detect(path.parent):
             return family, arch
     for family in FAMILIES:
         if model_type in family.model_types:
@@ -302,7 +299,8 @@ def retrieval_table() -> str:
     rows = ["| layout | encoder | outputs | examples | notes |", "|---|---|---|---|---|"]
     for f in RETRIEVAL_FAMILIES:
         rows.append(
-            f"| {f.name} | {', '.join(f.embed_architectures)} | {', '.join(f.outputs)} | "
+            f"| {f.name} | {', '.join(f.embed_architectures)} | "
+            f"{', '.join(KIND_BY_NAME[f.marker].outputs)} | "
             f"{f.examples} | {f.notes} |"
         )
     return "\n".join(rows)

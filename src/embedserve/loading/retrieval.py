@@ -1,7 +1,8 @@
 """What a sparse or multi-vector model folder declares beyond its encoder: which outputs it has
 (dense, sparse, multi-vector) and the settings of the heads that make them.
 
-Three layouts, each recognised by its family's row (`families`), read here once and validated:
+Three layouts, each a row of the retrieval-kind registry (`retrieval_kinds`), recognised by the
+`is_*` test and read here once and validated by the `read_*` reader its row names:
 
 - SPLADE (`splade`): a sentence-transformers `SparseEncoder` folder, a masked-LM checkpoint with
   `modules.json` naming `MLMTransformer` and `SpladePooling` (its `pooling_strategy` max or sum,
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import json
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,7 +31,6 @@ from embedserve.loading.family_configs import ModelLoadError
 
 Output = Literal["dense", "sparse", "multivector"]
 OUTPUTS: tuple[str, ...] = ("dense", "sparse", "multivector")
-RetrievalKind = Literal["splade", "bge-m3", "colbert"]
 
 # bge-m3's head files, as FlagEmbedding saves them (torch.save of a Linear's state dict)
 M3_SPARSE_HEAD = "sparse_linear.pt"
@@ -70,7 +70,7 @@ class ColbertSpec:
 class RetrievalSpec:
     """The outputs of a model folder and its heads' settings (one of the three set)."""
 
-    kind: RetrievalKind
+    kind: str  # its row of the registry (`retrieval_kinds.KIND_BY_NAME`)
     outputs: tuple[Output, ...]
     splade: SpladeSpec | None = None
     m3: M3Spec | None = None
@@ -108,10 +108,6 @@ def is_colbert(folder: Path) -> bool:
     if path.exists() and _json(path).get("model_type") == "ColBERT":
         return True
     return any(str(m.get("type", "")).startswith("pylate.") for m in _modules(folder))
-
-
-# the family rows' folder markers (`families.Family.marker`)
-MARKERS = {"splade": is_splade, "bge-m3": is_bge_m3, "colbert": is_colbert}
 
 
 class _Vocab:
@@ -223,16 +219,14 @@ def _colbert(folder: Path, hidden: int) -> ColbertSpec:
     )
 
 
-def read_retrieval(folder: Path, kind: str, hidden: int) -> RetrievalSpec:
-    """The outputs and head settings of a folder of the given family (`kind`)."""
-    if kind == "splade":
-        return RetrievalSpec("splade", ("sparse",), splade=_splade(folder))
-    if kind == "bge-m3":
-        outputs: tuple[Output, ...] = ("dense", "sparse", "multivector")
-        return RetrievalSpec("bge-m3", outputs, m3=_m3(folder), multivector_dims=hidden)
-    if kind == "colbert":
-        colbert = _colbert(folder, hidden)
-        return RetrievalSpec(
-            "colbert", ("multivector",), colbert=colbert, multivector_dims=colbert.width
-        )
-    raise ValueError(f"unknown retrieval kind {kind!r}")
+def read_splade(base: RetrievalSpec, folder: Path, hidden: int) -> RetrievalSpec:
+    return replace(base, splade=_splade(folder))
+
+
+def read_m3(base: RetrievalSpec, folder: Path, hidden: int) -> RetrievalSpec:
+    return replace(base, m3=_m3(folder), multivector_dims=hidden)
+
+
+def read_colbert(base: RetrievalSpec, folder: Path, hidden: int) -> RetrievalSpec:
+    colbert = _colbert(folder, hidden)
+    return replace(base, colbert=colbert, multivector_dims=colbert.width)

@@ -55,7 +55,8 @@ from embedserve.loading.labels import (
     read_labels,
     sigmoid,
 )
-from embedserve.loading.retrieval import Output, RetrievalSpec, read_retrieval
+from embedserve.loading.retrieval import Output, RetrievalSpec
+from embedserve.loading.retrieval_kinds import KIND_BY_NAME, read_retrieval
 from embedserve.loading.score_readers import answer_ids
 
 __all__ = [
@@ -74,7 +75,7 @@ OutputRules = Literal["generic", "pplx"]
 POOLING_METHODS: tuple[str, ...] = ("mean", "cls", "last")
 ATTENTION_KINDS: tuple[str, ...] = ("causal", "bidirectional")
 OUTPUT_RULES: tuple[str, ...] = ("generic", "pplx")
-# the encodings of a vector (`core.outputs` applies them; a folder may name its default)
+# the encodings of a vector (`core.head` applies them; a folder may name its default)
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 
 TASKS: tuple[str, ...] = ("embed", "score", "classify")
@@ -277,7 +278,8 @@ def read_model_spec(
     rules, default_dtype = _output_defaults(extra, extra_path)
     retrieval = read_retrieval(path, family.marker, config.hidden_size) if family.marker else None
     # a ColBERT folder's Dense modules project every token (its own head), not a pooled vector
-    dense = () if family.marker == "colbert" else _dense_layers(path, config.hidden_size)
+    token_dense = bool(family.marker) and KIND_BY_NAME[family.marker].token_dense
+    dense = () if token_dense else _dense_layers(path, config.hidden_size)
     if dense and task != "embed":
         raise ModelLoadError(f"{path / 'modules.json'}: a {task} model has no Dense modules")
     return ModelSpec(

@@ -2,7 +2,7 @@
 and `embedserve index` write and their readers read.
 
 - `sparse_indices`: list<int32>, a row's token ids, ascending; `sparse_values`: list<float32>,
-  their weights (> 0), the same length (the `{"indices", "values"}` of `retrieval.outputs`, the
+  their weights (> 0), the same length (the `{"indices", "values"}` of `retrieval.results`, the
   shape Qdrant, Milvus and Pinecone take);
 - `multivector`: list<fixed_size_list<float32, dims>>, a row's token vectors (unit length).
 

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 
 from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong
-from embedserve.retrieval.outputs import EncodedOutputs
+from embedserve.retrieval.results import EncodedOutputs
 
 # texts per `encode_outputs` call when a whole file is encoded (`encode_in_pieces`): 64 bge-m3
 # texts of 512 tokens are the multi-vector limit of one call (`outputs.MAX_MULTIVECTOR_VALUES`)

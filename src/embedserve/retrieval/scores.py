@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from embedserve.errors import InputError
-from embedserve.retrieval.outputs import EncodedOutputs, SparseVector
+from embedserve.loading.retrieval_kinds import KIND_BY_NAME, M3_MODES, RETRIEVAL_KINDS, ScoreRule
+from embedserve.retrieval.results import EncodedOutputs, SparseVector
 
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:
@@ -36,7 +37,6 @@ def sparse_dot(a: SparseVector, b: SparseVector) -> float:
     return float(va[ia] @ vb[ib])
 
 
-M3_MODES = ("dense", "sparse", "colbert", "sparse+dense", "colbert+sparse+dense")
 M3_DEFAULT_WEIGHTS = (1.0, 1.0, 1.0)  # FlagEmbedding's weights_for_different_modes default
 
 
@@ -68,9 +68,10 @@ def m3_scores(
 @dataclass(frozen=True)
 class LatePlan:
     """How a sparse or multi-vector model scores a query against documents: the outputs each
-    side is encoded with, the `input_type` of each side, and the score of the outputs."""
+    side is encoded with, the `input_type` of each side, and the score of the outputs (its
+    kind's row, `retrieval_kinds`)."""
 
-    kind: str  # "splade" | "bge-m3" | "colbert" (`RetrievalSpec.kind`)
+    score: ScoreRule
     outputs: tuple[str, ...]
     query_type: str | None
     document_type: str | None
@@ -78,7 +79,7 @@ class LatePlan:
 
     def scores(self, query: EncodedOutputs, documents: EncodedOutputs) -> np.ndarray:
         """[N] float32: `query` holds one input's outputs, `documents` N inputs'."""
-        if self.kind == "bge-m3":
+        if self.score == "weighted":
             assert query.dense is not None and query.sparse is not None
             assert query.multivector is not None and documents.dense is not None
             assert documents.sparse is not None and documents.multivector is not None
@@ -87,7 +88,7 @@ class LatePlan:
             )
             q = (query.dense[0], query.sparse[0], query.multivector[0])
             return m3_scores(q, triples, self.weights or M3_DEFAULT_WEIGHTS)[M3_MODES[-1]]
-        if self.kind == "colbert":
+        if self.score == "maxsim":
             assert query.multivector is not None and documents.multivector is not None
             found = [maxsim(query.multivector[0], m) for m in documents.multivector]
         else:
@@ -97,19 +98,22 @@ class LatePlan:
 
 
 def late_plan(kind: str, weights: Any = None) -> LatePlan:
-    """The plan of a model of `kind`; `weights` (bge-m3 only) checked: three numbers >= 0 with a
-    positive sum. ColBERT encodes queries and documents each their own way; SPLADE and bge-m3
-    encode both alike (FlagEmbedding's `compute_score` and SparseEncoder take no query side)."""
-    if kind == "bge-m3":
-        return LatePlan(kind, ("dense", "sparse", "multivector"), None, None, _weights(weights))
+    """The plan of a model of `kind` (its row's score, outputs and input types); `weights`
+    checked: three numbers >= 0 with a positive sum, for a kind whose score takes them
+    (bge-m3), else an error. ColBERT encodes queries and documents each their own way;
+    bge-m3 encodes both alike (FlagEmbedding's `compute_score` takes no query side)."""
+    row = KIND_BY_NAME[kind]
+    if row.score_weights:
+        query_type, document_type = row.score_input_types
+        return LatePlan(row.score, row.outputs, query_type, document_type, _weights(weights))
     if weights is not None:
+        weighted = next(k for k in RETRIEVAL_KINDS if k.score_weights)
         raise InputError(
-            f"weights are bge-m3's (dense, sparse, colbert); this {kind} model scores by "
-            f"{'MaxSim' if kind == 'colbert' else 'the sparse dot product'} alone",
+            f"weights are {weighted.name}'s ({', '.join(weighted.score_weights)}); this {kind} "
+            f"model scores by {row.score_words} alone",
             param="weights",
         )
-    output = "multivector" if kind == "colbert" else "sparse"
-    return LatePlan(kind, (output,), "query", "document", None)
+    return LatePlan(row.score, row.outputs, *row.score_input_types, None)
 
 
 def _weights(weights: Any) -> tuple[float, float, float] | None:

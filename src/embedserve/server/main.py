@@ -37,11 +37,11 @@ from embedserve.contract.local import socket_path
 from embedserve.contract.secret import LOOPBACK, LinkSecretInterceptor, read_secret
 from embedserve.options import EngineOptions, Options, drain_option, option
 from embedserve.processes import say, write_ready
-from embedserve.retrieval.outputs import MAX_MULTIVECTOR_VALUES
+from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
 from embedserve.server.engine_thread import EngineThread
 from embedserve.server.guard import MAX_FAILED_STEPS, STEP_TIMEOUT_SECONDS, EngineGuard
 from embedserve.server.local import serve_local
-from embedserve.server.outputs import MultivectorLimit
+from embedserve.server.output_requests import MultivectorLimit
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 from embedserve.server.warmup import WARMUP_QUERIES, measured_batch_tokens, warm_up_graphs

@@ -20,7 +20,7 @@ import numpy as np
 
 from embedserve.contract.tracing import RequestTrace, current_request
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
-from embedserve.core.outputs import Head
+from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch
 
 # A request is large when it takes more than half a batch's budget (a large request's parts take

@@ -29,12 +29,12 @@ import numpy as np
 
 from embedserve.contract import tracing
 from embedserve.contract.codec import decode_request, encode_response
-from embedserve.core.outputs import Head
+from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.server.engine_thread import EngineThread
 from embedserve.server.guard import EngineGuard
 from embedserve.server.handles import EngineLike, Ready, ResultHandle, SpanPooler, is_ready
-from embedserve.server.outputs import (
+from embedserve.server.output_requests import (
     MultivectorLimit,
     OutputsAsk,
     OutputsEncoder,

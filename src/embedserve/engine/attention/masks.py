@@ -10,8 +10,8 @@ form its kernel wants:
 - `block_diagonal` (block_mask): [T, T] over the whole packed batch, sequences never mixing.
 - `bucket_mask` (cudnn): as `block_diagonal`, but None or a [T] mask of the padding keys where a
   graph bucket holds one real sequence (`solo`, `dense` layouts), and always additive.
-- `padded_chunks` + `chunk_mask` (padded): sequences gathered into [C, L] rows, chunk by chunk
-  (each chunk's slots bounded by the batch's tokens, `padded_bound`), a mask over each row's keys,
+- `padded_blocks` + `block_mask` (padded): sequences gathered into [C, L] rows, block by block
+  (each block's slots bounded by the batch's tokens, `padded_bound`), a mask over each row's keys,
   and the indices that gather and scatter back.
 
 Memory is bounded by design: no [T, T] mask above `MAX_MASK_TOKENS` (`needs_square` says where a
@@ -38,7 +38,7 @@ M = TypeVar("M")
 # A [T, T] mask (block_mask, cudnn over several sequences) is built up to this many tokens; above
 # it those backends run `padded`'s bounded form instead (its buffers grow as T, not T²).
 MAX_MASK_TOKENS = 2048
-# `padded` gathers at most this many row slots per token of the batch into one chunk.
+# `padded` gathers at most this many row slots per token of the batch into one block.
 PADDED_SLOTS_PER_TOKEN = 2
 
 
@@ -196,7 +196,7 @@ def bucket_mask(
 
 
 @dataclass(frozen=True)
-class PaddedChunk:
+class PaddedBlock:
     """Some sequences gathered into [C, L] rows inside attention (`padded`)."""
 
     rows: torch.Tensor  # [C, L] the token index of each row slot (clamped; masked past the end)
@@ -212,21 +212,21 @@ class PaddedChunk:
 
 def padded_bound(t: int, length: int, heads: int, head_dim: int) -> int:
     """Elements of the largest buffer `padded` builds for t tokens whose rows are `length` long:
-    a chunk holds at most PADDED_SLOTS_PER_TOKEN * max(t, length) row slots, so its mask (and
+    a block holds at most PADDED_SLOTS_PER_TOKEN * max(t, length) row slots, so its mask (and
     SDPA's scores) [C, N, L, L] and its gathers [C, N, L, D] stay within this."""
     return heads * PADDED_SLOTS_PER_TOKEN * max(t, length) * max(length, head_dim)
 
 
-def padded_chunks(scope: Scope, t: int, device: torch.device) -> tuple[PaddedChunk, ...]:
-    """The rows of a forward, in chunks of at most `PADDED_SLOTS_PER_TOKEN * max(t, L)` slots.
+def padded_blocks(scope: Scope, t: int, device: torch.device) -> tuple[PaddedBlock, ...]:
+    """The rows of a forward, in blocks of at most `PADDED_SLOTS_PER_TOKEN * max(t, L)` slots.
 
     With the host's lengths (eager), sequences are grouped by length (sorted, so a long one does
-    not pad thousands of short ones to its length) and each chunk is as long as its longest.
+    not pad thousands of short ones to its length) and each block is as long as its longest.
     Inside a CUDA graph (no host lengths) every row is the bucket's `max_seqlen` long and the
-    chunks are runs of sequences in order: shapes fixed by the bucket alone."""
+    blocks are runs of sequences in order: shapes fixed by the bucket alone."""
     layout = scope.layout
 
-    def build() -> tuple[PaddedChunk, ...]:
+    def build() -> tuple[PaddedBlock, ...]:
         cu = layout.cu_seqlens.long()
         starts, lens = cu[:-1], cu[1:] - cu[:-1]  # [S]
         if layout.seqlens:
@@ -239,13 +239,13 @@ def padded_chunks(scope: Scope, t: int, device: torch.device) -> tuple[PaddedChu
             per = max(1, PADDED_SLOTS_PER_TOKEN * max(t, length) // length)
             seqs = torch.arange(starts.shape[0], device=device)
             picks = zip(torch.split(seqs, per), itertools.repeat(length))
-        return tuple(_chunk(starts[g], lens[g], n, t, device) for g, n in picks)
+        return tuple(_block(starts[g], lens[g], n, t, device) for g, n in picks)
 
-    return cached(layout, "padded-chunks", build)
+    return cached(layout, "padded-blocks", build)
 
 
 def _length_groups(seqlens: tuple[int, ...], t: int) -> list[tuple[np.ndarray, int]]:
-    """(sequence indices, row length) per chunk: sorted by length, each chunk grown while its
+    """(sequence indices, row length) per block: sorted by length, each block grown while its
     rows times its longest stay within the slot budget."""
     lens = np.asarray(seqlens)
     order = np.argsort(lens, kind="stable")
@@ -259,25 +259,25 @@ def _length_groups(seqlens: tuple[int, ...], t: int) -> list[tuple[np.ndarray, i
     return groups
 
 
-def _chunk(
+def _block(
     starts: torch.Tensor, lens: torch.Tensor, length: int, t: int, device: torch.device
-) -> PaddedChunk:
+) -> PaddedBlock:
     offsets = torch.arange(length, device=device)
     tokens = starts[:, None] + offsets[None, :]
     real = offsets[None, :] < lens[:, None]  # [C, L]
     dst = torch.where(real, tokens, torch.full_like(tokens, t))
-    return PaddedChunk(tokens.clamp_max(t - 1), real[:, None, None, :], dst)
+    return PaddedBlock(tokens.clamp_max(t - 1), real[:, None, None, :], dst)
 
 
-def chunk_mask(
-    scope: Scope, chunk: PaddedChunk, dtype: torch.dtype, device: torch.device, *, keep: bool
+def block_mask(
+    scope: Scope, block: PaddedBlock, dtype: torch.dtype, device: torch.device, *, keep: bool
 ) -> torch.Tensor:
-    """One chunk's mask: [C, 1, 1 or L, L] bool, or [C, N, L, L] float with the bias; kept in
+    """One block's mask: [C, 1, 1 or L, L] bool, or [C, N, L, L] float with the bias; kept in
     the layout's cache for the forward's other layers when `keep`."""
 
     def build() -> torch.Tensor:
-        length = chunk.length
-        real = chunk.keep
+        length = block.length
+        real = block.keep
         near = allowed(length, device, scope.causal, scope.window, None)
         if near is not None:
             real = real & near

@@ -5,11 +5,11 @@ the mask form it needs from `masks` (built once per forward):
   lengths, see docs/architecture.md).
 - `block_mask`: one SDPA over the whole batch with a block-diagonal boolean mask. Its cost grows
   with T², so it only wins for many tiny sequences.
-- `padded`: the sequences gathered into [C, L] rows (L: a chunk's longest, or the layout's
-  max_seqlen in a graph), one SDPA per chunk with a key-padding mask, scattered back. Padding
+- `padded`: the sequences gathered into [C, L] rows (L: a block's longest, or the layout's
+  max_seqlen in a graph), one SDPA per block with a key-padding mask, scattered back. Padding
   inside attention only (never in the GEMMs): the backend for models whose score bias
   FlashAttention cannot take (MPNet), where a [T, T] mask over a whole bucket would cost T²
-  instead of S L². Chunks hold at most 2 max(T, L) slots (`masks.padded_bound`), so one long
+  instead of S L². Blocks hold at most 2 max(T, L) slots (`masks.padded_bound`), so one long
   text among thousands of short ones never pads them all to its length.
 
 `block_mask` (and `cudnn`) above `masks.MAX_MASK_TOKENS` tokens run `padded` instead.
@@ -72,17 +72,17 @@ def block_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scope: Scope) 
 
 
 def padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scope: Scope) -> torch.Tensor:
-    """Chunk by chunk (`masks.padded_chunks`): gather the rows, one SDPA, and each real slot's
+    """Block by block (`masks.padded_blocks`): gather the rows, one SDPA, and each real slot's
     output copied to its token (padding slots go to row T, dropped)."""
     t = q.shape[0]
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
-    chunks = masks.padded_chunks(scope, t, q.device)
+    blocks = masks.padded_blocks(scope, t, q.device)
     out = q.new_empty((t + 1, *q.shape[1:]))
-    for chunk in chunks:
-        # one chunk: its mask is kept for every layer of the forward; several: each is built
-        # when used, so only one chunk's is alive at a time
-        mask = masks.chunk_mask(scope, chunk, q.dtype, q.device, keep=len(chunks) == 1)
-        qp, kp, vp = (x[chunk.rows].transpose(1, 2) for x in (q, k, v))  # [C, N, L, D]
+    for block in blocks:
+        # one block: its mask is kept for every layer of the forward; several: each is built
+        # when used, so only one block's is alive at a time
+        mask = masks.block_mask(scope, block, q.dtype, q.device, keep=len(blocks) == 1)
+        qp, kp, vp = (x[block.rows].transpose(1, 2) for x in (q, k, v))  # [C, N, L, D]
         o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
-        out.index_copy_(0, chunk.dst.flatten(), o.transpose(1, 2).flatten(0, 1))
+        out.index_copy_(0, block.dst.flatten(), o.transpose(1, 2).flatten(0, 1))
     return out[:t]

@@ -21,6 +21,7 @@ import numpy as np
 
 from embedserve.errors import InputError
 from embedserve.loading.retrieval import RetrievalSpec
+from embedserve.loading.retrieval_kinds import KIND_BY_NAME, RETRIEVAL_KINDS
 
 # floats of multi-vector output per call: 32 Mi (128 MiB as float32), e.g. 64 bge-m3 documents of
 # 512 tokens (1,024 dims) or 1,165 ColBERT documents of 300 tokens at 96 dims
@@ -101,12 +102,14 @@ def multivector_rows(
     spec: RetrievalSpec, input_ids: np.ndarray, seqlens: np.ndarray, *, query: bool
 ) -> np.ndarray:
     """[S] the token vectors each packed sequence's multi-vector output has, from its token ids
-    alone (the engine's kept tokens, `engine.pooler.multivector`): bge-m3 every token after CLS;
-    a ColBERT query every token; a ColBERT document those not in the skip-list."""
+    alone (the engine's kept tokens, `engine.retrieval.RetrievalHeads.kept`), by its kind's
+    `multivector_tokens`: bge-m3 every token after CLS; a ColBERT query every token; a ColBERT
+    document those not in the skip-list."""
     seqlens = np.asarray(seqlens, dtype=np.int64)
-    if spec.kind == "bge-m3":
+    rule = KIND_BY_NAME[spec.kind].multivector_tokens
+    if rule == "after_first":
         return seqlens - 1
-    if spec.colbert is None or query:
+    if rule != "skiplist" or spec.colbert is None or query:
         return seqlens
     kept = ~np.isin(input_ids, np.asarray(spec.colbert.skiplist_ids, dtype=np.int64))
     seq_ids = np.repeat(np.arange(len(seqlens)), seqlens)
@@ -114,8 +117,10 @@ def multivector_rows(
 
 
 # `default_outputs` in words, for the commands' --help
-DEFAULT_OUTPUTS_RULE = (
-    "dense, or every output of a model without dense vectors (SPLADE: sparse; ColBERT: multivector)"
+DEFAULT_OUTPUTS_RULE = "dense, or every output of a model without dense vectors ({})".format(
+    "; ".join(
+        f"{k.title}: {', '.join(k.outputs)}" for k in RETRIEVAL_KINDS if "dense" not in k.outputs
+    )
 )
 
 

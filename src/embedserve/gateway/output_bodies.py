@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.core.outputs import Head, check_output_dtype, encode, to_base64
+from embedserve.core.head import Head, check_output_dtype, encode, to_base64
 from embedserve.errors import InputError
 from embedserve.gateway.errors import bad_request
 from embedserve.gateway.requests import (
@@ -35,7 +35,7 @@ from embedserve.gateway.requests import (
 )
 from embedserve.gateway.scoring import tei_truncate
 from embedserve.loading.retrieval import OUTPUTS
-from embedserve.retrieval.outputs import EncodedOutputs, check_multivector_size, check_outputs
+from embedserve.retrieval.results import EncodedOutputs, check_multivector_size, check_outputs
 
 OUTPUTS_FIELDS = frozenset(
     {"input", "model", "encoding_format", "user", "truncate", "outputs", "input_type",

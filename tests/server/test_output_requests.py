@@ -1,5 +1,5 @@
-"""A sparse or multi-vector model's requests through the service (`server.outputs`), in front of
-a fake `encode_outputs` whose answers are easy to check: batches by kind, one forward per batch
+"""A sparse or multi-vector model's requests through the service (`server.output_requests`), in
+front of a fake `encode_outputs` whose answers are easy to check: batches by kind, one forward per batch
 for every output asked, each request's slice of it, and the refusals (the multi-vector size
 bound among them)."""
 
@@ -19,8 +19,8 @@ from embedserve.engine.pooler.multivector import TokenVectors
 from embedserve.engine.pooler.sparse import SparseRows
 from embedserve.engine.retrieval import BatchOutputs
 from embedserve.loading.retrieval import ColbertSpec, M3Spec, RetrievalSpec
-from embedserve.retrieval.outputs import multivector_rows
-from embedserve.server.outputs import MultivectorLimit
+from embedserve.retrieval.results import multivector_rows
+from embedserve.server.output_requests import MultivectorLimit
 from embedserve.server.service import EmbedService
 from tests.server.test_service import HIDDEN, FakeEngine, req, with_server
 

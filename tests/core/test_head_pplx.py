@@ -8,7 +8,7 @@ import base64
 import numpy as np
 import pytest
 
-from embedserve.core.outputs import (
+from embedserve.core.head import (
     apply_output,
     check_dimensions,
     encode,

@@ -13,7 +13,7 @@ import numpy as np
 
 from embedserve.contract.codec import encode_outputs_response
 from embedserve.loading.retrieval import RetrievalSpec
-from embedserve.retrieval.outputs import check_multivector_size, multivector_rows
+from embedserve.retrieval.results import check_multivector_size, multivector_rows
 from embedserve.server.scheduler import Pending
 
 # A batch's outputs from one forward: `Engine.encode_outputs(batch, outputs, query=...,

@@ -315,14 +315,14 @@ class InputPreparer:
         self, texts: list[str], options: InputOptions, single: bool
     ) -> PreparedInputs:
         if options.truncate != "chunk":
-            return PreparedInputs(
-                self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt),
-                single,
-            )
+            seqs = self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt)
+            self._refuse_empty(texts, seqs, options.prompt, single)
+            return PreparedInputs(seqs, single)
         prompted = [options.prompt + t for t in texts] if options.prompt else texts
         limit = self.max_length
         prompt_ids = self.tokenizer.encode_plain(options.prompt) if options.prompt else []
         wholes = self.tokenizer.encode_with_offsets(prompted)
+        self._refuse_empty(texts, [w.ids for w in wholes], options.prompt, single)
         too_long = [i for i, whole in enumerate(wholes) if len(whole.ids) > limit]
         # an over-long text is cut into windows of its own tokens (without the prompt: see
         # `chunking.split_windows`), all of them tokenized in one batch
@@ -347,6 +347,19 @@ class InputPreparer:
             counts.append(len(windows))
             weights += [len(w) - overhead for w in windows]
         return PreparedInputs(seqs, single, counts, weights)
+
+    def _refuse_empty(
+        self, texts: list[str], seqs: list[list[int]], prompt: str, single: bool
+    ) -> None:
+        """A text with no token of its own ("\\u0000", "  ") is refused as "" is: its vector
+        would be the empty text's (issue 40 item 7)."""
+        i = self.tokenizer.first_without_tokens(texts, seqs, prompt)
+        if i is not None:
+            where = "input" if single else f"input[{i}]"
+            raise InputError(
+                f"{where} is empty after the tokenizer's normalization (no token of its own: "
+                "whitespace or control characters only)"
+            )
 
     # -- late chunking --------------------------------------------------------------------
 

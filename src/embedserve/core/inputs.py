@@ -315,9 +315,9 @@ class InputPreparer:
         self, texts: list[str], options: InputOptions, single: bool
     ) -> PreparedInputs:
         if options.truncate != "chunk":
-            seqs = self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt)
-            self._refuse_empty(texts, seqs, options.prompt, single)
-            return PreparedInputs(seqs, single)
+            ids = self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt)
+            self._refuse_empty(texts, ids, options.prompt, single)
+            return PreparedInputs(ids, single)
         prompted = [options.prompt + t for t in texts] if options.prompt else texts
         limit = self.max_length
         prompt_ids = self.tokenizer.encode_plain(options.prompt) if options.prompt else []

@@ -351,15 +351,7 @@ class InputPreparer:
     def _refuse_empty(
         self, texts: list[str], seqs: list[list[int]], prompt: str, single: bool
     ) -> None:
-        """A text with no token of its own ("\\u0000", "  ") is refused as "" is: its vector
-        would be the empty text's (issue 40 item 7)."""
-        i = self.tokenizer.first_without_tokens(texts, seqs, prompt)
-        if i is not None:
-            where = "input" if single else f"input[{i}]"
-            raise InputError(
-                f"{where} is empty after the tokenizer's normalization (no token of its own: "
-                "whitespace or control characters only)"
-            )
+        refuse_empty(self.tokenizer, texts, seqs, prompt, single=single)
 
     # -- late chunking --------------------------------------------------------------------
 
@@ -429,3 +421,22 @@ class InputPreparer:
                 if not chunk.strip():
                     raise InputError(f"input[{d}][{c}] is an empty chunk")
         return [list(d) for d in documents]
+
+
+def refuse_empty(
+    tokenizer: TextTokenizer,
+    texts: Sequence[str],
+    seqs: Sequence[Sequence[int]],
+    prompt: str = "",
+    *,
+    single: bool = False,
+) -> None:
+    """A text with no token of its own in its ids `seqs[i]` ("\\u0000", "  ") is refused as ""
+    is: its vector would be the empty text's (issue 40 item 7)."""
+    i = tokenizer.first_without_tokens(texts, seqs, prompt)
+    if i is not None:
+        where = "input" if single else f"input[{i}]"
+        raise InputError(
+            f"{where} is empty after the tokenizer's normalization (no token of its own: "
+            "whitespace or control characters only)"
+        )

@@ -8,9 +8,11 @@ an attacker would send it: raw bytes on a socket where the HTTP client would ref
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import secrets
+import select
 import socket
 import statistics
 import threading
@@ -83,6 +85,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "embed_all: 2,048 texts of 256 tokens": lambda: _sends(
         "/embed_all", {"inputs": ["word " * 300] * 2048, "truncate": True}
     ),
+    "a Content-Length of 17 MB (over the limit)": lambda: _over_length,
+    "a chunked body past 16 MiB": lambda: _over_chunked,
     "two Host headers": lambda: _two_hosts,
     "gzip Content-Encoding": lambda: _sends(
         "/v1/embeddings", b"\x1f\x8b\x08\x00garbage", {"Content-Encoding": "gzip"}
@@ -90,10 +94,46 @@ CASES: dict[str, Callable[[], Case]] = {
 }
 
 
+def _status(s: socket.socket) -> int:
+    return int(s.recv(100).split(b" ")[1])
+
+
+def _over_length(port: int) -> int:
+    """A Content-Length of 17 MB (over the 16 MiB limit), the body's first 64 KB sent, then the
+    answer read: refused from the headers, nothing more awaited."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 17000000\r\n\r\n" + b"x" * 65536
+        )
+        return _status(s)
+
+
+def _over_chunked(port: int) -> int:
+    """A chunked body sent 1 MB at a time until the answer comes (over 16 MiB: a 413 once the
+    count passes the limit)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        chunk = b"%x\r\n" % 2**20 + b"x" * 2**20 + b"\r\n"
+        s.setblocking(False)
+        for _ in range(64):  # 64 MB at most
+            # the server stopped reading: its answer is there
+            with contextlib.suppress(BlockingIOError, BrokenPipeError, ConnectionResetError):
+                s.sendall(chunk)
+            ready, _, _ = select.select([s], [], [], 0.001)
+            if ready:
+                break
+        s.setblocking(True)
+        return _status(s)
+
+
 def _two_hosts(port: int) -> int:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n")
-        return int(s.recv(100).split(b" ")[1])
+        return _status(s)
 
 
 class Probe:

@@ -6,8 +6,11 @@ all its processes sampled along the way. Growth is measured from the sample afte
 model, both random-weight checkpoints of the exact configs made here) under three clients, one
 embedding, one reranking and one asking sparse outputs, for `--seconds`; the resident memory of
 every process sampled on its own (issue 40's soak; TEI's users saw a reranker grow 6 -> 42 GB).
+It stops at `--requests` requests in all (the three clients share the count) or after
+`--seconds`, whichever comes first, and states each process's growth from the first sample
+after `--warmup` seconds to the last, and its slope (least squares, MB per hour).
 
-    PYTHONPATH=src python3 benchmarks/studies/soak.py [--seconds 60] [--mix]
+    PYTHONPATH=src python3 benchmarks/studies/soak.py [--seconds 60] [--mix [--requests N]]
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     ap.add_argument("--mix", action="store_true", help="embed, rerank and sparse, 3 models")
+    ap.add_argument("--requests", type=int, default=None, help="--mix: stop after this many")
+    ap.add_argument("--warmup", type=float, default=60.0, help="--mix: s before growth counts")
     args = ap.parse_args()
     if args.mix:
         return mixed(args)
@@ -102,6 +107,55 @@ def _named(pid: int) -> str:
     return f"{pid} {role} {Path(model).name}".strip()
 
 
+def _client(
+    port: int,
+    path: str,
+    bodies: list[bytes],
+    start_at: float,
+    end: float,
+    sent: Any,
+    most: int,
+    pipe: Any,
+) -> None:
+    """One client on one keep-alive connection, from `start_at` until `end` or until the
+    clients' shared count `sent` reaches `most`; sends (requests, errors) on `pipe`."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"Content-Type": "application/json"}
+    num = errors = 0
+    time.sleep(max(0.0, start_at - time.time()))
+    while time.time() < end:
+        with sent.get_lock():
+            if sent.value >= most:
+                break
+            sent.value += 1
+        try:
+            conn.request("POST", path, body=bodies[num % len(bodies)], headers=headers)
+            reply = conn.getresponse()
+            reply.read()
+            errors += reply.status != 200
+        except (OSError, http.client.HTTPException):
+            errors += 1
+            conn.close()
+        num += 1
+    conn.close()
+    pipe.send((num, errors))
+
+
+def growth(samples: list[dict[str, Any]], warmup: float) -> dict[str, dict[str, float]]:
+    """Per process: MB from the first sample after `warmup` s to the last, and the slope of a
+    least-squares line through those samples (MB per hour)."""
+    after = [x for x in samples if x["s"] >= warmup]
+    out: dict[str, dict[str, float]] = {}
+    for name in after[0]["rss_mb"] if len(after) >= 2 else ():
+        points = [(x["s"], x["rss_mb"][name]) for x in after if name in x["rss_mb"]]
+        ts, mbs = [t for t, _ in points], [mb for _, mb in points]
+        mean_t, mean_mb = sum(ts) / len(ts), sum(mbs) / len(mbs)
+        var = sum((t - mean_t) ** 2 for t in ts) or 1.0
+        slope = sum((t - mean_t) * (mb - mean_mb) for t, mb in points) / var
+        out[name] = {"MB": round(mbs[-1] - mbs[0], 1), "MB per hour": round(slope * 3600, 1)}
+    return out
+
+
 def mixed(args: argparse.Namespace) -> None:
     """Embed, rerank and sparse requests on three models of one `serve` (see the docstring)."""
     import multiprocessing as mp
@@ -128,11 +182,12 @@ def mixed(args: argparse.Namespace) -> None:
     samples: list[dict[str, Any]] = []
     stop = threading.Event()
     try:
-        pids = descendants(server.proc.pid) | {server.proc.pid}
         t0 = time.monotonic()
 
         def sample() -> None:
             while not stop.wait(10.0):
+                # read again each time: a restarted worker is a new process
+                pids = descendants(server.proc.pid) | {server.proc.pid}
                 now = {_named(pid): round(rss_mb({pid}), 1) for pid in sorted(pids)}
                 samples.append({"s": round(time.monotonic() - t0, 1), "rss_mb": now})
 
@@ -141,22 +196,24 @@ def mixed(args: argparse.Namespace) -> None:
         ctx = mp.get_context("spawn")
         start_at = time.time() + 2.0
         pipes = []
+        # the requests sent so far by all three clients, and the most to send
+        sent, most = ctx.Value("q", 0), args.requests or 2**62
         for path, bodies in work:
             receive, send = ctx.Pipe(duplex=False)
             end = start_at + args.seconds
             ctx.Process(
-                target=loadgen._client, args=(port, path, bodies, start_at, end, send)
+                target=_client, args=(port, path, bodies, start_at, end, sent, most, send)
             ).start()
             pipes.append(receive)
-        per_path = [receive.recv() for receive in pipes]  # (latencies, tokens, errors) each
+        per_path = [receive.recv() for receive in pipes]  # (requests, errors) each
+        elapsed = round(time.monotonic() - t0, 1)
         stop.set()
         sampler.join(20)
     finally:
         server.stop(30)
     names = ["embed", "rerank", "sparse"]
     counts = {
-        n: {"requests": len(lat), "errors": err}
-        for n, (lat, _, err) in zip(names, per_path, strict=True)
+        n: {"requests": num, "errors": err} for n, (num, err) in zip(names, per_path, strict=True)
     }
     doc = {
         "hardware": report.cpu_hardware(),
@@ -164,8 +221,10 @@ def mixed(args: argparse.Namespace) -> None:
         "date": time.strftime("%Y-%m-%d"),
         "note": "a shared 2-core machine (other agents' jobs ran too): latencies are not ours alone",
         "seconds": args.seconds,
+        "elapsed seconds": elapsed,
         "requests": sum(c["requests"] for c in counts.values()),
         "by kind": counts,
+        "rss growth after warm-up by process": growth(samples, args.warmup),
         "rss_mb_samples by process (every 10 s)": samples,
     }
     path = report.write_json("soak-mix-cpu", doc, args.out)

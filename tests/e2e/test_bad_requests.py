@@ -90,6 +90,17 @@ BATTERY: list[tuple[str, str, str, bytes, int, str | None, str | None]] = [
     ),
     ("empty string", "POST", "/v1/embeddings", j({"input": ""}), 400, "invalid_value", "input"),
     ("empty list", "POST", "/v1/embeddings", j({"input": []}), 400, "invalid_value", "input"),
+    # empty after the tokenizer's normalization: refused as "" is (issue 40 item 7)
+    ("NUL alone", "POST", "/v1/embeddings", j({"input": "\u0000"}), 400, "invalid_value", "input"),
+    (
+        "blank in list",
+        "POST",
+        "/v1/embeddings",
+        j({"input": ["a", " \t"]}),
+        400,
+        "invalid_value",
+        "input",
+    ),
     (
         "empty string in list",
         "POST",

@@ -23,6 +23,8 @@ from embedserve.devtools.checkpoints import make_checkpoint
 from embedserve.embedder import Embedder
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.engine import Engine
+from embedserve.engine.fidelity import FidelityError
+from embedserve.engine.graphs import GraphRunner
 from embedserve.engine.retrieval import BatchOutputs
 
 pytestmark = pytest.mark.gpu
@@ -143,7 +145,8 @@ def test_outputs_through_the_graphs_equal_eager_and_cpu_fp32(
     cpu = Embedder(folders[arch], device="cpu", dtype="float32")
     outputs = cpu.spec.outputs
     eager = Engine.from_folder(folders[arch], device="cuda", graphs=False)
-    graphs = Engine.from_folder(folders[arch], device="cuda")
+    # the guard off: its probes would capture buckets before the counts below start
+    graphs = Engine.from_folder(folders[arch], device="cuda", fidelity=False)
     assert eager.token_runner is None, "graphs=False still built a token runner"
     runner = graphs.token_runner
     assert runner is not None, "no token runner on CUDA: encode_outputs would run eagerly"
@@ -172,3 +175,32 @@ def test_outputs_through_the_graphs_equal_eager_and_cpu_fp32(
             problems += _disagreements(got, on_cuda, f"{label}, call {call}: graphs vs eager CUDA")
     assert runner.num_graphs == len(cases), f"{runner.num_graphs} graphs, {stats.as_dict()}"
     assert not problems, f"{arch}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_guard_checks_the_outputs_through_the_token_graphs(
+    folders: dict[str, Path], arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At start-up the fidelity guard runs the probes through `encode_outputs` (each bucket's
+    eager run, capture and replay of the per-token graphs, then the heads) against the eager
+    fp32 reference: a faithful engine passes at 0.999 with the token graphs captured, and one
+    whose replayed per-token graph gets one token's row wrong is refused (issue 40 item 14)."""
+    if arch not in folders:
+        pytest.skip(f"{arch}: not among EMBEDSERVE_RETRIEVAL_FOLDERS")
+    engine = Engine.from_folder(folders[arch], device="cuda")
+    assert engine.fidelity_cosine is not None and engine.fidelity_cosine >= 0.999
+    runner = engine.token_runner
+    assert runner is not None and runner.num_graphs >= 1, "the guard captured no token graph"
+    run = GraphRunner.run
+
+    def replay_wrong(self: GraphRunner, batch: PackedBatch) -> Any:
+        replays = self.stats.replays
+        rows = run(self, batch)
+        if rows is not None and self.per_token and self.stats.replays > replays:
+            rows = rows.clone()
+            rows[-1] = -rows[-1]
+        return rows
+
+    monkeypatch.setattr(GraphRunner, "run", replay_wrong)
+    with pytest.raises(FidelityError, match=r"\(run \d of 3\), (sparse|multivector)"):
+        Engine.from_folder(folders[arch], device="cuda")

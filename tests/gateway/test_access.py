@@ -56,11 +56,11 @@ def bearer(key: str) -> list[tuple[bytes, bytes]]:
     return [(b"authorization", f"Bearer {key}".encode())]
 
 
-def test_keys_are_required_on_every_route_but_the_probes_and_metrics(
+def test_keys_are_required_on_every_route_but_the_probes(
     inputs: InputPreparer,
 ) -> None:
     app = make_app(inputs, KeyRing([KEY], None))
-    open_paths = ("/health", "/ready", "/metrics")
+    open_paths = ("/health", "/ready")  # /metrics needs the key by default (issue 40)
     for method, path in [(m, p) for m, p in app.routes if p not in open_paths]:
         for headers in ([], bearer("wrong"), [(b"authorization", f"Basic {KEY}".encode())]):
             status, head, body = request(app, method, path, headers + JSON, BODY)
@@ -70,7 +70,7 @@ def test_keys_are_required_on_every_route_but_the_probes_and_metrics(
     status, _, body = request(app, "POST", "/v1/embeddings", bearer(KEY) + JSON, BODY)
     assert status == 200, body
     assert request(app, "GET", "/health", [])[0] == 200
-    assert request(app, "GET", "/metrics", [])[0] == 200
+    assert request(app, "GET", "/metrics", bearer(KEY))[0] == 200
     # /ready: its status to anyone (the kubelet sends no key), the replicas' details with a key
     for headers in ([], bearer("wrong")):
         assert request(app, "GET", "/ready", headers)[::2] == (200, {"status": "ready"}), headers
@@ -78,9 +78,9 @@ def test_keys_are_required_on_every_route_but_the_probes_and_metrics(
     assert status == 200 and body["replicas"] == [
         {"replica": 0, "healthy": True, "outstanding_tokens": 0}
     ]
-    locked = make_app(inputs, KeyRing([KEY], None), metrics_auth=True)
-    assert request(locked, "GET", "/metrics", [])[0] == 401
-    assert request(locked, "GET", "/metrics", bearer(KEY))[0] == 200
+    opened = make_app(inputs, KeyRing([KEY], None), metrics_open=True)  # `--metrics-open`
+    assert request(opened, "GET", "/metrics", [])[0] == 200
+    assert request(opened, "POST", "/v1/embeddings", JSON, BODY)[0] == 401
 
 
 def test_a_key_file_is_read_again_on_reload(inputs: InputPreparer, tmp_path: Path) -> None:

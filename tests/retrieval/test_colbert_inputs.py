@@ -14,7 +14,7 @@ from embedserve.loading.spec import read_model_spec
 from embedserve.retrieval.inputs import ColbertInputs, prepare_outputs
 
 
-@pytest.mark.parametrize("value", [[], "", [""], ["a", 3], 7, [[101, 102]]])
+@pytest.mark.parametrize("value", [[], "", [""], ["a", 3], 7, [[101, 102]], "\u0000", ["a", " "]])
 def test_bad_colbert_inputs_are_input_errors(retrieval_folder: Any, value: Any) -> None:
     folder = retrieval_folder("answerai-colbert-small-v1")
     spec = read_model_spec(folder)
@@ -23,4 +23,6 @@ def test_bad_colbert_inputs_are_input_errors(retrieval_folder: Any, value: Any) 
     colbert = ColbertInputs(spec.retrieval.colbert, folder / "tokenizer.json")
     with pytest.raises(InputError):
         prepare_outputs(inputs, colbert, value)
+    with pytest.raises(InputError):
+        prepare_outputs(inputs, colbert, value, input_type="query")
     assert len(prepare_outputs(inputs, colbert, ["a text"]).seqs) == 1

@@ -324,14 +324,14 @@ class InputPreparer:
         self, texts: list[str], options: InputOptions, single: bool
     ) -> PreparedInputs:
         if options.truncate != "chunk":
-            return PreparedInputs(
-                self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt),
-                single,
-            )
+            ids = self.tokenizer.encode(texts, truncate=options.truncate, prompt=options.prompt)
+            self._refuse_empty(texts, ids, options.prompt, single)
+            return PreparedInputs(ids, single)
         prompted = [options.prompt + t for t in texts] if options.prompt else texts
         limit = self.max_length
         prompt_ids = self.tokenizer.encode_plain(options.prompt) if options.prompt else []
         wholes = self.tokenizer.encode_with_offsets(prompted)
+        self._refuse_empty(texts, [w.ids for w in wholes], options.prompt, single)
         too_long = [i for i, whole in enumerate(wholes) if len(whole.ids) > limit]
         # an over-long text is cut into windows of its own tokens (without the prompt: see
         # `chunking.split_windows`), all of them tokenized in one batch
@@ -356,6 +356,11 @@ class InputPreparer:
             counts.append(len(windows))
             weights += [len(w) - overhead for w in windows]
         return PreparedInputs(seqs, single, counts, weights)
+
+    def _refuse_empty(
+        self, texts: list[str], seqs: list[list[int]], prompt: str, single: bool
+    ) -> None:
+        refuse_empty(self.tokenizer, texts, seqs, prompt, single=single)
 
     # -- late chunking --------------------------------------------------------------------
 
@@ -425,3 +430,22 @@ class InputPreparer:
                 if not chunk.strip():
                     raise InputError(f"input[{d}][{c}] is an empty chunk")
         return [list(d) for d in documents]
+
+
+def refuse_empty(
+    tokenizer: TextTokenizer,
+    texts: Sequence[str],
+    seqs: Sequence[Sequence[int]],
+    prompt: str = "",
+    *,
+    single: bool = False,
+) -> None:
+    """A text with no token of its own in its ids `seqs[i]` ("\\u0000", "  ") is refused as ""
+    is: its vector would be the empty text's (issue 40 item 7)."""
+    i = tokenizer.first_without_tokens(texts, seqs, prompt)
+    if i is not None:
+        where = "input" if single else f"input[{i}]"
+        raise InputError(
+            f"{where} is empty after the tokenizer's normalization (no token of its own: "
+            "whitespace or control characters only)"
+        )

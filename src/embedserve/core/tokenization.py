@@ -19,6 +19,7 @@ letters or digits with no space or punctuation, a hex or base64 blob of megabyte
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -219,6 +220,29 @@ class TextTokenizer:
                 return piece, stable
             n *= 2
         return None
+
+    def first_without_tokens(
+        self, texts: Sequence[str], seqs: Sequence[Sequence[int]], prompt: str = ""
+    ) -> int | None:
+        """The index of the first text that gave no token of its own to its ids `seqs[i]`
+        (`prompt + text` encoded with the special tokens): empty after the tokenizer's
+        normalization ("\\u0000", whitespace for most tokenizers), embedded as "" would be; else
+        None. Free without a prompt (a count); with one, a text whose ids are only the prompt's
+        is tokenized alone when it is short enough to have merged into the prompt's last token
+        (no longer than the longest token in the vocabulary)."""
+        base = self.num_special + (len(self.encode_plain(prompt)) if prompt else 0)
+        for i, ids in enumerate(seqs):
+            if len(ids) > base:
+                continue
+            text = texts[i]
+            if not prompt or len(text) > self._longest_token or not self.encode_plain(text):
+                return i
+        return None
+
+    @functools.cached_property
+    def _longest_token(self) -> int:
+        """Characters of the vocabulary's longest token (the most a merge can swallow)."""
+        return max(map(len, self._full.get_vocab(with_added_tokens=True)))
 
     def check_fits(self, texts: Sequence[str]) -> None:
         """`TooManyTokens` for the first long text a piece of which is over the limit already,

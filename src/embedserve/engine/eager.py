@@ -13,6 +13,7 @@ from embedserve.engine.attention import AttentionFn, RaggedLayout, choose_backen
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.ops import EAGER_OPS
+from embedserve.engine.retrieval import BatchOutputs, RetrievalHeads
 from embedserve.loading.spec import PoolingMethod
 
 
@@ -53,3 +54,22 @@ def reference_run(
 
     attend = choose_backend("sdpa_loop", device, KernelChoices())
     return eager_run(forward, batch, device, attend).cpu().numpy()
+
+
+@torch.inference_mode()
+def reference_outputs(
+    model: nn.Module,
+    heads: RetrievalHeads,
+    batch: PackedBatch,
+    device: torch.device,
+) -> BatchOutputs:
+    """The fidelity reference of a sparse or multi-vector model's outputs (every one it has, a
+    document's): the fp32 eager model's hidden rows (per-sequence SDPA) through the same
+    heads."""
+
+    def forward(ids, positions, types, seq_ids, layout, attend):  # type: ignore[no-untyped-def]
+        return model(ids, positions, types, layout, attend)
+
+    attend = choose_backend("sdpa_loop", device, KernelChoices())
+    hidden = eager_run(forward, batch, device, attend)
+    return heads.of_batch(hidden, batch, heads.spec.outputs, False)

@@ -28,11 +28,12 @@ from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.cpu_paths import CpuChoice, forward_context, timing_batches
 from embedserve.engine.cpu_paths import choose as choose_cpu_path
-from embedserve.engine.eager import eager_run, reference_run
+from embedserve.engine.eager import eager_run, reference_outputs, reference_run
 from embedserve.engine.fidelity import (
     SCORE_MAX_DIFF,
     FidelityError,
     check_fidelity,
+    check_outputs_fidelity,
     make_probes,
 )
 from embedserve.engine.graphs import GraphConfig, GraphRunner, graph_config
@@ -245,18 +246,25 @@ class Engine:
     def _check_fidelity(self, reference: PackedEncoder, *, fall_back: bool) -> float | None:
         """The guard's least cosine against `reference` (the eager fp32 model). When it fails:
         raise, or with `fall_back` serve the reference itself (None: nothing left to check)."""
+        probes, heads = make_probes(self.vocab_size, self.max_positions), self.retrieval
         try:
-            return check_fidelity(
+            worst = check_fidelity(
                 lambda b: self.step(b).wait().copy(),
                 lambda b: reference_run(
                     reference, self.after_pooling, b, self.device, self.spec.pooling
                 ),
-                make_probes(self.vocab_size, self.max_positions),
+                probes,
                 # one score per row: compared by difference (a cosine of one number is ±1),
                 # after the activation, as the scores are served
                 max_diff=SCORE_MAX_DIFF if self.score_head is not None else None,
                 activate=self.spec.score.activate if self.spec.score is not None else None,
             )
+            if heads is not None:  # what a sparse / multi-vector model serves: token graphs, heads
+                worst = min(worst, check_outputs_fidelity(
+                    lambda b: self.encode_outputs(b, heads.spec.outputs),
+                    lambda b: reference_outputs(reference, heads, b, self.device),
+                    probes, self.vocab_size))  # fmt: skip
+            return worst
         except FidelityError as err:
             if not fall_back:
                 raise
@@ -411,18 +419,11 @@ class Engine:
         if self.retrieval is None:
             raise ValueError(f"{self.spec.path}: a dense-only model; use step()")
         self.check(batch)
-        seqlens = tuple(batch.seqlens.tolist())
         with self._lock:  # the graphs' buffers, the compile context and the kernel choices
             hidden = self._hidden_rows(batch, visible_keys)
-            dev = {
-                k: torch.from_numpy(getattr(batch, k)).to(self.device)
-                for k in ("input_ids", "positions", "seq_ids")
-            }
             # NOTE: inside the lock: `hidden` may be the token runner's buffer, rewritten by
             # the next batch
-            return self.retrieval(
-                hidden, dev["input_ids"], dev["positions"], dev["seq_ids"], seqlens, outputs, query
-            )
+            return self.retrieval.of_batch(hidden, batch, outputs, query)
 
     def _hidden_rows(
         self, batch: PackedBatch, visible_keys: tuple[int, ...] | None

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
+from embedserve.engine.batch import PackedBatch
 from embedserve.engine.pooler.multivector import (
     TokenVectors,
     after_first,
@@ -140,6 +141,20 @@ class RetrievalHeads(nn.Module):
             keep = self.kept(input_ids, positions, query)
             vectors = token_vectors(hidden, keep, seq_ids, self.token_head, n)
         return BatchOutputs(dense, sparse, vectors)
+
+    def of_batch(
+        self, hidden: torch.Tensor, batch: PackedBatch, outputs: Sequence[str], query: bool
+    ) -> BatchOutputs:
+        """`forward` on the hidden rows [T, H] of `batch` (its ids, positions and sequences
+        moved to their device)."""
+        dev = {
+            k: torch.from_numpy(getattr(batch, k)).to(hidden.device)
+            for k in ("input_ids", "positions", "seq_ids")
+        }
+        seqlens = tuple(batch.seqlens.tolist())
+        return self(
+            hidden, dev["input_ids"], dev["positions"], dev["seq_ids"], seqlens, outputs, query
+        )
 
 
 def build_retrieval(spec: ModelSpec) -> RetrievalHeads | None:

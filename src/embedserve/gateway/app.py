@@ -98,7 +98,7 @@ class GatewayApp:
         max_body_bytes: int,
         body_timeout: float = BODY_TIMEOUT,
         api_keys: Callable[[], frozenset[bytes]] = frozenset,
-        metrics_auth: bool = False,
+        metrics_open: bool = False,
         allowed_hosts: frozenset[str] = frozenset(),
         log_requests: bool = False,
     ) -> None:
@@ -115,8 +115,9 @@ class GatewayApp:
         self.allowed_hosts = allowed_hosts
         self.log_requests = log_requests
         self.api_keys = api_keys
-        # routes open without a key (the probes aside): metrics unless `metrics_auth`
-        self.open_paths = set() if metrics_auth else {"/metrics"}
+        # routes open without a key (the probes aside): none, /metrics with `metrics_open`;
+        # every other route needs the key, /metrics included by default (issue 40)
+        self.open_paths = {"/metrics"} if metrics_open else set()
         self.limits = limits
         self.max_json_strings = max(max_json_strings(m.limits) for m in self.served.models)
         self.max_json_values = max(

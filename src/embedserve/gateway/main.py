@@ -132,7 +132,9 @@ class GatewayConfig(Options):
     api_key_file: str | None = option(
         None, "a file of API keys, one per line; read again on SIGHUP", metavar="PATH"
     )
-    metrics_auth: bool = option(False, "/metrics needs a key too (with --api-key / -file)")
+    metrics_open: bool = option(
+        False, "/metrics answers without a key (by default it needs one when keys are set)"
+    )
     allowed_hosts: tuple[str, ...] = option(
         (),
         "a Host name this gateway answers to, repeatable; others get HTTP 421 (default: when "
@@ -263,7 +265,7 @@ def build_app(config: GatewayConfig, keys: KeyRing | None = None) -> GatewayApp:
         max_body_bytes=config.max_body_bytes,
         body_timeout=config.body_timeout,
         api_keys=keys,
-        metrics_auth=config.metrics_auth,
+        metrics_open=config.metrics_open,
         allowed_hosts=config.host_names,
         log_requests=config.log_requests,
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedserve.core.inputs import InputPreparer
+from embedserve.core.inputs import InputPreparer, refuse_empty
 from embedserve.core.tokenization import Cut, TextTokenizer
 from embedserve.errors import InputError
 from embedserve.loading.retrieval import ColbertSpec
@@ -40,12 +40,10 @@ class ColbertInputs:
         if not all(isinstance(t, str) for t in texts):
             raise InputError("a ColBERT model takes texts (strings), not token ids")
         spec = self.spec
-        if query:
-            ids = self.query_tokens.encode(texts, truncate="end")
-            marker = spec.query_prefix_id
-        else:
-            ids = self.document_tokens.encode(texts, truncate=truncate)
-            marker = spec.document_prefix_id
+        tokens = self.query_tokens if query else self.document_tokens
+        ids = tokens.encode(texts, truncate="end" if query else truncate)
+        refuse_empty(tokens, texts, ids)  # the markers alone are no text either
+        marker = spec.query_prefix_id if query else spec.document_prefix_id
         seqs = [[*s[:1], marker, *s[1:]] if marker is not None else list(s) for s in ids]
         if not query:
             skip = set(spec.skiplist_ids)

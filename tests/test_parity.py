@@ -15,7 +15,8 @@ import torch
 
 from embedserve.embedder import Embedder
 from embedserve.engine.cpu import native_bf16
-from tests.data.texts import all_texts
+from embedserve.errors import InputError
+from tests.data.texts import WHITESPACE, all_texts
 
 COSINE_MIN = 0.99999
 BF16_COSINE_MIN = 0.999
@@ -140,3 +141,10 @@ def test_mpnet_positions_start_after_index_1_whatever_pad_token_id(tmp_path: Pat
         .wait()
     )
     assert cosines(got, want).min() >= COSINE_MIN
+
+
+def test_whitespace_only_texts_are_refused_not_embedded(minilm: Embedder) -> None:
+    """sentence-transformers embeds them as [CLS][SEP]: we refuse them as "" is (issue 40)."""
+    for text in WHITESPACE:
+        with pytest.raises(InputError, match="empty after the tokenizer's normalization"):
+            minilm.encode([text])

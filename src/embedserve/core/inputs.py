@@ -165,9 +165,7 @@ class InputPreparer:
         input_type: Any = None,
         instruction: Any = None,
     ) -> str:
-        """The text put before each input.
-
-        `instruction` gives Qwen3-Embedding's query format, `Instruct: {instruction}\\nQuery:`;
+        """The text put before each input. `instruction` gives Qwen3-Embedding's query format, `Instruct: {instruction}\\nQuery:`;
         `input_type` ("query" | "document") picks the folder's prompt of that name (none when
         the folder defines none); `prompt_name` any prompt of the folder; `prompt` a literal
         text. Without any of them, the folder's default prompt, if it names one.

@@ -134,7 +134,7 @@ class Scheduler:
         One exception: when a large request is at the front and small ones wait behind it, the
         small ones (of one kind, under the budget) go first, once: the batch after is the large
         one's. So a query waits for at most the one large batch on the engine (on a CPU a batch
-        of 2,048 tokens takes up to a second) rather than for every part of a large request
+        of 2,048 tokens takes 0.4 s to a second of float32 on 2 cores) rather than for every part of a large request
         queued before it, and a large request is delayed by at most one small batch per batch.
 
         A request larger than the budget runs alone. Requests of different kinds (plain, span

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from embedserve.embedder import Embedder
-from embedserve.engine import cpu_paths
+from embedserve.engine import cpu, cpu_paths
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.cpu_paths import PathTiming
 from embedserve.engine.engine import Engine
@@ -42,6 +42,13 @@ def onnx_cache(
     monkeypatch.setenv("XDG_CACHE_HOME", str(root))
     monkeypatch.setattr(cpu_paths, "_choices_file", lambda: tmp_path / "cpu-paths.json")
     return root
+
+
+@pytest.fixture(autouse=True)
+def float32_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executors of a CPU whose default is float32, whatever this machine's (a native-bf16
+    CPU would default to bf16 and choose no float32 executor): tests pin the path they check."""
+    monkeypatch.setattr(cpu, "native_bf16", lambda: False)
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +179,69 @@ def test_length_groups_cover_every_sequence_with_bounded_padding(seqlens: tuple[
         longest = seqlens[g[0]]
         assert all(seqlens[i] <= longest for i in g)
         assert len(g) == 1 or longest * len(g) <= MAX_PADDING * sum(seqlens[i] for i in g)
+
+
+def test_a_split_where_onnx_wins_the_small_batches_and_torch_the_large() -> None:
+    """ONNX Runtime faster up to 16 queries, packed faster on passages: a split at 16 queries'
+    tokens, when it scores better than either path alone; no split when one path wins all."""
+
+    def timing(path: str, *ms: float) -> PathTiming:
+        return PathTiming(path, ms[0], ms[-1], 1.0, ms)
+
+    sizes = [sum(shape) for shape in cpu_paths.TIMING_SHAPES]
+    measured = [
+        timing("onnx", 2.0, 4.0, 10.0, 60.0),
+        timing("packed", 3.0, 5.0, 11.0, 30.0),
+        timing("eager", 4.0, 7.0, 14.0, 40.0),
+    ]
+    assert cpu_paths._fastest_plan(measured) == ("onnx+packed", sizes[2])
+    measured[0] = timing("onnx", 2.0, 6.0, 12.0, 60.0)  # faster on one query only
+    assert cpu_paths._fastest_plan(measured) == ("onnx+packed", sizes[0])
+    measured[0] = timing("onnx", 2.0, 4.0, 10.0, 20.0)  # faster everywhere
+    assert cpu_paths._fastest_plan(measured) == ("onnx", None)
+    measured[0] = timing("onnx", 3.5, 6.0, 12.0, 60.0)  # slower everywhere
+    assert cpu_paths._fastest_plan(measured) == ("packed", None)
+    assert cpu_paths._fastest_plan(measured[1:]) == ("packed", None)
+
+
+def test_plan_names() -> None:
+    assert cpu_paths.plan("packed") == (["packed"], None)
+    assert cpu_paths.plan("onnx+eager@192") == (["onnx", "eager"], 192)
+    for bad in (
+        "onnx+packed",
+        "packed+onnx@12",
+        "onnx@12",
+        "onnx+onnx@12",
+        "fast",
+        "onnx+packed@x",
+    ):
+        with pytest.raises(ValueError):
+            cpu_paths.plan(bad)
+
+
+def test_a_split_serves_each_batch_through_its_executor(
+    monkeypatch: pytest.MonkeyPatch, minilm_path: Path, reference: np.ndarray
+) -> None:
+    """A remembered split (ONNX Runtime up to 48 tokens, packed above) gives the reference
+    vectors, a text alone as inside a batch; a short query goes to ONNX Runtime on one torch
+    thread, the whole batch to the packed products on every thread."""
+    cpu_paths.remember(cpu_paths.choice_key(str(minilm_path)), "onnx+packed@48")
+    embedder = Embedder(minilm_path, device="cpu")
+    choice = embedder.engine.cpu_choice
+    assert choice is not None and choice.remembered and choice.path == "onnx+packed"
+    assert choice.split_tokens == 48 and "onnx up to 48 tokens" in choice.describe()
+    assert embedder.engine.cpu_path == "onnx+packed" and embedder.engine.packed_linears > 0
+    onnx_threads: list[int] = []
+    forward = OnnxEncoder.forward
+
+    def counted(self, *args):  # type: ignore[no-untyped-def]
+        onnx_threads.append(torch.get_num_threads())
+        return forward(self, *args)
+
+    monkeypatch.setattr(OnnxEncoder, "forward", counted)
+    together = embedder.encode(TEXTS)
+    assert onnx_threads == []  # the batch is over 48 tokens: the packed products
+    assert row_cosines(together, reference).min() >= cpu_paths.MIN_COSINE
+    alone = np.concatenate([embedder.encode([t]) for t in TEXTS])
+    assert len(onnx_threads) == 3 and set(onnx_threads) == {1}  # the passage is over 48
+    np.testing.assert_allclose(alone, together, atol=2e-6)

@@ -8,13 +8,18 @@ to run the same weights (issue 39):
 - **eager**: the eager forward through `F.linear`: the reference every other is checked against.
 
 Which is fastest depends on the CPU (its vector width, its caches, how oneDNN and MLAS block for
-it), so the engine measures the available ones at start-up on one short query and a few
-passages, the paths in turn (a shared machine's speed drifts), holds each to the float32
-fidelity guard (cosine >= `MIN_COSINE` to the eager reference on the guard's probes; one that
-fails is dropped, the next one stands) and keeps the fastest (`choose`). The choice is
-remembered per machine and model folder in the user's cache, so a later start only checks it.
-An explicit path (`cpu_path=`, `--cpu-path`) is served as asked, still checked. The choice is
-printed in the server's ready line and exported in its metrics.
+it) and on the batch: on an AVX2 Zen 3 the choice took ONNX Runtime (the fastest on a short
+query), which then ran a 500-passage corpus at 5.8 texts/s where eager ran 11.9
+(`latency-cpu2-avx2-peers-20261203-3`). So the engine measures the available paths at start-up
+on batches from one short query to a few passages, in turn (a shared machine's speed drifts),
+holds each to the float32 fidelity guard (cosine >= `MIN_COSINE` to the eager reference on the
+guard's probes; one that fails is dropped, the next one stands) and keeps the fastest
+(`choose`), or, where ONNX Runtime wins the small batches and a torch path the large ones, both
+(`SizeSplit`: batches up to a measured number of tokens through ONNX Runtime, larger ones
+through the torch path). The choice is remembered per machine and model folder in the user's
+cache, so a later start only checks it. An explicit path (`cpu_path=`, `--cpu-path`) is served
+as asked, still checked. The choice is printed in the server's ready line and exported in its
+metrics.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -46,10 +51,12 @@ log = logging.getLogger(__name__)
 PATHS = ("onnx", "packed", "eager")
 # a float32 path's least cosine to the eager float32 reference (the issue's guard)
 MIN_COSINE = 0.99999
-# what the choice is timed on: one short query, and a few passages (one batch)
+# what the choice is timed on, smallest first: one short query, 4 and 16 of them (what several
+# clients' queries make), a few passages (one batch); a split is placed between two of them
 QUERY_TOKENS = 12
 PASSAGE_TOKENS = (160, 128, 96, 64)
-# rounds of the paths in turn, each round one passage batch and `QUERY_CALLS` short queries each
+TIMING_SHAPES = ((QUERY_TOKENS,), (QUERY_TOKENS,) * 4, (QUERY_TOKENS,) * 16, PASSAGE_TOKENS)
+# rounds of the paths in turn; per round each batch once, a batch of queries `QUERY_CALLS` times
 ROUNDS, QUERY_CALLS = 3, 8
 SEED = 39
 
@@ -60,8 +67,10 @@ Run = Callable[[nn.Module, PackedBatch], np.ndarray]  # the engine's step on a g
 class PathTiming:
     path: str
     query_ms: float  # p50 of one short query's step
-    passages_ms: float  # the faster of the passage batch's steps
+    passages_ms: float  # the median of the passage batch's steps
     cosine: float  # least cosine to the eager reference over the guard's probes
+    # the median step of each of `TIMING_SHAPES`' batches (the first and last are the above)
+    by_shape: tuple[float, ...] = ()
 
 
 @dataclass
@@ -74,18 +83,30 @@ class CpuChoice:
     cosine: float | None = None  # the served path's least cosine to the eager reference
     remembered: bool = False  # the path this machine measured fastest at an earlier start
     seconds: float = 0.0  # spent choosing (building, checking and timing the paths)
+    # a split ("onnx+packed", "onnx+eager"): the most tokens of a batch ONNX Runtime runs
+    split_tokens: int | None = None
+
+    @property
+    def name(self) -> str:
+        """What is remembered: the path, and a split's point ("onnx+packed@192")."""
+        return self.path if self.split_tokens is None else f"{self.path}@{self.split_tokens}"
 
     def describe(self) -> str:
-        """One line: "onnx (query 3.05 ms, 4 passages 61.2 ms; packed 4.10 / 70.3; ...)"."""
+        """One line: "onnx (query / 16 queries / 4 passages ms: onnx 3.05 / 9.1 / 61.2; ...)"."""
+        where = "" if self.split_tokens is None else f" onnx up to {self.split_tokens} tokens,"
         if self.remembered:
-            return f"{self.path} (measured fastest at an earlier start, checked in {self.seconds:.1f} s)"
-        parts = [f"{t.path} {t.query_ms:.2f} / {t.passages_ms:.1f}" for t in self.measured]
+            return f"{self.path} ({where} measured fastest at an earlier start, checked in {self.seconds:.1f} s)"
+        parts = [f"{t.path} " + " / ".join(f"{ms:.2f}" for ms in t.by_shape) for t in self.measured]
         dropped = [f"{p}: {why}" for p, why in self.dropped.items()]
         inner = "; ".join(parts + dropped)
-        return (
-            f"{self.path} (query / {len(PASSAGE_TOKENS)} passages ms: {inner}; "
-            f"chosen in {self.seconds:.1f} s)"
-        )
+        shapes = " / ".join(_shape_name(shape) for shape in TIMING_SHAPES)
+        return f"{self.path} ({where} {shapes} ms: {inner}; chosen in {self.seconds:.1f} s)"
+
+
+def _shape_name(shape: tuple[int, ...]) -> str:
+    if shape == (QUERY_TOKENS,):
+        return "query"
+    return f"{len(shape)} " + ("queries" if set(shape) == {QUERY_TOKENS} else "passages")
 
 
 class OneTorchThread:
@@ -102,22 +123,43 @@ class OneTorchThread:
         torch.set_num_threads(self.threads)
 
 
-def forward_context(model: nn.Module) -> AbstractContextManager[Any]:
-    """What a forward through `model` runs inside: `OneTorchThread` for the ONNX executor."""
+class SizeSplit(nn.Module):
+    """Two executors of one model by batch size: batches of up to `max_small_tokens` tokens
+    through `small` (ONNX Runtime), larger ones through `large` (the torch module, packed or
+    eager). Each was held to the guard on its own; both compute the same model."""
+
+    def __init__(self, small: nn.Module, large: nn.Module, max_small_tokens: int) -> None:
+        super().__init__()
+        self.small, self.large, self.max_small_tokens = small, large, max_small_tokens
+
+    def executor(self, tokens: int) -> nn.Module:
+        return self.small if tokens <= self.max_small_tokens else self.large
+
+    def forward(self, input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
+        return cast(torch.Tensor, self.executor(int(input_ids.numel()))(input_ids, *rest))
+
+
+def forward_context(model: nn.Module) -> Callable[[int], AbstractContextManager[Any]]:
+    """What a forward of so many tokens through `model` runs inside: `OneTorchThread` where
+    ONNX Runtime runs it (a `SizeSplit`'s small batches, or every batch)."""
     from embedserve.engine.onnx_encoder import OnnxEncoder
 
-    return OneTorchThread() if isinstance(model, OnnxEncoder) else nullcontext()
+    def around(tokens: int) -> AbstractContextManager[Any]:
+        runs = model.executor(tokens) if isinstance(model, SizeSplit) else model
+        return OneTorchThread() if isinstance(runs, OnnxEncoder) else nullcontext()
+
+    return around
 
 
-def timing_batches(vocab_size: int, max_positions: int) -> tuple[PackedBatch, PackedBatch]:
-    """(one short query, a few passages): fixed ids over the vocabulary, as the guard's probes."""
+def timing_batches(vocab_size: int, max_positions: int) -> tuple[PackedBatch, ...]:
+    """`TIMING_SHAPES`' batches: fixed ids over the vocabulary, as the guard's probes."""
     rng = np.random.default_rng(SEED)
 
     def batch(lens: tuple[int, ...]) -> PackedBatch:
         seqs = [rng.integers(0, vocab_size, size=min(n, max_positions)).tolist() for n in lens]
         return PackedBatch.from_token_lists(seqs)
 
-    return batch((QUERY_TOKENS,)), batch(PASSAGE_TOKENS)
+    return tuple(batch(shape) for shape in TIMING_SHAPES)
 
 
 def available(model: PackedEncoder) -> list[str]:
@@ -133,7 +175,7 @@ def choose(
     folder: str,
     run: Run,
     probes: list[Probe],
-    timing: tuple[PackedBatch, PackedBatch],
+    timing: tuple[PackedBatch, ...],
     asked: str | None = None,
 ) -> tuple[nn.Module, CpuChoice]:
     """The float32 executor to serve `model` (eager fp32, loaded from `folder`) with, and the
@@ -145,7 +187,7 @@ def choose(
         return _choose(model, folder, run, probes, timing, asked)
     key = choice_key(folder)
     earlier = remembered(key)
-    if earlier is not None and earlier in available(model):
+    if earlier is not None and set(plan(earlier)[0]) <= set(available(model)):
         try:
             served, choice = _choose(model, folder, run, probes, timing, earlier)
         except FidelityError:
@@ -154,7 +196,7 @@ def choose(
             choice.remembered = True
             return served, choice
     served, choice = _choose(model, folder, run, probes, timing, None)
-    remember(key, choice.path)
+    remember(key, choice.name)
     return served, choice
 
 
@@ -187,13 +229,27 @@ def _choices_file() -> Path:
     return cache_root() / "cpu-paths.json"
 
 
+def plan(name: str) -> tuple[list[str], int | None]:
+    """A choice's paths and split point: "packed" -> (["packed"], None), "onnx+packed@192" ->
+    (["onnx", "packed"], 192); ValueError for anything else."""
+    paths, _, tokens = name.partition("@")
+    parts = paths.split("+")
+    if not set(parts) <= set(PATHS) or (len(parts) == 2) != bool(tokens) or len(parts) > 2:
+        raise ValueError(f"no cpu path {name!r}")
+    if tokens and (parts[0] != "onnx" or parts[1] == "onnx" or not tokens.isdigit()):
+        raise ValueError(f"no cpu path {name!r}")
+    return parts, int(tokens) if tokens else None
+
+
 def remembered(key: str) -> str | None:
-    """The path chosen under `key` before, if any (an unreadable file counts as none)."""
+    """The choice made under `key` before (`CpuChoice.name`), if any (an unreadable file or
+    an unknown name counts as none)."""
     try:
         got = json.loads(_choices_file().read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
+        plan(got)
+    except (OSError, ValueError, AttributeError, TypeError):
         return None
-    return got if got in PATHS else None
+    return str(got)
 
 
 def remember(key: str, path: str) -> None:
@@ -219,11 +275,11 @@ def _choose(
     folder: str,
     run: Run,
     probes: list[Probe],
-    timing: tuple[PackedBatch, PackedBatch],
+    timing: tuple[PackedBatch, ...],
     asked: str | None,
 ) -> tuple[nn.Module, CpuChoice]:
     start = time.perf_counter()
-    paths = [asked] if asked else available(model)
+    paths = plan(asked)[0] if asked else available(model)
     expected = {id(p.batch): run(model, p.batch) for p in probes}  # the eager reference's rows
     choice = CpuChoice(path="eager")
     built: dict[str, nn.Module] = {}
@@ -240,18 +296,23 @@ def _choose(
             choice.dropped[path] = str(err).split(":", 1)[-1].strip()
             continue
         built[path] = candidate
-    if not asked:
+    if asked:
+        choice.path, choice.split_tokens = asked.partition("@")[0], plan(asked)[1]
+    else:
         choice.measured = _measure(built, model, run, timing, cosines)
-    choice.path = asked or _fastest(choice.measured)
-    choice.cosine = cosines[choice.path]
+        choice.path, choice.split_tokens = _fastest_plan(choice.measured)
+    parts = choice.path.split("+")
+    choice.cosine = min(cosines[p] for p in parts)
     for layer in _linears(model):
-        if choice.path == "packed":
+        if "packed" in parts:
             layer.use_packed(True)
             layer.drop_weight()  # the packed copy alone from now on
         else:
             layer.forget_packed()
     choice.seconds = time.perf_counter() - start
-    return built[choice.path], choice
+    if choice.split_tokens is None:
+        return built[choice.path], choice
+    return SizeSplit(built["onnx"], built[parts[1]], choice.split_tokens), choice
 
 
 def _guard(
@@ -271,10 +332,36 @@ def _guard(
 
 def _fastest(measured: list[PathTiming]) -> str:
     """The path whose query and passage times, each over the best of its column, multiply to the
-    least: one path for every batch (two would keep two thread pools spinning on the cores)."""
+    least."""
     best_q = min(t.query_ms for t in measured)
     best_p = min(t.passages_ms for t in measured)
     return min(measured, key=lambda t: (t.query_ms / best_q) * (t.passages_ms / best_p)).path
+
+
+def _fastest_plan(measured: list[PathTiming]) -> tuple[str, int | None]:
+    """`_fastest`'s path, or a split where that scores better: ONNX Runtime up to the largest
+    timed batch it still runs faster than the torch path of the fastest passages (every
+    smaller one too), that path above. (path, split tokens or None)."""
+    single = _fastest(measured)
+    by_path = {t.path: t for t in measured}
+    torch_paths = [t for t in measured if t.path != "onnx"]
+    if "onnx" not in by_path or not torch_paths:
+        return single, None
+    onnx, large = by_path["onnx"], min(torch_paths, key=lambda t: t.passages_ms)
+    tokens = 0
+    for shape, small_ms, large_ms in zip(TIMING_SHAPES, onnx.by_shape, large.by_shape, strict=True):
+        if small_ms >= large_ms:
+            break
+        tokens = sum(shape)
+    if tokens == 0 or tokens == sum(TIMING_SHAPES[-1]):
+        return single, None  # one path wins every batch, or ONNX Runtime does
+    best_q = min(t.query_ms for t in measured)
+    best_p = min(t.passages_ms for t in measured)
+    single_t = by_path[single]
+    split_score = (onnx.query_ms / best_q) * (large.passages_ms / best_p)
+    if split_score >= (single_t.query_ms / best_q) * (single_t.passages_ms / best_p):
+        return single, None
+    return f"onnx+{large.path}", tokens
 
 
 def _build(path: str, model: PackedEncoder, folder: str) -> nn.Module:
@@ -306,28 +393,27 @@ def _measure(
     built: dict[str, nn.Module],
     model: PackedEncoder,
     run: Run,
-    timing: tuple[PackedBatch, PackedBatch],
+    timing: tuple[PackedBatch, ...],
     cosines: dict[str, float],
 ) -> list[PathTiming]:
-    """Each path's short-query p50 and passage-batch median, the paths timed in turn, round after
-    round (a shared machine's speed drifts over seconds: each path samples the same ones)."""
-    query, passages = timing
-    times: dict[str, tuple[list[float], list[float]]] = {p: ([], []) for p in built}
+    """Each path's median step on each of the timing batches, the paths timed in turn, round
+    after round (a shared machine's speed drifts over seconds: each path samples the same
+    ones); the batches of queries `QUERY_CALLS` times a round, the passages once."""
+    times: dict[str, list[list[float]]] = {p: [[] for _ in timing] for p in built}
     for round_ in range(ROUNDS):
         for path, candidate in built.items():
             _use_packed(model, path == "packed")
-            for _ in range(3 if round_ == 0 else 1):  # the first calls warm up
-                run(candidate, query)
-            for _ in range(QUERY_CALLS):
-                t = time.perf_counter()
-                run(candidate, query)
-                times[path][0].append(time.perf_counter() - t)
-            if round_ == 0:
-                run(candidate, passages)
-            t = time.perf_counter()
-            run(candidate, passages)
-            times[path][1].append(time.perf_counter() - t)
-    return [
-        PathTiming(p, float(np.median(q)) * 1e3, float(np.median(b)) * 1e3, cosines[p])
-        for p, (q, b) in times.items()
-    ]
+            for i, batch in enumerate(timing):
+                last = i == len(timing) - 1
+                warm = (1 if last else 3) if round_ == 0 else 0  # the first calls warm up
+                for _ in range(warm):
+                    run(candidate, batch)
+                for _ in range(1 if last else QUERY_CALLS):
+                    t = time.perf_counter()
+                    run(candidate, batch)
+                    times[path][i].append(time.perf_counter() - t)
+    out = []
+    for p, per_batch in times.items():
+        ms = tuple(float(np.median(t)) * 1e3 for t in per_batch)
+        out.append(PathTiming(p, ms[0], ms[-1], cosines[p], ms))
+    return out

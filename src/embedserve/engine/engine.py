@@ -58,6 +58,12 @@ CPU_BATCH_TOKENS = 2048
 
 
 class Engine:
+    # what a forward of so many tokens runs inside besides `_around_forward`: one torch thread
+    # where ONNX Runtime runs it (`cpu_paths.forward_context`), else nothing
+    _threads_for: Callable[[int], contextlib.AbstractContextManager[Any]] = staticmethod(
+        lambda tokens: contextlib.nullcontext()
+    )
+
     def __init__(
         self,
         spec: ModelSpec,
@@ -104,7 +110,7 @@ class Engine:
         self.ops = (
             compiled_ops(self.choices, self.stats, epilogues=epilogues) if fused else EAGER_OPS
         )
-        # what every forward runs inside: the compile limits, or (`cpu_paths`) one torch thread
+        # what every forward runs inside: the compile limits (and below, `_threads_for`)
         self._around_forward: contextlib.AbstractContextManager[Any] = (
             compile_limits() if fused else contextlib.nullcontext()
         )
@@ -158,20 +164,20 @@ class Engine:
             timing_batches(self.vocab_size, self.max_positions),
             asked,
         )
-        self._around_forward = forward_context(self.model)
-        if self.cpu_choice.path == "packed":
+        self._threads_for = forward_context(self.model)
+        if "packed" in self.cpu_choice.path.split("+"):
             self.packed_linears = sum(isinstance(m, Linear) for m in model.modules())
         self.fidelity_cosine = self.cpu_choice.cosine
         log.info("cpu path: %s", self.cpu_choice.describe())
 
     def _run_on(self, model: nn.Module, batch: PackedBatch) -> np.ndarray:
         """`step` on `model` in place of the served one (the start-up choice's measurements)."""
-        kept = self.model, self._around_forward
-        self.model, self._around_forward = model, forward_context(model)
+        kept = self.model, self._threads_for
+        self.model, self._threads_for = model, forward_context(model)
         try:
             return self.step(batch).wait().copy()
         finally:
-            self.model, self._around_forward = kept
+            self.model, self._threads_for = kept
 
     @property
     def cpu_path(self) -> str | None:
@@ -319,7 +325,7 @@ class Engine:
         layout: RaggedLayout,
         attend: AttentionFn,
     ) -> torch.Tensor:  # [S, H] float32
-        with self._around_forward:
+        with self._around_forward, self._threads_for(len(input_ids)):
             hidden = self.model(input_ids, positions, token_type_ids, layout, attend)
             pooled = self.ops.pool(hidden, layout.cu_seqlens, seq_ids, self.spec.pooling)
             return pooled if self.after_pooling is None else self.after_pooling(pooled)
@@ -333,7 +339,7 @@ class Engine:
         layout: RaggedLayout,
         attend: AttentionFn,
     ) -> torch.Tensor:  # [T, H]: the forward without pooling
-        with self._around_forward:
+        with self._around_forward, self._threads_for(len(input_ids)):
             return self.model(input_ids, positions, token_type_ids, layout, attend)
 
     @torch.inference_mode()

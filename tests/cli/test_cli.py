@@ -250,7 +250,7 @@ def test_embed_reads_a_folder_or_glob_of_text_documents(
     (docs / "b.md").write_text("# notes\n\nsecond document", encoding="utf-8")
     (docs / "skip.csv").write_text("not read", encoding="utf-8")
     out = tmp_path / "v.parquet"
-    assert main(["embed", "--input", str(docs), "--output", str(out)]) == 0
+    assert main(["embed", "--input", str(docs), "--output", str(out), *FP32]) == 0
     table = pq.read_table(out)
     assert table.column("id").to_pylist() == ["a.txt", "b.md"]
     want = minilm.encode(["first document\nits second line", "# notes\n\nsecond document"])

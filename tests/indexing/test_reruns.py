@@ -50,7 +50,8 @@ def done_folder(tmp_path: Path, options: IndexOptions) -> tuple[Path, Path]:
 def test_a_rerun_with_other_options_is_refused_naming_the_difference(
     tmp_path: Path, minilm_path: Path
 ) -> None:
-    base = IndexOptions(model=str(minilm_path), device="cpu")
+    # float32 asked for: a native-bf16 CPU's default is bf16, and bf16 is the change tried below
+    base = IndexOptions(model=str(minilm_path), device="cpu", dtype="float32")
     corpus, out = done_folder(tmp_path, base)
     assert run_index(corpus, out, base, log=lambda line: None)["skipped"] == 1  # same: resumes
     other = tmp_path / "other-model"  # the same files at another path: another model folder
@@ -131,7 +132,8 @@ def test_overwrite_re_embeds_and_a_record_appended_mid_job_is_embedded_next_run(
                 yield b
 
     monkeypatch.setattr(job_module, "embed_dataset", lambda d, o: AppendingWhileRead(real(d, o)))
-    options = IndexOptions(model=str(minilm.spec.path), device="cpu", batch_size=2)
+    # float32 asked for (as `minilm`): the machine's default may be bf16, the change tried below
+    options = IndexOptions(model=str(minilm.spec.path), device="cpu", dtype="float32", batch_size=2)
     assert run_index(corpus, out, options, log=lambda line: None)["records"] == 5
     monkeypatch.setattr(job_module, "embed_dataset", real)
     again = run_index(corpus, out, options, log=lambda line: None)

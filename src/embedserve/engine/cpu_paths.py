@@ -139,9 +139,9 @@ class SizeSplit(nn.Module):
         return cast(torch.Tensor, self.executor(int(input_ids.numel()))(input_ids, *rest))
 
 
-def forward_context(model: nn.Module) -> Callable[[int], AbstractContextManager[Any]]:
+def forward_context(model: nn.Module | None) -> Callable[[int], AbstractContextManager[Any]]:
     """What a forward of so many tokens through `model` runs inside: `OneTorchThread` where
-    ONNX Runtime runs it (a `SizeSplit`'s small batches, or every batch)."""
+    ONNX Runtime runs it (a `SizeSplit`'s small batches, or every batch); None: nothing."""
     from embedserve.engine.onnx_encoder import OnnxEncoder
 
     def around(tokens: int) -> AbstractContextManager[Any]:

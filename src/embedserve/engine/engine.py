@@ -58,11 +58,8 @@ CPU_BATCH_TOKENS = 2048
 
 
 class Engine:
-    # what a forward of so many tokens runs inside besides `_around_forward`: one torch thread
-    # where ONNX Runtime runs it (`cpu_paths.forward_context`), else nothing
-    _threads_for: Callable[[int], contextlib.AbstractContextManager[Any]] = staticmethod(
-        lambda tokens: contextlib.nullcontext()
-    )
+    # a forward of so many tokens runs inside it: one torch thread where ONNX Runtime runs it
+    _threads_for = staticmethod(forward_context(None))
 
     def __init__(
         self,
@@ -156,13 +153,9 @@ class Engine:
         """Serve the float32 executor `cpu_paths.choose` picks (or `asked`), and say which."""
         model = self.model
         assert isinstance(model, PackedEncoder)
+        sizes, folder = (self.vocab_size, self.max_positions), str(self.spec.path)
         self.model, self.cpu_choice = choose_cpu_path(
-            model,
-            str(self.spec.path),
-            self._run_on,
-            make_probes(self.vocab_size, self.max_positions),
-            timing_batches(self.vocab_size, self.max_positions),
-            asked,
+            model, folder, self._run_on, make_probes(*sizes), timing_batches(*sizes), asked
         )
         self._threads_for = forward_context(self.model)
         if "packed" in self.cpu_choice.path.split("+"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import re
 import sys
 import threading
 import time
@@ -93,6 +94,8 @@ def main() -> int:
     try:
         budget_line = server.wait_for(r"ready on .*(batch tokens \d+)", timeout=300)
         server_budget = budget_line.group(1)
+        # the dtype served, as the ready line says it (a native-bf16 CPU's default is bf16)
+        dtype = re.search(r"\b(bfloat16|float16|float32)\b", budget_line.group(0))
         url = server.wait_for(r"embedserve: serving \S+ at (\S+)", timeout=300).group(1)
         server.forget_output()
         idle: list[tuple[int, float]] = []
@@ -118,7 +121,8 @@ def main() -> int:
         print(f"the large request got HTTP {status}: {body}", file=sys.stderr)
         return 1
     num_tokens = body["usage"]["prompt_tokens"]
-    records = fairness_records(args.passages, status, num_tokens, seconds, idle, during)
+    records = fairness_records(args.passages, status, num_tokens, seconds, idle, during,
+                               dtype.group(1) if dtype else "unknown")  # fmt: skip
     notes = (
         f"One request of {args.passages} passages of 233 tokens ({num_tokens} tokens): HTTP "
         f"{status} in {seconds:.1f} s. Meanwhile {len(during)} one-word queries sent one after "
@@ -141,13 +145,14 @@ def main() -> int:
 
 
 def fairness_records(passages: int, status: int, num_tokens: int, seconds: float,
-                     idle: list[tuple[int, float]], during: list[tuple[int, float]]) -> list[dict[str, Any]]:  # fmt: skip
+                     idle: list[tuple[int, float]], during: list[tuple[int, float]],
+                     dtype: str) -> list[dict[str, Any]]:  # fmt: skip
     """The large request's rate, and the probe's p50/p99 beside it and on the idle server."""
     common = {
         "system": "embedserve",
         "model": "all-MiniLM-L6-v2",
         "weights": "real",
-        "dtype": "float32",
+        "dtype": dtype,
         "scope": "end_to_end",
     }
     probe_ok = [t for s, t in during if s == 200]

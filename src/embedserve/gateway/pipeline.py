@@ -34,7 +34,7 @@ from embedserve.contract.codec import (
 from embedserve.core.bounds import check_chars, document_chars, pair_chars, text_chars
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.chunking import packed_spans
-from embedserve.core.head import Head, to_base64
+from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
 from embedserve.core.pairs import (
     PairPreparer,
@@ -411,40 +411,3 @@ class Pipeline:
             )
         rows = await self._fan_out(calls)
         return split_rows(rows, [len(p.spans) for p in plans]), num_tokens
-
-
-def embedding_objects(vectors: np.ndarray, encoding_format: str) -> list[dict[str, Any]]:
-    """`{"object": "embedding", "index": i, "embedding": ...}` per row; float rows stay NumPy
-    arrays for orjson to write directly."""
-    if encoding_format == "base64":
-        rows: list[Any] = [to_base64(v) for v in vectors]
-    else:
-        rows = list(vectors)
-    return [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
-
-
-def embeddings_body(
-    vectors: np.ndarray, encoding_format: str, model: str, num_tokens: int
-) -> dict[str, Any]:
-    """The OpenAI response object."""
-    return {
-        "object": "list",
-        "data": embedding_objects(vectors, encoding_format),
-        "model": model,
-        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
-    }
-
-
-def contextual_body(
-    documents: list[np.ndarray], encoding_format: str, model: str, num_tokens: int
-) -> dict[str, Any]:
-    """Per document, a list object of its chunks' embedding objects (docs/serving.md)."""
-    return {
-        "object": "list",
-        "data": [
-            {"object": "list", "index": d, "data": embedding_objects(rows, encoding_format)}
-            for d, rows in enumerate(documents)
-        ],
-        "model": model,
-        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
-    }

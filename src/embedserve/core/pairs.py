@@ -10,7 +10,9 @@ rerank`) hands the caller's values to one `PairPreparer`. No torch: the gateway 
   `<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>: {document}`, then the assistant
   suffix; no special tokens of the tokenizer's own.
 
-An over-long pair is an error naming the document, unless `truncate` is "end" (keep the
+A query or document with no token of its own after the tokenizer's normalization ("\\u0000",
+whitespace for WordPiece) is refused as "" is, as the embedding path refuses it
+(`tokenization.no_token_of_its_own`). An over-long pair is an error naming the document, unless `truncate` is "end" (keep the
 document's beginning) or "start" (keep its end). The query is never cut: a query too long to
 pair with even one document token is an error.
 
@@ -28,7 +30,7 @@ import numpy as np
 
 from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer
-from embedserve.core.tokenization import TextTokenizer
+from embedserve.core.tokenization import TextTokenizer, no_token_of_its_own
 from embedserve.errors import InputError, InputTooLong, InputTypeError, shown
 from embedserve.loading.spec import ModelSpec
 
@@ -49,6 +51,26 @@ PAIR_TRUNCATE_ADVICE = (
     'shorten it or pass truncate "end" (keep the document\'s beginning) or "start" (keep its '
     "end); the query is never cut"
 )
+
+
+@dataclass(frozen=True)
+class Fields:
+    """What a request called its query and documents, so that an error names what the caller
+    sent: `query` and `documents` (Cohere, Jina, the offline API), TEI's `query` and `texts`,
+    vLLM's `text_1` and `text_2`. `first`: where this group's documents begin in the request's
+    list (vLLM's pairs go in groups of one `text_1`); `listed`: the query is `text_1[first]`."""
+
+    query: str = "query"
+    documents: str = "documents"
+    first: int = 0
+    listed: bool = False
+
+    @property
+    def query_name(self) -> str:
+        return f"{self.query}[{self.first}]" if self.listed else self.query
+
+    def document(self, i: int) -> str:
+        return f"{self.documents}[{self.first + i}]"
 
 
 @dataclass(frozen=True)
@@ -117,10 +139,11 @@ class PairPreparer:
         *,
         truncate: Any = False,
         instruction: Any = None,
+        fields: Fields = Fields(),
     ) -> PreparedPairs:
-        """One checked sequence per pair (see the module docstring)."""
-        query = read_text(query, "query")
-        docs = read_documents(documents)
+        """One checked sequence per pair (see the module docstring); errors name `fields`."""
+        query = read_text(query, fields.query_name)
+        docs = read_documents(documents, fields.documents)
         if truncate is None:
             truncate = False
         if truncate not in (False, "end", "start"):
@@ -134,16 +157,16 @@ class PairPreparer:
                     "instruction applies to LLM rerankers; this model is a cross-encoder",
                     param="instruction",
                 )
-            return self._cross_encoder(query, docs, truncate)
+            return self._cross_encoder(query, docs, truncate, fields)
         if instruction is None:
             instruction = RERANK_INSTRUCTION
         instruction = read_text(instruction, "instruction")
-        return self._yes_no(query, docs, truncate, instruction)
+        return self._yes_no(query, docs, truncate, instruction, fields)
 
-    def _too_long(self, i: int, n: int, truncate: Any) -> None:
+    def _too_long(self, where: str, n: int, truncate: Any) -> None:
         if truncate is False:
             raise InputTooLong(
-                f"the pair of the query and documents[{i}]",
+                f"the pair of the query and {where}",
                 n,
                 self.max_length,
                 PAIR_TRUNCATE_ADVICE,
@@ -157,7 +180,9 @@ class PairPreparer:
             code="context_length_exceeded",
         )
 
-    def _cross_encoder(self, query: str, docs: list[str], truncate: Any) -> PreparedPairs:
+    def _cross_encoder(
+        self, query: str, docs: list[str], truncate: Any, fields: Fields
+    ) -> PreparedPairs:
         limit = self.max_length
         encodings = self.tokenizer.encode_pairs(query, docs)
         seqs, seconds = [], []
@@ -166,11 +191,16 @@ class PairPreparer:
         typed = self.spec.type_vocab_size > 1
         for i, e in enumerate(encodings):
             ids, which = list(e.ids), list(e.sequence_ids)
-            if 1 not in which:  # a tokenizer without a pair template: nothing marks the document
-                raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
+            # a text's own tokens carry its sequence id (special tokens None): none, no text
+            if 0 not in which:
+                raise no_token_of_its_own(fields.query_name, fields.query)
+            if 1 not in which:
+                if self.tokenizer.encode_plain(docs[i]):  # nothing marks the document
+                    raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
+                raise no_token_of_its_own(fields.document(i), fields.documents)
             second = which.index(1)
             if len(ids) > limit:
-                self._too_long(i, len(ids), truncate)
+                self._too_long(fields.document(i), len(ids), truncate)
                 # the document's tokens sit between `second` and its closing special tokens
                 closing = sum(e.special_tokens_mask[second:])
                 room = limit - second - closing
@@ -184,19 +214,20 @@ class PairPreparer:
         return PreparedPairs(seqs, seconds)
 
     def _yes_no(
-        self, query: str, docs: list[str], truncate: Any, instruction: str
+        self, query: str, docs: list[str], truncate: Any, instruction: str, fields: Fields
     ) -> PreparedPairs:
         limit = self.max_length
         prompt = RERANK_BODY.format(instruction=instruction, query=query)  # before each document
         system = self.tokenizer.encode_plain(RERANK_SYSTEM)
         suffix = self.tokenizer.encode_plain(RERANK_SUFFIX)
         bodies = self.tokenizer.encode_plain_batch([prompt + d for d in docs])
+        self._refuse_empty(query, docs, prompt, bodies, fields)
         room = limit - len(system) - len(suffix)
         seqs = []
         for i, body in enumerate(bodies):
             n = len(system) + len(body) + len(suffix)
             if n > limit:
-                self._too_long(i, n, truncate)
+                self._too_long(fields.document(i), n, truncate)
                 # NOTE: "end" cuts the joint text's tokens, as Qwen3-Reranker's own code does;
                 # "start" keeps the query part whole and the document's last tokens
                 query_part = self.tokenizer.encode_plain(prompt.rstrip(" "))
@@ -209,6 +240,19 @@ class PairPreparer:
                     body = query_part + doc[len(doc) - (room - len(query_part)) :]
             seqs.append(system + body + suffix)
         return PreparedPairs(seqs, [0] * len(seqs))
+
+    def _refuse_empty(
+        self, query: str, docs: list[str], prompt: str, bodies: list[list[int]], fields: Fields
+    ) -> None:
+        """An LLM reranker's query or document with no token of its own, inside the prompt: a
+        body no longer than the prompt's tokens may hold a short document merged into its last
+        token, so that document is tokenized alone (as `first_without_tokens` does)."""
+        if not self.tokenizer.encode_plain(query):
+            raise no_token_of_its_own(fields.query_name, fields.query)
+        base = len(self.tokenizer.encode_plain(prompt))
+        for i, body in enumerate(bodies):
+            if len(body) <= base and not self.tokenizer.encode_plain(docs[i]):
+                raise no_token_of_its_own(fields.document(i), fields.documents)
 
 
 def check_top_n(top_n: Any) -> int | None:

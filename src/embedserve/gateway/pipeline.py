@@ -163,8 +163,8 @@ class Pipeline:
 
         def prepare() -> list[PreparedPairs]:
             return [
-                pairs.prepare(q, d, truncate=job.truncate, instruction=job.instruction)
-                for q, d in job.groups
+                pairs.prepare(q, d, truncate=job.truncate, instruction=job.instruction, fields=f)
+                for (q, d), f in zip(job.groups, job.fields(), strict=True)
             ]
 
         prepared = await self._off_loop(size, prepare)

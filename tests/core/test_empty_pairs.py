@@ -64,3 +64,20 @@ def test_pairs_with_tokens_of_their_own_are_prepared(kind: str) -> None:
     prepared = core.prepare("\u0000q", docs, truncate="end")
     assert len(prepared.seqs) == len(docs)
     assert prepared.seqs[0] != core.prepare("\u0000q", ["b"]).seqs[0]  # "a"'s token is there
+
+
+def test_a_classifier_pair_names_the_text_of_the_input() -> None:
+    """A classifier's `[a, b]` pair goes through the same pairs: its error names `inputs[i][j]`."""
+    from embedserve.core.classify import ClassifyPreparer
+    from embedserve.loading.labels import LabelSpec
+
+    spec = dataclasses.replace(minilm_spec(), labels=LabelSpec(("no", "yes"), "softmax"))
+    core = ClassifyPreparer(spec, TextTokenizer(minilm_folder() / "tokenizer.json", 256))
+    for pair, where in (
+        (["a", "\u0000"], r"inputs\[1\]\[1\]"),
+        (["\u0000", "b"], r"inputs\[1\]\[0\]"),
+    ):
+        with pytest.raises(InputError, match=f"^{where} is empty after") as caught:
+            core.prepare(["a text", pair])
+        assert caught.value.param == "inputs"
+    assert len(core.prepare(["a text", ["a", "b"]]).seqs) == 2

@@ -193,11 +193,11 @@ class PairPreparer:
             ids, which = list(e.ids), list(e.sequence_ids)
             # a text's own tokens carry its sequence id (special tokens None): none, no text
             if 0 not in which:
-                raise no_token_of_its_own(fields.query_name, fields.query)
+                raise _empty(fields.query_name)
             if 1 not in which:
                 if self.tokenizer.encode_plain(docs[i]):  # nothing marks the document
                     raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
-                raise no_token_of_its_own(fields.document(i), fields.documents)
+                raise _empty(fields.document(i))
             second = which.index(1)
             if len(ids) > limit:
                 self._too_long(fields.document(i), len(ids), truncate)
@@ -248,11 +248,16 @@ class PairPreparer:
         body no longer than the prompt's tokens may hold a short document merged into its last
         token, so that document is tokenized alone (as `first_without_tokens` does)."""
         if not self.tokenizer.encode_plain(query):
-            raise no_token_of_its_own(fields.query_name, fields.query)
+            raise _empty(fields.query_name)
         base = len(self.tokenizer.encode_plain(prompt))
         for i, body in enumerate(bodies):
             if len(body) <= base and not self.tokenizer.encode_plain(docs[i]):
-                raise no_token_of_its_own(fields.document(i), fields.documents)
+                raise _empty(fields.document(i))
+
+
+def _empty(where: str) -> InputError:
+    """`where` has no token of its own; the parameter is its field (`texts[2]`: `texts`)."""
+    return no_token_of_its_own(where, param=where.split("[")[0])
 
 
 def check_top_n(top_n: Any) -> int | None:

@@ -55,7 +55,7 @@ def app(inputs: InputPreparer, cross_encoder: bool) -> GatewayApp:
     return made
 
 
-@pytest.mark.parametrize("cross_encoder", [True], ids=["cross-encoder"])
+@pytest.mark.parametrize("cross_encoder", [True, False], ids=["cross-encoder", "bi-encoder"])
 @pytest.mark.parametrize(("path", "body", "param", "where"), CASES)
 def test_a_text_with_no_token_of_its_own_is_refused_naming_the_field(
     inputs: InputPreparer,
@@ -73,7 +73,7 @@ def test_a_text_with_no_token_of_its_own_is_refused_naming_the_field(
     assert error["message"].startswith(f"{where} {EMPTY}"), error
 
 
-@pytest.mark.parametrize("cross_encoder", [True], ids=["cross-encoder"])
+@pytest.mark.parametrize("cross_encoder", [True, False], ids=["cross-encoder", "bi-encoder"])
 def test_texts_with_tokens_are_scored(inputs: InputPreparer, cross_encoder: bool) -> None:
     made = app(inputs, cross_encoder)
     body = {"query": "\u0000" + Q, "documents": ["a", "\u0000b", "!"]}
@@ -81,3 +81,11 @@ def test_texts_with_tokens_are_scored(inputs: InputPreparer, cross_encoder: bool
     assert status == 200 and len(json.loads(raw)["results"]) == 3, raw
     status, _, raw = call(made, "POST", "/v1/score", {"text_1": [Q, "x"], "text_2": ["a", "b"]})
     assert status == 200 and len(json.loads(raw)["data"]) == 2, raw
+
+
+def test_a_bi_encoder_names_an_over_long_text_as_sent(inputs: InputPreparer) -> None:
+    body = {"query": Q, "texts": ["a", "word " * 600]}
+    status, _, raw = call(app(inputs, cross_encoder=False), "POST", "/rerank", body)
+    error = json.loads(raw)["error"]
+    assert status == 400 and (error["param"], error["code"]) == ("texts", "context_length_exceeded")
+    assert error["message"].startswith("texts[1] has 602 tokens, over this model's limit of 256")

@@ -18,11 +18,15 @@ pair with even one document token is an error.
 
 An embedding model scores too, as a bi-encoder (`plan_cosine`): the query and the documents are
 embedded apart, each with its prompt, and scored by the cosine of their vectors. `scoring_kind`
-names which of the three a model is.
+names which of the three a model is. Its errors name what the caller sent (`named`): the request
+core embeds the query and the documents as inputs, and would name them `input[i]`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -309,11 +313,17 @@ class CosinePlan:
 
 
 def plan_cosine(
-    inputs: InputPreparer, query: Any, documents: Any, *, truncate: Any, instruction: Any
+    inputs: InputPreparer,
+    query: Any,
+    documents: Any,
+    *,
+    truncate: Any,
+    instruction: Any,
+    fields: Fields = Fields(),
 ) -> CosinePlan:
     """The checked plan of a bi-encoder's scores (see `CosinePlan`)."""
-    query = read_text(query, "query")  # as a reranker's pairs check it
-    docs = read_documents(documents)
+    query = read_text(query, fields.query_name)  # as a reranker's pairs check it
+    docs = read_documents(documents, fields.documents)
     return CosinePlan(
         query,
         docs,
@@ -321,3 +331,39 @@ def plan_cosine(
         inputs.options(input_type="document", truncate=truncate),
         inputs.head(normalize=True, output_dtype="float32"),
     )
+
+
+def text_names(fields: Sequence[Fields], counts: Sequence[int]) -> tuple[list[str], list[str]]:
+    """What the caller called a bi-encoder's queries (one per group) and its documents (each
+    group's `counts[g]`, in order), as the two input lists it embeds (`named`)."""
+    documents = [f.document(i) for f, n in zip(fields, counts, strict=True) for i in range(n)]
+    return [f.query_name for f in fields], documents
+
+
+_INPUT = re.compile(r"input(?:\[(\d+)\])?(?![\w\[])")  # how the request core names a text
+
+
+@contextlib.contextmanager
+def named(names: Sequence[str]) -> Iterator[None]:
+    """The request core's errors about its `input[i]` while it prepares texts the caller sent
+    under other names (a bi-encoder's query and documents, embedded as input lists) raised
+    naming `names[i]` (`documents[3]`, TEI's `texts[3]`, `query`), its field the parameter: the
+    caller never sent an `input`. Errors about other parameters pass as they are."""
+    try:
+        yield
+    except InputError as e:
+        if e.param != "input":
+            raise
+        raise renamed(e, names) from None
+
+
+def renamed(error: InputError, names: Sequence[str]) -> InputError:
+    """`error` (of the same class, code and figures) naming `names` for `input[i]` (`named`)."""
+    match = _INPUT.match(error.message)
+    where = names[int(match.group(1) or 0)] if match else names[0]
+    message = where + error.message[match.end() :] if match else error.message
+    out = type(error).__new__(type(error), message)
+    out.__dict__.update(vars(error), message=message, param=where.split("[")[0])
+    if "where" in vars(error):  # an over-long text's (`InputTooLong`, `TooManyTokens`)
+        out.__dict__["where"] = where
+    return out

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from embedserve.embedder import Embedder
-from embedserve.engine import cpu_paths
+from embedserve.engine import cpu, cpu_paths
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.cpu_paths import PathTiming
 from embedserve.engine.engine import Engine
@@ -172,3 +172,42 @@ def test_length_groups_cover_every_sequence_with_bounded_padding(seqlens: tuple[
         longest = seqlens[g[0]]
         assert all(seqlens[i] <= longest for i in g)
         assert len(g) == 1 or longest * len(g) <= MAX_PADDING * sum(seqlens[i] for i in g)
+
+
+@pytest.mark.parametrize("arch", ["splade-minilm-l6", "bge-m3-tiny"])
+def test_a_retrieval_models_path_is_checked_on_its_per_token_rows(
+    monkeypatch, retrieval_folder, arch: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A sparse or multi-vector model serves per-token hidden rows (through its heads), not the
+    pooled CLS row the guard compared: an executor that gets the last token's row wrong (the
+    CLS row right) is refused."""
+    folder = retrieval_folder(arch)
+    engine = Engine.from_folder(folder, device="cpu", cpu_path="onnx")  # a right one passes
+    assert engine.cpu_choice is not None and engine.cpu_choice.cosine >= cpu_paths.MIN_COSINE
+    forward = OnnxEncoder.forward
+
+    def last_row_wrong(self, *args):  # type: ignore[no-untyped-def]
+        hidden = forward(self, *args).clone()
+        hidden[-1] = -hidden[-1]
+        return hidden
+
+    monkeypatch.setattr(OnnxEncoder, "forward", last_row_wrong)
+    with pytest.raises(FidelityError, match=r"(sparse|multivector): cosine"):
+        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+
+
+def test_a_colbert_query_with_hidden_expansion_keys_is_checked(
+    monkeypatch, retrieval_folder
+) -> None:  # type: ignore[no-untyped-def]
+    """answerai-colbert's queries hide their expansion tokens from the others' attention
+    (`visible_keys`); ONNX Runtime's graph attends to every key, so its query token vectors
+    are off (cosine 0.9990 on these random weights): the guard's query side refuses it, and
+    the default choice of a CPU without native bf16 drops it."""
+    folder = retrieval_folder("answerai-colbert-small-v1")
+    with pytest.raises(FidelityError, match=r"as a query.*multivector: cosine"):
+        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+    monkeypatch.setattr(cpu, "native_bf16", lambda: False)  # fp32 by default: the choice runs
+    engine = Engine.from_folder(folder, device="cpu", dtype=None)
+    assert engine.cpu_choice is not None and "onnx" in engine.cpu_choice.dropped
+    packed = Engine.from_folder(folder, device="cpu", cpu_path="packed")
+    assert packed.cpu_choice is not None and packed.cpu_choice.cosine >= cpu_paths.MIN_COSINE

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from embedserve.engine import cpu_paths
 from embedserve.engine.attention import (
     CAPTURE_SAFE,
     AttentionFn,
@@ -26,8 +27,6 @@ from embedserve.engine.attention import (
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
-from embedserve.engine.cpu_paths import CpuChoice, forward_context, timing_batches
-from embedserve.engine.cpu_paths import choose as choose_cpu_path
 from embedserve.engine.eager import eager_run, reference_outputs, reference_run
 from embedserve.engine.fidelity import (
     SCORE_MAX_DIFF,
@@ -138,7 +137,7 @@ class Engine:
             self.fidelity_cosine = self._check_fidelity(reference, fall_back=cpu_default)
         # a CPU's float32 by default (or a named executor): the fastest that passes the guard
         # (a default bf16 the guard refused serves the eager reference, as it says)
-        self.cpu_choice: CpuChoice | None = None
+        self.cpu_choice: cpu_paths.CpuChoice | None = None
         if (
             not on_cuda
             and not fused
@@ -150,28 +149,41 @@ class Engine:
         """Serve the float32 executor `cpu_paths.choose` picks (or `asked`), and say which."""
         model = self.model
         assert isinstance(model, PackedEncoder)
-        self.model, self.cpu_choice = choose_cpu_path(
-            model,
-            str(self.spec.path),
-            self._run_on,
-            make_probes(self.vocab_size, self.max_positions),
-            timing_batches(self.vocab_size, self.max_positions),
-            asked,
+        # a sparse / multi-vector model serves per-token rows through its heads: checked too
+        outputs = (
+            cpu_paths.TokenOutputs(self._outputs_on, self.vocab_size) if self.retrieval else None
         )
-        self._around_forward = forward_context(self.model)
+        self.model, self.cpu_choice = cpu_paths.choose(
+            model, str(self.spec.path), self._run_on,
+            make_probes(self.vocab_size, self.max_positions),
+            cpu_paths.timing_batches(self.vocab_size, self.max_positions), asked, outputs,
+        )  # fmt: skip
+        self._around_forward = cpu_paths.forward_context(self.model)
         if self.cpu_choice.path == "packed":
             self.packed_linears = sum(isinstance(m, Linear) for m in model.modules())
         self.fidelity_cosine = self.cpu_choice.cosine
         log.info("cpu path: %s", self.cpu_choice.describe())
 
-    def _run_on(self, model: nn.Module, batch: PackedBatch) -> np.ndarray:
-        """`step` on `model` in place of the served one (the start-up choice's measurements)."""
+    @contextlib.contextmanager
+    def _serving(self, model: nn.Module) -> Iterator[None]:
+        """`model` in place of the served one (the start-up choice's checks and measurements)."""
         kept = self.model, self._around_forward
-        self.model, self._around_forward = model, forward_context(model)
+        self.model, self._around_forward = model, cpu_paths.forward_context(model)
         try:
-            return self.step(batch).wait().copy()
+            yield
         finally:
             self.model, self._around_forward = kept
+
+    def _run_on(self, model: nn.Module, batch: PackedBatch) -> np.ndarray:
+        with self._serving(model):
+            return self.step(batch).wait().copy()
+
+    def _outputs_on(self, model: nn.Module, batch: PackedBatch, query: bool) -> BatchOutputs:
+        assert self.retrieval is not None
+        keys = cpu_paths.query_keys(self.spec, batch) if query else None
+        with self._serving(model):
+            return self.encode_outputs(batch, self.retrieval.spec.outputs, query=query,
+                                       visible_keys=keys)  # fmt: skip
 
     @property
     def cpu_path(self) -> str | None:
@@ -194,18 +206,10 @@ class Engine:
         if graphs is False:
             return None
         config = graph_config(
-            self.spec,
-            graphs if isinstance(graphs, GraphConfig) else GraphConfig(),
+            self.spec, graphs if isinstance(graphs, GraphConfig) else GraphConfig(),
             attention_backend,
-        )
-        runner = GraphRunner(
-            self._forward,
-            device=self.device,
-            config=config,
-            stats=self.stats,
-            choices=self.choices,
-            max_positions=self.spec.max_position_embeddings,
-        )
+        )  # fmt: skip
+        runner = GraphRunner(self._forward, config=config, **self._runner_context())
         runner.warm_up()
         return runner
 
@@ -216,18 +220,15 @@ class Engine:
         None."""
         if runner is None or self.retrieval is None:
             return None
-        tokens = GraphRunner(
-            self._hidden,
-            device=self.device,
-            config=runner.config,
-            stats=self.stats,
-            choices=self.choices,
-            max_positions=self.spec.max_position_embeddings,
-            make_graph=runner.make_graph,
-            per_token=True,
-        )
+        tokens = GraphRunner(self._hidden, config=runner.config, make_graph=runner.make_graph,
+                             per_token=True, **self._runner_context())  # fmt: skip
         tokens.warm_up()
         return tokens
+
+    def _runner_context(self) -> dict[str, Any]:
+        """What both graph runners share of this engine (device, counters, kernel choices)."""
+        return {"device": self.device, "stats": self.stats, "choices": self.choices,
+                "max_positions": self.spec.max_position_embeddings}  # fmt: skip
 
     @classmethod
     def from_folder(

@@ -37,10 +37,13 @@ def onnx_cache(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Path:
     """The graphs these tests write go to a folder of their own, not the user's cache (one for
-    the session: a graph is written once); the choices remembered, to one per test."""
+    the session: a graph is written once); the choices remembered, to one per test. The default
+    dtype is float32, as on a CPU without native bf16, so the choice runs (a CPU with it
+    defaults to bf16 and chose nothing: three tests failed there)."""
     root = tmp_path_factory.getbasetemp() / "xdg-cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(root))
     monkeypatch.setattr(cpu_paths, "_choices_file", lambda: tmp_path / "cpu-paths.json")
+    monkeypatch.setattr(cpu, "native_bf16", lambda: False)
     return root
 
 
@@ -202,11 +205,10 @@ def test_a_colbert_query_with_hidden_expansion_keys_is_checked(
     """answerai-colbert's queries hide their expansion tokens from the others' attention
     (`visible_keys`); ONNX Runtime's graph attends to every key, so its query token vectors
     are off (cosine 0.9990 on these random weights): the guard's query side refuses it, and
-    the default choice of a CPU without native bf16 drops it."""
+    the default choice drops it."""
     folder = retrieval_folder("answerai-colbert-small-v1")
     with pytest.raises(FidelityError, match=r"as a query.*multivector: cosine"):
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
-    monkeypatch.setattr(cpu, "native_bf16", lambda: False)  # fp32 by default: the choice runs
     engine = Engine.from_folder(folder, device="cpu", dtype=None)
     assert engine.cpu_choice is not None and "onnx" in engine.cpu_choice.dropped
     packed = Engine.from_folder(folder, device="cpu", cpu_path="packed")

@@ -89,3 +89,27 @@ def test_a_bi_encoder_names_an_over_long_text_as_sent(inputs: InputPreparer) -> 
     error = json.loads(raw)["error"]
     assert status == 400 and (error["param"], error["code"]) == ("texts", "context_length_exceeded")
     assert error["message"].startswith("texts[1] has 602 tokens, over this model's limit of 256")
+
+
+@pytest.mark.parametrize("cross_encoder", [True, False], ids=["cross-encoder", "bi-encoder"])
+def test_tei_grpc_rerank_names_the_text_too(inputs: InputPreparer, cross_encoder: bool) -> None:
+    """TEI gRPC's Rerank goes through `/rerank`'s parser and pipeline: the same refusal (an
+    INVALID_ARGUMENT by its 400), naming `texts[i]`; a text with tokens is ranked."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from embedserve.contract import tei
+    from embedserve.errors import InputError
+    from embedserve.gateway.tei_grpc import TeiGrpc
+
+    made = app(inputs, cross_encoder)
+    model = SimpleNamespace(limits=made.served.models[0].limits, started=lambda: made.pipeline)
+    grpc_api = object.__new__(TeiGrpc)
+    grpc_api.app = SimpleNamespace(served=SimpleNamespace(pick=lambda data, task: model),
+                                   metrics=made.metrics)  # type: ignore[assignment]  # fmt: skip
+    request = tei.message("RerankRequest")(query=Q, texts=["a", "\u0000"])
+    with pytest.raises(InputError, match=rf"^texts\[1\] {EMPTY}") as caught:
+        asyncio.run(grpc_api.rerank(request))
+    assert caught.value.param == "texts"
+    answer = asyncio.run(grpc_api.rerank(tei.message("RerankRequest")(query=Q, texts=["a", "b"])))
+    assert sorted(rank.index for rank in answer.ranks) == [0, 1]

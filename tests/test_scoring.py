@@ -98,6 +98,22 @@ def test_bi_encoder_scores_are_the_cosine_of_embeddings() -> None:
         scorer.score(QUERY, DOCS, raw=True)
 
 
+def test_a_bi_encoder_names_the_query_or_document_it_refuses() -> None:
+    """The request core embeds them as `input` lists; the errors name what was passed."""
+    scorer = Scorer("minilm", device="cpu", dtype="float32")
+    for query, docs, where, param in (
+        (QUERY, ["a", "\u0000"], r"documents\[1\]", "documents"),
+        ("\u0000", DOCS, "query", "query"),
+    ):
+        with pytest.raises(InputError, match=f"^{where} is empty after the tokenizer") as caught:
+            scorer.score(query, docs)
+        assert (caught.value.param, caught.value.code) == (param, "invalid_value")
+    with pytest.raises(InputTooLong, match=r"^documents\[2\] has \d+ tokens") as too_long:
+        scorer.score(QUERY, ["a", "b", "word " * 600])
+    assert (too_long.value.where, too_long.value.param) == ("documents[2]", "documents")
+    assert too_long.value.code == "context_length_exceeded" and too_long.value.max_length == 256
+
+
 def test_over_long_pairs_cut_the_document_never_the_query(cross_encoder: Path) -> None:
     from transformers import AutoTokenizer
 

@@ -21,12 +21,16 @@ import numpy as np
 import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
 from embedserve.core.classify import ClassifyPreparer, Prediction
 from embedserve.core.pairs import (
+    Fields,
     PairPreparer,
     check_top_n,
+    named,
     plan_cosine,
     ranked,
     read_documents,
+    read_text,
     scoring_kind,
+    text_names,
 )
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.embedder import Embedder, run_batches
@@ -133,10 +137,11 @@ class Scorer:
                 instruction=instruction,
             )
             embed = functools.partial(self.embedder.encode_checked, batch_tokens=budget)
-            return plan.scores(
-                embed([plan.query], plan.query_options, plan.head),
-                embed(plan.documents, plan.document_options, plan.head),
-            )
+            query_names, document_names = text_names([Fields()], [len(plan.documents)])
+            with named(query_names):  # errors name the query and documents, not `input`
+                q = embed([plan.query], plan.query_options, plan.head)
+            with named(document_names):
+                return plan.scores(q, embed(plan.documents, plan.document_options, plan.head))
         prepared = self.pairs.prepare(query, documents, truncate=truncate, instruction=instruction)
         logits = run_batches(
             self.engine, prepared.seqs, budget, second_segment=prepared.second_segment
@@ -181,9 +186,12 @@ class Scorer:
             self.embedder.encode_outputs, outputs=plan.outputs, batch_tokens=budget,
             truncate=truncate,
         )  # fmt: skip
-        q = encode([query], input_type=plan.query_type)
-        d = encode(list(read_documents(documents)), input_type=plan.document_type)
-        return plan.scores(q, d)
+        docs = read_documents(documents)
+        query_names, document_names = text_names([Fields()], [len(docs)])
+        with named(query_names):  # errors name the query and documents, not `input`
+            q = encode([read_text(query, "query")], input_type=plan.query_type)
+        with named(document_names):
+            return plan.scores(q, encode(docs, input_type=plan.document_type))
 
     def rerank(
         self,

@@ -159,6 +159,31 @@ def test_idle_connections_never_lock_the_others_out(few_slots: tuple[str, int]) 
             s.close()
 
 
+def test_over_the_limit_with_every_slot_busy_a_json_503(few_slots: tuple[str, int]) -> None:
+    """When every slot holds a request in progress (its body still coming), nothing can be
+    evicted: a new connection gets a JSON 503 in OpenAI's shape with retry-after (it was
+    uvicorn's text/plain 503), and once they finish the next one is served."""
+    url, port = few_slots
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+            b"\r\nContent-Length: 100\r\n\r\n{")  # fmt: skip
+    busy = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(16)]
+    try:
+        for s in busy:
+            s.sendall(head)
+        time.sleep(0.5)  # each request's headers read: in progress, not evictable
+        answer, took = exchange(port, b"")
+        head_part, _, body = answer.partition(b"\r\n\r\n")
+        assert head_part.startswith(b"HTTP/1.1 503"), answer[:200]
+        assert b"content-type: application/json" in head_part.lower()
+        assert b"retry-after: 1" in head_part.lower() and took < 1.0
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+    finally:
+        for s in busy:
+            s.close()
+    time.sleep(0.3)
+    assert call(url, "POST", "/v1/embeddings", {"input": "served again"})[0] == 200
+
+
 def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
     few_slots: tuple[str, int],
 ) -> None:

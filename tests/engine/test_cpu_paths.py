@@ -37,18 +37,14 @@ def onnx_cache(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Path:
     """The graphs these tests write go to a folder of their own, not the user's cache (one for
-    the session: a graph is written once); the choices remembered, to one per test."""
+    the session: a graph is written once); the choices remembered, to one per test. The default
+    dtype is float32, as on a CPU without native bf16, so the choice runs (a CPU with it
+    defaults to bf16 and chose nothing: three tests failed there)."""
     root = tmp_path_factory.getbasetemp() / "xdg-cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(root))
     monkeypatch.setattr(cpu_paths, "_choices_file", lambda: tmp_path / "cpu-paths.json")
-    return root
-
-
-@pytest.fixture(autouse=True)
-def float32_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The executors of a CPU whose default is float32, whatever this machine's (a native-bf16
-    CPU would default to bf16 and choose no float32 executor): tests pin the path they check."""
     monkeypatch.setattr(cpu, "native_bf16", lambda: False)
+    return root
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +241,41 @@ def test_a_split_serves_each_batch_through_its_executor(
     alone = np.concatenate([embedder.encode([t]) for t in TEXTS])
     assert len(onnx_threads) == 3 and set(onnx_threads) == {1}  # the passage is over 48
     np.testing.assert_allclose(alone, together, atol=2e-6)
+
+
+@pytest.mark.parametrize("arch", ["splade-minilm-l6", "bge-m3-tiny"])
+def test_a_retrieval_models_path_is_checked_on_its_per_token_rows(
+    monkeypatch, retrieval_folder, arch: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A sparse or multi-vector model serves per-token hidden rows (through its heads), not the
+    pooled CLS row the guard compared: an executor that gets the last token's row wrong (the
+    CLS row right) is refused."""
+    folder = retrieval_folder(arch)
+    engine = Engine.from_folder(folder, device="cpu", cpu_path="onnx")  # a right one passes
+    assert engine.cpu_choice is not None and engine.cpu_choice.cosine >= cpu_paths.MIN_COSINE
+    forward = OnnxEncoder.forward
+
+    def last_row_wrong(self, *args):  # type: ignore[no-untyped-def]
+        hidden = forward(self, *args).clone()
+        hidden[-1] = -hidden[-1]
+        return hidden
+
+    monkeypatch.setattr(OnnxEncoder, "forward", last_row_wrong)
+    with pytest.raises(FidelityError, match=r"(sparse|multivector): cosine"):
+        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+
+
+def test_a_colbert_query_with_hidden_expansion_keys_is_checked(
+    monkeypatch, retrieval_folder
+) -> None:  # type: ignore[no-untyped-def]
+    """answerai-colbert's queries hide their expansion tokens from the others' attention
+    (`visible_keys`); ONNX Runtime's graph attends to every key, so its query token vectors
+    are off (cosine 0.9990 on these random weights): the guard's query side refuses it, and
+    the default choice drops it."""
+    folder = retrieval_folder("answerai-colbert-small-v1")
+    with pytest.raises(FidelityError, match=r"as a query.*multivector: cosine"):
+        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+    engine = Engine.from_folder(folder, device="cpu", dtype=None)
+    assert engine.cpu_choice is not None and "onnx" in engine.cpu_choice.dropped
+    packed = Engine.from_folder(folder, device="cpu", cpu_path="packed")
+    assert packed.cpu_choice is not None and packed.cpu_choice.cosine >= cpu_paths.MIN_COSINE

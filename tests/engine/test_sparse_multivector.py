@@ -207,6 +207,20 @@ def test_bge_m3_scores_equal_compute_score(folders: dict[str, Path], bge_m3) -> 
     np.testing.assert_allclose(combined, expected["colbert+sparse+dense"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("arch", ["splade-minilm-l6", "answerai-colbert-small-v1"])
+def test_late_scores_name_the_query_or_document_refused(
+    folders: dict[str, Path], arch: str
+) -> None:
+    """Its query and documents are embedded as `input` lists; the errors name what was sent."""
+    scorer = Scorer(folders[arch], device="cpu", dtype="float32")
+    with pytest.raises(InputError, match=r"^documents\[1\] is empty after") as caught:
+        scorer.score(QUERIES[0], ["a document", "\u0000"])
+    assert caught.value.param == "documents"
+    with pytest.raises(InputError, match="^query is empty after") as caught:
+        scorer.score("\u0000", ["a document"])
+    assert caught.value.param == "query"
+
+
 def test_bge_m3_alone_equals_batch(bge_m3) -> None:  # type: ignore[no-untyped-def]
     _alone_equals_batch(bge_m3[1])
 

@@ -18,8 +18,9 @@ from embedserve.core.budget import budget_groups
 from embedserve.core.chunking import packed_spans
 from embedserve.core.inputs import InputPreparer
 from embedserve.core.tokenization import TextTokenizer
+from embedserve.gateway.bodies import contextual_body
 from embedserve.gateway.errors import ApiError
-from embedserve.gateway.pipeline import Pipeline, PipelineLimits, contextual_body
+from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.requests import Limits, parse_contextual
 from embedserve.loading.spec import read_model_spec
 from tests.gateway.conftest import api_error

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from embedserve.core.inputs import InputPreparer
-from embedserve.core.pairs import PairPreparer
+from embedserve.core.pairs import Fields, PairPreparer
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.errors import InputError, InputTypeError, shown
 from embedserve.loading.labels import LabelSpec
@@ -81,7 +81,9 @@ class ClassifyPreparer:
                 seqs[i] = seq
         for i, item in enumerate(items):
             if is_pair(item):
-                pair = self.pairs.prepare(item[0], [item[1]], truncate=cut)
+                # its errors name the pair's texts: inputs[i][0] the query's, [1] the document's
+                fields = Fields(f"inputs[{i}][0]", f"inputs[{i}]", first=1)
+                pair = self.pairs.prepare(item[0], [item[1]], truncate=cut, fields=fields)
                 seqs[i], seconds[i] = pair.seqs[0], pair.second_segment[0]
         return PreparedClassify(seqs, seconds, single)
 

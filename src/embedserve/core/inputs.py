@@ -32,7 +32,7 @@ from embedserve.core.chunking import (
     split_windows,
 )
 from embedserve.core.head import Head, check_head
-from embedserve.core.tokenization import TextTokenizer
+from embedserve.core.tokenization import TextTokenizer, no_token_of_its_own
 from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong, InputTypeError, shown
 from embedserve.loading.spec import ModelSpec
 
@@ -442,8 +442,4 @@ def refuse_empty(
     is: its vector would be the empty text's (issue 40 item 7)."""
     i = tokenizer.first_without_tokens(texts, seqs, prompt)
     if i is not None:
-        where = "input" if single else f"input[{i}]"
-        raise InputError(
-            f"{where} is empty after the tokenizer's normalization (no token of its own: "
-            "whitespace or control characters only)"
-        )
+        raise no_token_of_its_own("input" if single else f"input[{i}]")

@@ -10,17 +10,23 @@ rerank`) hands the caller's values to one `PairPreparer`. No torch: the gateway 
   `<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>: {document}`, then the assistant
   suffix; no special tokens of the tokenizer's own.
 
-An over-long pair is an error naming the document, unless `truncate` is "end" (keep the
+A query or document with no token of its own after the tokenizer's normalization ("\\u0000",
+whitespace for WordPiece) is refused as "" is, as the embedding path refuses it
+(`tokenization.no_token_of_its_own`). An over-long pair is an error naming the document, unless `truncate` is "end" (keep the
 document's beginning) or "start" (keep its end). The query is never cut: a query too long to
 pair with even one document token is an error.
 
 An embedding model scores too, as a bi-encoder (`plan_cosine`): the query and the documents are
 embedded apart, each with its prompt, and scored by the cosine of their vectors. `scoring_kind`
-names which of the three a model is.
+names which of the three a model is. Its errors name what the caller sent (`named`): the request
+core embeds the query and the documents as inputs, and would name them `input[i]`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +34,7 @@ import numpy as np
 
 from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer
-from embedserve.core.tokenization import TextTokenizer
+from embedserve.core.tokenization import TextTokenizer, no_token_of_its_own
 from embedserve.errors import InputError, InputTooLong, InputTypeError, shown
 from embedserve.loading.spec import ModelSpec
 
@@ -49,6 +55,26 @@ PAIR_TRUNCATE_ADVICE = (
     'shorten it or pass truncate "end" (keep the document\'s beginning) or "start" (keep its '
     "end); the query is never cut"
 )
+
+
+@dataclass(frozen=True)
+class Fields:
+    """What a request called its query and documents, so that an error names what the caller
+    sent: `query` and `documents` (Cohere, Jina, the offline API), TEI's `query` and `texts`,
+    vLLM's `text_1` and `text_2`. `first`: where this group's documents begin in the request's
+    list (vLLM's pairs go in groups of one `text_1`); `listed`: the query is `text_1[first]`."""
+
+    query: str = "query"
+    documents: str = "documents"
+    first: int = 0
+    listed: bool = False
+
+    @property
+    def query_name(self) -> str:
+        return f"{self.query}[{self.first}]" if self.listed else self.query
+
+    def document(self, i: int) -> str:
+        return f"{self.documents}[{self.first + i}]"
 
 
 @dataclass(frozen=True)
@@ -117,10 +143,11 @@ class PairPreparer:
         *,
         truncate: Any = False,
         instruction: Any = None,
+        fields: Fields = Fields(),
     ) -> PreparedPairs:
-        """One checked sequence per pair (see the module docstring)."""
-        query = read_text(query, "query")
-        docs = read_documents(documents)
+        """One checked sequence per pair (see the module docstring); errors name `fields`."""
+        query = read_text(query, fields.query_name)
+        docs = read_documents(documents, fields.documents)
         if truncate is None:
             truncate = False
         if truncate not in (False, "end", "start"):
@@ -134,16 +161,16 @@ class PairPreparer:
                     "instruction applies to LLM rerankers; this model is a cross-encoder",
                     param="instruction",
                 )
-            return self._cross_encoder(query, docs, truncate)
+            return self._cross_encoder(query, docs, truncate, fields)
         if instruction is None:
             instruction = RERANK_INSTRUCTION
         instruction = read_text(instruction, "instruction")
-        return self._yes_no(query, docs, truncate, instruction)
+        return self._yes_no(query, docs, truncate, instruction, fields)
 
-    def _too_long(self, i: int, n: int, truncate: Any) -> None:
+    def _too_long(self, where: str, n: int, truncate: Any) -> None:
         if truncate is False:
             raise InputTooLong(
-                f"the pair of the query and documents[{i}]",
+                f"the pair of the query and {where}",
                 n,
                 self.max_length,
                 PAIR_TRUNCATE_ADVICE,
@@ -157,7 +184,9 @@ class PairPreparer:
             code="context_length_exceeded",
         )
 
-    def _cross_encoder(self, query: str, docs: list[str], truncate: Any) -> PreparedPairs:
+    def _cross_encoder(
+        self, query: str, docs: list[str], truncate: Any, fields: Fields
+    ) -> PreparedPairs:
         limit = self.max_length
         encodings = self.tokenizer.encode_pairs(query, docs)
         seqs, seconds = [], []
@@ -166,11 +195,16 @@ class PairPreparer:
         typed = self.spec.type_vocab_size > 1
         for i, e in enumerate(encodings):
             ids, which = list(e.ids), list(e.sequence_ids)
-            if 1 not in which:  # a tokenizer without a pair template: nothing marks the document
-                raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
+            # a text's own tokens carry its sequence id (special tokens None): none, no text
+            if 0 not in which:
+                raise _empty(fields.query_name)
+            if 1 not in which:
+                if self.tokenizer.encode_plain(docs[i]):  # nothing marks the document
+                    raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
+                raise _empty(fields.document(i))
             second = which.index(1)
             if len(ids) > limit:
-                self._too_long(i, len(ids), truncate)
+                self._too_long(fields.document(i), len(ids), truncate)
                 # the document's tokens sit between `second` and its closing special tokens
                 closing = sum(e.special_tokens_mask[second:])
                 room = limit - second - closing
@@ -184,19 +218,20 @@ class PairPreparer:
         return PreparedPairs(seqs, seconds)
 
     def _yes_no(
-        self, query: str, docs: list[str], truncate: Any, instruction: str
+        self, query: str, docs: list[str], truncate: Any, instruction: str, fields: Fields
     ) -> PreparedPairs:
         limit = self.max_length
         prompt = RERANK_BODY.format(instruction=instruction, query=query)  # before each document
         system = self.tokenizer.encode_plain(RERANK_SYSTEM)
         suffix = self.tokenizer.encode_plain(RERANK_SUFFIX)
         bodies = self.tokenizer.encode_plain_batch([prompt + d for d in docs])
+        self._refuse_empty(query, docs, prompt, bodies, fields)
         room = limit - len(system) - len(suffix)
         seqs = []
         for i, body in enumerate(bodies):
             n = len(system) + len(body) + len(suffix)
             if n > limit:
-                self._too_long(i, n, truncate)
+                self._too_long(fields.document(i), n, truncate)
                 # NOTE: "end" cuts the joint text's tokens, as Qwen3-Reranker's own code does;
                 # "start" keeps the query part whole and the document's last tokens
                 query_part = self.tokenizer.encode_plain(prompt.rstrip(" "))
@@ -209,6 +244,24 @@ class PairPreparer:
                     body = query_part + doc[len(doc) - (room - len(query_part)) :]
             seqs.append(system + body + suffix)
         return PreparedPairs(seqs, [0] * len(seqs))
+
+    def _refuse_empty(
+        self, query: str, docs: list[str], prompt: str, bodies: list[list[int]], fields: Fields
+    ) -> None:
+        """An LLM reranker's query or document with no token of its own, inside the prompt: a
+        body no longer than the prompt's tokens may hold a short document merged into its last
+        token, so that document is tokenized alone (as `first_without_tokens` does)."""
+        if not self.tokenizer.encode_plain(query):
+            raise _empty(fields.query_name)
+        base = len(self.tokenizer.encode_plain(prompt))
+        for i, body in enumerate(bodies):
+            if len(body) <= base and not self.tokenizer.encode_plain(docs[i]):
+                raise _empty(fields.document(i))
+
+
+def _empty(where: str) -> InputError:
+    """`where` has no token of its own; the parameter is its field (`texts[2]`: `texts`)."""
+    return no_token_of_its_own(where, param=where.split("[")[0])
 
 
 def check_top_n(top_n: Any) -> int | None:
@@ -260,11 +313,17 @@ class CosinePlan:
 
 
 def plan_cosine(
-    inputs: InputPreparer, query: Any, documents: Any, *, truncate: Any, instruction: Any
+    inputs: InputPreparer,
+    query: Any,
+    documents: Any,
+    *,
+    truncate: Any,
+    instruction: Any,
+    fields: Fields = Fields(),
 ) -> CosinePlan:
     """The checked plan of a bi-encoder's scores (see `CosinePlan`)."""
-    query = read_text(query, "query")  # as a reranker's pairs check it
-    docs = read_documents(documents)
+    query = read_text(query, fields.query_name)  # as a reranker's pairs check it
+    docs = read_documents(documents, fields.documents)
     return CosinePlan(
         query,
         docs,
@@ -272,3 +331,39 @@ def plan_cosine(
         inputs.options(input_type="document", truncate=truncate),
         inputs.head(normalize=True, output_dtype="float32"),
     )
+
+
+def text_names(fields: Sequence[Fields], counts: Sequence[int]) -> tuple[list[str], list[str]]:
+    """What the caller called a bi-encoder's queries (one per group) and its documents (each
+    group's `counts[g]`, in order), as the two input lists it embeds (`named`)."""
+    documents = [f.document(i) for f, n in zip(fields, counts, strict=True) for i in range(n)]
+    return [f.query_name for f in fields], documents
+
+
+_INPUT = re.compile(r"input(?:\[(\d+)\])?(?![\w\[])")  # how the request core names a text
+
+
+@contextlib.contextmanager
+def named(names: Sequence[str]) -> Iterator[None]:
+    """The request core's errors about its `input[i]` while it prepares texts the caller sent
+    under other names (a bi-encoder's query and documents, embedded as input lists) raised
+    naming `names[i]` (`documents[3]`, TEI's `texts[3]`, `query`), its field the parameter: the
+    caller never sent an `input`. Errors about other parameters pass as they are."""
+    try:
+        yield
+    except InputError as e:
+        if e.param != "input":
+            raise
+        raise renamed(e, names) from None
+
+
+def renamed(error: InputError, names: Sequence[str]) -> InputError:
+    """`error` (of the same class, code and figures) naming `names` for `input[i]` (`named`)."""
+    match = _INPUT.match(error.message)
+    where = names[int(match.group(1) or 0)] if match else names[0]
+    message = where + error.message[match.end() :] if match else error.message
+    out = type(error).__new__(type(error), message)
+    out.__dict__.update(vars(error), message=message, param=where.split("[")[0])
+    if "where" in vars(error):  # an over-long text's (`InputTooLong`, `TooManyTokens`)
+        out.__dict__["where"] = where
+    return out

@@ -274,6 +274,16 @@ class TextTokenizer:
         return list(self._full.encode(text, add_special_tokens=False).ids)
 
 
+def no_token_of_its_own(where: str, param: str = "input") -> InputError:
+    """The error for a text that `first_without_tokens` finds, as "" is refused: its vector or
+    score would be the empty text's (issue 40 item 7). `where`: the text, as the caller named it."""
+    return InputError(
+        f"{where} is empty after the tokenizer's normalization (no token of its own: "
+        "whitespace or control characters only)",
+        param=param,
+    )
+
+
 def _stable_count(piece: Encoding, num_chars: int, margin: int, tail: bool) -> int:
     """How many of a piece's first (`tail`: last) tokens the whole text has there too.
 

@@ -15,8 +15,11 @@ on batches from one short query to a few passages, in turn (a shared machine's s
 holds each to the float32 fidelity guard (cosine >= `MIN_COSINE` to the eager reference on the
 guard's probes; one that fails is dropped, the next one stands) and keeps the fastest
 (`choose`), or, where ONNX Runtime wins the small batches and a torch path the large ones, both
-(`SizeSplit`: batches up to a measured number of tokens through ONNX Runtime, larger ones
-through the torch path). The choice is remembered per machine and model folder in the user's
+(`cpu_executors.SizeSplit`: batches up to a measured number of tokens through ONNX Runtime, larger ones
+through the torch path). A sparse or multi-vector model serves per-token hidden rows through its
+heads, not the pooled CLS row: each path's outputs are held to the guard too (`TokenOutputs`), as
+a document and as a query (whose expansion tokens a ColBERT folder may hide from the others'
+attention, which ONNX Runtime's graph cannot). The choice is remembered per machine and model folder in the user's
 cache, so a later start only checks it. An explicit path (`cpu_path=`, `--cpu-path`) is served
 as asked, still checked. The choice is printed in the server's ready line and exported in its
 metrics.
@@ -31,19 +34,28 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from embedserve.engine.batch import PackedBatch
-from embedserve.engine.fidelity import FidelityError, Probe, check_fidelity
+from embedserve.engine.cpu_executors import SizeSplit
+from embedserve.engine.fidelity import (
+    FidelityError,
+    Probe,
+    check_fidelity,
+    check_outputs_fidelity,
+)
 from embedserve.engine.layers.linear import Linear, can_pack_fp32
 from embedserve.engine.models.base import PackedEncoder
+from embedserve.loading.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from embedserve.engine.retrieval import BatchOutputs
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +73,27 @@ ROUNDS, QUERY_CALLS = 3, 8
 SEED = 39
 
 Run = Callable[[nn.Module, PackedBatch], np.ndarray]  # the engine's step on a given model
+Served = dict[tuple[int, bool], "BatchOutputs"]  # the reference's outputs by (batch, as a query)
+
+
+@dataclass(frozen=True)
+class TokenOutputs:
+    """What a sparse or multi-vector model serves, for the guard: `run(model, batch, query)`,
+    the engine's `encode_outputs` of every output on `model` (a query's keys as `query_keys`
+    hides them), and the vocabulary (a sparse vector's width)."""
+
+    run: Callable[[nn.Module, PackedBatch, bool], BatchOutputs]
+    vocab_size: int
+
+
+def query_keys(spec: ModelSpec, batch: PackedBatch) -> tuple[int, ...] | None:
+    """The keys a query of `spec` attends to in the guard's `batch`: each sequence's last
+    quarter hidden, as a ColBERT folder that does not attend to its query expansion hides those
+    tokens (`visible_keys`); None (every key) for any other model."""
+    colbert = spec.retrieval.colbert if spec.retrieval is not None else None
+    if colbert is None or not colbert.expansion or colbert.attend_to_expansion:
+        return None
+    return tuple(max(1, n - n // 4) for n in batch.seqlens.tolist())
 
 
 @dataclass(frozen=True)
@@ -109,48 +142,6 @@ def _shape_name(shape: tuple[int, ...]) -> str:
     return f"{len(shape)} " + ("queries" if set(shape) == {QUERY_TOKENS} else "passages")
 
 
-class OneTorchThread:
-    """A forward's torch operators on one thread, while ONNX Runtime runs the encoder on its own:
-    what is left to torch (pooling, heads) is a few small operators, and on 2 cores PyTorch's
-    second OpenMP thread waits for a core that ONNX Runtime's threads hold (one query's pooling
-    `index_add_` 4-6 ms at two threads, 0.1 ms at one, a loaded Zen 3). Reusable."""
-
-    def __enter__(self) -> None:
-        self.threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_num_threads(self.threads)
-
-
-class SizeSplit(nn.Module):
-    """Two executors of one model by batch size: batches of up to `max_small_tokens` tokens
-    through `small` (ONNX Runtime), larger ones through `large` (the torch module, packed or
-    eager). Each was held to the guard on its own; both compute the same model."""
-
-    def __init__(self, small: nn.Module, large: nn.Module, max_small_tokens: int) -> None:
-        super().__init__()
-        self.small, self.large, self.max_small_tokens = small, large, max_small_tokens
-
-    def executor(self, tokens: int) -> nn.Module:
-        return self.small if tokens <= self.max_small_tokens else self.large
-
-    def forward(self, input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
-        return cast(torch.Tensor, self.executor(int(input_ids.numel()))(input_ids, *rest))
-
-
-def forward_context(model: nn.Module | None) -> Callable[[int], AbstractContextManager[Any]]:
-    """What a forward of so many tokens through `model` runs inside: `OneTorchThread` where
-    ONNX Runtime runs it (a `SizeSplit`'s small batches, or every batch); None: nothing."""
-    from embedserve.engine.onnx_encoder import OnnxEncoder
-
-    def around(tokens: int) -> AbstractContextManager[Any]:
-        runs = model.executor(tokens) if isinstance(model, SizeSplit) else model
-        return OneTorchThread() if isinstance(runs, OnnxEncoder) else nullcontext()
-
-    return around
-
-
 def timing_batches(vocab_size: int, max_positions: int) -> tuple[PackedBatch, ...]:
     """`TIMING_SHAPES`' batches: fixed ids over the vocabulary, as the guard's probes."""
     rng = np.random.default_rng(SEED)
@@ -177,25 +168,26 @@ def choose(
     probes: list[Probe],
     timing: tuple[PackedBatch, ...],
     asked: str | None = None,
+    outputs: TokenOutputs | None = None,
 ) -> tuple[nn.Module, CpuChoice]:
     """The float32 executor to serve `model` (eager fp32, loaded from `folder`) with, and the
     record of the choice. `asked`: one path, served if it passes the guard (else FidelityError);
     None: the path this machine measured fastest for this folder before (`remembered`), checked,
     else every available path checked and timed, the fastest kept (`_fastest`) and
-    remembered."""
+    remembered. `outputs`: a sparse or multi-vector model's, checked as well."""
     if asked is not None:
-        return _choose(model, folder, run, probes, timing, asked)
+        return _choose(model, folder, run, probes, timing, asked, outputs)
     key = choice_key(folder)
     earlier = remembered(key)
     if earlier is not None and set(plan(earlier)[0]) <= set(available(model)):
         try:
-            served, choice = _choose(model, folder, run, probes, timing, earlier)
+            served, choice = _choose(model, folder, run, probes, timing, earlier, outputs)
         except FidelityError:
             pass  # measured again below
         else:
             choice.remembered = True
             return served, choice
-    served, choice = _choose(model, folder, run, probes, timing, None)
+    served, choice = _choose(model, folder, run, probes, timing, None, outputs)
     remember(key, choice.name)
     return served, choice
 
@@ -277,17 +269,25 @@ def _choose(
     probes: list[Probe],
     timing: tuple[PackedBatch, ...],
     asked: str | None,
+    outputs: TokenOutputs | None,
 ) -> tuple[nn.Module, CpuChoice]:
     start = time.perf_counter()
     paths = plan(asked)[0] if asked else available(model)
     expected = {id(p.batch): run(model, p.batch) for p in probes}  # the eager reference's rows
+    served: Served = {}  # and its outputs, when it has any
+    if outputs is not None:
+        served = {(id(p.batch), q): outputs.run(model, p.batch, q) for p in probes
+                  for q in (False, True)}  # fmt: skip
     choice = CpuChoice(path="eager")
     built: dict[str, nn.Module] = {}
     cosines: dict[str, float] = {}
     for path in sorted(paths, key=lambda p: p != "eager"):  # eager first: packing mutates `model`
         candidate = _build(path, model, folder)
         try:
-            cosines[path] = 1.0 if path == "eager" else _guard(candidate, run, expected, probes)
+            cosines[path] = (
+                1.0 if path == "eager"
+                else _guard(candidate, run, expected, probes, outputs, served)
+            )  # fmt: skip
         except FidelityError as err:
             for layer in _linears(model):
                 layer.forget_packed()
@@ -316,10 +316,16 @@ def _choose(
 
 
 def _guard(
-    candidate: nn.Module, run: Run, expected: dict[int, np.ndarray], probes: list[Probe]
+    candidate: nn.Module,
+    run: Run,
+    expected: dict[int, np.ndarray],
+    probes: list[Probe],
+    outputs: TokenOutputs | None = None,
+    served: Served | None = None,
 ) -> float:
     """The candidate's least cosine to the eager reference's rows (`expected`, by probe batch)
-    over the guard's probes; FidelityError under `MIN_COSINE`."""
+    over the guard's probes, and with `outputs` to its dense rows, sparse vectors and token
+    vectors (`served`, by probe batch and side); FidelityError under `MIN_COSINE`."""
 
     def fast(batch: PackedBatch) -> np.ndarray:
         return run(candidate, batch)
@@ -327,7 +333,18 @@ def _guard(
     def reference(batch: PackedBatch) -> np.ndarray:
         return expected[id(batch)]
 
-    return check_fidelity(fast, reference, probes, min_cosine=MIN_COSINE, runs=1)
+    worst = check_fidelity(fast, reference, probes, min_cosine=MIN_COSINE, runs=1)
+    if outputs is None or served is None:
+        return worst
+    # the pooled CLS row says nothing of the other tokens' rows, which the heads serve
+    for query in (False, True):
+        named = [Probe(f"{p.name} as a query" if query else p.name, p.batch) for p in probes]
+        worst = min(worst, check_outputs_fidelity(
+            lambda b, q=query: outputs.run(candidate, b, q),  # type: ignore[misc]
+            lambda b, q=query: served[(id(b), q)],  # type: ignore[misc]
+            named, outputs.vocab_size, min_cosine=MIN_COSINE, runs=1,
+        ))  # fmt: skip
+    return worst
 
 
 def _fastest(measured: list[PathTiming]) -> str:

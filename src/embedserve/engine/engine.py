@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from embedserve.engine import cpu_paths
 from embedserve.engine.attention import (
     CAPTURE_SAFE,
     AttentionFn,
@@ -26,8 +27,7 @@ from embedserve.engine.attention import (
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
-from embedserve.engine.cpu_paths import CpuChoice, forward_context, timing_batches
-from embedserve.engine.cpu_paths import choose as choose_cpu_path
+from embedserve.engine.cpu_executors import forward_context
 from embedserve.engine.eager import eager_run, reference_outputs, reference_run
 from embedserve.engine.fidelity import (
     SCORE_MAX_DIFF,
@@ -58,8 +58,7 @@ CPU_BATCH_TOKENS = 2048
 
 
 class Engine:
-    # a forward of so many tokens runs inside it: one torch thread where ONNX Runtime runs it
-    _threads_for = staticmethod(forward_context(None))
+    _threads_for = staticmethod(forward_context(None))  # a forward's torch threads, by its tokens
 
     def __init__(
         self,
@@ -141,36 +140,50 @@ class Engine:
             self.fidelity_cosine = self._check_fidelity(reference, fall_back=cpu_default)
         # a CPU's float32 by default (or a named executor): the fastest that passes the guard
         # (a default bf16 the guard refused serves the eager reference, as it says)
-        self.cpu_choice: CpuChoice | None = None
-        if (
-            not on_cuda
-            and not fused
-            and (asked_path or (dtype is None and dtype_name == "float32"))
-        ):
+        self.cpu_choice: cpu_paths.CpuChoice | None = None
+        float32_default = dtype is None and dtype_name == "float32"
+        if not on_cuda and not fused and (asked_path or float32_default):
             self._choose_cpu_path(cpu_path if asked_path else None)
 
     def _choose_cpu_path(self, asked: str | None) -> None:
         """Serve the float32 executor `cpu_paths.choose` picks (or `asked`), and say which."""
         model = self.model
         assert isinstance(model, PackedEncoder)
-        sizes, folder = (self.vocab_size, self.max_positions), str(self.spec.path)
-        self.model, self.cpu_choice = choose_cpu_path(
-            model, folder, self._run_on, make_probes(*sizes), timing_batches(*sizes), asked
+        # a sparse / multi-vector model serves per-token rows through its heads: checked too
+        outputs = (
+            cpu_paths.TokenOutputs(self._outputs_on, self.vocab_size) if self.retrieval else None
         )
+        sizes, folder = (self.vocab_size, self.max_positions), str(self.spec.path)
+        self.model, self.cpu_choice = cpu_paths.choose(
+            model, folder, self._run_on, make_probes(*sizes), cpu_paths.timing_batches(*sizes),
+            asked, outputs,
+        )  # fmt: skip
         self._threads_for = forward_context(self.model)
         if "packed" in self.cpu_choice.path.split("+"):
             self.packed_linears = sum(isinstance(m, Linear) for m in model.modules())
         self.fidelity_cosine = self.cpu_choice.cosine
         log.info("cpu path: %s", self.cpu_choice.describe())
 
-    def _run_on(self, model: nn.Module, batch: PackedBatch) -> np.ndarray:
-        """`step` on `model` in place of the served one (the start-up choice's measurements)."""
+    @contextlib.contextmanager
+    def _serving(self, model: nn.Module) -> Iterator[None]:
+        """`model` in place of the served one (the start-up choice's checks and measurements)."""
         kept = self.model, self._threads_for
         self.model, self._threads_for = model, forward_context(model)
         try:
-            return self.step(batch).wait().copy()
+            yield
         finally:
             self.model, self._threads_for = kept
+
+    def _run_on(self, model: nn.Module, batch: PackedBatch) -> np.ndarray:
+        with self._serving(model):
+            return self.step(batch).wait().copy()
+
+    def _outputs_on(self, model: nn.Module, batch: PackedBatch, query: bool) -> BatchOutputs:
+        assert self.retrieval is not None
+        keys = cpu_paths.query_keys(self.spec, batch) if query else None
+        with self._serving(model):
+            return self.encode_outputs(batch, self.retrieval.spec.outputs, query=query,
+                                       visible_keys=keys)  # fmt: skip
 
     @property
     def cpu_path(self) -> str | None:
@@ -193,18 +206,10 @@ class Engine:
         if graphs is False:
             return None
         config = graph_config(
-            self.spec,
-            graphs if isinstance(graphs, GraphConfig) else GraphConfig(),
+            self.spec, graphs if isinstance(graphs, GraphConfig) else GraphConfig(),
             attention_backend,
-        )
-        runner = GraphRunner(
-            self._forward,
-            device=self.device,
-            config=config,
-            stats=self.stats,
-            choices=self.choices,
-            max_positions=self.spec.max_position_embeddings,
-        )
+        )  # fmt: skip
+        runner = GraphRunner(self._forward, config=config, **self._runner_context())
         runner.warm_up()
         return runner
 
@@ -215,18 +220,15 @@ class Engine:
         None."""
         if runner is None or self.retrieval is None:
             return None
-        tokens = GraphRunner(
-            self._hidden,
-            device=self.device,
-            config=runner.config,
-            stats=self.stats,
-            choices=self.choices,
-            max_positions=self.spec.max_position_embeddings,
-            make_graph=runner.make_graph,
-            per_token=True,
-        )
+        tokens = GraphRunner(self._hidden, config=runner.config, make_graph=runner.make_graph,
+                             per_token=True, **self._runner_context())  # fmt: skip
         tokens.warm_up()
         return tokens
+
+    def _runner_context(self) -> dict[str, Any]:
+        """What both graph runners share of this engine (device, counters, kernel choices)."""
+        return {"device": self.device, "stats": self.stats, "choices": self.choices,
+                "max_positions": self.spec.max_position_embeddings}  # fmt: skip
 
     @classmethod
     def from_folder(

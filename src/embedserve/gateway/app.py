@@ -17,6 +17,7 @@ from typing import Any
 
 from embedserve.contract import tracing
 from embedserve.core.inputs import InputError
+from embedserve.gateway.bodies import contextual_body, embeddings_body
 from embedserve.gateway.checks import (
     authenticate,
     check_content_type,
@@ -40,7 +41,7 @@ from embedserve.gateway.metrics import (
 from embedserve.gateway.models import ANY, EMBED, SCORE, ServedModel, ServedModels
 from embedserve.gateway.openapi_dropin import api_document
 from embedserve.gateway.output_bodies import asked_outputs, outputs_body, parse_outputs
-from embedserve.gateway.pipeline import Pipeline, contextual_body, embeddings_body
+from embedserve.gateway.pipeline import Pipeline
 from embedserve.gateway.probes import Probes
 from embedserve.gateway.replicas import REPLICAS_CALLED
 from embedserve.gateway.requests import (

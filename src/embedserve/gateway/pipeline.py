@@ -34,14 +34,16 @@ from embedserve.contract.codec import (
 from embedserve.core.bounds import check_chars, document_chars, pair_chars, text_chars
 from embedserve.core.budget import budget_groups, shift_spans, split_rows
 from embedserve.core.chunking import packed_spans
-from embedserve.core.head import Head, to_base64
+from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
 from embedserve.core.pairs import (
     PairPreparer,
     PreparedPairs,
+    named,
     plan_cosine,
     read_documents,
     read_text,
+    text_names,
 )
 from embedserve.gateway.coalescing import Coalescer
 from embedserve.gateway.errors import ApiError, bad_request, server_failure
@@ -163,8 +165,8 @@ class Pipeline:
 
         def prepare() -> list[PreparedPairs]:
             return [
-                pairs.prepare(q, d, truncate=job.truncate, instruction=job.instruction)
-                for q, d in job.groups
+                pairs.prepare(q, d, truncate=job.truncate, instruction=job.instruction, fields=f)
+                for (q, d), f in zip(job.groups, job.fields(), strict=True)
             ]
 
         prepared = await self._off_loop(size, prepare)
@@ -209,23 +211,28 @@ class Pipeline:
                 "raw_scores are a reranker's logits; this embedding model scores by cosine",
                 param="raw_scores",
             )
+        fields = job.fields()
         plans = [
-            plan_cosine(self.inputs, q, d, truncate=job.truncate, instruction=job.instruction)
-            for q, d in job.groups
-        ]
+            plan_cosine(self.inputs, q, d, truncate=job.truncate, instruction=job.instruction,
+                        fields=f)
+            for (q, d), f in zip(job.groups, fields, strict=True)
+        ]  # fmt: skip
         if not plans:
             return np.zeros(0, np.float32), 0
         # every group's query, and every group's documents, as one request each: the options
-        # are the request's; the token limit is checked once, on both, before any part is sent
+        # are the request's; the token limit is checked once, on both, before any part is sent;
+        # an error names the text as sent (`pairs.named`)
         first = plans[0]
-        queries = await self._prepare(
-            EmbedJob([p.query for p in plans], first.query_options, first.head, "float")
-        )
-        documents = await self._prepare(
-            EmbedJob(
-                [d for p in plans for d in p.documents], first.document_options, first.head, "float"
+        query_names, document_names = text_names(fields, [len(p.documents) for p in plans])
+        with named(query_names):
+            queries = await self._prepare(
+                EmbedJob([p.query for p in plans], first.query_options, first.head, "float")
             )
-        )
+        with named(document_names):
+            documents = await self._prepare(
+                EmbedJob([d for p in plans for d in p.documents], first.document_options,
+                         first.head, "float")
+            )  # fmt: skip
         total = sum(map(len, queries.seqs)) + sum(map(len, documents.seqs))
         self._check_size(total)
         q = await self._encode(queries, first.head)
@@ -346,18 +353,21 @@ class Pipeline:
         plan = late_plan(self.inputs.spec.retrieval.kind, job.weights)
         head = self.inputs.head()
 
+        fields = job.fields()
+        query_names, document_names = text_names(fields, [len(d) for _, d in job.groups])
+
         def prepare() -> tuple[OutputSequences, OutputSequences]:
             side = functools.partial(
                 prepare_outputs, self.inputs, self.colbert, truncate=job.truncate
             )
-            queries = side(
-                [read_text(q, "query") for q, _ in job.groups], input_type=plan.query_type
-            )
-            documents = side(
-                [d for _, docs in job.groups for d in read_documents(docs)],
-                input_type=plan.document_type,
-            )
-            return queries, documents
+            pairs = list(zip(job.groups, fields, strict=True))
+            queries = [read_text(q, f.query_name) for (q, _), f in pairs]
+            documents = [d for (_, docs), f in pairs for d in read_documents(docs, f.documents)]
+            with named(query_names):  # errors name the texts as sent
+                q = side(queries, input_type=plan.query_type)
+            with named(document_names):
+                d = side(documents, input_type=plan.document_type)
+            return q, d
 
         options = InputOptions(truncate=job.truncate)
         size = sum(
@@ -411,40 +421,3 @@ class Pipeline:
             )
         rows = await self._fan_out(calls)
         return split_rows(rows, [len(p.spans) for p in plans]), num_tokens
-
-
-def embedding_objects(vectors: np.ndarray, encoding_format: str) -> list[dict[str, Any]]:
-    """`{"object": "embedding", "index": i, "embedding": ...}` per row; float rows stay NumPy
-    arrays for orjson to write directly."""
-    if encoding_format == "base64":
-        rows: list[Any] = [to_base64(v) for v in vectors]
-    else:
-        rows = list(vectors)
-    return [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
-
-
-def embeddings_body(
-    vectors: np.ndarray, encoding_format: str, model: str, num_tokens: int
-) -> dict[str, Any]:
-    """The OpenAI response object."""
-    return {
-        "object": "list",
-        "data": embedding_objects(vectors, encoding_format),
-        "model": model,
-        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
-    }
-
-
-def contextual_body(
-    documents: list[np.ndarray], encoding_format: str, model: str, num_tokens: int
-) -> dict[str, Any]:
-    """Per document, a list object of its chunks' embedding objects (docs/serving.md)."""
-    return {
-        "object": "list",
-        "data": [
-            {"object": "list", "index": d, "data": embedding_objects(rows, encoding_format)}
-            for d, rows in enumerate(documents)
-        ],
-        "model": model,
-        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
-    }

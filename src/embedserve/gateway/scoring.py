@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.core.pairs import check_top_n, ranked, read_documents
+from embedserve.core.pairs import Fields, check_top_n, ranked, read_documents
 from embedserve.gateway.errors import bad_request
 from embedserve.gateway.requests import Limits, check_model, check_object, optional_string
 from embedserve.loading.retrieval_kinds import KIND_BY_NAME
@@ -47,10 +47,21 @@ class ScoreJob:
     instruction: Any  # an LLM reranker's (or a Qwen3 embedder's query) instruction
     scores: str = "model"  # "model": the folder's activation; "sigmoid"; "raw": the logit
     weights: Any = None  # bge-m3's (dense, sparse, colbert) weights, as sent (`late_plan`)
+    names: tuple[str, str] = ("query", "documents")  # the route's fields (`pairs.Fields`)
+    listed: bool = False  # vLLM's `text_1` a list: each group's query is named by its index
 
     @property
     def num_documents(self) -> int:
         return sum(len(docs) for _, docs in self.groups)
+
+    def fields(self) -> list[Fields]:
+        """Per group, what its errors call its query and documents (their place in the
+        request's lists: vLLM's pairs go in groups of one `text_1`)."""
+        out, first = [], 0
+        for _, docs in self.groups:
+            out.append(Fields(*self.names, first=first, listed=self.listed))
+            first += len(docs)
+        return out
 
 
 def flag(body: dict[str, Any], key: str) -> bool:
@@ -122,7 +133,8 @@ def parse_tei_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, bool]:
     truncate = tei_truncate(body)
     scores = "raw" if flag(body, "raw_scores") else "sigmoid"
     docs = documents_of(body["texts"], "texts", limits)
-    return ScoreJob([(body["query"], docs)], truncate, None, scores), flag(body, "return_text")
+    job = ScoreJob([(body["query"], docs)], truncate, None, scores, names=("query", "texts"))
+    return job, flag(body, "return_text")
 
 
 def parse_score(body: Any, limits: Limits) -> ScoreJob:
@@ -154,8 +166,9 @@ def parse_score(body: Any, limits: Limits) -> ScoreJob:
     else:
         groups = [(first[0] if isinstance(first, list) else first, seconds)]
     return ScoreJob(
-        groups, body.get("truncate"), body.get("instruction"), weights=_weights(body, limits)
-    )
+        groups, body.get("truncate"), body.get("instruction"), weights=_weights(body, limits),
+        names=("text_1", "text_2"), listed=isinstance(first, list),
+    )  # fmt: skip
 
 
 def _weights(body: dict[str, Any], limits: Limits) -> Any:

@@ -147,7 +147,8 @@ class GatewayApp:
         # the schema lists every model's names and outputs (the first model's other limits)
         every_output = tuple(dict.fromkeys(o for m in self.served.models for o in m.limits.outputs))
         schema_limits = dataclasses.replace(limits, model_names=every_name, outputs=every_output)
-        self._openapi = dumps(api_document(", ".join(self.served.names()), schema_limits))
+        names = ", ".join(self.served.names())
+        self._openapi = dumps(api_document(names, schema_limits, self.routes))
 
     def _add_routes(self) -> None:
         """The route table (`routes`: ours, then the drop-in APIs'), its paths, and the handlers
@@ -161,10 +162,10 @@ class GatewayApp:
             ("POST", "/rerank"): self.tei_rerank,
             ("POST", "/v1/score"): self.score,
             ("POST", "/score"): self.score,
-            ("POST", "/predict"): self.classify.predict,
-            ("POST", "/classify"): self.classify.classify,
             ("GET", "/v1/models"): self.models,
             ("POST", "/tokenize"): self.tokenize,
+            ("POST", "/predict"): self.classify.predict,
+            ("POST", "/classify"): self.classify.classify,
             ("GET", "/health"): self.probes.health,
             ("GET", "/ready"): self.probes.ready,
             ("GET", "/metrics"): self.probes.prometheus,

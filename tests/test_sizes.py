@@ -1,5 +1,5 @@
-"""The size rules of src/ hold: no module over 450 lines (the OpenAPI literal aside), no function
-over 90 lines (scripts/sizes.py)."""
+"""The size rules of src/ hold: no module over 450 lines, no function over 90 lines
+(scripts/sizes.py)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from embedserve.gateway.checks import (
     request_id,
 )
 from embedserve.gateway.classify import ClassifyRoutes
-from embedserve.gateway.dropin import TEI_ROUTES, DropInRoutes
+from embedserve.gateway.dropin import TEI_ROUTES, DropInRoutes, Headers
 from embedserve.gateway.errors import REQUEST_ID, ApiError, from_input_error
 from embedserve.gateway.jsonio import dumps
 from embedserve.gateway.metrics import MULTIPROCESS_DIR as MULTIPROCESS_DIR  # gateway.main's
@@ -51,6 +51,7 @@ from embedserve.gateway.requests import (
     parse_contextual,
     parse_embeddings,
     parse_tokenize,
+    tokenize_body,
 )
 from embedserve.gateway.scoring import (
     parse_rerank,
@@ -63,6 +64,7 @@ from embedserve.gateway.scoring import (
 from embedserve.gateway.stalls import LoopWatch
 from embedserve.gateway.timing import timing_headers, track_times
 from embedserve.gateway.transport import (
+    RETRY_AFTER_SECONDS,
     Answer,
     ClientGone,
     Receive,
@@ -72,6 +74,7 @@ from embedserve.gateway.transport import (
     max_json_values,
     parse_json,
     read_body,
+    send_answer,
     unless_disconnected,
 )
 
@@ -84,8 +87,6 @@ JSON = b"application/json"
 # NOTE: the routes a kubelet or load balancer probes: it sends the pod's IP as Host and no key,
 # so these answer every Host without a key (`/ready` then with its status only, see `ready`)
 PROBE_PATHS = frozenset({"/health", "/ready"})
-RETRYABLE_STATUSES = (429, 503)
-RETRY_AFTER_SECONDS = b"1"
 
 
 class GatewayApp:
@@ -147,7 +148,8 @@ class GatewayApp:
         # the schema lists every model's names and outputs (the first model's other limits)
         every_output = tuple(dict.fromkeys(o for m in self.served.models for o in m.limits.outputs))
         schema_limits = dataclasses.replace(limits, model_names=every_name, outputs=every_output)
-        self._openapi = dumps(api_document(", ".join(self.served.names()), schema_limits))
+        names = ", ".join(self.served.names())
+        self._openapi = dumps(api_document(names, schema_limits, self.routes))
 
     def _add_routes(self) -> None:
         """The route table (`routes`: ours, then the drop-in APIs'), its paths, and the handlers
@@ -161,10 +163,10 @@ class GatewayApp:
             ("POST", "/rerank"): self.tei_rerank,
             ("POST", "/v1/score"): self.score,
             ("POST", "/score"): self.score,
-            ("POST", "/predict"): self.classify.predict,
-            ("POST", "/classify"): self.classify.classify,
             ("GET", "/v1/models"): self.models,
             ("POST", "/tokenize"): self.tokenize,
+            ("POST", "/predict"): self.classify.predict,
+            ("POST", "/classify"): self.classify.classify,
             ("GET", "/health"): self.probes.health,
             ("GET", "/ready"): self.probes.ready,
             ("GET", "/metrics"): self.probes.prometheus,
@@ -256,13 +258,12 @@ class GatewayApp:
         return True
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One request: its context (id, span, counters), its answer, then the answer sent and
+        recorded; a client gone before its answer is counted as 499."""
         start = time.perf_counter()
         method, path = scope["method"], scope["path"]
-        handler = self.routes.get((method, path))
         route = path if path in self.paths else "other"
-        extra: tuple[tuple[bytes, bytes], ...] = ()
-        tei_errors = False  # a TEI route's own errors (past the checks) answer TEI's shape
-        headers_in = dict(scope["headers"])  # read once: the checks below all look in it
+        headers_in = dict(scope["headers"])  # read once: the checks all look in it
         answer_id = request_id(headers_in)
         REQUEST_ID.set(answer_id.decode("ascii"))  # a server failure's answer names it
         span = None
@@ -274,16 +275,33 @@ class GatewayApp:
         REPLICAS_CALLED.set(replicas)
         set_request_model("")
         try:
-            check_headers(scope["headers"], headers_in)  # two Hosts: before the Host is read
-            admitted = self._admit(path, headers_in)
-            if self.draining and path != "/health":
-                raise ApiError(503, "the gateway is shutting down", code="shutting_down")
-            if handler is None:
-                raise self._no_route(method, path)
-            body = b""
-            if method == "POST":
-                check_content_type(headers_in)
-                body = await read_body(scope, receive, self.max_body_bytes, self.body_timeout)
+            status, content_type, payload, extra = await self._answer(
+                scope, receive, headers_in, times, start
+            )
+        except ClientGone:  # nobody to answer: counted, and logged as the ordinary event it is
+            log.info("%s %s: the client disconnected before its answer", method, route)
+            self.metrics.requests.labels(route, "499").inc()
+            status = 499
+        else:
+            headers = ((b"x-request-id", answer_id), *extra)
+            await send_answer(send, status, content_type, payload, headers)
+            count, latency = self.metrics.route(route, status)
+            count.inc()
+            latency.observe(time.perf_counter() - start)
+        tracing.end_gateway_span(span, status)
+        if self.log_requests:
+            seconds = time.perf_counter() - start
+            log_request(answer_id, method, route, status, seconds, counts, replicas)
+
+    async def _answer(self, scope: Scope, receive: Receive, headers_in: dict[bytes, bytes],
+                      times: Any, start: float) -> tuple[int, bytes, bytes, Headers]:  # fmt: skip
+        """(status, content type, payload, extra headers): the handler's answer once the checks
+        pass, with TEI's timing headers (`times`, since `start`), else the error's (TEI's shape
+        on a TEI route past the checks)."""
+        method, path = scope["method"], scope["path"]
+        tei_errors = False  # a TEI route's own errors (past the checks) answer TEI's shape
+        try:
+            handler, body, admitted = await self._checked(scope, receive, headers_in)
             tei_errors = (method, path) in TEI_ROUTES
             if handler in self.cancellable:
                 status, content_type, payload = await unless_disconnected(handler(body), receive)
@@ -293,44 +311,36 @@ class GatewayApp:
                 status, content_type, payload = await handler(body)
             extra = self.dropin.headers.get((method, path), ())
             extra += timing_headers(times, time.perf_counter() - start)
-        except ClientGone:  # nobody to answer: counted, and logged as the ordinary event it is
-            log.info("%s %s: the client disconnected before its answer", method, route)
-            self.metrics.requests.labels(route, "499").inc()
-            tracing.end_gateway_span(span, 499)
-            if self.log_requests:
-                seconds = time.perf_counter() - start
-                log_request(answer_id, method, route, 499, seconds, counts, replicas)
-            return
+            return status, content_type, payload, extra
         except ApiError as e:
-            status, content_type, payload = e.status, JSON, self._error_body(tei_errors, e)
-            extra = e.headers
+            return e.status, JSON, self._error_body(tei_errors, e), e.headers
         except InputError as e:  # the request core's: the same message as the offline API's
-            status, content_type, payload = (
-                400,
-                JSON,
-                self._error_body(tei_errors, from_input_error(e)),
-            )
+            return 400, JSON, self._error_body(tei_errors, from_input_error(e)), ()
+        except ClientGone:
+            raise
         except Exception:
             log.exception("unhandled error on %s %s", method, path)
             error = ApiError(500, "internal error in the gateway", code="server_error")
-            status, content_type, payload = 500, JSON, self._error_body(tei_errors, error)
-        headers = [
-            (b"content-type", content_type),
-            (b"content-length", str(len(payload)).encode()),
-            (b"x-request-id", answer_id),
-        ]
-        headers += extra
-        if status in RETRYABLE_STATUSES:  # full queues and restarting replicas clear quickly
-            headers.append((b"retry-after", RETRY_AFTER_SECONDS))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
-        tracing.end_gateway_span(span, status)
-        count, latency = self.metrics.route(route, status)
-        count.inc()
-        seconds = time.perf_counter() - start
-        latency.observe(seconds)
-        if self.log_requests:
-            log_request(answer_id, method, route, status, seconds, counts, replicas)
+            return 500, JSON, self._error_body(tei_errors, error), ()
+
+    async def _checked(
+        self, scope: Scope, receive: Receive, headers_in: dict[bytes, bytes]
+    ) -> tuple[Handler, bytes, bool]:
+        """The route's handler, the body and whether the Host and key checks passed, once the
+        checks before a handler pass (they raise the `ApiError` of the first that fails)."""
+        method, path = scope["method"], scope["path"]
+        check_headers(scope["headers"], headers_in)  # two Hosts: before the Host is read
+        admitted = self._admit(path, headers_in)
+        if self.draining and path != "/health":
+            raise ApiError(503, "the gateway is shutting down", code="shutting_down")
+        handler = self.routes.get((method, path))
+        if handler is None:
+            raise self._no_route(method, path)
+        body = b""
+        if method == "POST":
+            check_content_type(headers_in)
+            body = await read_body(scope, receive, self.max_body_bytes, self.body_timeout)
+        return handler, body, admitted
 
     def _no_route(self, method: str, path: str) -> ApiError:
         error = no_route(method, path, self.routes)
@@ -427,19 +437,7 @@ class GatewayApp:
         name, limits, pipeline, data = self.served_for(body, ANY)
         texts, options = parse_tokenize(data, limits, pipeline.inputs)
         tokens = await pipeline.tokenize(texts, options)
-        count = sum(map(len, tokens))
-        return (
-            200,
-            JSON,
-            dumps(
-                {
-                    "model": name,
-                    "tokens": tokens,
-                    "num_tokens": [len(t) for t in tokens],
-                    "usage": {"prompt_tokens": count, "total_tokens": count},
-                }
-            ),
-        )
+        return 200, JSON, dumps(tokenize_body(tokens, name))
 
     async def models(self, body: bytes) -> Answer:
         data = [m.describe() for m in self.served.models]

@@ -1,11 +1,13 @@
 """The OpenAPI schemas of `/predict` and `/classify` (`gateway.classify`), which
-`gateway.openapi` publishes for a sequence classifier only (another model answers them 400)."""
+`gateway.openapi` lists for a sequence classifier only (another model answers them 400)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from embedserve.gateway.classify import FUNCTIONS
+from embedserve.gateway.openapi_types import Field, Schema, body, boolean, choice, string
 from embedserve.gateway.requests import Limits
 
 TEXT = {"type": "string", "minLength": 1, "pattern": r"\S"}
@@ -18,25 +20,20 @@ def _prediction_list() -> dict[str, Any]:
         "properties": {"score": {"type": "number"}, "label": {"type": "string"}}}}  # fmt: skip
 
 
-def predict_request(limits: Limits) -> dict[str, Any]:
+def predict_request(limits: Limits) -> Schema:
     batch = {"type": "array", "items": {"oneOf": [TEXT, PAIR]}, "minItems": 1,
              "maxItems": limits.max_inputs}  # fmt: skip
     parameters = {"type": "object", "additionalProperties": False, "properties": {
         "top_k": {"type": "integer", "minimum": 1, "nullable": True},
         "function_to_apply": {"type": "string", "enum": list(FUNCTIONS), "nullable": True}}}  # fmt: skip
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["inputs"],
-        "properties": {
-            "inputs": {"oneOf": [TEXT, PAIR, batch]},
-            "raw_scores": {"type": "boolean", "default": False},
-            "truncate": {"type": "boolean", "default": False},
-            "truncation_direction": {"type": "string", "enum": ["Right", "Left"]},
-            "parameters": parameters,
-            "model": {"type": "string", "enum": list(limits.model_names)},
-        },
-    }
+    return body(
+        Field("inputs", {"oneOf": [TEXT, PAIR, batch]}, required=True),
+        Field("raw_scores", boolean(default=False)),
+        Field("truncate", boolean(default=False)),
+        Field("truncation_direction", string(enum=["Right", "Left"])),
+        Field("parameters", parameters),
+        Field("model", string(enum=limits.model_names)),
+    )
 
 
 def predict_response() -> dict[str, Any]:
@@ -45,19 +42,14 @@ def predict_response() -> dict[str, Any]:
     return {"oneOf": [one, {"type": "array", "items": one}]}
 
 
-def classify_request(limits: Limits) -> dict[str, Any]:
+def classify_request(limits: Limits) -> Schema:
     texts = {"type": "array", "items": TEXT, "minItems": 1, "maxItems": limits.max_inputs}
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["input"],
-        "properties": {
-            "input": {"oneOf": [TEXT, texts]},
-            "truncate": {"enum": [False, True, "end", "start"]},
-            "user": {"type": "string"},
-            "model": {"type": "string", "enum": list(limits.model_names)},
-        },
-    }
+    return body(
+        Field("input", {"oneOf": [TEXT, texts]}, required=True),
+        Field("truncate", choice(False, True, "end", "start")),
+        Field("user", string()),
+        Field("model", string(enum=limits.model_names)),
+    )
 
 
 def classify_response(score_response: dict[str, Any]) -> dict[str, Any]:
@@ -71,31 +63,25 @@ def classify_response(score_response: dict[str, Any]) -> dict[str, Any]:
     return {**score_response, "properties": properties}
 
 
-def classify_schemas(limits: Limits, score_response: dict[str, Any]) -> dict[str, Any]:
-    """(request, answer) of the two routes, by `openapi`'s schema names; none but for a
-    classifier. `score_response`: `/v1/score`'s answer, whose list object `/classify` shares."""
+def classify_operations(
+    limits: Limits, score_answer: Schema, post: Callable[..., Any], errors: dict[str, Any]
+) -> dict[tuple[str, str], Any]:
+    """The two routes' operations (`openapi.post`'s), for a classifier only. `score_answer`:
+    `/v1/score`'s answer, whose list object `/classify` shares."""
     if limits.task != "classify":
         return {}
     return {
-        "predict": (predict_request(limits), predict_response()),
-        "classify": (classify_request(limits), classify_response(score_response)),
-    }
-
-
-def classify_paths(post: Any, schemas: dict[str, Any], errors: dict[str, Any]) -> dict[str, Any]:
-    """The two routes' entries, when `schemas` holds theirs (`openapi._work_paths`'s `post`)."""
-    if "predict" not in schemas:
-        return {}
-    return {
-        "/predict": post(
+        ("POST", "/predict"): post(
             "Each label's score for texts or text pairs (text-embeddings-inference shape), "
             "best first",
-            "predict",
+            predict_request(limits),
+            predict_response(),
             errors,
         ),
-        "/classify": post(
+        ("POST", "/classify"): post(
             "Each label's probability for texts (vLLM shape), in label order",
-            "classify",
+            classify_request(limits),
+            classify_response(score_answer),
             errors,
         ),
     }

@@ -1,23 +1,34 @@
 """The drop-in routes' part of `/openapi.json`: text-embeddings-inference's routes, Cohere's v2,
-the API page. `api_document` is the whole document the app serves: `openapi_document`'s
-routes and these.
+the API page. `api_document` is the whole document the app serves: `openapi.operations`' routes
+and these, in the app's route table order.
 """
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Iterable
 from typing import Any
 
 from embedserve.gateway import cohere
-from embedserve.gateway.openapi import (
+from embedserve.gateway.openapi import Operation, Route, document, errors, ok, operations, post
+from embedserve.gateway.openapi_bodies import (
     NOT_BLANK,
-    _documents,
-    _errors,
-    _json_body,
-    _model_name,
-    _ok,
-    _optional_nullable,
-    openapi_document,
+    TEXT,
+    documents,
+    embeddings_request,
+    model_name,
+    token_ids,
+)
+from embedserve.gateway.openapi_types import (
+    Field,
+    Schema,
+    array,
+    body,
+    boolean,
+    choice,
+    integer,
+    number,
+    obj,
+    string,
 )
 from embedserve.gateway.requests import Limits
 
@@ -26,27 +37,19 @@ TEI_ERROR = {
     "required": ["error", "error_type"],
     "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
 }
-NUMBERS = {"type": "array", "items": {"type": "number"}}
+NUMBERS = array(number())
 SPARSE_VALUE = {
     "type": "object",
     "required": ["index", "value"],
-    "properties": {"index": {"type": "integer", "minimum": 0}, "value": {"type": "number"}},
+    "properties": {"index": integer(minimum=0), "value": number()},
 }
-TEI_TRUNCATION = {
-    "truncate": {"type": "boolean", "default": False},
-    "truncation_direction": {"enum": ["Right", "Left", "right", "left"], "default": "Right"},
-    "prompt_name": {"type": "string", "description": "one of the model's prompts"},
-}
+PRIORITY = Field("priority", integer(description="accepted, ignored"))
 
 
-def api_document(model: str, limits: Limits) -> dict[str, Any]:
-    doc = openapi_document(model, limits)
-    embeddings = doc["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]
-    own = copy.deepcopy(embeddings["application/json"]["schema"]["properties"])
-    doc["paths"].update({**_tei_paths(limits, own, doc["paths"]), **_cohere_paths(limits, own)})
-    doc["paths"].update(_page_paths())
-    doc["components"]["schemas"]["TeiError"] = TEI_ERROR
-    return doc
+def api_document(model: str, limits: Limits, routes: Iterable[Route]) -> dict[str, Any]:
+    own = operations(limits)
+    dropin = {**_tei_operations(limits, own), **_cohere_operations(limits), **_page_operations()}
+    return document(model, {**own, **dropin}, routes, {"TeiError": TEI_ERROR})
 
 
 def _tei_errors(*statuses: int) -> dict[str, Any]:
@@ -54,108 +57,104 @@ def _tei_errors(*statuses: int) -> dict[str, Any]:
     return {str(s): {"description": "error (TEI's shape)", "content": ref} for s in statuses}
 
 
-def _post(summary: str, request: dict[str, Any], answer: Any, errors: Any) -> dict[str, Any]:
-    _optional_nullable(request)
-    return {
-        "post": {
-            "summary": summary,
-            "requestBody": _json_body(request),
-            "responses": {**_ok(answer), **errors},
-        }
-    }
+def _truncation() -> list[Field]:
+    """TEI's truncation fields (and its prompt name), in every TEI request."""
+    return [
+        Field("truncate", boolean(default=False)),
+        Field("truncation_direction",
+              choice("Right", "Left", "right", "left", default="Right")),
+        Field("prompt_name", string(description="one of the model's prompts")),
+    ]  # fmt: skip
 
 
-def _request(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": required,
-        "properties": properties,
-    }
+def _embed_fields(limits: Limits) -> tuple[Field, Field]:
+    """`inputs` and `dimensions` as the embeddings endpoint has them."""
+    own = embeddings_request(limits)["properties"]
+    return Field("inputs", own["input"], required=True), Field("dimensions", own["dimensions"])
 
 
-def _tei_paths(limits: Limits, own: dict[str, Any], paths: dict[str, Any]) -> dict[str, Any]:
+def _tei_operations(limits: Limits, own: dict[Route, Operation]) -> dict[Route, Operation]:
     errors = _tei_errors(400, 413, 415, 429, 500, 503)
-    inputs = own["input"]
-
-    def embed() -> dict[str, Any]:
-        return _request(["inputs"], {
-            "inputs": copy.deepcopy(inputs), "normalize": {"type": "boolean", "default": True},
-            **copy.deepcopy(TEI_TRUNCATION), "dimensions": copy.deepcopy(own["dimensions"])})  # fmt: skip
-
-    sentences = {"type": "array", "items": {"type": "string", "minLength": 1},
-                 "minItems": 1, "maxItems": limits.max_inputs - 1}  # fmt: skip
-    similarity = _request(["inputs"], {
-        "inputs": _request(["source_sentence", "sentences"], {
-            "source_sentence": {"type": "string", "minLength": 1}, "sentences": sentences}),
-        "parameters": _request([], copy.deepcopy(TEI_TRUNCATION)),
-        **copy.deepcopy(TEI_TRUNCATION), "dimensions": copy.deepcopy(own["dimensions"])})  # fmt: skip
-    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-    decode = _request(["ids"], {
-        "ids": {"oneOf": [ids, {"type": "array", "items": ids, "minItems": 1,
-                                "maxItems": limits.max_inputs}]},
-        "skip_special_tokens": {"type": "boolean", "default": True}})  # fmt: skip
-    vectors = {"type": "array", "items": NUMBERS}
-    if limits.task == "embed":
-        root = _post("TEI's route for this embedding model: /embed (also takes /similarity's "
-                     "body)", embed(), vectors, errors)  # fmt: skip
-    else:
-        rerank = copy.deepcopy(paths["/rerank"]["post"])
-        rerank["summary"] = "TEI's route for this reranker: /rerank's body and answer"
-        rerank["responses"] = {"200": rerank["responses"]["200"],
-                               **_tei_errors(400, 404, 413, 415, 429, 500, 503)}  # fmt: skip
-        root = {"post": rerank}
+    inputs, dimensions = _embed_fields(limits)
+    embed = body(inputs, Field("normalize", boolean(default=True)), *_truncation(), dimensions)
+    vectors = array(NUMBERS)
+    embed_all = body(inputs, *_truncation(), Field("normalize", boolean(
+        description="accepted, ignored (as TEI)")))  # fmt: skip
     return {
-        "/": root,
-        "/embed": _post("Embeddings (text-embeddings-inference shape)", embed(), vectors, errors),
-        "/embed_all": _post(
-            "Every token's final hidden state per input (TEI shape)",
-            _request(
-                ["inputs"],
-                {
-                    "inputs": copy.deepcopy(inputs),
-                    **copy.deepcopy(TEI_TRUNCATION),
-                    "normalize": {"type": "boolean", "description": "accepted, ignored (as TEI)"},
-                },
+        ("POST", "/"): _root(
+            limits,
+            own,
+            post(
+                "TEI's route for this embedding model: /embed (also takes /similarity's body)",
+                embed,
+                vectors,
+                errors,
             ),
-            {"type": "array", "items": vectors},
+        ),
+        ("POST", "/embed"): post(
+            "Embeddings (text-embeddings-inference shape)", embed, vectors, errors
+        ),
+        ("POST", "/embed_all"): post(
+            "Every token's final hidden state per input (TEI shape)",
+            embed_all,
+            array(vectors),
             errors,
         ),
-        **_sparse_path(limits, inputs, errors),
-        "/similarity": _post(
+        **_sparse_operation(limits, inputs, errors),
+        ("POST", "/similarity"): post(
             "Cosine of the source sentence with each sentence (TEI shape)",
-            similarity,
+            _similarity_request(limits, dimensions),
             NUMBERS,
             errors,
         ),
-        "/decode": _post(
+        ("POST", "/decode"): post(
             "Texts of token ids, with the model's tokenizer (TEI shape)",
-            decode,
-            {"type": "array", "items": {"type": "string"}},
+            _decode_request(limits),
+            array(string()),
             _tei_errors(400, 413, 415),
         ),
-        "/info": {
-            "get": {
-                "summary": "The model and the limits (TEI shape)",
-                "responses": {**_ok(_info()), **_tei_errors(503)},
-            }
-        },
+        ("GET", "/info"): Operation(
+            "The model and the limits (TEI shape)", {**ok(_info()), **_tei_errors(503)}
+        ),
     }
 
 
-def _sparse_path(limits: Limits, inputs: Any, errors: Any) -> dict[str, Any]:
+def _root(limits: Limits, own: dict[Route, Operation], embed: Operation) -> Operation:
+    """`POST /`: /embed's operation for an embedding model, else /rerank's with TEI's errors."""
+    if limits.task == "embed":
+        return embed
+    rerank = own["POST", "/rerank"]
+    responses = {"200": rerank.responses["200"], **_tei_errors(400, 404, 413, 415, 429, 500, 503)}
+    summary = "TEI's route for this reranker: /rerank's body and answer"
+    return Operation(summary, responses, rerank.request)
+
+
+def _similarity_request(limits: Limits, dimensions: Field) -> Schema:
+    sentences = array(TEXT, min_items=1, max_items=limits.max_inputs - 1)
+    pair = obj(Field("source_sentence", TEXT, required=True),
+               Field("sentences", sentences, required=True))  # fmt: skip
+    return body(Field("inputs", pair, required=True), Field("parameters", obj(*_truncation())),
+                *_truncation(), dimensions)  # fmt: skip
+
+
+def _decode_request(limits: Limits) -> Schema:
+    ids, batch = token_ids(limits)
+    return body(Field("ids", {"oneOf": [ids, batch]}, required=True),
+                Field("skip_special_tokens", boolean(default=True)))  # fmt: skip
+
+
+def _sparse_operation(limits: Limits, inputs: Field, errors: Any) -> dict[Route, Operation]:
     """`/embed_sparse`, listed when a model served has a sparse output (else it answers 400)."""
     if "sparse" not in limits.outputs:
         return {}
-    request = _request(["inputs"], {"inputs": copy.deepcopy(inputs),
-                                    **copy.deepcopy(TEI_TRUNCATION), "model": _model_name(limits)})  # fmt: skip
-    answer = {"type": "array", "items": {"type": "array", "items": SPARSE_VALUE}}
+    request = body(inputs, *_truncation(), Field("model", model_name(limits)))
+    answer = array(array(SPARSE_VALUE))
     summary = ("Sparse (lexical) vectors per input, pooled and thresholded (TEI shape): SPLADE, "
                "bge-m3's lexical weights")  # fmt: skip
-    return {"/embed_sparse": _post(summary, request, answer, errors)}
+    return {("POST", "/embed_sparse"): post(summary, request, answer, errors)}
 
 
-def _info() -> dict[str, Any]:
+def _info() -> Schema:
     optional_int = {"type": "integer", "nullable": True}
     text, optional_text = {"type": "string"}, {"type": "string", "nullable": True}
     return {
@@ -174,52 +173,56 @@ def _info() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _cohere_paths(limits: Limits, own: dict[str, Any]) -> dict[str, Any]:
-    errors = _errors(400, 404, 413, 415, 429, 500, 503)
-    texts = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
-             "maxItems": limits.max_inputs}  # fmt: skip
-    embed = _request(["texts"], {
-        "texts": texts, "model": _model_name(limits),
-        "input_type": {"type": "string", "enum": list(cohere.INPUT_TYPES)},
-        "embedding_types": {"type": "array", "minItems": 1, "default": ["float"], "items": {
-            "type": "string", "enum": list(cohere.EMBEDDING_TYPES)}},
-        "truncate": {"type": "string", "enum": list(cohere.TRUNCATE), "default": "END"},
-        "output_dimension": copy.deepcopy(own["dimensions"]),
-        "priority": {"type": "integer", "description": "accepted, ignored"}})  # fmt: skip
-    ints = {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}
-    by_type = {kind: ints for kind in cohere.EMBEDDING_TYPES}
-    by_type["float"] = {"type": "array", "items": NUMBERS}
-    by_type["base64"] = {"type": "array", "items": {"type": "string"}}
-    embedded = {"type": "object", "required": ["id", "embeddings"], "properties": {
-        "id": {"type": "string"}, "embeddings": {"type": "object", "properties": by_type},
-        "texts": {"type": "array", "items": {"type": "string"}}, "meta": {"type": "object"},
-        "response_type": {"type": "string"}}}  # fmt: skip
-    rerank = _request(["query", "documents"], {
-        "query": NOT_BLANK, "documents": _documents(limits),
-        "top_n": {"type": "integer", "minimum": 1}, "model": _model_name(limits),
-        "priority": {"type": "integer", "description": "accepted, ignored"}})  # fmt: skip
-    result = {
-        "type": "object",
-        "required": ["index", "relevance_score"],
-        "properties": {
-            "index": {"type": "integer", "minimum": 0},
-            "relevance_score": {"type": "number"},
-        },
-    }
-    ranked = {"type": "object", "required": ["results"], "properties": {
-        "id": {"type": "string"}, "results": {"type": "array", "items": result},
-        "meta": {"type": "object"}}}  # fmt: skip
+def _cohere_operations(limits: Limits) -> dict[Route, Operation]:
+    work_errors = errors(400, 404, 413, 415, 429, 500, 503)
+    embedding_types = {"type": "array", "minItems": 1, "default": ["float"],
+                       "items": string(enum=cohere.EMBEDDING_TYPES)}  # fmt: skip
+    embed = body(
+        Field("texts", array(TEXT, min_items=1, max_items=limits.max_inputs), required=True),
+        Field("model", model_name(limits)),
+        Field("input_type", string(enum=cohere.INPUT_TYPES)),
+        Field("embedding_types", embedding_types),
+        Field("truncate", string(enum=cohere.TRUNCATE, default="END")),
+        Field("output_dimension", _embed_fields(limits)[1].schema),
+        PRIORITY,
+    )
+    rerank = body(Field("query", NOT_BLANK, required=True),
+                  Field("documents", documents(limits), required=True),
+                  Field("top_n", integer(minimum=1)), Field("model", model_name(limits)),
+                  PRIORITY)  # fmt: skip
     return {
-        "/v2/embed": _post("Embeddings by type (Cohere v2 shape)", embed, embedded, errors),
-        "/v2/rerank": _post(
-            "Rerank documents for a query (Cohere v2 shape), best first", rerank, ranked, errors
+        ("POST", "/v2/embed"): post(
+            "Embeddings by type (Cohere v2 shape)", embed, _cohere_embedded(), work_errors
+        ),
+        ("POST", "/v2/rerank"): post(
+            "Rerank documents for a query (Cohere v2 shape), best first",
+            rerank,
+            _cohere_ranked(),
+            work_errors,
         ),
     }
 
 
-def _page_paths() -> dict[str, Any]:
+def _cohere_embedded() -> Schema:
+    ints = array(array(integer()))
+    by_type = {kind: ints for kind in cohere.EMBEDDING_TYPES}
+    by_type["float"] = array(NUMBERS)
+    by_type["base64"] = array(string())
+    return {"type": "object", "required": ["id", "embeddings"], "properties": {
+        "id": string(), "embeddings": {"type": "object", "properties": by_type},
+        "texts": array(string()), "meta": {"type": "object"}, "response_type": string()}}  # fmt: skip
+
+
+def _cohere_ranked() -> Schema:
+    result = {"type": "object", "required": ["index", "relevance_score"],
+              "properties": {"index": integer(minimum=0), "relevance_score": number()}}  # fmt: skip
+    return {"type": "object", "required": ["results"], "properties": {
+        "id": string(), "results": array(result), "meta": {"type": "object"}}}  # fmt: skip
+
+
+def _page_operations() -> dict[Route, Operation]:
     page = {"200": {"description": "the API page", "content": {"text/html": {}}}}
     return {
-        "/docs": {"get": {"summary": "This API, interactive (no CDN)", "responses": page}},
-        "/redoc": {"get": {"summary": "The same page as /docs", "responses": page}},
+        ("GET", "/docs"): Operation("This API, interactive (no CDN)", page),
+        ("GET", "/redoc"): Operation("The same page as /docs", page),
     }

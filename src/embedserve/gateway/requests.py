@@ -207,3 +207,14 @@ def parse_tokenize(body: Any, limits: Limits, inputs: InputPreparer) -> tuple[An
     if texts is None:
         raise bad_request("/tokenize takes text input", param="input", code="invalid_type")
     return value, options
+
+
+def tokenize_body(tokens: list[list[int]], name: str) -> dict[str, Any]:
+    """`/tokenize`'s answer: each text's token ids and count, and the usage."""
+    count = sum(map(len, tokens))
+    return {
+        "model": name,
+        "tokens": tokens,
+        "num_tokens": [len(t) for t in tokens],
+        "usage": {"prompt_tokens": count, "total_tokens": count},
+    }

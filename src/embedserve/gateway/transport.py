@@ -22,6 +22,8 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Answer = tuple[int, bytes, bytes]  # status, content type, body
+RETRYABLE_STATUSES = (429, 503)
+RETRY_AFTER_SECONDS = b"1"
 
 
 class ClientGone(Exception):
@@ -159,3 +161,19 @@ async def unless_disconnected(work: Awaitable[Answer], receive: Receive) -> Answ
     finally:
         watch.remove_done_callback(on_message)
         watch.cancel()
+
+
+async def send_answer(
+    send: Send, status: int, content_type: bytes, payload: bytes, extra: Any
+) -> None:
+    """The answer, its length and `extra` headers; a retry-after on a status that clears
+    quickly (full queues, restarting replicas)."""
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(payload)).encode()),
+        *extra,
+    ]
+    if status in RETRYABLE_STATUSES:
+        headers.append((b"retry-after", RETRY_AFTER_SECONDS))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from embedserve.loading.layout import flat_view
+from embedserve.loading.st_subfolder import flat_view
 
 DEFAULT_MODEL = "minilm"
 

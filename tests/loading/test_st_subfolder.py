@@ -1,5 +1,5 @@
 """An older sentence-transformers folder (the transformer in `0_Transformer/`) served as
-sentence-transformers loads it (`loading.layout`)."""
+sentence-transformers loads it (`loading.st_subfolder`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from embedserve.loading.bundled import resolve_model
 from embedserve.loading.family_configs import ModelLoadError
-from embedserve.loading.layout import flat_view
+from embedserve.loading.st_subfolder import flat_view
 
 TRANSFORMER_FILES = (
     "config.json",

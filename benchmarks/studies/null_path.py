@@ -95,6 +95,10 @@ def direct_us(server_port: int, model: str, texts: list[str], count: int) -> lis
     if path is None:
         raise RuntimeError(f"no local socket for the server on port {server_port}")
     tokenizer = Tokenizer.from_file(str(Path(resolve_model(model)) / "tokenizer.json"))
+    # NOTE: a tokenizer.json may pad (MiniLM's pads every text to 128 ids), the gateway does not:
+    # the ids sent must be the gateway's (before 2026-12-04 this sent 128-id queries)
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
     requests = [encode_request([e.ids], Head(384, True, "float32")) for e in
                 tokenizer.encode_batch(texts)]  # fmt: skip
 

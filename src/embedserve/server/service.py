@@ -328,7 +328,11 @@ class EmbedService:
         clients just answered tend to come back at once, and on a device where a forward has a
         large fixed cost (the CPU) one batch of them all is much cheaper than a batch of the
         first and then another of the rest. One client alone never waits."""
-        deadline = self._engine_free_at + self.batch_wait
+        # more clients expected than the cap: they are coming, so waiting longer for the cap is
+        # cheap (16 clients on a 2-core Zen 5: +16% requests/s at 6 ms against 3, where 4
+        # clients lost 7% at 6 ms, waiting on their slowest)
+        many = self._expected > BATCH_WAIT_MAX_REQUESTS
+        deadline = self._engine_free_at + self.batch_wait * (2 if many else 1)
         budget = self.scheduler.config.max_batch_tokens
         while (
             not self._stopping

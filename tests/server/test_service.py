@@ -335,6 +335,29 @@ def test_batch_wait_ends_once_enough_requests_are_queued() -> None:
     with_server(engine, body, batch_wait=2.0)
 
 
+def test_batch_wait_doubles_when_more_clients_are_expected_than_the_cap() -> None:
+    """After a batch of five (more than BATCH_WAIT_MAX_REQUESTS), a lone returning client waits
+    up to twice the batch wait for the others (they are coming); after a batch of one, never."""
+    engine = FakeEngine()
+
+    async def body(stub: Any, service: EmbedService) -> None:
+        loop = asyncio.get_running_loop()
+        engine.gate = threading.Event()
+        first = asyncio.ensure_future(stub(req([1]), timeout=10))
+        await asyncio.sleep(0.2)
+        queued = [asyncio.ensure_future(stub(req([i]), timeout=10)) for i in range(2, 7)]
+        await asyncio.sleep(0.2)
+        engine.gate.set()
+        await asyncio.gather(first, *queued)
+        start = loop.time()
+        await stub(req([7]), timeout=10)  # one of the five comes back alone
+        waited = loop.time() - start
+        assert engine.batches == [[1], [2, 3, 4, 5, 6], [7]]
+        assert 0.45 <= waited < 2.0  # about 2 x 0.3 s after the engine took [2..6]; not 0.3
+
+    with_server(engine, body, batch_wait=0.3)
+
+
 def test_pplx_output_rules_and_their_dimensions_floor() -> None:
     from embedserve.core.head import encode_pplx
     from embedserve.server.service import parse_request

@@ -41,6 +41,7 @@ from embedserve.engine.pooler.dense import build_dense
 from embedserve.engine.pooler.score_heads import build_score_head
 from embedserve.engine.pooler.spans import pool_spans
 from embedserve.engine.retrieval import BatchOutputs, build_retrieval, visible_keys_attention
+from embedserve.engine.seam import EngineSeam, engine_seam
 from embedserve.engine.stats import EngineStats
 from embedserve.engine.weights import FolderWeights
 from embedserve.loading.spec import ModelSpec, read_model_spec
@@ -266,6 +267,10 @@ class Engine:
             log.warning("%s: %s; serving float32, the reference, instead", self.dtype_name, err)
             self.model, self.dtype = reference, torch.float32
             return None
+
+    def seam(self) -> EngineSeam:
+        """What a server needs of this engine, in one record (`engine.seam`)."""
+        return engine_seam(self)
 
     @property
     def dtype_name(self) -> str:

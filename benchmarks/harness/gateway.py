@@ -19,6 +19,7 @@ def noop_server() -> None:
     import grpc
 
     from embedserve.contract import add_embed_service
+    from embedserve.engine.seam import EngineSeam
     from embedserve.server.handles import Ready
     from embedserve.server.scheduler import SchedulerConfig
     from embedserve.server.service import EmbedService
@@ -33,7 +34,9 @@ def noop_server() -> None:
             return Ready(np.full((batch.num_seqs, 384), 0.05, dtype=np.float32))
 
     async def main() -> None:
-        service = EmbedService(NoopEngine(), SchedulerConfig())
+        noop, config = NoopEngine(), SchedulerConfig()
+        seam = EngineSeam(noop.step, noop.check, noop.output_width, config.max_batch_tokens)
+        service = EmbedService(seam, config)
         server = grpc.aio.server()
         add_embed_service(server, service.embed)
         port = server.add_insecure_port("127.0.0.1:0")

@@ -30,6 +30,12 @@ class NullEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
+    def seam(self) -> Any:
+        """The real engine's record with this `step` (the one the server runs)."""
+        import dataclasses
+
+        return dataclasses.replace(self._engine.seam(), step=self.step)
+
     def step(self, batch: Any) -> Any:
         from embedserve.server.handles import Ready
 

@@ -48,12 +48,9 @@ def prototype(port: int) -> None:
     options = EngineOptions(model="minilm")
     engine_thread = EngineThread()
     engine = engine_thread.submit(lambda: load_engine(options)).result()
+    seam = engine.seam()
     service = EmbedService(
-        engine,
-        ServerConfig(engine=options).scheduler(engine.batch_tokens),
-        batch_wait=0.003,
-        output_rules=engine.spec.output_rules,
-        span_pooler=engine.embed_spans,
+        seam, ServerConfig(engine=options).scheduler(seam.batch_tokens), batch_wait=0.003
     )
     started: list[bool] = []
 

@@ -60,7 +60,7 @@ def test_a_failed_guard_falls_back_to_fp32(monkeypatch, minilm_path: Path, caplo
     def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise FidelityError("fidelity probe 'short-1x16': cosine 0.5 ... refusing to serve")
 
-    monkeypatch.setattr(engine_module, "check_fidelity", refuse)
+    monkeypatch.setattr(engine_module, "engine_fidelity", refuse)
     with caplog.at_level(logging.WARNING, logger="embedserve.engine.engine"):
         engine = Engine.from_folder(minilm_path, device="cpu")
     assert engine.dtype == torch.float32 and engine.fidelity_cosine is None

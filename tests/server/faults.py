@@ -13,6 +13,7 @@ replacement included), serve as usual.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.abc
 import importlib.util
 import os
@@ -37,6 +38,10 @@ class FailingEngine:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
+
+    def seam(self) -> Any:
+        """The engine's record with this `step` (the one the server runs)."""
+        return dataclasses.replace(self._engine.seam(), step=self.step)
 
     def step(self, batch: Any) -> Any:
         self.failed_steps += 1

@@ -21,7 +21,7 @@ from embedserve.server.guard import EngineGuard, unrecoverable
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService, RequestFailed
 from tests.server.faults import FailingEngine, fault_env, inject_faults, wrap_build_engine
-from tests.server.test_service import FAIL_ID, FakeEngine, req, rows_of
+from tests.server.test_service import FAIL_ID, FakeEngine, req, rows_of, seam
 
 
 class Tripped:
@@ -45,7 +45,7 @@ def run_service(
     config: SchedulerConfig | None = None,
 ) -> None:
     async def main() -> None:
-        service = EmbedService(engine, config or SchedulerConfig(64, 1024), guard=guard)
+        service = EmbedService(seam(engine), config or SchedulerConfig(64, 1024), guard=guard)
         await service.start()
         if guard is not None:
             guard.start()

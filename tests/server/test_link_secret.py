@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from embedserve.contract import add_embed_service, embed_stub
 from embedserve.contract.secret import LinkSecretInterceptor, call_metadata, read_secret
 from embedserve.server.main import ServerConfig
-from tests.server.test_service import FakeEngine, req
+from tests.server.test_service import FakeEngine, req, seam
 
 SECRET = "a-link-secret-of-some-length"
 
@@ -26,7 +26,7 @@ def test_calls_need_the_secret_and_health_does_not() -> None:
     from embedserve.server.service import EmbedService
 
     async def main() -> None:
-        service = EmbedService(FakeEngine(), SchedulerConfig(64, 1024))
+        service = EmbedService(seam(FakeEngine()), SchedulerConfig(64, 1024))
         server = grpc.aio.server(interceptors=[LinkSecretInterceptor(SECRET)])
         add_embed_service(server, service.embed)
         health_servicer = health.aio.HealthServicer()

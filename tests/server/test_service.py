@@ -14,6 +14,7 @@ import pytest
 
 from embedserve.contract import EmbedRequest, embed_handler, embed_stub
 from embedserve.engine.batch import PackedBatch
+from embedserve.engine.seam import EngineSeam
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 
@@ -77,23 +78,27 @@ def rows_of(response: Any) -> np.ndarray:
     return np.frombuffer(response.embeddings, dtype=response.dtype).reshape(response.shape)
 
 
+def seam(engine: Any, **fields: Any) -> EngineSeam:
+    """The fake's record as the service reads an engine's (`Engine.seam`), with `fields` (its
+    output rules, span pooler, outputs encoder and outputs). Its step is looked up at each call:
+    a test may replace the fake's while serving."""
+    return EngineSeam(lambda b: engine.step(b), engine.check, engine.output_width, 64, **fields)
+
+
 def with_server(
     engine: FakeEngine,
     body: Callable[[Any, EmbedService], Awaitable[None]],
     config: SchedulerConfig | None = None,
     batch_wait: float = 0.0,
-    output_rules: str = "generic",
-    span_pooler: Any = None,
-    **service_options: Any,
+    multivector_limit: Any = None,
+    **seam_fields: Any,
 ) -> None:
     async def main() -> None:
         service = EmbedService(
-            engine,
+            seam(engine, **seam_fields),
             config or SchedulerConfig(64, 1024),
             batch_wait=batch_wait,
-            output_rules=output_rules,
-            span_pooler=span_pooler,
-            **service_options,
+            multivector_limit=multivector_limit,
         )
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((embed_handler(service.embed),))
@@ -530,7 +535,7 @@ def test_every_batch_runs_on_the_thread_the_engine_was_built_on() -> None:
     engine = FakeEngine()
 
     async def main() -> None:
-        service = EmbedService(engine, SchedulerConfig(64, 1024))
+        service = EmbedService(seam(engine), SchedulerConfig(64, 1024))
         await service.start(engine_thread)
         try:
             for i in (3, 4):

@@ -1,9 +1,10 @@
 """A batch through a model eagerly, unpadded, with its own boundaries: spans, outputs without
-graphs, and the fidelity reference (fp32, eager ops, per-sequence SDPA)."""
+graphs, and the fidelity reference (fp32, eager ops, per-sequence SDPA) an engine is held to."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,6 +13,12 @@ from torch import nn
 from embedserve.engine.attention import AttentionFn, RaggedLayout, choose_backend
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.choices import KernelChoices
+from embedserve.engine.fidelity import (
+    SCORE_MAX_DIFF,
+    check_fidelity,
+    check_outputs_fidelity,
+    make_probes,
+)
 from embedserve.engine.ops import EAGER_OPS
 from embedserve.engine.retrieval import BatchOutputs, RetrievalHeads
 from embedserve.loading.spec import PoolingMethod
@@ -73,3 +80,26 @@ def reference_outputs(
     attend = choose_backend("sdpa_loop", device, KernelChoices())
     hidden = eager_run(forward, batch, device, attend)
     return heads.of_batch(hidden, batch, heads.spec.outputs, False)
+
+
+def engine_fidelity(engine: Any, reference: nn.Module) -> float:
+    """The fidelity guard of `engine` (an `Engine`) against `reference`, its eager fp32 model:
+    the least cosine of what it serves (its pooled rows; a sparse or multi-vector model's token
+    graphs and heads too). Raises `FidelityError` when they diverge."""
+    probes, heads = make_probes(engine.vocab_size, engine.max_positions), engine.retrieval
+    spec, device = engine.spec, engine.device
+    worst = check_fidelity(
+        lambda b: engine.step(b).wait().copy(),
+        lambda b: reference_run(reference, engine.after_pooling, b, device, spec.pooling),
+        probes,
+        # one score per row: compared by difference (a cosine of one number is ±1), after the
+        # activation, as the scores are served
+        max_diff=SCORE_MAX_DIFF if engine.score_head is not None else None,
+        activate=spec.score.activate if spec.score is not None else None,
+    )
+    if heads is not None:  # what a sparse / multi-vector model serves: token graphs, heads
+        worst = min(worst, check_outputs_fidelity(
+            lambda b: engine.encode_outputs(b, heads.spec.outputs),
+            lambda b: reference_outputs(reference, heads, b, device),
+            probes, engine.vocab_size))  # fmt: skip
+    return worst

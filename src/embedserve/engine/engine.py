@@ -28,14 +28,8 @@ from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.cpu_executors import forward_context
-from embedserve.engine.eager import eager_run, reference_outputs, reference_run
-from embedserve.engine.fidelity import (
-    SCORE_MAX_DIFF,
-    FidelityError,
-    check_fidelity,
-    check_outputs_fidelity,
-    make_probes,
-)
+from embedserve.engine.eager import eager_run, engine_fidelity
+from embedserve.engine.fidelity import FidelityError, make_probes
 from embedserve.engine.graphs import GraphConfig, GraphRunner, graph_config
 from embedserve.engine.layers.linear import Linear, can_pack, pack_linears
 from embedserve.engine.lazy import LazyTensor
@@ -47,7 +41,9 @@ from embedserve.engine.pooler.dense import build_dense
 from embedserve.engine.pooler.score_heads import build_score_head
 from embedserve.engine.pooler.spans import pool_spans
 from embedserve.engine.retrieval import BatchOutputs, build_retrieval, visible_keys_attention
+from embedserve.engine.seam import EngineSeam, engine_seam
 from embedserve.engine.stats import EngineStats
+from embedserve.engine.weights import FolderWeights
 from embedserve.loading.spec import ModelSpec, read_model_spec
 
 log = logging.getLogger(__name__)
@@ -88,6 +84,7 @@ class Engine:
         self.device = resolve_device(device)
         dtype_name, asked_path = resolve_dtype(self.device, dtype, cpu_path)
         self.dtype = DTYPES[dtype_name]
+        self.vocab_size, self.max_positions = spec.vocab_size, spec.max_position_embeddings
         on_cuda = self.device.type == "cuda"
         self.stats = EngineStats()
         # NOTE: one step at a time: the graphs' static inputs, output buffers and staging ring
@@ -102,48 +99,60 @@ class Engine:
             spec.family_row, attention_backend, self.device, self.choices
         )
         fused = on_cuda if fuse is None else fuse
-        # the ops first, then the model built with them (it calls them for every chain)
-        self.ops = (
-            compiled_ops(self.choices, self.stats, epilogues=epilogues) if fused else EAGER_OPS
-        )
-        # what every forward runs inside: the compile limits (and below, `_threads_for`)
-        self._around_forward: contextlib.AbstractContextManager[Any] = (
-            compile_limits() if fused else contextlib.nullcontext()
-        )
+        self._build_ops(fused, epilogues)  # the ops first: the model calls them for every chain
         # a CPU's bf16 chosen by default (not asked for) is checked, and may fall back to fp32
         cpu_default = not on_cuda and dtype is None and self.dtype != torch.float32
         check = (on_cuda or cpu_default) if fidelity is None else fidelity
-        # the fidelity reference: fp32, eager ops (read from the folder a second time)
-        reference = build_model(spec, EAGER_OPS).to(self.device) if check else None
-        # the forward: a `PackedEncoder`, or the CPU executor standing in for it (`cpu_paths`)
-        self.model: nn.Module = build_model(spec, self.ops).to(self.device, self.dtype)
-        # a CPU's bf16 products on weights packed once for oneDNN, not reordered at every call
-        # (`layers.linear`); how many layers, for the tests and the start-up line
-        self.packed_linears = (
-            pack_linears(self.model) if not fused and can_pack(self.device, self.dtype) else 0
-        )
-        # in float32: a scoring model's head after pooling (`pooler.score_heads`; None to embed),
-        # a sentence-transformers folder's Dense modules after pooling (None if none)
-        self.score_head, self.dense = (_on(build_score_head(spec), self.device),
-                                       _on(build_dense(spec), self.device))  # fmt: skip
-        # what follows pooling on the device: the Dense modules or the score head (never both)
-        self.after_pooling = self.score_head if self.score_head is not None else self.dense
-        # a sparse / multi-vector layout's heads (`retrieval`), in float32; None if dense only
-        self.retrieval = _on(build_retrieval(spec), self.device)
+        reference = self._build_modules(fused, check)
         self.runner = self._graph_runner(graphs, attention_backend)
         # the heads' hidden states through graphs of their own (`encode_outputs`)
         self.token_runner = self._token_runner(self.runner)
-        self.vocab_size = spec.vocab_size
-        self.max_positions = spec.max_position_embeddings
         self.fidelity_cosine: float | None = None
         if reference is not None:
             self.fidelity_cosine = self._check_fidelity(reference, fall_back=cpu_default)
         # a CPU's float32 by default (or a named executor): the fastest that passes the guard
         # (a default bf16 the guard refused serves the eager reference, as it says)
         self.cpu_choice: cpu_paths.CpuChoice | None = None
-        float32_default = dtype is None and dtype_name == "float32"
-        if not on_cuda and not fused and (asked_path or float32_default):
+        if not (on_cuda or fused) and (asked_path or (dtype is None and dtype_name == "float32")):
             self._choose_cpu_path(cpu_path if asked_path else None)
+
+    def _build_ops(self, fused: bool, epilogues: bool) -> None:
+        """The ops table the model computes through (compiled with `fused`, else eager), and
+        what every forward runs inside: the compile limits (and `_threads_for`)."""
+        self.ops = (
+            compiled_ops(self.choices, self.stats, epilogues=epilogues) if fused else EAGER_OPS
+        )
+        self._around_forward: contextlib.AbstractContextManager[Any] = (
+            compile_limits() if fused else contextlib.nullcontext()
+        )
+
+    def _build_modules(self, fused: bool, check: bool) -> PackedEncoder | None:
+        """The forward (`model`: a `PackedEncoder` in this engine's dtype, or later the CPU
+        executor standing in for it, `cpu_paths`), the heads, and with `check` the fidelity
+        reference the forward is held to (fp32, eager ops): the folder read once for all
+        (`weights.FolderWeights`), the reference on the same tensors as the model."""
+        weights = FolderWeights(self.spec)
+        reference = build_model(self.spec, EAGER_OPS, weights).to(self.device) if check else None
+        model = build_model(self.spec, self.ops, weights)
+        self.model: nn.Module = model.to(self.device, self.dtype)
+        # a CPU's bf16 products on weights packed once for oneDNN, not reordered at every call
+        # (`layers.linear`); how many layers, for the tests and the start-up line
+        self.packed_linears = (
+            pack_linears(self.model) if not fused and can_pack(self.device, self.dtype) else 0
+        )
+        self._build_heads(weights)
+        return reference
+
+    def _build_heads(self, weights: FolderWeights) -> None:
+        """What follows the encoder, in float32 on the device: a scoring model's head after
+        pooling (`pooler.score_heads`; None to embed), a sentence-transformers folder's Dense
+        modules (None if none), and a sparse / multi-vector layout's heads (`retrieval`; None
+        if dense only)."""
+        self.score_head = _on(build_score_head(self.spec, weights), self.device)
+        self.dense = _on(build_dense(self.spec, weights), self.device)
+        # what follows pooling on the device: the Dense modules or the score head (never both)
+        self.after_pooling = self.score_head if self.score_head is not None else self.dense
+        self.retrieval = _on(build_retrieval(self.spec, weights), self.device)
 
     def _choose_cpu_path(self, asked: str | None) -> None:
         """Serve the float32 executor `cpu_paths.choose` picks (or `asked`), and say which."""
@@ -245,33 +254,21 @@ class Engine:
         return cls(spec, **kwargs)
 
     def _check_fidelity(self, reference: PackedEncoder, *, fall_back: bool) -> float | None:
-        """The guard's least cosine against `reference` (the eager fp32 model). When it fails:
-        raise, or with `fall_back` serve the reference itself (None: nothing left to check)."""
-        probes, heads = make_probes(self.vocab_size, self.max_positions), self.retrieval
+        """The guard's least cosine against `reference` (the eager fp32 model,
+        `eager.engine_fidelity`). When it fails: raise, or with `fall_back` serve the reference
+        itself (None: nothing left to check)."""
         try:
-            worst = check_fidelity(
-                lambda b: self.step(b).wait().copy(),
-                lambda b: reference_run(
-                    reference, self.after_pooling, b, self.device, self.spec.pooling
-                ),
-                probes,
-                # one score per row: compared by difference (a cosine of one number is ±1),
-                # after the activation, as the scores are served
-                max_diff=SCORE_MAX_DIFF if self.score_head is not None else None,
-                activate=self.spec.score.activate if self.spec.score is not None else None,
-            )
-            if heads is not None:  # what a sparse / multi-vector model serves: token graphs, heads
-                worst = min(worst, check_outputs_fidelity(
-                    lambda b: self.encode_outputs(b, heads.spec.outputs),
-                    lambda b: reference_outputs(reference, heads, b, self.device),
-                    probes, self.vocab_size))  # fmt: skip
-            return worst
+            return engine_fidelity(self, reference)
         except FidelityError as err:
             if not fall_back:
                 raise
             log.warning("%s: %s; serving float32, the reference, instead", self.dtype_name, err)
             self.model, self.dtype = reference, torch.float32
             return None
+
+    def seam(self) -> EngineSeam:
+        """What a server needs of this engine, in one record (`engine.seam`)."""
+        return engine_seam(self)
 
     @property
     def dtype_name(self) -> str:

@@ -85,9 +85,8 @@ def cache_root() -> Path:
 def _graph(model: BertEncoder) -> Any:  # onnx.ModelProto
     """The encoder's graph: (input_ids, positions, token_type_ids [B, L] int64, lengths [B]
     int32) -> hidden [B, L, H] float32, on the model's fp32 weights."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
-    cfg = model.cfg
     inits: list[Any] = []
     nodes: list[Any] = []
 
@@ -128,26 +127,40 @@ def _graph(model: BertEncoder) -> Any:  # onnx.ModelProto
         )
         x = _skip_norm(node, w, p + "attn_out", a, x, layer.out, layer.attn_norm)
         up = node("MatMul", [x, w(p + "up_w", layer.up.weight, True)], p + "up")
-        op = _activation_op(layer.act)
-        if op == "Relu":
-            h = node(
-                "Relu", [node("Add", [up, w(p + "up_b", layer.up.bias)], p + "up_b")], p + "act"
-            )
-        else:
-            h = node(str(op), [up, w(p + "up_b", layer.up.bias)], p + "act", ms=True)
+        h = _activated(node, w, p, up, layer)
         x = _skip_norm(node, w, p + "ffn_out", h, x, layer.down, layer.ffn_norm)
     nodes.append(helper.make_node("Identity", [x], ["hidden"], name="hidden"))
+    inputs, outputs = _signature(model.cfg.hidden_size)
+    graph = helper.make_graph(nodes, "embedserve_bert", inputs, outputs, initializer=inits)
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, producer_name="embedserve")
+
+
+def _signature(hidden_size: int) -> tuple[list[Any], list[Any]]:
+    """The graph's inputs (input_ids, positions, token_type_ids [B, L] int64, lengths [B]
+    int32) and its output (hidden [B, L, H] float32)."""
+    from onnx import TensorProto, helper
+
     ints = [
         helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "length"])
         for name in ("input_ids", "positions", "token_type_ids")
     ]
     ints.append(helper.make_tensor_value_info("lengths", TensorProto.INT32, ["batch"]))
     out = helper.make_tensor_value_info(
-        "hidden", TensorProto.FLOAT, ["batch", "length", cfg.hidden_size]
+        "hidden", TensorProto.FLOAT, ["batch", "length", hidden_size]
     )
-    graph = helper.make_graph(nodes, "embedserve_bert", ints, [out], initializer=inits)
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
-    return helper.make_model(graph, opset_imports=opsets, producer_name="embedserve")
+    return ints, [out]
+
+
+def _activated(node: Any, w: Any, p: str, up: str, layer: BertLayer) -> str:
+    """The FFN's activation of the up product `up` plus its bias: one fused op (`BiasGelu`,
+    `FastGelu`), or an Add then the `Relu`."""
+    op = _activation_op(layer.act)
+    if op == "Relu":
+        return node(
+            "Relu", [node("Add", [up, w(p + "up_b", layer.up.bias)], p + "up_b")], p + "act"
+        )
+    return node(str(op), [up, w(p + "up_b", layer.up.bias)], p + "act", ms=True)
 
 
 def _skip_norm(node: Any, w: Any, name: str, x: str, residual: str, linear: nn.Module,

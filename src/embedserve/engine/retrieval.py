@@ -29,6 +29,7 @@ from embedserve.engine.pooler.multivector import (
     token_vectors,
 )
 from embedserve.engine.pooler.sparse import SparseRows
+from embedserve.engine.weights import FolderWeights
 from embedserve.loading.retrieval import RetrievalSpec
 from embedserve.loading.retrieval_kinds import KIND_BY_NAME
 from embedserve.loading.spec import ModelLoadError, ModelSpec
@@ -157,13 +158,14 @@ class RetrievalHeads(nn.Module):
         )
 
 
-def build_retrieval(spec: ModelSpec) -> RetrievalHeads | None:
-    """The heads of a sparse or multi-vector model (its kind's row names the class), their
-    multi-vector width checked against the folder's; None for a dense-only model."""
+def build_retrieval(spec: ModelSpec, weights: FolderWeights | None = None) -> RetrievalHeads | None:
+    """The heads of a sparse or multi-vector model (its kind's row names the class, built from
+    the spec and `weights`, by default a reader of its own), their multi-vector width checked
+    against the folder's; None for a dense-only model."""
     if spec.retrieval is None:
         return None
     module, _, name = KIND_BY_NAME[spec.retrieval.kind].heads.partition(":")
-    heads = getattr(importlib.import_module(module), name)(spec)
+    heads = getattr(importlib.import_module(module), name)(spec, weights or FolderWeights(spec))
     if not isinstance(heads, RetrievalHeads):
         raise TypeError(f"{module}:{name} is not a RetrievalHeads")
     hidden = spec.config.hidden_size

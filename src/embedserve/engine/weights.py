@@ -1,7 +1,8 @@
 """Reading checkpoint tensors from a model folder (safetensors, single or sharded, else
 transformers' `pytorch_model.bin` through `torch.load(weights_only=True)`) under the names the
 engine reads (`loading.tensor_names`), and the Hugging Face decoder layout the decoder families
-share, mapped into the fused one."""
+share, mapped into the fused one. At start-up the engine reads through one `FolderWeights`: the
+checkpoint once, for the model, its fidelity reference and the heads that take tensors from it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from embedserve.loading.family_configs import Gemma3Config, Qwen3Config
-from embedserve.loading.spec import ModelLoadError
+from embedserve.loading.spec import ModelLoadError, ModelSpec
 from embedserve.loading.tensor_names import canonical, canonical_names
 
 WEIGHT_FILE = "model.safetensors"
@@ -43,6 +44,14 @@ class Checkpoint(dict[str, torch.Tensor]):
                 )
             self[ours] = tensors[theirs]
             self.origin[ours] = (file, theirs)
+
+    def subset(self, names: list[str]) -> Checkpoint:
+        """The named tensors it holds (the same tensors, not copies), with their origins."""
+        out = Checkpoint(self.where)
+        for name in names:
+            if name in self and name not in out:
+                out[name], out.origin[name] = self[name], self.origin[name]
+        return out
 
 
 def weight_files(folder: Path) -> tuple[Path, list[Path]]:
@@ -156,6 +165,34 @@ def read_tensors(folder: Path, names: list[str], prefixes: tuple[str, ...] = ())
             keys = [k for k in f.keys() if canonical(k, prefixes) in wanted]  # noqa: SIM118
             out.add(file, {k: f.get_tensor(k) for k in keys}, prefixes)
     return out
+
+
+class FolderWeights:
+    """A model folder's weights as one engine's start-up reads them, each file once: the
+    checkpoint, whole for the model (its fidelity reference shares the same tensors), and a
+    head's few tensors of it (a score head, SPLADE's masked-LM head) from what is read, else
+    alone; a sentence-transformers Dense module's folder. The engine drops it once built."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.folder, self.prefixes = spec.path, spec.family_row.prefixes
+        self._checkpoint: Checkpoint | None = None
+
+    def checkpoint(self) -> Checkpoint:
+        """All of the checkpoint's tensors (`read_state_dict`), read at the first call."""
+        if self._checkpoint is None:
+            self._checkpoint = read_state_dict(self.folder, self.prefixes)
+        return self._checkpoint
+
+    def tensors(self, names: list[str]) -> Checkpoint:
+        """The named tensors the checkpoint holds: from the checkpoint read whole if it is,
+        else only those (`read_tensors`)."""
+        if self._checkpoint is None:
+            return read_tensors(self.folder, names, self.prefixes)
+        return self._checkpoint.subset(names)
+
+    def dense(self, sub: str) -> Checkpoint:
+        """The tensors of the Dense module in the folder's `sub` (`read_dense_tensors`)."""
+        return read_dense_tensors(self.folder / sub)
 
 
 def take(

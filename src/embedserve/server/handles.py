@@ -1,24 +1,12 @@
-"""The engine as the Embed service sees it: a step that returns a result handle, and the handle,
-ready at once (the CPU, span pooling, outputs) or when the device is done (a `LazyTensor`)."""
+"""The result handles of the Embed service's own making: one computed already (span pooling and
+outputs run to completion on the engine thread), and asking any handle whether it is ready. What
+the service needs of an engine is one record, `engine.seam.EngineSeam`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
-
-from embedserve.engine.batch import PackedBatch
-
-
-class ResultHandle(Protocol):
-    def ready(self) -> bool: ...
-    def wait(self) -> np.ndarray: ...
-
-
-# Late chunking: run a batch through the model and mean-pool each [start, end) span of its packed
-# tokens: [K, H] float32 (`Engine.embed_spans`).
-SpanPooler = Callable[[PackedBatch, np.ndarray], np.ndarray]
+from embedserve.engine.seam import ResultHandle
 
 
 class Ready:
@@ -40,12 +28,3 @@ def is_ready(handle: ResultHandle) -> bool:
         return handle.ready()
     except Exception:
         return False  # `_finish` asks again (`wait`) and fails the batch
-
-
-class EngineLike(Protocol):
-    """What the service needs of `embedserve.engine.engine.Engine` (tests pass fakes)."""
-
-    @property
-    def output_width(self) -> int: ...  # columns of a row step() returns (1: a scoring model)
-    def check(self, batch: PackedBatch) -> None: ...
-    def step(self, batch: PackedBatch) -> ResultHandle: ...

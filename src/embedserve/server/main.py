@@ -35,6 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from embedserve.contract import SERVICE_NAME, add_embed_service, tracing
 from embedserve.contract.local import socket_path
 from embedserve.contract.secret import LOOPBACK, LinkSecretInterceptor, read_secret
+from embedserve.engine.seam import EngineSeam
 from embedserve.options import EngineOptions, Options, drain_option, option
 from embedserve.processes import say, write_ready
 from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
@@ -272,25 +273,22 @@ def check_port(host: str, port: int) -> None:
 
 
 def _service(
-    config: ServerConfig, engine: Any, guard: EngineGuard, batch_tokens: int
+    config: ServerConfig, engine: EngineSeam, guard: EngineGuard, batch_tokens: int
 ) -> EmbedService:
     """The queue in front of `engine` and its threads, under `config`'s limits (`batch_tokens`:
     the engine's batch budget, unless the config sets one)."""
     batch_wait_ms = config.batch_wait_ms
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
-        batch_wait_ms = 3.0 if engine.device.type == "cpu" else 0.0
+        batch_wait_ms = 3.0 if engine.on_cpu else 0.0
+    limit = None
+    if engine.retrieval is not None:
+        limit = MultivectorLimit(engine.retrieval, config.max_multivector_values)
     return EmbedService(
         engine,
         config.scheduler(batch_tokens),
         batch_wait=batch_wait_ms / 1000,
-        output_rules=engine.spec.output_rules,
-        span_pooler=engine.embed_spans,
         guard=guard,
-        outputs_encoder=engine.encode_outputs if engine.retrieval is not None else None,
-        model_outputs=tuple(engine.spec.outputs) if engine.retrieval is not None else (),
-        multivector_limit=MultivectorLimit(engine.spec.retrieval, config.max_multivector_values)
-        if engine.retrieval is not None
-        else None,
+        multivector_limit=limit,
     )
 
 
@@ -302,6 +300,7 @@ async def serve(config: ServerConfig) -> int:
     engine, measured_budget = await asyncio.wrap_future(
         engine_thread.submit(lambda: _build_engine(config))
     )
+    seam = engine.seam()  # what the service, the ready line and the metrics read of it
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -312,7 +311,7 @@ async def serve(config: ServerConfig) -> int:
     guard = EngineGuard(
         on_fatal, max_failures=config.max_failed_steps, step_timeout=config.step_timeout
     )
-    service = _service(config, engine, guard, measured_budget or engine.batch_tokens)
+    service = _service(config, seam, guard, measured_budget or seam.batch_tokens)
     server, health_servicer, port = _grpc_server(config, service)
     await service.start(engine_thread)
     guard.start()
@@ -323,7 +322,7 @@ async def serve(config: ServerConfig) -> int:
     if config.metrics_port is not None:
         from embedserve.server.metrics import start_metrics_server
 
-        metrics_port = start_metrics_server(config.host, config.metrics_port, engine, service)
+        metrics_port = start_metrics_server(config.host, config.metrics_port, seam, service)
         say(
             f"embedserve server: metrics on http://{config.host}:{metrics_port}/metrics",
         )
@@ -332,7 +331,7 @@ async def serve(config: ServerConfig) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    _announce_ready(config, engine, service, port, local_path)
+    _announce_ready(config, engine, seam, service, port, local_path)
     await stop.wait()
     if guard.fatal is not None:
         return await _give_up(guard.fatal, health_servicer, server, local, service)
@@ -350,28 +349,20 @@ async def serve(config: ServerConfig) -> int:
 
 
 def _announce_ready(
-    config: ServerConfig, engine: Any, service: EmbedService, port: int, local_path: Path
+    config: ServerConfig,
+    engine: Any,
+    seam: EngineSeam,
+    service: EmbedService,
+    port: int,
+    local_path: Path,
 ) -> None:
-    """The ready line (what is served, in which precision) and the ready record (addresses and
-    the memory stated for `serve`'s check before another model loads on this GPU)."""
-    checked = engine.fidelity_cosine
-    # the dtype served: a CPU's default bf16 falls back to fp32 if the guard fails (`Engine`)
-    precision = engine.dtype_name + (f", fidelity {checked:.5f}" if checked is not None else "")
-    choice = getattr(engine, "cpu_choice", None)  # a CPU's float32 executor, measured
-    if choice is not None:
-        precision += f", cpu path {choice.describe()}"
+    """The ready line (what is served, in which precision: `seam.serving`) and the ready record
+    (addresses and the memory stated for `serve`'s check before another model loads on this
+    GPU, counted from the `engine`'s modules)."""
     budget = service.scheduler.config.max_batch_tokens
-    what = (
-        f"scores pairs ({engine.spec.score.kind})"
-        if engine.spec.score is not None
-        else f"outputs {', '.join(engine.spec.outputs)}"
-        if engine.retrieval is not None
-        else f"{engine.output_width} dims"
-    )
     say(
         f"embedserve server: ready on {config.host}:{port} (serving "
-        f"{config.served_name or config.engine.model}: {engine.spec.path}, {engine.device}, {precision}, {what}, "
-        f"{engine.spec.attention} attention, {engine.spec.pooling} pooling, "
+        f"{config.served_name or config.engine.model}: {seam.serving}, "
         f"batch tokens {budget}, local socket {local_path})",
     )
     from embedserve.engine.memory import stated as stated_memory

@@ -5,7 +5,6 @@ asked)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +15,6 @@ from embedserve.loading.retrieval import RetrievalSpec
 from embedserve.retrieval.results import check_multivector_size, multivector_rows
 from embedserve.server.scheduler import Pending
 
-# A batch's outputs from one forward: `Engine.encode_outputs(batch, outputs, query=...,
-# visible_keys=...)` -> its `BatchOutputs` (dense rows before the head, sparse rows, token
-# vectors; per sequence, in order).
-OutputsEncoder = Callable[..., Any]
 # what a request asks: (outputs, query side, attended leading tokens per sequence or None)
 OutputsAsk = tuple[tuple[str, ...], bool, "tuple[int, ...] | None"]
 

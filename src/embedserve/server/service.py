@@ -7,8 +7,9 @@ returns a `LazyTensor` without waiting for the device); the results thread waits
 batch in order, encodes each request's answer and posts them to the loop in one wake-up. Up to
 `max_in_flight` batches are launched and not yet answered, so batch N+1 is formed and launched
 while batch N is still on the device. Span (late-chunking) requests take the same queue, in
-batches of their own, run by `span_pooler`; so do a sparse or multi-vector model's requests for
-outputs (`outputs_encoder`, one forward per batch for every output its requests ask). Two
+batches of their own, run by the engine's `span_pooler`; so do a sparse or multi-vector model's
+requests for outputs (its `outputs_encoder`, one forward per batch for every output asked). What
+the service reads of the engine is one record (`engine.seam.EngineSeam`). Two
 cross-thread wake-ups per batch, where an asyncio batch loop had four (`benchmarks/breakdown.py`).
 """
 
@@ -31,13 +32,13 @@ from embedserve.contract import tracing
 from embedserve.contract.codec import decode_request, encode_response
 from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch, check_spans
+from embedserve.engine.seam import EngineSeam, ResultHandle
 from embedserve.server.engine_thread import EngineThread
 from embedserve.server.guard import EngineGuard
-from embedserve.server.handles import EngineLike, Ready, ResultHandle, SpanPooler, is_ready
+from embedserve.server.handles import Ready, is_ready
 from embedserve.server.output_requests import (
     MultivectorLimit,
     OutputsAsk,
-    OutputsEncoder,
     check_asked,
     outputs_answers,
     pack_visible,
@@ -102,24 +103,18 @@ build_response = encode_response
 class EmbedService:
     def __init__(
         self,
-        engine: EngineLike,
+        engine: EngineSeam,
         config: SchedulerConfig,
         *,
         max_in_flight: int = 2,
         batch_wait: float = 0.0,
-        output_rules: str = "generic",
-        span_pooler: SpanPooler | None = None,
         guard: EngineGuard | None = None,
-        outputs_encoder: OutputsEncoder | None = None,
-        model_outputs: tuple[str, ...] = (),
         multivector_limit: MultivectorLimit | None = None,
     ) -> None:
-        """`output_rules`: the model's (`ModelSpec.output_rules`), for int8/binary outputs and
-        the smallest `dimensions` served. `span_pooler`: how span (late-chunking) requests run;
-        without it they are refused. `guard`: told of each batch's outcome and time on the
-        engine, to find an engine that can no longer serve (`server.guard`).
-        `outputs_encoder`: how requests for a sparse or multi-vector model's `model_outputs`
-        run; without it they are refused. `multivector_limit`: the bound on a call's
+        """`engine`: what the service needs of it (`Engine.seam`; span requests without its
+        `span_pooler`, and outputs requests without its `outputs_encoder`, are refused).
+        `guard`: told of each batch's outcome and time on the engine, to find an engine that
+        can no longer serve (`server.guard`). `multivector_limit`: the bound on a call's
         multi-vector answer (none: unbounded)."""
         if batch_wait < 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
@@ -127,11 +122,7 @@ class EmbedService:
         self.scheduler = Scheduler(config)
         self.max_in_flight = max_in_flight
         self.batch_wait = batch_wait
-        self.output_rules = output_rules
-        self.span_pooler = span_pooler
         self.guard = guard
-        self.outputs_encoder = outputs_encoder
-        self.model_outputs = model_outputs
         self.multivector_limit = multivector_limit
         # Guards the scheduler, `_in_flight` and `_stopping`, shared by the event loop (which
         # submits) and the engine and results threads (which take batches and free slots).
@@ -208,16 +199,17 @@ class EmbedService:
             return await self._answer(request)
 
     async def _answer(self, request: Any) -> Any:
+        engine = self.engine
         try:
             batch, head, spans, asked = parse_request(
-                request, self.engine.output_width, self.output_rules
+                request, engine.output_width, engine.output_rules
             )
-            if spans is not None and self.span_pooler is None:
+            if spans is not None and engine.span_pooler is None:
                 raise ValueError("this server does not pool spans (late chunking)")
             if asked is not None:
-                check_asked(asked[0], self.outputs_encoder is not None, self.model_outputs)
+                check_asked(asked[0], engine.outputs_encoder is not None, engine.model_outputs)
             # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.
-            self.engine.check(batch)
+            engine.check(batch)
             if asked is not None and "multivector" in asked[0] and self.multivector_limit:
                 self.multivector_limit.check(batch.input_ids, batch.seqlens, asked[1])
         except ValueError as e:
@@ -343,20 +335,20 @@ class EmbedService:
             self._work.wait(left)
 
     def _launch(self, batch: list[Pending]) -> ResultHandle:
-        packed = pack(batch)
+        packed, engine = pack(batch), self.engine
         first = batch[0]
-        if first.outputs and self.outputs_encoder is not None:
+        if first.outputs and engine.outputs_encoder is not None:
             # eager and complete on return, as spans: one forward for every output asked
             return Ready(
-                self.outputs_encoder(
+                engine.outputs_encoder(
                     packed, first.outputs, query=first.query, visible_keys=pack_visible(batch)
                 )
             )
-        if batch[0].spans is not None and self.span_pooler is not None:
+        if batch[0].spans is not None and engine.span_pooler is not None:
             # whole documents through the model once, then one mean per span (eager, see
             # `engine.spans`): documents are long and few, so launches do not dominate
-            return Ready(self.span_pooler(packed, pack_spans(batch)))
-        return self.engine.step(packed)
+            return Ready(engine.span_pooler(packed, pack_spans(batch)))
+        return engine.step(packed)
 
     def _finish(
         self,

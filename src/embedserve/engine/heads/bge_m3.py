@@ -8,17 +8,18 @@ import torch
 
 from embedserve.engine.pooler.sparse import SparseRows, lexical_weights, relu_weights
 from embedserve.engine.retrieval import RetrievalHeads, read_pt_head
+from embedserve.engine.weights import FolderWeights
 from embedserve.loading.retrieval import M3_COLBERT_HEAD, M3_SPARSE_HEAD
 from embedserve.loading.spec import ModelSpec
 
 
 class M3Heads(RetrievalHeads):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, weights: FolderWeights) -> None:
         super().__init__(spec)
         assert spec.retrieval is not None and spec.retrieval.m3 is not None
         hidden = spec.config.hidden_size
-        self.sparse_linear = read_pt_head(spec.path / M3_SPARSE_HEAD, hidden)
-        self.token_head = read_pt_head(spec.path / M3_COLBERT_HEAD, hidden)
+        self.sparse_linear = read_pt_head(weights.folder / M3_SPARSE_HEAD, hidden)
+        self.token_head = read_pt_head(weights.folder / M3_COLBERT_HEAD, hidden)
         self.set_drop_ids(spec.retrieval.m3.unused_ids)  # CLS, EOS, PAD, UNK
 
     def sparse_rows(

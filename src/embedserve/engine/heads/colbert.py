@@ -6,18 +6,18 @@ from __future__ import annotations
 from torch import nn
 
 from embedserve.engine.retrieval import RetrievalHeads, linear_from_state
-from embedserve.engine.weights import read_dense_tensors
+from embedserve.engine.weights import FolderWeights
 from embedserve.loading.spec import ModelSpec
 
 
 class ColbertHeads(RetrievalHeads):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, weights: FolderWeights) -> None:
         super().__init__(spec)
         colbert = spec.retrieval.colbert if spec.retrieval is not None else None
         assert colbert is not None
         layers = []
         for sub, (fan_in, _, _) in zip(colbert.dense_paths, colbert.dims, strict=True):
-            tensors = read_dense_tensors(spec.path / sub)  # safetensors, or an old .bin
+            tensors = weights.dense(sub)  # safetensors, or an old .bin
             state = {k.removeprefix("linear."): v for k, v in tensors.items()}
             layers.append(linear_from_state(state, tensors.where, fan_in))
         self.token_head = nn.Sequential(*layers)

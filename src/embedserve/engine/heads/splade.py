@@ -8,19 +8,19 @@ import torch
 
 from embedserve.engine.pooler.sparse import SparseRows, SpladeHead
 from embedserve.engine.retrieval import RetrievalHeads
-from embedserve.engine.weights import read_tensors
+from embedserve.engine.weights import FolderWeights
 from embedserve.loading.spec import ModelLoadError, ModelSpec
 from embedserve.loading.tensor_names import TIED, tied_source
 
 
-def read_splade_head(spec: ModelSpec) -> SpladeHead:
+def read_splade_head(spec: ModelSpec, weights: FolderWeights) -> SpladeHead:
     cfg, r = spec.bert, spec.retrieval
     assert cfg is not None and r is not None and r.splade is not None
     p = "cls.predictions."
     names = [f"{p}transform.dense.weight", f"{p}transform.dense.bias", f"{p}transform.LayerNorm.weight",
              f"{p}transform.LayerNorm.bias", f"{p}bias", f"{p}decoder.weight", f"{p}decoder.bias"]  # fmt: skip
     tied = [t for n in names for t in TIED.get(n, ())]
-    t = read_tensors(spec.path, names + tied, spec.family_row.prefixes)
+    t = weights.tensors(names + tied)
     # a decoder tied to another tensor is left out of the checkpoint: that tensor, then
     decoder, bias = (t.get(n, t.get(tied_source(n, t) or "")) for n in names[5:7])
     if decoder is None or bias is None or f"{p}transform.dense.weight" not in t:
@@ -38,9 +38,9 @@ def read_splade_head(spec: ModelSpec) -> SpladeHead:
 
 
 class SpladeHeads(RetrievalHeads):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, weights: FolderWeights) -> None:
         super().__init__(spec)
-        self.splade = read_splade_head(spec)
+        self.splade = read_splade_head(spec, weights)
 
     def sparse_rows(
         self,

@@ -12,6 +12,7 @@ import importlib
 
 from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.ops import Ops
+from embedserve.engine.weights import FolderWeights
 from embedserve.loading.spec import ModelSpec
 
 
@@ -24,7 +25,7 @@ def model_class(spec: ModelSpec) -> type[PackedEncoder]:
     return cls
 
 
-def build_model(spec: ModelSpec, ops: Ops) -> PackedEncoder:
+def build_model(spec: ModelSpec, ops: Ops, weights: FolderWeights | None = None) -> PackedEncoder:
     """Instantiate the model family named by the spec, computing through `ops` (`ops.EAGER_OPS`
-    or `ops.compiled_ops()`), and load its checkpoint (fp32, on the CPU)."""
-    return model_class(spec).from_spec(spec, ops)
+    or `ops.compiled_ops()`), and load its checkpoint (fp32, on the CPU) through `weights`."""
+    return model_class(spec).from_spec(spec, ops, weights)

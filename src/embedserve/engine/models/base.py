@@ -17,7 +17,7 @@ from torch import nn
 
 from embedserve.engine.attention import AttentionFn, RaggedLayout
 from embedserve.engine.ops import Ops
-from embedserve.engine.weights import read_state_dict
+from embedserve.engine.weights import FolderWeights
 from embedserve.loading.spec import ModelSpec
 
 
@@ -62,11 +62,14 @@ class PackedEncoder(nn.Module):
         return cls(spec.config, ops)
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, ops: Ops) -> PackedEncoder:
-        """Build the model and load the folder's checkpoint into it (fp32, on the CPU)."""
+    def from_spec(
+        cls, spec: ModelSpec, ops: Ops, weights: FolderWeights | None = None
+    ) -> PackedEncoder:
+        """Build the model and load the folder's checkpoint into it (fp32, on the CPU), read
+        through `weights` (by default a reader of its own)."""
         with torch.device("meta"):
             model = cls.build(spec, ops)
-        tensors = read_state_dict(spec.path, spec.family_row.prefixes)
+        tensors = (weights or FolderWeights(spec)).checkpoint()
         state = model.checkpoint(tensors, spec.path)
         model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
         return model.eval()

@@ -23,7 +23,7 @@ from embedserve.engine.attention import AttentionFn, RaggedLayout
 from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.models.bert import BertLayer
 from embedserve.engine.ops import Ops
-from embedserve.engine.weights import take
+from embedserve.engine.weights import FolderWeights, take
 from embedserve.loading.family_configs import BertConfig
 from embedserve.loading.spec import ModelSpec
 
@@ -77,8 +77,10 @@ class MPNetEncoder(PackedEncoder):
         return x
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, ops: Ops) -> PackedEncoder:
-        model = super().from_spec(spec, ops)
+    def from_spec(
+        cls, spec: ModelSpec, ops: Ops, weights: FolderWeights | None = None
+    ) -> PackedEncoder:
+        model = super().from_spec(spec, ops, weights)
         # a buffer outside the checkpoint: built on the meta device, so built again here
         model.distance_buckets = _distance_buckets(model.cfg.relative_buckets)
         return model

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from torch import nn
 
-from embedserve.engine.weights import read_dense_tensors
+from embedserve.engine.weights import FolderWeights
 from embedserve.loading.spec import ModelLoadError, ModelSpec
 
 
-def build_dense(spec: ModelSpec) -> nn.Module | None:
-    """The folder's Dense modules as one float32 module on the CPU, or None when it has none."""
+def build_dense(spec: ModelSpec, weights: FolderWeights | None = None) -> nn.Module | None:
+    """The folder's Dense modules as one float32 module on the CPU, or None when it has none;
+    read through `weights` (by default a reader of its own)."""
     if not spec.dense:
         return None
+    weights = weights or FolderWeights(spec)
     layers: list[nn.Module] = []
     for layer in spec.dense:
         folder = spec.path / layer.path
-        tensors = read_dense_tensors(folder)
+        tensors = weights.dense(layer.path)
         linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
         state = {"weight": tensors.get("linear.weight")}
         if layer.bias:

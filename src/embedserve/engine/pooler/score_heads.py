@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from embedserve.engine.weights import read_tensors
+from embedserve.engine.weights import FolderWeights
 from embedserve.loading.spec import ModelLoadError, ModelSpec
 from embedserve.loading.tensor_names import TIED
 
@@ -63,10 +63,12 @@ def _one(
     raise ModelLoadError(f"{folder}: missing tensor {names[0]!r} (expected shape {list(shape)})")
 
 
-def build_score_head(spec: ModelSpec) -> nn.Module | None:
-    """The folder's score head (fp32, on the CPU), or None for an embedding model."""
+def build_score_head(spec: ModelSpec, weights: FolderWeights | None = None) -> nn.Module | None:
+    """The folder's score head (fp32, on the CPU), or None for an embedding model; its tensors
+    through `weights` (by default a reader of its own)."""
     if spec.score is None and spec.labels is None:
         return None
+    weights = weights or FolderWeights(spec)
     folder, h = spec.path, spec.hidden_size
     if spec.score is None or spec.score.kind == "classifier":
         n = spec.output_width  # 1 for a cross-encoder, else the classifier's labels
@@ -74,8 +76,7 @@ def build_score_head(spec: ModelSpec) -> nn.Module | None:
         pooler, classifier = spec.family_row.classifier_tensors
         pooler_w, pooler_b = [p + "weight" for p in pooler], [p + "bias" for p in pooler]
         out_w, out_b = [c + "weight" for c in classifier], [c + "bias" for c in classifier]
-        prefixes = spec.family_row.prefixes
-        tensors = read_tensors(folder, [*pooler_w, *pooler_b, *out_w, *out_b], prefixes)
+        tensors = weights.tensors([*pooler_w, *pooler_b, *out_w, *out_b])
         head: nn.Module = ClassifierHead(h, n)
         state = {
             "pooler.weight": _one(tensors, pooler_w, (h, h), folder),
@@ -90,7 +91,7 @@ def build_score_head(spec: ModelSpec) -> nn.Module | None:
         names = ["lm_head.weight", *TIED["lm_head.weight"]]
         if not getattr(spec.config, "tie_word_embeddings", True):
             names = names[:1]
-        tensors = read_tensors(folder, names, spec.family_row.prefixes)
+        tensors = weights.tensors(names)
         table = _one(tensors, [n for n in names if n in tensors] or names, (vocab, h), folder)
         head = YesNoHead(h)
         state = {"rows": table[list(spec.score.yes_no_ids)].clone()}

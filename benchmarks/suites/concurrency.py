@@ -89,7 +89,11 @@ def model_folder() -> Path:
 def naive_server(port: int, folder: str, device: str) -> None:
     """What a first deployment looks like: FastAPI, a sync endpoint, `encode` per request."""
     import uvicorn
-    from fastapi import Body, FastAPI
+
+    try:
+        from fastapi import Body, FastAPI
+    except ImportError:
+        raise SystemExit("the naive server needs fastapi: pip install -e '.[bench]'") from None
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(folder, device=device)

@@ -196,7 +196,8 @@ class Engine:
 
     @property
     def cpu_path(self) -> str | None:
-        """How the CPU runs the forward: "onnx", "packed" or "eager"; None on CUDA."""
+        """How the CPU runs the forward: "onnx", "packed", "eager" or a split ("onnx+packed");
+        None on CUDA."""
         if self.device.type != "cpu":
             return None
         if self.cpu_choice is not None:

@@ -229,7 +229,8 @@ class EngineOptions(Options):
     cpu_path: str | None = option(
         None,
         "a float32 CPU's executor: onnx (ONNX Runtime), packed (oneDNN prepacked weights) or "
-        "eager (default: the fastest of them measured at start-up, when the dtype is float32 "
+        "eager (default: the fastest of them measured at start-up, or onnx for small batches "
+        "and packed or eager for large ones where that is faster, when the dtype is float32 "
         "by default; an asked-for --dtype float32 alone runs eager)",
         choices=("auto", "onnx", "packed", "eager"),
     )

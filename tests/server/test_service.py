@@ -320,20 +320,26 @@ def test_batch_wait_never_delays_a_lone_client() -> None:
     with_server(engine, body, batch_wait=2.0)
 
 
+async def behind_a_gated_first(stub: Any, engine: FakeEngine, ids: list[int]) -> float:
+    """[1] on the engine behind a closed gate, one request per id queued behind it, then the
+    gate opened; once all are answered, the loop time at which it opened."""
+    engine.gate = threading.Event()
+    first = asyncio.ensure_future(stub(req([1]), timeout=10))
+    await asyncio.sleep(0.2)
+    queued = [asyncio.ensure_future(stub(req([i]), timeout=10)) for i in ids]
+    await asyncio.sleep(0.2)
+    opened = asyncio.get_running_loop().time()
+    engine.gate.set()
+    await asyncio.gather(first, *queued)
+    return opened
+
+
 def test_batch_wait_ends_once_enough_requests_are_queued() -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
-        loop = asyncio.get_running_loop()
-        engine.gate = threading.Event()
-        first = asyncio.ensure_future(stub(req([1]), timeout=10))
-        await asyncio.sleep(0.2)
-        queued = [asyncio.ensure_future(stub(req([i]), timeout=10)) for i in (2, 3, 4, 5)]
-        await asyncio.sleep(0.2)
-        start = loop.time()
-        engine.gate.set()
-        await asyncio.gather(first, *queued)
-        assert loop.time() - start < 1.0  # four were waiting: no 2 s wait for the fifth
+        start = await behind_a_gated_first(stub, engine, [2, 3, 4, 5])
+        assert asyncio.get_running_loop().time() - start < 1.0  # four waited: no 2 s wait
         await stub(req([6]), timeout=10)
         assert engine.batches == [[1], [2, 3, 4, 5], [6]]
 
@@ -342,18 +348,12 @@ def test_batch_wait_ends_once_enough_requests_are_queued() -> None:
 
 def test_batch_wait_doubles_when_more_clients_are_expected_than_the_cap() -> None:
     """After a batch of five (more than BATCH_WAIT_MAX_REQUESTS), a lone returning client waits
-    up to twice the batch wait for the others (they are coming); after a batch of one, never."""
+    up to twice the batch wait for the others (they are coming)."""
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
         loop = asyncio.get_running_loop()
-        engine.gate = threading.Event()
-        first = asyncio.ensure_future(stub(req([1]), timeout=10))
-        await asyncio.sleep(0.2)
-        queued = [asyncio.ensure_future(stub(req([i]), timeout=10)) for i in range(2, 7)]
-        await asyncio.sleep(0.2)
-        engine.gate.set()
-        await asyncio.gather(first, *queued)
+        await behind_a_gated_first(stub, engine, [2, 3, 4, 5, 6])
         start = loop.time()
         await stub(req([7]), timeout=10)  # one of the five comes back alone
         waited = loop.time() - start

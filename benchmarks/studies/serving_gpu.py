@@ -173,8 +173,12 @@ def bulk(args: argparse.Namespace, port: int, tok: Any, st: Any, st_dtype: str,
     st.encode(batches[0], batch_size=64)
     st_times = [timed_s(lambda b=b: st.encode(b, batch_size=64), 1)[0] for b in batches * 2]
     st_tps = sum(num_tokens) * 2 / sum(st_times)
+    eng_tps = engine_tokens_per_s(args, tok, batches)
+    extra["http_share_of_engine_100_passages"] = round(tps / eng_tps, 3)
     tp = {**base, "batch": 100, "tokens": "8-180 words", "metric": "tokens_per_s"}
     records += [
+        {**tp, "system": "embedserve", "concurrency": 1, "value": round(eng_tps, 1),
+         "scope": "engine"},
         {**tp, "system": "embedserve", "concurrency": 4, "value": round(tps, 1),
          "scope": "end_to_end"},
         {**tp, "system": "sentence-transformers", "dtype": st_dtype, "value": round(st_tps, 1),
@@ -186,6 +190,22 @@ def bulk(args: argparse.Namespace, port: int, tok: Any, st: Any, st_dtype: str,
     )
     reply = post_json(port, {"input": "x", "encoding_format": "base64"})
     extra["decode_check_base64"] = len(base64.b64decode(reply["data"][0]["embedding"])) == 4 * 384
+
+
+def engine_tokens_per_s(args: argparse.Namespace, tok: Any, batches: list[list[str]]) -> float:
+    """The engine alone on the same 100-passage batches, in this process: `Engine.step` of each
+    request's passages as one packed batch, what the server's path is held to (issue 38)."""
+    from embedserve.engine.batch import PackedBatch
+    from embedserve.engine.engine import Engine
+
+    engine = Engine.from_folder(args.model, device=args.device)
+    packed = [PackedBatch.from_token_lists(tok.encode(b, truncate="end")) for b in batches]
+    for batch in packed * 3:  # eager, capture, replay of each bucket
+        engine.step(batch).wait()
+    tokens = sum(int(b.num_tokens) for b in packed)
+    seconds = min(timed_s(lambda: [engine.step(b).wait() for b in packed], 5))
+    print(f"engine alone on the same batches: {tokens / seconds:.0f} tok/s", flush=True)
+    return tokens / seconds
 
 
 def write(args: argparse.Namespace, st_dtype: str, records: list[dict[str, Any]],

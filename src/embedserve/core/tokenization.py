@@ -26,6 +26,7 @@ from typing import Literal
 
 from tokenizers import Encoding, Tokenizer
 
+from embedserve.core.ascii_twin import ascii_twin, ids_of
 from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong
 from embedserve.loading.spec import ModelLoadError
 
@@ -92,6 +93,9 @@ class TextTokenizer:
         self._keep_start.enable_truncation(max_length, direction="right")
         self._keep_end = _load(tokenizer_path)
         self._keep_end.enable_truncation(max_length, direction="left")
+        # each one's twin for clean ASCII text (`core.ascii_twin`): the same ids, less work; None
+        # for a tokenizer that is not BERT's
+        self._twins = {id(t): ascii_twin(t) for t in (self._full, self._keep_start, self._keep_end)}
         self.num_special = int(self._full.num_special_tokens_to_add(is_pair=False))
         probe = self._full.encode("a")  # the single-text template: specials around the text
         content = [t for t, special in enumerate(probe.special_tokens_mask) if not special]
@@ -153,9 +157,9 @@ class TextTokenizer:
             if piece is None:
                 whole.append(i)
             out.append(0 if piece is None else piece[1] + self.num_special)
-        encodings = self._full.encode_batch_fast([prompt + texts[i] for i in whole])
-        for i, e in zip(whole, encodings, strict=True):
-            out[i] = e.ids
+        ids = self._ids(self._full, [prompt + texts[i] for i in whole])
+        for i, one in zip(whole, ids, strict=True):
+            out[i] = one
         return out
 
     def _truncated(self, texts: list[str], truncate: Cut, prompt: str) -> list[list[int]]:
@@ -170,7 +174,11 @@ class TextTokenizer:
             # text's cost follows the tokens kept (a request of many 60k-character texts)
             piece = self._piece(prompt, text, need, tail=truncate == "start", where=where, whole=0)
             cut.append(prompt + text if piece is None else piece[0])
-        return [e.ids for e in tok.encode_batch_fast(cut)]
+        return self._ids(tok, cut)
+
+    def _ids(self, tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+        """`tok`'s ids of each text, clean ASCII ones through its twin."""
+        return ids_of(tok, self._twins[id(tok)], texts)
 
     def _prompt_then_end(self, text: str, prompt_ids: list[int]) -> list[int]:
         """An over-long text's `truncate="start"` ids: the special tokens around the prompt's

@@ -85,6 +85,11 @@ STEPS: dict[str, Step] = {
                           tail=12, keep="hop|x16|x64|bulk|Error|rror:"),
     "serving-16": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                    "--levels", "1,16,64"), tail=40),
+    "serving-16-w8": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
+                                      "--levels", "16,64", "--workers", "8", "--tag=-w8"), tail=12),
+    "null-path-48": Step(lambda: _py("studies/null_path.py", "--tree", "new=src", "--model", MINILM,
+                                     "--workers", "4,8", "--clients", "1,16", "--seconds", "3",
+                                     "--out", _out()), tail=12, keep="hop|x16|bulk|Error|rror:"),
     "serving-16-w2": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                       "--levels", "16,64", "--workers", "2", "--tag=-w2"), tail=12),
     # the start-up warm-up of short queries' graphs (serve's default) against none, one call

@@ -78,6 +78,8 @@ def on_gpu(args: argparse.Namespace, texts: list[str]) -> tuple[list[dict[str, A
     ids = ours.tokenize(texts, truncate="end")
     budget = ours._batch_tokens(None)
     ids_s = timed(lambda: ours.embed_ids(ids, batch_tokens=budget), args.repeats, "cuda")
+    tokenize_s = timed(lambda: ours.tokenize(texts, truncate="end"), args.repeats, "cuda")
+    pieces = pieces_rates(ours, texts, num_tokens, args.repeats)
     vectors = ours.encode(texts, truncate="end")
     st = SentenceTransformer(str(args.model), device="cuda",
                              model_kwargs={"torch_dtype": torch.float16})  # fmt: skip
@@ -95,6 +97,10 @@ def on_gpu(args: argparse.Namespace, texts: list[str]) -> tuple[list[dict[str, A
                graph_replays=replays, eager_runs=eager, batch_tokens=budget),
         record("embedserve Embedder.embed_ids (token ids in)", dtype, n, "passages",
                num_tokens / median(ids_s), "engine"),
+        record("embedserve Embedder.tokenize (the tokenizer alone)", dtype, n, "passages",
+               num_tokens / median(tokenize_s), "tokenizer"),
+        *(record(f"embedserve Embedder.encode (overlap pieces of {k} texts)", dtype, n,
+                 "passages", rate, "end_to_end") for k, rate in pieces.items()),
         record(f"sentence-transformers encode (batch_size={best[1]})", "float16", n, "passages",
                num_tokens / best[0], "end_to_end"),
     ]  # fmt: skip
@@ -106,6 +112,24 @@ def on_gpu(args: argparse.Namespace, texts: list[str]) -> tuple[list[dict[str, A
         "fp16 (median of 3 each); it sorts by length itself."
     )
     return records, notes
+
+
+def pieces_rates(ours: Any, texts: list[str], num_tokens: int, repeats: int) -> dict[int, float]:
+    """`encode`'s tokens/s with other sizes of the pieces whose tokenizing overlaps the engine
+    (`embedder.OVERLAP_PIECE_TEXTS`), to choose its default on the GPU host."""
+    import embedserve.embedder as embedder
+
+    default, rates = embedder.OVERLAP_PIECE_TEXTS, {}
+    try:
+        for k in (64, 128, 512):
+            embedder.OVERLAP_PIECE_TEXTS = k
+            ours.encode(texts, truncate="end")
+            rates[k] = num_tokens / median(
+                timed(lambda: ours.encode(texts, truncate="end"), repeats, "cuda")
+            )
+    finally:
+        embedder.OVERLAP_PIECE_TEXTS = default
+    return rates
 
 
 def on_cpu(args: argparse.Namespace, texts: list[str]) -> tuple[list[dict[str, Any]], str]:

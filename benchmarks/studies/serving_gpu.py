@@ -84,7 +84,6 @@ def main() -> None:
         bulk(args, port, tok, st, st_dtype, passages, base, records, extra)
     finally:
         server.stop(60)
-    write(args, st_dtype, records, extra)  # first: a failure below loses nothing measured
     # the clients' ceiling: the same client processes against a no-op server of many workers
     try:
         with loadgen.noop_server(workers=8) as noop_port:

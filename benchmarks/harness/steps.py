@@ -87,6 +87,12 @@ STEPS: dict[str, Step] = {
                                    "--levels", "1,16,64"), tail=40),
     "serving-16-w8": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                       "--levels", "16,64", "--workers", "8", "--tag=-w8"), tail=12),
+    # a GPU batch wait of 0.2 ms against none (serve's default there), 16 and 64 clients
+    "serving-bw02": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
+                                     "--levels", "16,64", "--serve-args=--batch-wait-ms 0.2",
+                                     "--tag=-bw02"), tail=12),
+    "serving-bw0": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
+                                    "--levels", "16,64", "--tag=-bw0"), tail=12),
     "null-path-48": Step(lambda: _py("studies/null_path.py", "--tree", "new=src", "--model", MINILM,
                                      "--workers", "4,8", "--clients", "1,16", "--seconds", "3",
                                      "--out", _out()), tail=12, keep="hop|x16|bulk|Error|rror:"),

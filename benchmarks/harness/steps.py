@@ -93,6 +93,8 @@ STEPS: dict[str, Step] = {
                                      "--tag=-bw02"), tail=12),
     "serving-bw0": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                     "--levels", "16,64", "--tag=-bw0"), tail=12),
+    "tokenizer-rate": Step(lambda: _py("studies/tokenizer_rate.py", "--model", MINILM,
+                                       "--threads", "1,4,8,16", "--out", _out()), tail=12),
     "null-path-48": Step(lambda: _py("studies/null_path.py", "--tree", "new=src", "--model", MINILM,
                                      "--workers", "4,8", "--clients", "1,16", "--seconds", "3",
                                      "--out", _out()), tail=12, keep="hop|x16|bulk|Error|rror:"),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,6 +53,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None, help="gateway workers (default: serve's)")
     ap.add_argument("--tag", default="", help="suffix of the results' file name")
     ap.add_argument(
+        "--parts",
+        default="latency,levels,bulk,ceiling",
+        help="which of latency, levels, bulk, ceiling to run (fidelity always)",
+    )
+    ap.add_argument(
         "--serve-args", default="", help="more `serve` flags, e.g. '--warmup-queries 0'"
     )
     args = ap.parse_args()
@@ -71,7 +77,11 @@ def main() -> None:
     )  # fmt: skip
     port = int(ready.group(1))
     records: list[dict[str, Any]] = []
-    extra: dict[str, Any] = {"serve_startup_s": round(time.perf_counter() - t_start, 2)}
+    extra: dict[str, Any] = {
+        "serve_startup_s": round(time.perf_counter() - t_start, 2),
+        # each gateway worker's tokenizer pool (`memory.tokenizer_threads` unless set)
+        "rayon_num_threads": os.environ.get("RAYON_NUM_THREADS", "cores // workers"),
+    }
     query_bodies = [json.dumps({"input": q, "model": "minilm"}).encode() for q in queries]
     try:
         st = SentenceTransformer(str(args.model), device=args.device)
@@ -79,11 +89,19 @@ def main() -> None:
         cosine_min = fidelity(port, st, queries[:16] + passages[:16], extra)
         base = {"model": MODEL, "weights": "real", "concurrency": 1,
                 "dtype": "bf16" if args.device == "cuda" else "fp32"}  # fmt: skip
-        single_latency(args, port, tok, st, st_dtype, queries, passages, cosine_min, base, records)
-        levels(args, port, query_bodies, base, records)
-        bulk(args, port, tok, st, st_dtype, passages, base, records, extra)
+        parts = set(args.parts.split(","))
+        if "latency" in parts:
+            single_latency(args, port, tok, st, st_dtype, queries, passages, cosine_min, base,
+                           records)  # fmt: skip
+        if "levels" in parts:
+            levels(args, port, query_bodies, base, records)
+        if "bulk" in parts:
+            bulk(args, port, tok, st, st_dtype, passages, base, records, extra)
     finally:
         server.stop(60)
+    if "ceiling" not in parts:
+        write(args, st_dtype, records, extra)
+        return
     # the clients' ceiling: the same client processes against a no-op server of many workers
     try:
         with loadgen.noop_server(workers=8) as noop_port:

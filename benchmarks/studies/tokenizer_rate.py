@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, required=True, help="a model folder (tokenizer.json)")
     ap.add_argument("--threads", default=f"1,{os.cpu_count()}", help="pool sizes, e.g. 1,4,16")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--machine", default="cpu", help="the file name's machine (h200host there)")
     ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child's run
     args = ap.parse_args()
@@ -72,8 +73,7 @@ def main() -> None:
            "commit": report.commit(), "date": report.today(), "model": str(args.model.name),
            "what": "TextTokenizer.encode of 1,000 passages, truncate end; median of the rounds",
            "rounds": args.rounds, "software": report.versions("tokenizers"), "rows": rows}  # fmt: skip
-    slug = "h200host" if "Xeon" in hardware and (os.cpu_count() or 0) >= 16 else "cpu"
-    path = report.write_json(f"tokenizer-rate-{slug}{os.cpu_count()}", doc, args.out)
+    path = report.write_json(f"tokenizer-rate-{args.machine}{os.cpu_count()}", doc, args.out)
     table = ["| pool threads | tokens | whole normalizer, tokens/s | twin, tokens/s | twin / whole |",
              "|---|---|---|---|---|"]  # fmt: skip
     for r in rows:

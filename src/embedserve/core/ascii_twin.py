@@ -1,4 +1,4 @@
-"""A BERT tokenizer's faster twin for clean ASCII text: the same ids, a quarter less work.
+"""A BERT tokenizer's faster twin for clean ASCII text: the same ids for less work.
 
 A `BertNormalizer` (every BERT, MiniLM, BGE and e5 `tokenizer.json`) walks each character
 through Unicode decomposition, accent stripping, CJK spacing and control-character cleaning. On
@@ -6,14 +6,17 @@ ASCII text with no control character that cleaning removes, all of that leaves o
 casing: the twin has the same pre-tokenizer, vocabulary, template and truncation with `Lowercase`
 (or nothing) as its normalizer. Measured on the Zen 5, one thread, 100 English passages (9,480
 tokens), the two interleaved 15 times: 8.89 ms through the whole normalizer, 6.45 ms through the
-twin (-27%), the same ids. Tokenizing bounds a GPU's bulk throughput (issue 38).
+twin (-27%), the same ids; on the H200 host's 16 threads 1.08x the tokens/s, 1.34x on one
+(results/studies/tokenizer-rate-h200host16-20261204). Tokenizing bounds a GPU's bulk throughput
+(issue 38).
 
 Exactness, by rule of `BertNormalizer` (tokenizers' `normalizers/bert.rs`): on ASCII,
 `clean_text` removes 0x00-0x08, 0x0b, 0x0c, 0x0e-0x1f and 0x7f (a text holding one goes the
 whole way) and maps tab, newline and carriage return to a space, which the BERT pre-tokenizer
 splits on as it does on a space; CJK spacing and accent stripping touch no ASCII character. The
 mapped whitespace could only matter to another pre-tokenizer or to an added token matched after
-normalization, so a tokenizer with either gets no twin. Tests compare both on texts built to hit each rule.
+normalization, so a tokenizer with either gets no twin. Tests compare both on texts built to hit
+each rule.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ def is_clean_ascii(text: str) -> bool:
 
 
 def ascii_twin(tok: Tokenizer) -> Tokenizer | None:
-    """The twin of `tok` in its current state (truncation included), or None when `tok` is not
-    a cleaning `BertNormalizer` and `BertPreTokenizer` tokenizer or has an added token matched after normalization."""
+    """The twin of `tok` in its current state (truncation included), or None unless `tok` has a
+    cleaning `BertNormalizer`, a `BertPreTokenizer` and no added token matched after
+    normalization."""
     spec = json.loads(tok.to_str())
     norm = spec.get("normalizer") or {}
     if norm.get("type") != "BertNormalizer" or not norm.get("clean_text", True):

@@ -4,7 +4,8 @@ Every system embeds the same texts with all-MiniLM-L6-v2's real weights (the bun
 tokenization included, each in a process of its own (one after the other, never two at once):
 
 - **embedserve** `Embedder.encode` at its CPU defaults (bf16 where the CPU has native bf16,
-  under the fidelity guard), and `dtype="float32"`;
+  under the fidelity guard), and `dtype="float32", cpu_path="auto"` (the float32 executor
+  measured at start-up, what a CPU without bf16 runs by default);
 - **sentence-transformers** with its torch backend (fp32: the reference of every cosine), and with
   its ONNX backend as its docs advise for CPUs (`backend="onnx"`: an ONNX export of the same
   folder through Optimum; its O3-optimized export beside it);
@@ -73,8 +74,11 @@ def _encoder(system: str, folder: Path) -> tuple[Any, str]:
     if system.startswith("embedserve"):
         from embedserve import Embedder
 
-        dtype = "float32" if "float32" in system else None
-        e = Embedder(str(folder), device="cpu", dtype=dtype)
+        # float32 asked: the measured float32 executor (cpu_path "auto"), as a CPU without
+        # native bf16 runs by default
+        f32 = "float32" in system
+        e = Embedder(str(folder), device="cpu", dtype="float32" if f32 else None,
+                     cpu_path="auto" if f32 else None)  # fmt: skip
         path = e.engine.cpu_choice.describe() if e.engine.cpu_choice else e.engine.cpu_path
         return e.encode, f"dtype {e.engine.dtype_name}, cpu path {path}"
     if system.startswith("sentence-transformers"):

@@ -60,7 +60,8 @@ class Embedder:
     ) -> None:
         """`attention` ("causal" | "bidirectional") overrides the folder's attention, as
         `pooling` overrides its pooling; `attention_backend` names the attention kernels;
-        `cpu_path` a float32 CPU's executor (`engine.cpu_paths`; default: measured)."""
+        `cpu_path` a float32 CPU's executor (`engine.cpu_paths`; default: measured when the
+        dtype is float32 by default; "auto" measures it for `dtype="float32"` too)."""
         folder = resolve_model(model)
         self.spec = read_model_spec(folder, pooling=pooling, attention=attention)
         if self.spec.task != "embed":

@@ -231,7 +231,8 @@ class EngineOptions(Options):
         "a float32 CPU's executor: onnx (ONNX Runtime), packed (oneDNN prepacked weights) or "
         "eager (default: the fastest of them measured at start-up, or onnx for small batches "
         "and packed or eager for large ones where that is faster, when the dtype is float32 "
-        "by default; an asked-for --dtype float32 alone runs eager)",
+        "by default or asked with --cpu-path auto; an asked-for --dtype float32 alone runs "
+        "eager)",
         choices=("auto", "onnx", "packed", "eager"),
     )
     pooling: str | None = option(None, "override the folder's pooling", choices=POOLING_METHODS)

@@ -19,6 +19,7 @@ from embedserve.engine.engine import Engine
 from embedserve.engine.fidelity import FidelityError, row_cosines
 from embedserve.engine.layers.linear import Linear
 from embedserve.engine.onnx_encoder import MAX_PADDING, OnnxEncoder, cache_path, length_groups
+from embedserve.engine.placement import resolve_dtype
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -279,3 +280,25 @@ def test_a_colbert_query_with_hidden_expansion_keys_is_checked(
     assert engine.cpu_choice is not None and "onnx" in engine.cpu_choice.dropped
     packed = Engine.from_folder(folder, device="cpu", cpu_path="packed")
     assert packed.cpu_choice is not None and packed.cpu_choice.cosine >= cpu_paths.MIN_COSINE
+
+
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_float32_asked_with_auto_runs_the_choice_and_alone_runs_eager(
+    monkeypatch: pytest.MonkeyPatch, minilm_path: Path, reference: np.ndarray, native_bf16: bool
+) -> None:
+    """`dtype="float32"` alone is the eager reference; with `cpu_path="auto"` the measured
+    executor serves (here the remembered split), on a CPU with native bf16 as on one without;
+    `cpu_path="auto"` with the default dtype changes nothing a bf16 CPU does."""
+    monkeypatch.setattr(cpu, "native_bf16", lambda: native_bf16)
+    cpu_paths.remember(cpu_paths.choice_key(str(minilm_path)), "onnx+packed@48")
+    alone = Embedder(minilm_path, device="cpu", dtype="float32")
+    assert alone.engine.cpu_choice is None and alone.engine.cpu_path == "eager"
+    auto = Embedder(minilm_path, device="cpu", dtype="float32", cpu_path="auto")
+    assert auto.engine.cpu_choice is not None and auto.engine.cpu_path == "onnx+packed"
+    assert row_cosines(auto.encode(TEXTS), reference).min() >= cpu_paths.MIN_COSINE
+    if native_bf16:  # the default stays bf16 (not built here: a CI CPU may emulate it)
+        assert resolve_dtype(torch.device("cpu"), None, "auto") == ("bfloat16", False)
+    else:
+        default = Embedder(minilm_path, device="cpu", cpu_path="auto")
+        assert default.engine.dtype_name == "float32"
+        assert default.engine.cpu_path == "onnx+packed"

@@ -76,8 +76,8 @@ class Engine:
         bf16 (`cpu.native_bf16`), else fp32; a CPU's default bf16 is held to the fidelity guard
         and falls back to fp32 if it fails. A CPU's default fp32 runs the fastest of the float32
         executors measured at start-up (`cpu_paths`); `cpu_path` names one ("onnx", "packed",
-        "eager"; float32 only), and an asked-for `dtype="float32"` alone runs the eager
-        reference path. `attention_backend` names the attention kernel
+        "eager"; float32 only), an asked-for `dtype="float32"` alone runs the eager reference
+        path, and with `cpu_path="auto"` the measured choice (on a bf16 CPU too). `attention_backend` names the attention kernel
         (`attention.BACKEND_NAMES`); by default the device's, and with graphs the fastest
         candidate per bucket."""
         self.spec = spec
@@ -110,10 +110,11 @@ class Engine:
         self.fidelity_cosine: float | None = None
         if reference is not None:
             self.fidelity_cosine = self._check_fidelity(reference, fall_back=cpu_default)
-        # a CPU's float32 by default (or a named executor): the fastest that passes the guard
-        # (a default bf16 the guard refused serves the eager reference, as it says)
+        # a CPU's float32 by default or with "auto" (or a named executor): the fastest that
+        # passes the guard (a default bf16 the guard refused serves eager fp32, as it says)
         self.cpu_choice: cpu_paths.CpuChoice | None = None
-        if not (on_cuda or fused) and (asked_path or (dtype is None and dtype_name == "float32")):
+        chosen = dtype_name == "float32" and (dtype is None or cpu_path == "auto")
+        if not (on_cuda or fused) and (asked_path or chosen):
             self._choose_cpu_path(cpu_path if asked_path else None)
 
     def _build_ops(self, fused: bool, epilogues: bool) -> None:

@@ -88,7 +88,7 @@ def main() -> None:
         st_dtype = str(next(st.parameters()).dtype).replace("torch.", "")
         cosine_min = fidelity(port, st, queries[:16] + passages[:16], extra)
         base = {"model": MODEL, "weights": "real", "concurrency": 1,
-                "dtype": "bf16" if args.device == "cuda" else "fp32"}  # fmt: skip
+                "dtype": "bf16" if args.device == "cuda" else "cpu default"}  # fmt: skip
         parts = set(args.parts.split(","))
         if "latency" in parts:
             single_latency(args, port, tok, st, st_dtype, queries, passages, cosine_min, base,

@@ -6,7 +6,9 @@ included, all-MiniLM-L6-v2 with real weights.
   sentence-transformers `encode` tuned as its documentation advises (half precision, the best of
   several batch sizes; it sorts inputs by length itself). Also our engine alone on the same token
   ids (`embed_ids`: no tokenization) and how the default run used the CUDA graphs (replays vs
-  eager runs), the point of the default batch budget. Median of `--repeats` runs.
+  eager runs), the point of the default batch budget; the tokenizer alone (`tokenize`, the bulk
+  floor: issue 38), and `encode` with pieces of 64, 128 and 512 texts overlapping the engine
+  (the default is 256). Median of `--repeats` runs.
 - `--device cpu`: 256 passages in fp32 at fixed settings (`--batch-size`, `--batch-tokens`);
   rounds alternate between the two systems so that load from anything else on the machine hits
   both alike; the figure is the median round.

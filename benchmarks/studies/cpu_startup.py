@@ -30,10 +30,11 @@ from harness.machine import load1
 READY = "embedserve: serving "
 
 
-def start_once(cache: Path, timeout: float) -> dict[str, Any]:
+def start_once(cache: Path, timeout: float, extra: list[str]) -> dict[str, Any]:
     """One `serve` from launch to serving: seconds, the server's ready line, the load before."""
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONWARNINGS": "ignore"}
-    argv = [sys.executable, "-m", "embedserve.cli.main", "serve", "--device", "cpu", "--port", "0"]
+    argv = [sys.executable, "-m", "embedserve.cli.main", "serve", "--device", "cpu", "--port", "0",
+            *extra]  # fmt: skip
     load = load1()
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -62,11 +63,17 @@ def main() -> None:
     p.add_argument("--starts", type=int, default=3)
     p.add_argument("--timeout", type=float, default=180.0)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--serve-args",
+        default="",
+        help="more `serve` flags, e.g. '--dtype float32 --cpu-path auto'",
+    )
+    p.add_argument("--tag", default="", help="the file name's variant, e.g. -f32auto")
     args = p.parse_args()
     cache = Path(tempfile.mkdtemp(prefix="cpu-startup-"))
     records = []
     for n in range(args.starts):
-        got = start_once(cache, args.timeout)
+        got = start_once(cache, args.timeout, args.serve_args.split())
         kind = "first run (fresh cache)" if n == 0 else "cached"
         print(f"start {n}: {kind} {got['seconds']:.2f} s; {got['ready_line']}", flush=True)
         records.append({"system": "embedserve serve", "model": "all-MiniLM-L6-v2",
@@ -74,14 +81,14 @@ def main() -> None:
                         "value": got["seconds"], "scope": "end_to_end", **got})  # fmt: skip
     isa = report.cpu_isa()
     hardware = f"{report.cpu_hardware()}; flags: {' '.join(isa) or 'unknown'}"
-    notes = ("`embedserve serve --device cpu --port 0`, the bundled model, from the launch to the "
-             "`embedserve: serving` line; the first start in a fresh XDG_CACHE_HOME (ONNX graph "
-             "written, every CPU executor timed), the later ones in the same cache (graph read "
-             "back, the remembered executor checked). The machine is shared: the 1-minute load "
-             "before each start is in the JSON.")  # fmt: skip
+    notes = (f"`embedserve serve --device cpu --port 0 {args.serve_args}`, the bundled model, "
+             "from the launch to the `embedserve: serving` line; the first start in a fresh "
+             "XDG_CACHE_HOME (ONNX graph written, every CPU executor timed), the later ones in "
+             "the same cache (graph read back, the remembered executor checked). The machine is "
+             "shared: the 1-minute load before each start is in the JSON.")  # fmt: skip
     software = report.versions("torch", "embedserve", "onnxruntime")
-    path, table = report.write("cpu-startup", hardware, "cpu2", records, software, notes,
-                               args.out)  # fmt: skip
+    path, table = report.write("cpu-startup", hardware, "cpu2" + args.tag, records, software,
+                               notes, args.out)  # fmt: skip
     print(table)
     print(f"wrote {path}")
 

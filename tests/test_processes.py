@@ -19,6 +19,7 @@ from embedserve.processes import (
     Child,
     alive,
     exit_with_parent,
+    say,
     write_ready,
 )
 
@@ -174,3 +175,19 @@ def test_a_relay_that_cannot_write_never_blocks_the_child() -> None:
         assert child.proc.wait(30) == 0  # 2 MB of output: far past a pipe's 64 KB
     finally:
         child.stop(1)
+
+
+def test_a_status_line_is_one_write_with_its_newline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`say` hands the line and its newline to the stream at once: on a pipe shared with other
+    processes, a write of under PIPE_BUF bytes is never split by another's (the ready line
+    once read "…:45761replica": a worker's log line had landed between `print`'s two writes)."""
+    writes: list[str] = []
+
+    class Stream(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+    monkeypatch.setattr(sys, "stdout", Stream())
+    say("embedserve: serving minilm at http://127.0.0.1:45761")
+    assert writes == ["embedserve: serving minilm at http://127.0.0.1:45761\n"]

@@ -48,7 +48,11 @@ def say(message: str, *, err: bool = False) -> None:
     """
     stream = sys.stderr if err else sys.stdout
     with contextlib.suppress(OSError, ValueError):  # a broken pipe, or a closed stream
-        print(message, file=stream, flush=True)
+        # NOTE: one write with its newline: `print` writes the two apart, and on a pipe shared
+        # with the gateway's workers (unbuffered) another process's line landed between them,
+        # so a reader of the ready line took "45761replica" for the port (a CI run, 2026-12-04)
+        stream.write(message + "\n")
+        stream.flush()
 
 
 def set_parent_death_signal() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from embedserve.core import ascii_twin as twins
 from embedserve.core.ascii_twin import ascii_twin, ids_of, is_clean_ascii
 from embedserve.core.tokenization import TextTokenizer
 from tests.core.request_core import minilm_folder
@@ -58,7 +59,10 @@ def test_the_twin_gives_the_tokenizers_ids_on_every_ascii_character() -> None:
     assert twin is not None
     clean = [t for t in ASCII_TEXTS if is_clean_ascii(t)]
     assert len(clean) == len(ASCII_TEXTS) - len(REMOVED)
-    assert reference(twin, clean) == reference(tok, clean)
+    assert reference(twin.rust, clean) == reference(tok, clean)
+    taken = [t for t in clean if twin.takes(t)]
+    assert len(taken) == len(clean) - 1  # the one with literal special tokens goes the whole way
+    assert twin.ids(taken) == reference(tok, taken)
     assert ids_of(tok, twin, ASCII_TEXTS) == reference(tok, ASCII_TEXTS)
 
 
@@ -78,7 +82,7 @@ def test_a_cased_bert_twin_keeps_the_case(tmp_path: Path) -> None:
         {"normalizer": {**spec["normalizer"], "lowercase": False}},
     )
     twin = ascii_twin(tok)
-    assert twin is not None and twin.normalizer is None
+    assert twin is not None and twin.rust.normalizer is None
     assert ids_of(tok, twin, ASCII_TEXTS) == reference(tok, ASCII_TEXTS)
     assert reference(tok, ["Paris"]) != reference(tok, ["paris"])  # the case does count
 
@@ -122,3 +126,66 @@ def test_text_tokenizer_ids_are_those_without_twins(truncate: bool | str, prompt
     assert ours.encode(texts, truncate=truncate, prompt=prompt) == whole.encode(
         texts, truncate=truncate, prompt=prompt
     )
+
+
+def random_ascii(seed: int, count: int) -> list[str]:
+    """Texts of every clean ASCII character, words of 1 to 130 letters among them."""
+    rnd = random.Random(seed)
+    chars = [chr(c) for c in range(32, 127)] + ["\t", "\n", "\r"]
+    out = []
+    for _ in range(count):
+        parts = [rnd.choice(chars) for _ in range(rnd.randint(0, 200))]
+        parts.insert(rnd.randint(0, len(parts)), "x" * rnd.choice([1, 99, 100, 101, 130]))
+        out.append("".join(parts))
+    return out
+
+
+def test_random_ascii_long_words_and_a_small_word_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Words over the 100-character limit become the unknown token as the tokenizer's do; a full
+    word cache stops growing and changes nothing."""
+    monkeypatch.setattr(twins, "CACHE_WORDS", 50)
+    tok = full_tokenizer(minilm_folder() / "tokenizer.json")
+    words: dict[str, tuple[int, ...]] = {}
+    twin = ascii_twin(tok, words)
+    texts = random_ascii(1, 400)
+    assert all(twin.takes(t) for t in texts)
+    assert twin.ids(texts) == reference(tok, texts)
+    assert twin.ids(texts) == reference(tok, texts)  # again, from the cache
+    assert len(words) <= 50
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_a_truncating_twin_keeps_the_tokenizers_end(direction: str) -> None:
+    tok = full_tokenizer(minilm_folder() / "tokenizer.json")
+    tok.enable_truncation(9, direction=direction)
+    twin = ascii_twin(tok)
+    texts = [*random_ascii(2, 200), "one", "two words here", ""]
+    assert twin is not None
+    assert twin.ids(texts) == reference(tok, texts)
+    assert max(map(len, twin.ids(texts))) == 9
+
+
+def test_a_large_batch_in_a_large_pool_goes_through_the_rust_twin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tok = full_tokenizer(minilm_folder() / "tokenizer.json")
+    twin = ascii_twin(tok)
+    assert twin is not None
+    texts = [*ASCII_TEXTS, *NOT_CLEAN] * 3
+    asked = []
+    # a stand-in single thread that marks its ids
+    monkeypatch.setattr(twin, "ids", lambda t: asked.append(t) or [[-1]] * len(t))
+    monkeypatch.setenv(twins.TOKENIZER_POOL, str(twins.PARALLEL_THREADS))
+    assert ids_of(tok, twin, texts) == reference(tok, texts)
+    assert not asked  # the Rust twin's pool, not the single thread
+    monkeypatch.setenv(twins.TOKENIZER_POOL, "1")
+    assert [-1] in ids_of(tok, twin, texts)
+    assert asked
+
+
+def test_a_twin_that_disagrees_with_its_tokenizer_is_not_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check at making: a pre-tokenizing rule broken here means no twin, not wrong ids."""
+    monkeypatch.setattr(twins, "_WORDS", twins.re.compile(r"\S+"))  # punctuation not split
+    assert ascii_twin(full_tokenizer(minilm_folder() / "tokenizer.json")) is None

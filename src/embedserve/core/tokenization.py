@@ -94,8 +94,11 @@ class TextTokenizer:
         self._keep_end = _load(tokenizer_path)
         self._keep_end.enable_truncation(max_length, direction="left")
         # each one's twin for clean ASCII text (`core.ascii_twin`): the same ids, less work; None
-        # for a tokenizer that is not BERT's
-        self._twins = {id(t): ascii_twin(t) for t in (self._full, self._keep_start, self._keep_end)}
+        # for a tokenizer that is not BERT's. One word cache for the three: one model.
+        words: dict[str, tuple[int, ...]] = {}
+        self._twins = {
+            id(t): ascii_twin(t, words) for t in (self._full, self._keep_start, self._keep_end)
+        }
         self.num_special = int(self._full.num_special_tokens_to_add(is_pair=False))
         probe = self._full.encode("a")  # the single-text template: specials around the text
         content = [t for t, special in enumerate(probe.special_tokens_mask) if not special]

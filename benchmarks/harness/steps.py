@@ -108,6 +108,12 @@ STEPS: dict[str, Step] = {
     "gpu-test-qwen3-reranker": Step(lambda: [sys.executable, "-m", "pytest", "-q", "-m", "gpu",
                                              "tests/engine/test_graphs_gpu.py", "-k", "qwen3-reranker"],
                                     tail=3, env={"EMBEDSERVE_MINILM": MINILM}),
+    # this tree against .carry/old/src on one machine: one query, 1/16/64 clients, 100 passages
+    "serving-ab": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
+                                   "--levels", "1,16,64", "--parts", "latency,levels,bulk"), tail=16),
+    "serving-ab-old": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
+                                       "--levels", "1,16,64", "--parts", "latency,levels,bulk",
+                                       "--tag=-before"), tail=16, old=True),
     "serving-16-old": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                        "--levels", "1,16,64", "--tag=-before"), tail=40, old=True),
     "host": Step(lambda: _py("studies/host_path.py", "--model", MINILM, "--qwen3", QWEN3,

@@ -17,9 +17,8 @@ casing. What is left of the tokenizer on such text is small enough to do here:
 Measured on the Zen 5, one thread, 1,000 passages (92,106 tokens): 5.4M tokens/s against 1.2M for
 the Rust tokenizer with only `Lowercase` as its normalizer (the twin of 2026-12-04, itself 1.34x
 the whole one) and 0.9M for the whole one. It holds the GIL, so the Rust twin (released GIL,
-rayon's threads) is kept for a large batch in a process whose tokenizer pool has many threads:
-there it is the faster (16 threads of the H200 host: 5.89M tokens/s,
-results/studies/tokenizer-rate-h200host16-20261204). Tokenizing bounds a GPU's bulk throughput
+rayon's threads) is kept for a large batch in a process whose tokenizer pool has several threads
+(`PARALLEL_THREADS`; results/studies/tokenizer-rate-h200host16-20261204-2). Tokenizing bounds a GPU's bulk throughput
 and most of a gateway worker's CPU on 100-passage requests (issue 38).
 
 Exactness, by rule of `BertNormalizer` (tokenizers' `normalizers/bert.rs`): on ASCII,
@@ -56,10 +55,14 @@ _WORDS = re.compile(rf"[^\s{_PUNCT}]+|[{_PUNCT}]")
 # the words remembered per model (a few MB at most); a longer word is looked up every time
 CACHE_WORDS = 1 << 16
 CACHE_WORD_CHARS = 48
-# From how many threads in the tokenizer's pool, and texts in a batch, the Rust twin's threads
-# beat this one's single thread: one Rust thread does 1/4.5 of it (Zen 5), 16 do 8.6x one
-# (H200 host), so the crossing is near 8 threads; a small batch gains little from a pool.
-PARALLEL_THREADS = 8
+# From how many threads in the tokenizer's pool, and texts in a batch, the Rust twin on the pool
+# is used instead. One Rust thread does 1/4 of this one's single thread (Zen 5: 1.1M against
+# 4.7M tokens/s; H200 host: 0.48M against 1.55M), 4 do about as much (H200 host: 1.30M against
+# 1.54M) and release the GIL: a gateway worker's loop goes on answering meanwhile. With the
+# Python twin at a pool of 4 per worker, 100-passage requests on the H200 lost 13% (1.82M
+# against 2.10M tokens/s, concurrency-h200-pytwin-20261204 against -before-); a 2-core CPU's
+# gateway worker (a pool of 1) gains 2.6x per core. A small batch gains little from a pool.
+PARALLEL_THREADS = 4
 PARALLEL_TEXTS = 64
 
 

@@ -188,12 +188,51 @@ class _Bounded(_Protocol):
             raise ValueError("too many requests")
         self._phase = "body"
         super().on_headers_complete()
+        # NOTE: `self.cycle` is the request's (uvicorn makes it above), unless the parser stopped
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and not isinstance(cycle.transport, _OneWrite):
+            cycle.transport = _OneWrite(cycle.transport)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         if self._phase == "body":
             self._phase = "idle"  # the next request's first byte arms the timer again
             self._since = time.monotonic()
+
+
+class _OneWrite:
+    """A response's transport as uvicorn's cycle sees it: the status line and headers are held
+    and leave with the body, in one write. uvicorn writes them apart, and on loopback each
+    write is a send that wakes the client; the second wake-up is a context switch per request
+    for nothing. A held write that nothing follows (HEAD, a streamed body's first part still
+    to come) leaves at the end of the loop's turn."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._held is not None:
+            data, self._held = self._held + data, None
+            self._transport.write(data)
+        elif data.startswith(b"HTTP/"):
+            self._held = data
+            asyncio.get_event_loop().call_soon(self._flush)
+        else:
+            self._transport.write(data)
+
+    def _flush(self) -> None:
+        if self._held is not None:
+            data, self._held = self._held, None
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def _evict(newcomer: _Bounded) -> bool:

@@ -114,6 +114,13 @@ STEPS: dict[str, Step] = {
     "serving-ab-old": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                        "--levels", "1,16,64", "--parts", "latency,levels,bulk",
                                        "--tag=-before"), tail=16, old=True),
+    # AIPerf beside our load generator on one serve (its wheels: .carry/aiperf, or an earlier
+    # call's install on the same warm machine: benchmarks/peers/AIPERF.md)
+    "aiperf-install": Step(lambda: [sys.executable, "-c", "from harness import aiperf_run; "
+                                    "print(aiperf_run.install_carried())"], tail=3,
+                           env={"PYTHONPATH": "benchmarks"}),
+    "aiperf": Step(lambda: _py("studies/aiperf_serving.py", "--model", MINILM, "--out", _out()),
+                   tail=14),
     "serving-16-old": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                        "--levels", "1,16,64", "--tag=-before"), tail=40, old=True),
     "host": Step(lambda: _py("studies/host_path.py", "--model", MINILM, "--qwen3", QWEN3,

@@ -15,6 +15,7 @@ from embedserve.contract.codec import (
     encode_outputs_response,
     encode_request,
     encode_response,
+    encode_responses,
 )
 from embedserve.core.budget import shift_spans
 from embedserve.core.head import Head
@@ -139,3 +140,26 @@ def test_outputs_round_trip_compactly_per_sequence() -> None:
         decode_outputs_response(wire, 3, ("sparse",))
     with pytest.raises(WireError, match="for 3 rows"):
         decode_outputs_response(wire, 3, ("multivector",))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "uint8", "binary", "ubinary"])
+@pytest.mark.parametrize("rules", ["generic", "pplx"])
+def test_a_shared_head_applied_once_gives_each_request_its_own_bytes(
+    dtype: str, rules: str
+) -> None:
+    """A merged batch's answers (`encode_responses`) hold, byte for byte, what each request's
+    rows give alone, whether the head is shared (applied once) or not (per request)."""
+    rng = np.random.default_rng(0)
+    pooled = rng.standard_normal((9, 64)).astype(np.float32) * 3
+    counts = [1, 3, 1, 4]
+    shared = Head(48, True, dtype, rules)
+    starts = np.cumsum([0, *counts])
+    for heads in ([shared] * 4, [shared, Head(64, False, "float32"), None, shared]):
+        answers = encode_responses(pooled, heads, counts)
+        alone = [
+            encode_response(pooled[a:b], h)
+            for a, b, h in zip(starts[:-1], starts[1:], heads, strict=True)
+        ]
+        assert [r.SerializeToString() for r in answers] == [r.SerializeToString() for r in alone]
+    with pytest.raises(RuntimeError, match="rows"):
+        encode_responses(pooled[:8], [shared] * 4, counts)

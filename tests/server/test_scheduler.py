@@ -7,6 +7,7 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
+from embedserve.core.budget import split_rows
 from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch
 from embedserve.server.scheduler import (
@@ -15,7 +16,6 @@ from embedserve.server.scheduler import (
     Scheduler,
     SchedulerConfig,
     pack,
-    split_batch_rows,
 )
 
 
@@ -91,11 +91,11 @@ def test_pack_and_split_round_trip_in_order() -> None:
     assert packed.seqlens.tolist() == [3, 2, 4, 1]
     assert pack(reqs[:1]) is reqs[0].batch  # a request alone is not packed again
     pooled = np.arange(4 * 2, dtype=np.float32).reshape(4, 2)
-    parts = split_batch_rows(pooled, reqs)
+    parts = split_rows(pooled, [r.num_rows for r in reqs])
     assert [p.shape[0] for p in parts] == [1, 2, 1]
     np.testing.assert_array_equal(np.concatenate(parts), pooled)
     with pytest.raises(RuntimeError, match="rows"):
-        split_batch_rows(pooled[:3], reqs)
+        split_rows(pooled[:3], [r.num_rows for r in reqs])
 
 
 @pytest.mark.parametrize("batch, queued", [(0, 10), (10, -1)])

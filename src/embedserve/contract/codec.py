@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from embedserve.contract import EmbedRequest, EmbedResponse
+from embedserve.core.budget import split_rows
 from embedserve.core.head import Head, check_head
 from embedserve.retrieval.results import EncodedOutputs, SparseVector
 
@@ -148,8 +149,28 @@ def _decode_head(request: Any, output_width: int, output_rules: str) -> Head | N
 def encode_response(pooled: np.ndarray, head: Head | None) -> Any:
     """The EmbedResponse of pooled rows [rows, width] under a request's head (None: raw)."""
     out = np.asarray(pooled, dtype=np.float32) if head is None else head.apply(pooled)
-    out = np.ascontiguousarray(out, dtype=out.dtype.newbyteorder("<"))
+    return _response(np.ascontiguousarray(out, dtype=out.dtype.newbyteorder("<")))
+
+
+def _response(out: np.ndarray) -> Any:
     return EmbedResponse(embeddings=out.tobytes(), shape=list(out.shape), dtype=out.dtype.name)
+
+
+def encode_responses(
+    pooled: np.ndarray, heads: Sequence[Head | None], counts: Sequence[int]
+) -> list[Any]:
+    """Each request's EmbedResponse of its `counts[i]` consecutive rows of `pooled`, under its
+    head. A head every request shares is applied once to all the rows: a head works row by row
+    (truncate, normalize, encode), so each answer holds the bytes `encode_response` gives it
+    alone, for one call instead of one per request (a merged batch of short queries)."""
+    first = heads[0]
+    if first is None or len(heads) == 1 or any(h != first for h in heads):
+        return [
+            encode_response(p, h) for p, h in zip(split_rows(pooled, counts), heads, strict=True)
+        ]
+    out = first.apply(pooled)
+    out = np.ascontiguousarray(out, dtype=out.dtype.newbyteorder("<"))
+    return [_response(part) for part in split_rows(out, counts)]
 
 
 def decode_response(response: Any, num_rows: int) -> np.ndarray:

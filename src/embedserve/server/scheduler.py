@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from embedserve.contract.tracing import RequestTrace, current_request
-from embedserve.core.budget import budget_groups, shift_spans, split_rows
+from embedserve.core.budget import budget_groups, shift_spans
 from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch
 
@@ -217,8 +217,3 @@ def pack_spans(batch: list[Pending]) -> np.ndarray:
     if any(r.spans is None for r in batch):
         raise RuntimeError("a batch mixes span requests and plain ones")
     return shift_spans([r.spans for r in batch], [r.num_tokens for r in batch])
-
-
-def split_batch_rows(pooled: np.ndarray, batch: list[Pending]) -> list[np.ndarray]:
-    """The pooled rows [rows, H] of a packed batch, cut back into one array per request."""
-    return split_rows(pooled, [r.num_rows for r in batch])

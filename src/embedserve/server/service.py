@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 
 from embedserve.contract import tracing
-from embedserve.contract.codec import decode_request, encode_response
+from embedserve.contract.codec import decode_request, encode_response, encode_responses
 from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.seam import EngineSeam, ResultHandle
@@ -50,7 +50,6 @@ from embedserve.server.scheduler import (
     SchedulerConfig,
     pack,
     pack_spans,
-    split_batch_rows,
 )
 from embedserve.server.stages import StageTimes
 from embedserve.server.trim import TRIM_AFTER_TOKENS, release_free_memory
@@ -365,10 +364,9 @@ class EmbedService:
             if batch[0].outputs:
                 answers = outputs_answers(pooled, batch)
             else:
-                answers = [
-                    None if request.cancelled() else encode_response(rows, request.head)
-                    for request, rows in zip(batch, split_batch_rows(pooled, batch), strict=True)
-                ]
+                answers = encode_responses(
+                    pooled, [r.head for r in batch], [r.num_rows for r in batch]
+                )
         except Exception as e:
             self._release_slot()
             self._batch_failed(batch, e, post)

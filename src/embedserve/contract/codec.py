@@ -157,11 +157,12 @@ _checked_head = functools.lru_cache(maxsize=64)(check_head)
 
 def encode_response(pooled: np.ndarray, head: Head | None) -> Any:
     """The EmbedResponse of pooled rows [rows, width] under a request's head (None: raw)."""
-    out = np.asarray(pooled, dtype=np.float32) if head is None else head.apply(pooled)
-    return _response(np.ascontiguousarray(out, dtype=out.dtype.newbyteorder("<")))
+    return _response(np.asarray(pooled, dtype=np.float32) if head is None else head.apply(pooled))
 
 
 def _response(out: np.ndarray) -> Any:
+    """The EmbedResponse of encoded rows, little-endian."""
+    out = np.ascontiguousarray(out, dtype=out.dtype.newbyteorder("<"))
     return EmbedResponse(embeddings=out.tobytes(), shape=list(out.shape), dtype=out.dtype.name)
 
 
@@ -177,9 +178,7 @@ def encode_responses(
         return [
             encode_response(p, h) for p, h in zip(split_rows(pooled, counts), heads, strict=True)
         ]
-    out = first.apply(pooled)
-    out = np.ascontiguousarray(out, dtype=out.dtype.newbyteorder("<"))
-    return [_response(part) for part in split_rows(out, counts)]
+    return [_response(part) for part in split_rows(first.apply(pooled), counts)]
 
 
 def decode_response(response: Any, num_rows: int) -> np.ndarray:

@@ -161,7 +161,6 @@ def ids_of(tok: Tokenizer, twin: AsciiTwin | None, texts: Sequence[str]) -> list
     texts = list(texts)
     if twin is None:
         return [e.ids for e in tok.encode_batch_fast(texts)]
-    taken = [twin.takes(t) for t in texts]
     if len(texts) >= PARALLEL_TEXTS and _pool_threads() >= PARALLEL_THREADS:
         clean = [is_clean_ascii(t) for t in texts]  # added tokens are the Rust twin's own
         fast = [
@@ -171,6 +170,7 @@ def ids_of(tok: Tokenizer, twin: AsciiTwin | None, texts: Sequence[str]) -> list
             )
         ]
         return _merged(tok, texts, clean, fast)
+    taken = [twin.takes(t) for t in texts]
     if all(taken):
         return twin.ids(texts)
     if not any(taken):

@@ -14,9 +14,9 @@ casing. What is left of the tokenizer on such text is small enough to do here:
   any tokenizer call;
 - the template's special tokens around them, cut first to the tokenizer's truncation.
 
-Measured on the Zen 5, one thread, 1,000 passages (92,106 tokens): 5.4M tokens/s against 1.2M for
-the Rust tokenizer with only `Lowercase` as its normalizer (the twin of 2026-12-04, itself 1.34x
-the whole one) and 0.9M for the whole one. It holds the GIL, so the Rust twin (released GIL,
+Measured on the Zen 5, one thread, 1,000 passages (results/studies/tokenizer-rate-cpu2-20261204):
+4.3M tokens/s against 1.40M for the Rust tokenizer with only `Lowercase` as its normalizer (the
+twin of 2026-12-04) and 1.04M for the whole one. It holds the GIL, so the Rust twin (released GIL,
 rayon's threads) is kept for a large batch in a process whose tokenizer pool has several threads
 (`PARALLEL_THREADS`; results/studies/tokenizer-rate-h200host16-20261204-2). Tokenizing bounds a GPU's bulk throughput
 and most of a gateway worker's CPU on 100-passage requests (issue 38).
@@ -56,12 +56,12 @@ _WORDS = re.compile(rf"[^\s{_PUNCT}]+|[{_PUNCT}]")
 CACHE_WORDS = 1 << 16
 CACHE_WORD_CHARS = 48
 # From how many threads in the tokenizer's pool, and texts in a batch, the Rust twin on the pool
-# is used instead. One Rust thread does 1/4 of this one's single thread (Zen 5: 1.1M against
-# 4.7M tokens/s; H200 host: 0.48M against 1.55M), 4 do about as much (H200 host: 1.30M against
+# is used instead. One Rust thread does 1/3 of this one's single thread (Zen 5: 1.40M against
+# 4.3M tokens/s; H200 host: 0.48M against 1.55M), 4 do about as much (H200 host: 1.30M against
 # 1.54M) and release the GIL: a gateway worker's loop goes on answering meanwhile. With the
 # Python twin at a pool of 4 per worker, 100-passage requests on the H200 lost 13% (1.82M
 # against 2.10M tokens/s, concurrency-h200-pytwin-20261204 against -before-); a 2-core CPU's
-# gateway worker (a pool of 1) gains 2.6x per core. A small batch gains little from a pool.
+# gateway worker (a pool of 1) gains 2.5x per core (null-path-cpu2-20261204-3). A small batch gains little from a pool.
 PARALLEL_THREADS = 4
 PARALLEL_TEXTS = 64
 

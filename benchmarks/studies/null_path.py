@@ -14,7 +14,8 @@ measured is what the design around the model can carry at most:
   ready token ids (the hop and the server), and the whole path through the gateway.
 
 Each `--tree NAME=SRC` (default: this checkout's src) gets its own server and gateway, measured in
-turn, so a before/after compares trees in one run on the same drifting machine.
+turn, so a before/after compares trees in one run on the same drifting machine; `NAME=SRC@ARGS`
+gives that tree's gateway extra flags (one tree under two settings).
 
     PYTHONPATH=src python3 benchmarks/studies/null_path.py [--tree new=src --tree old=/tmp/old/src]
         [--workers 1,2] [--clients 1,16] [--seconds 5] [--out DIR]
@@ -46,16 +47,18 @@ HOP_REQUESTS = 600
 NAME = "minilm"  # the served name, whatever folder --model names
 
 
-def start_pair(src: str, model: str, workers: int) -> tuple[Child, Child, int, int]:
-    """A null server and a gateway of `workers` in front of it, both from `src`; the model
-    served as NAME (`bodies`)."""
+def start_pair(
+    src: str, model: str, workers: int, gateway_args: list[str]
+) -> tuple[Child, Child, int, int]:
+    """A null server and a gateway of `workers` (and `gateway_args`) in front of it, both from
+    `src`; the model served as NAME (`bodies`)."""
     # the tree's embedserve first; what else the path held (carried wheels) after it
     with environment(PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])):
         server, ready = start(harness_call("null_engine:serve_null", model, "0"), READY_SERVER)
         server_port = int(ready.group(1))
         gateway, ready = start(
             [*CLI, "gateway", "--replica", f"127.0.0.1:{server_port}", "--model", f"{NAME}={model}",
-             "--port", "0", "--workers", str(workers)],
+             "--port", "0", "--workers", str(workers), *gateway_args],
             READY_GATEWAY,
         )  # fmt: skip
     port = int(ready.group(1))
@@ -157,12 +160,14 @@ def record(tree: str, workers: int, load: str, clients: int, metric: str, value:
     }
 
 
-def measure_tree(tree: str, src: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure_tree(
+    tree: str, src: str, gateway_args: list[str], args: argparse.Namespace
+) -> list[dict[str, Any]]:
     queries, bulk = bodies()
     texts = corpus.queries(64)
     records: list[dict[str, Any]] = []
     for workers in (int(w) for w in args.workers.split(",")):
-        server, gateway, server_port, port = start_pair(src, args.model, workers)
+        server, gateway, server_port, port = start_pair(src, args.model, workers, gateway_args)
         pids = {"gateway": gateway.proc.pid, "server": server.proc.pid}
         try:
             loadgen.run(port, loadgen.split(queries, 4), 1.0)  # warm-up
@@ -185,7 +190,12 @@ def measure_tree(tree: str, src: str, args: argparse.Namespace) -> list[dict[str
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--tree", action="append", default=None, help="NAME=SRC (repeatable)")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        default=None,
+        help="NAME=SRC, or NAME=SRC@ARGS: the gateway's extra flags (repeatable)",
+    )
     ap.add_argument("--model", default="minilm", help="a model folder, or minilm (bundled)")
     ap.add_argument("--workers", default="1", help="gateway workers, e.g. 1,2")
     ap.add_argument("--clients", default="1,16", help="client processes of short queries")
@@ -194,8 +204,9 @@ def main() -> None:
     args = ap.parse_args()
     trees = [t.split("=", 1) for t in (args.tree or [f"head={ROOT / 'src'}"])]
     records = []
-    for name, src in trees:
-        records += measure_tree(name, str(Path(src).resolve()), args)
+    for name, given in trees:
+        src, _, extra = given.partition("@")
+        records += measure_tree(name, str(Path(src).resolve()), extra.split(), args)
     cores = os.cpu_count()
     notes = (
         f"Null engine (benchmarks/harness/null_engine.py): the real server process and gateway, "

@@ -187,3 +187,140 @@ def test_merged_calls_are_counted_for_the_metrics() -> None:
     text = metrics.export(None).decode()
     assert "embedserve_gateway_merged_calls_total 1.0" in text
     assert "embedserve_gateway_merged_requests_total 3.0" in text
+
+
+class GatedServer(FakeServer):
+    """Answers each call only once its gate is opened (`release`), so tests choose what is out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: list[asyncio.Event] = []
+
+    async def send(self, request: Any, num_tokens: int) -> Any:
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        return await super().send(request, num_tokens)
+
+    def release(self, index: int) -> None:
+        self.gates[index].set()
+
+
+async def settle() -> None:
+    for _ in range(5):  # a few loop turns: the flush, the sends, the answers
+        await asyncio.sleep(0)
+
+
+def call(coalescer: Coalescer, ids: list[int]) -> asyncio.Future[Any]:
+    return asyncio.ensure_future(coalescer.embed(encode_request([ids], HEAD), len(ids)))
+
+
+def test_calls_made_while_the_bound_is_out_wait_and_go_as_one() -> None:
+    server = GatedServer()
+    coalescer = Coalescer(server.send, max_tokens=800, max_in_flight=1)
+
+    async def calls() -> list[Any]:
+        first = call(coalescer, [1])
+        await settle()
+        assert len(server.sent) == 0 and len(server.gates) == 1  # out, not answered
+        later = [call(coalescer, [i]) for i in (2, 3)]
+        await settle()
+        later.append(call(coalescer, [4]))  # another turn: waits with them
+        await settle()
+        assert len(server.gates) == 1 and coalescer.in_flight == 1
+        server.release(0)
+        await settle()
+        assert len(server.gates) == 2  # the three waiting calls: one message
+        server.release(1)
+        return await asyncio.gather(first, *later)
+
+    out = asyncio.run(asyncio.wait_for(calls(), 10))  # a lost slot: fail, not hang
+    assert [list(r.seqlens) for r in server.sent] == [[1], [1, 1, 1]]
+    assert [rows(o, 1)[0][0] for o in out] == [1, 2, 3, 4]
+    assert coalescer.in_flight == 0
+
+
+def test_one_client_never_waits() -> None:
+    server = FakeServer()
+    coalescer = Coalescer(server.send, max_tokens=800, max_in_flight=1)
+
+    async def calls() -> None:
+        for i in range(1, 4):
+            await coalescer.embed(encode_request([[i]], HEAD), 1)
+
+    asyncio.run(asyncio.wait_for(calls(), 10))  # a lost slot: fail, not hang
+    assert [list(r.seqlens) for r in server.sent] == [[1], [1], [1]]
+    assert coalescer.in_flight == 0
+
+
+def test_large_calls_neither_wait_nor_hold_a_slot() -> None:
+    server = GatedServer()
+    coalescer = Coalescer(server.send, max_tokens=800, max_in_flight=1)
+    large = list(range(1, 101))  # 100 tokens: not under 800 / SMALL_SHARE
+
+    async def calls() -> None:
+        small = call(coalescer, [1])
+        await settle()
+        big = call(coalescer, large)
+        await settle()
+        assert len(server.gates) == 2  # went at once, beside the small call
+        server.release(1)
+        await big
+        assert coalescer.in_flight == 1  # only the small call holds one
+        server.release(0)
+        await small
+
+    asyncio.run(asyncio.wait_for(calls(), 10))  # a lost slot: fail, not hang
+    assert coalescer.in_flight == 0
+
+
+def test_a_waiting_call_cancelled_gives_nothing_back_twice() -> None:
+    server = GatedServer()
+    coalescer = Coalescer(server.send, max_tokens=800, max_in_flight=1)
+
+    async def calls() -> None:
+        first = call(coalescer, [1])
+        await settle()
+        gone = call(coalescer, [2])
+        await settle()
+        gone.cancel()
+        await settle()
+        server.release(0)
+        await first
+        await settle()
+        assert coalescer.in_flight == 0 and len(server.gates) == 1  # the cancelled one: unsent
+        again = call(coalescer, [3])
+        await settle()
+        assert len(server.gates) == 2
+        server.release(1)
+        await again
+
+    asyncio.run(asyncio.wait_for(calls(), 10))  # a lost slot: fail, not hang
+    assert coalescer.in_flight == 0
+
+
+def test_a_call_cancelled_after_its_slot_was_given_releases_it() -> None:
+    server = GatedServer()
+    coalescer = Coalescer(server.send, max_tokens=800, max_in_flight=1)
+
+    async def calls() -> None:
+        first = call(coalescer, [1])
+        await settle()
+        second = call(coalescer, [2])
+        await settle()
+        server.release(0)
+        await first
+        while coalescer._waiting:  # until the flush gives `second` the slot (ALONE) ...
+            await asyncio.sleep(0)
+        assert coalescer.in_flight == 1 and len(server.gates) == 1  # ... before its send
+        second.cancel()
+        await settle()
+        assert second.cancelled() and len(server.gates) == 1
+
+    asyncio.run(asyncio.wait_for(calls(), 10))  # a lost slot: fail, not hang
+    assert coalescer.in_flight == 0
+
+
+def test_the_bound_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="max_in_flight"):
+        Coalescer(FakeServer().send, 100, max_in_flight=-1)

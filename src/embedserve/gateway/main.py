@@ -56,6 +56,8 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # requests per gateway core, with no engine behind). On a small machine the rest of the cores
 # run the engine.
 DEFAULT_WORKERS = min(8, max(1, (os.cpu_count() or 1) // 4))
+# small calls per worker and model outstanding at once (`gateway.coalescing`)
+DEFAULT_CALLS_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,11 @@ class GatewayConfig(Options):
         f"serve, the servers' batch budget; a gateway started alone, {DEFAULT_PART_TOKENS}); "
         "--chunk-tokens is its old, deprecated name",
         aliases=("chunk-tokens",),
+    )
+    calls_in_flight: int = option(
+        DEFAULT_CALLS_IN_FLIGHT,
+        "small server calls (queries) a worker keeps outstanding per model; more wait and go "
+        "merged into one call when one returns (0: no bound)",
     )
     api_keys: tuple[str, ...] = option(
         (),
@@ -215,6 +222,8 @@ class GatewayConfig(Options):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
+        if self.calls_in_flight < 0:
+            raise ValueError(f"calls_in_flight must be >= 0, got {self.calls_in_flight}")
         if self.part_tokens is not None and self.part_tokens <= 0:
             raise ValueError(f"part_tokens must be positive, got {self.part_tokens}")
 
@@ -291,7 +300,11 @@ def make_pipeline(
     return Pipeline(
         inputs,
         pool,
-        PipelineLimits(own["max_tokens_per_request"], own["part_tokens"] or DEFAULT_PART_TOKENS),
+        PipelineLimits(
+            own["max_tokens_per_request"],
+            own["part_tokens"] or DEFAULT_PART_TOKENS,
+            calls_in_flight=config.calls_in_flight,
+        ),
         pairs,
     )
 

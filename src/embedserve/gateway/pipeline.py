@@ -68,6 +68,7 @@ class PipelineLimits:
     max_tokens_per_request: int
     part_tokens: int  # tokens per server call (a part of a request)
     parts_in_flight: int = 2  # parts of one request outstanding at once (see `_fan_out`)
+    calls_in_flight: int = 0  # small calls outstanding at once (`Coalescer`; 0: no bound)
 
 
 class Pipeline:
@@ -84,7 +85,9 @@ class Pipeline:
         self.replicas = replicas
         self.limits = limits
         # the server calls of one loop turn as one message (`gateway.coalescing`)
-        self.calls = Coalescer(lambda r, n: self.replicas.embed(r, n), limits.part_tokens)
+        self.calls = Coalescer(
+            lambda r, n: self.replicas.embed(r, n), limits.part_tokens, limits.calls_in_flight
+        )
         self.tokenize_threads = TOKENIZE_THREADS
         self._threads = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
         retrieval = inputs.spec.retrieval

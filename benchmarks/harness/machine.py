@@ -46,6 +46,21 @@ def cpu_seconds(pid: int, reaped: bool = False) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def thread_seconds(pid: int) -> dict[str, float]:
+    """User + system CPU seconds of each thread of `pid`, summed by thread name ("loop" for the
+    main thread; the server names its own: `processes.name_os_thread`)."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = "loop" if int(tid) == pid else stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12]))
+    return {name: ticks / os.sysconf("SC_CLK_TCK") for name, ticks in out.items()}
+
+
 class CpuMeter:
     """From its creation: cores' worth of CPU used by processes outside this run (all busy time
     in /proc/stat less this run's, finished clients included) and stolen by the hypervisor."""

@@ -134,6 +134,11 @@ STEPS: dict[str, Step] = {
                                       *(f"--tree=cif{n}=src@--calls-in-flight {n}" for n in (0, 1, 2)),
                                       "--clients", "1,16,64", "--seconds", "3", "--out", _out()),
                           tail=12, keep="hop|x16|x64|bulk|rror"),
+    # CPU per thread of the server and gateway workers under serve; py-spy's native stacks of
+    # the server when PY_SPY names its binary (benchmarks/studies/server_threads.py)
+    "server-threads": Step(lambda: _py("studies/server_threads.py", "--model", MINILM, "--out", _out(),
+                                       *(["--py-spy", os.environ["PY_SPY"]] if "PY_SPY" in os.environ else [])),
+                           tail=8, keep="x1|x4|x16|rror"),
     "serving-16-old": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                        "--levels", "1,16,64", "--tag=-before"), tail=40, old=True),
     "host": Step(lambda: _py("studies/host_path.py", "--model", MINILM, "--qwen3", QWEN3,

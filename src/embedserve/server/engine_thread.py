@@ -19,6 +19,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from embedserve.processes import name_os_thread
+
 T = TypeVar("T")
 
 
@@ -40,6 +42,7 @@ class EngineThread:
         self._jobs.put(None)
 
     def _run(self) -> None:
+        name_os_thread("es-engine")
         while (job := self._jobs.get()) is not None:
             done, work = job
             if not done.set_running_or_notify_cancel():

@@ -22,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from embedserve.processes import name_os_thread
+
 log = logging.getLogger("embedserve.server")
 
 # Defaults of `--max-failed-steps` and `--step-timeout`.
@@ -103,6 +105,7 @@ class EngineGuard:
         self._stop.set()
 
     def _watch(self) -> None:
+        name_os_thread("es-watchdog")
         # a stuck step is found within a quarter of the bound (at most a second) after it
         tick = min(self.step_timeout / 4, 1.0)
         while not self._stop.wait(tick):

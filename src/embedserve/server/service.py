@@ -33,6 +33,7 @@ from embedserve.contract.codec import decode_request, encode_response, encode_re
 from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.seam import EngineSeam, ResultHandle
+from embedserve.processes import name_os_thread
 from embedserve.server.engine_thread import EngineThread
 from embedserve.server.guard import EngineGuard
 from embedserve.server.handles import Ready, is_ready
@@ -293,6 +294,7 @@ class EmbedService:
             self._launched.put((batch, handle, launched))
 
     def _await_results(self) -> None:
+        name_os_thread("es-results")
         while (launched := self._launched.get()) is not None:
             self._finish(*launched, self._post)
 

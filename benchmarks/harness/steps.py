@@ -134,6 +134,12 @@ STEPS: dict[str, Step] = {
                                       *(f"--tree=cif{n}=src@--calls-in-flight {n}" for n in (0, 1, 2)),
                                       "--clients", "1,16,64", "--seconds", "3", "--out", _out()),
                           tail=12, keep="hop|x16|x64|bulk|rror"),
+    # server processes sharing the one GPU (serve --replicas N: N interpreters, N GILs)
+    **{f"serving-r{n}{f'-w{w}' if w else ''}": Step(lambda n=n, w=w: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
+                                                                  "--levels", "1,16,64", "--parts", "latency,levels,bulk",
+                                                                  f"--serve-args=--replicas {n}", f"--tag=-r{n}{f'-w{w}' if w else ''}",
+                                                                  *(["--workers", str(w)] if w else [])),
+                                          tail=16) for n, w in ((1, 0), (2, 0), (2, 8), (3, 8))},
     # CPU per thread of the server and gateway workers under serve; py-spy's native stacks of
     # the server when PY_SPY names its binary (benchmarks/studies/server_threads.py)
     "server-threads": Step(lambda: _py("studies/server_threads.py", "--model", MINILM, "--out", _out(),

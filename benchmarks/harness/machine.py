@@ -33,11 +33,11 @@ def rss_mb(pids: set[int]) -> float:
     return total / 1024
 
 
-def cpu_seconds(pid: int, reaped: bool = False) -> float:
+def cpu_seconds(pid: int, reaped: bool = False, below: bool = True) -> float:
     """User + system CPU time of `pid` and every live process below it (`reaped`: and of the
-    children they have waited for, e.g. finished client processes)."""
+    children they have waited for, e.g. finished client processes; `below` False: `pid`'s own)."""
     total = 0
-    for p in {pid, *descendants(pid)}:
+    for p in {pid, *(descendants(pid) if below else ())}:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += sum(int(x) for x in fields[11 : 15 if reaped else 13])

@@ -139,7 +139,7 @@ STEPS: dict[str, Step] = {
                                                                   "--levels", "1,16,64", "--parts", "latency,levels,bulk",
                                                                   f"--serve-args=--replicas {n}", f"--tag=-r{n}{f'-w{w}' if w else ''}",
                                                                   *(["--workers", str(w)] if w else [])),
-                                          tail=16) for n, w in ((1, 0), (2, 0), (2, 8), (3, 8))},
+                                          tail=16) for n, w in ((1, 0), (2, 0), (2, 8), (3, 0), (3, 8), (4, 8))},
     # CPU per thread of the server and gateway workers under serve; py-spy's native stacks of
     # the server when PY_SPY names its binary (benchmarks/studies/server_threads.py)
     "server-threads": Step(lambda: _py("studies/server_threads.py", "--model", MINILM, "--out", _out(),

@@ -40,6 +40,10 @@ PER_CALL_STATUSES = frozenset({400, 413, 422})
 # A call is small, so counted against `max_in_flight`, under this share of `max_tokens` (the
 # server's small-request share, `server.scheduler.SMALL_SHARE`: such calls pass large ones there)
 SMALL_SHARE = 8
+# a gateway worker's bound on small calls out per model (`--calls-in-flight`): 2 against none,
+# 16 clients on the H200 +14% to +26% in three calls; 1 was best on a 2-core CPU but lost at 64
+# clients on the H200 once (docs/performance.md, "The host path, fourth round")
+CALLS_IN_FLIGHT = 2
 
 
 @dataclass

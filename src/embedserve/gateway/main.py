@@ -29,6 +29,7 @@ from embedserve.core.inputs import InputPreparer
 from embedserve.core.pairs import PairPreparer
 from embedserve.gateway.app import BODY_TIMEOUT, MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
+from embedserve.gateway.coalescing import CALLS_IN_FLIGHT
 from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
@@ -49,15 +50,11 @@ DEFAULT_PART_TOKENS = 8192
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-# A gateway worker per 4 cores, 1 to 8 (16 cores: 4). NOTE: before the server calls of a loop
-# turn were merged (`gateway.coalescing`), one server process per GPU bounded the path and 1, 2
-# or 4 workers answered 16 clients alike (results/studies/workers-h200-20261201: 3,563, 3,894,
-# 3,989 req/s); each worker is now the floor of its share (results/studies/null-path-*: the
-# requests per gateway core, with no engine behind). On a small machine the rest of the cores
-# run the engine.
+# A gateway worker per 4 cores, 1 to 8 (16 cores: 4). NOTE: before `gateway.coalescing` merged
+# calls, 1, 2 or 4 workers answered 16 clients alike (results/studies/workers-h200-20261201:
+# 3,563, 3,894, 3,989 req/s); each is now the floor of its share (results/studies/null-path-*:
+# requests per gateway core, no engine behind). On a small machine the rest run the engine.
 DEFAULT_WORKERS = min(8, max(1, (os.cpu_count() or 1) // 4))
-# small calls per worker and model outstanding at once (`gateway.coalescing`)
-DEFAULT_CALLS_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -125,9 +122,9 @@ class GatewayConfig(Options):
         aliases=("chunk-tokens",),
     )
     calls_in_flight: int = option(
-        DEFAULT_CALLS_IN_FLIGHT,
-        "small server calls (queries) a worker keeps outstanding per model; more wait and go "
-        "merged into one call when one returns (0: no bound)",
+        CALLS_IN_FLIGHT,
+        "small server calls (queries) a worker keeps out per model; more wait "
+        "and go merged into one when one returns (0: no bound)",
     )
     api_keys: tuple[str, ...] = option(
         (),
@@ -220,10 +217,9 @@ class GatewayConfig(Options):
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.drain_seconds < 0:
-            raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
-        if self.calls_in_flight < 0:
-            raise ValueError(f"calls_in_flight must be >= 0, got {self.calls_in_flight}")
+        for name in ("drain_seconds", "calls_in_flight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.part_tokens is not None and self.part_tokens <= 0:
             raise ValueError(f"part_tokens must be positive, got {self.part_tokens}")
 
@@ -297,16 +293,11 @@ def make_pipeline(
         health_interval=config.health_interval,
         resolve_interval=config.resolve_interval,
     )
-    return Pipeline(
-        inputs,
-        pool,
-        PipelineLimits(
-            own["max_tokens_per_request"],
-            own["part_tokens"] or DEFAULT_PART_TOKENS,
-            calls_in_flight=config.calls_in_flight,
-        ),
-        pairs,
+    part = own["part_tokens"] or DEFAULT_PART_TOKENS
+    limits = PipelineLimits(
+        own["max_tokens_per_request"], part, calls_in_flight=config.calls_in_flight
     )
+    return Pipeline(inputs, pool, limits, pairs)
 
 
 def run_worker(config: GatewayConfig, sock: socket.socket, restarts: int = 0) -> None:

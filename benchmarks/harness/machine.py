@@ -46,19 +46,36 @@ def cpu_seconds(pid: int, reaped: bool = False, below: bool = True) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def thread_seconds(pid: int) -> dict[str, float]:
-    """User + system CPU seconds of each thread of `pid`, summed by thread name ("loop" for the
-    main thread; the server names its own: `processes.name_os_thread`)."""
-    out: dict[str, float] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
+def thread_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live thread of `pid`: its name ("loop" for the main thread; the server names its
+    own: `processes.name_os_thread`) and its user + system CPU seconds so far."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # the process is gone
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in map(int, tids):
         try:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
-        name = "loop" if int(tid) == pid else stat[stat.index("(") + 1 : stat.rindex(")")]
+        name = "loop" if tid == pid else stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat.rsplit(")", 1)[1].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12]))
-    return {name: ticks / os.sysconf("SC_CLK_TCK") for name, ticks in out.items()}
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def thread_cores(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float
+) -> dict[str, float]:
+    """Cores used per thread name between two `thread_seconds` snapshots, over `seconds`:
+    threads alive at both only (one that ended in between is not counted, none goes negative)."""
+    out: dict[str, float] = {}
+    for tid, (name, used) in after.items():
+        if tid in before:
+            out[name] = out.get(name, 0.0) + (used - before[tid][1]) / seconds
+    return out
 
 
 class CpuMeter:

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, loadgen, report
 from harness.gateway import sequential_us
-from harness.machine import CpuMeter, cpu_seconds, load1, thread_seconds
+from harness.machine import CpuMeter, cpu_seconds, load1, thread_cores, thread_seconds
 from harness.servers import CLI, ROOT, environment, harness_call, start, wait_http
 from harness.timing import percentile
 
@@ -83,8 +83,8 @@ def measured_load(
     out = loadgen.run(port, loadgen.split(bodies, clients), seconds).summary()
     # the server's cores by thread name: its loop, engine and results threads, and the rest
     # (gRPC's, OpenMP's) by their own names
-    for name, used in thread_seconds(pids["server"]).items():
-        if (cores := (used - threads.get(name, 0.0)) / seconds) >= 0.01:
+    for name, cores in thread_cores(threads, thread_seconds(pids["server"]), seconds).items():
+        if cores >= 0.01:
             out[f"server_cores_{name}"] = cores
     # the window is `seconds` of the ~(seconds + start lead) the processes were watched: the
     # sides are idle before the shared start, so their CPU seconds are the window's

@@ -27,35 +27,38 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import loadgen, report
-from harness.machine import thread_seconds
+from harness.machine import thread_cores, thread_seconds
 from harness.servers import CLI, SERVING, start
 from null_path import bodies as null_path_bodies
 
 from embedserve.processes import descendants
 
 
+def _argv(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
 def roles(serve_pid: int) -> dict[str, list[int]]:
-    """The server and gateway-worker processes under `serve` (by their command lines)."""
-    out: dict[str, list[int]] = {"server": [], "gateway": []}
-    for pid in descendants(serve_pid):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        line = b" ".join(argv)
-        if b"embedserve.cli.main server" in line:
-            out["server"].append(pid)
-        elif b"spawn_main" in line:  # a gateway worker (the supervisor only waits)
-            out["gateway"].append(pid)
-    return out
+    """The server process and the gateway's worker processes under `serve`: a server is
+    `embedserve.cli.main server`; a worker, a process below the gateway's supervisor that is
+    not its resource tracker."""
+    below = descendants(serve_pid)
+    servers = [p for p in below if b"embedserve.cli.main server" in _argv(p)]
+    gateways = [p for p in below if b"embedserve.cli.main gateway" in _argv(p)]
+    workers = [p for g in gateways for p in descendants(g) if b"resource_tracker" not in _argv(p)]
+    return {"server": servers, "gateway": workers}
 
 
-def snapshot(pids: dict[str, list[int]]) -> dict[tuple[str, str], float]:
-    out: dict[tuple[str, str], float] = collections.defaultdict(float)
+def snapshot(pids: dict[str, list[int]]) -> dict[str, dict[int, tuple[str, float]]]:
+    """Each side's threads (`thread_seconds`), by side ("server", "gateway")."""
+    out: dict[str, dict[int, tuple[str, float]]] = {}
     for side, group in pids.items():
+        out[side] = {}
         for pid in group:
-            for name, used in thread_seconds(pid).items():
-                out[side, name] += used
+            out[side].update(thread_seconds(pid))
     return out
 
 
@@ -120,21 +123,26 @@ def main() -> None:
             start_t = time.perf_counter()
             out = loadgen.run(port, loadgen.split(bodies, clients), args.seconds).summary()
             window = time.perf_counter() - start_t
-            used = {k: v - before.get(k, 0.0) for k, v in snapshot(pids).items()}
+            after = snapshot(pids)
+            used = {
+                (side, name): cores  # the wall window: client start-up included
+                for side in after
+                for name, cores in thread_cores(before[side], after[side], window).items()
+            }
             if spy is not None:
                 _, err = spy.communicate(timeout=120)
                 notes["py_spy_16_clients"] = (
                     leaf_summary(raw) if raw.exists() else f"py-spy failed: {err[-400:]}"
                 )
             line = f"{load} x{clients}: {out['requests_per_s']:.0f} req/s, {out['errors']} errors"
-            base = {"system": "embedserve serve", "model": "all-MiniLM-L6-v2",
+            system = "embedserve serve" + (" (sampled by py-spy)" if load == "profiled" else "")
+            base = {"system": system, "model": "all-MiniLM-L6-v2",
                     "batch": 100 if load == "bulk" else 1, "concurrency": clients,
                     "tokens": "8-180 words" if load == "bulk" else "3-12 words",
                     "scope": "end_to_end"}  # fmt: skip
             for metric in ("requests_per_s", "errors"):
                 records.append({**base, "metric": metric, "value": out[metric]})
-            for (side, name), seconds in sorted(used.items(), key=lambda kv: -kv[1]):
-                cores = seconds / window  # the wall window: client start-up included
+            for (side, name), cores in sorted(used.items(), key=lambda kv: -kv[1]):
                 if cores >= 0.01:
                     records.append(
                         {**base, "metric": f"{side}_cores_{name}", "value": round(cores, 3)}

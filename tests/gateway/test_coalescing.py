@@ -12,7 +12,7 @@ import pytest
 from embedserve.contract import EmbedResponse
 from embedserve.contract.codec import decode_response, encode_request
 from embedserve.core.head import Head
-from embedserve.gateway.coalescing import Coalescer
+from embedserve.gateway.coalescing import CALLS_IN_FLIGHT, Coalescer
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.replicas import REPLICAS_CALLED
 
@@ -247,6 +247,7 @@ def test_one_client_never_waits() -> None:
     async def calls() -> None:
         for i in range(1, 4):
             await coalescer.embed(encode_request([[i]], HEAD), 1)
+            assert coalescer.in_flight == 0 and not coalescer._waiting
 
     asyncio.run(asyncio.wait_for(calls(), 10))  # a lost slot: fail, not hang
     assert [list(r.seqlens) for r in server.sent] == [[1], [1], [1]]
@@ -319,6 +320,106 @@ def test_a_call_cancelled_after_its_slot_was_given_releases_it() -> None:
 
     asyncio.run(asyncio.wait_for(calls(), 10))  # a lost slot: fail, not hang
     assert coalescer.in_flight == 0
+
+
+def test_a_large_call_is_not_held_behind_queries_waiting_for_a_slot() -> None:
+    server = GatedServer()
+    coalescer = Coalescer(server.send, max_tokens=800, max_in_flight=1)
+    large = [5] * 750  # 750 tokens: mergeable (under 800), not small
+
+    async def calls() -> None:
+        first = call(coalescer, [1])
+        await settle()
+        query, big = call(coalescer, [2]), call(coalescer, large)
+        await settle()
+        assert len(server.gates) == 2  # the large call went; the query waits for the slot
+        assert [len(r) for r in coalescer._waiting.values()] == [1]
+        server.release(1)
+        await big
+        server.release(0)
+        await first
+        await settle()
+        server.release(2)
+        await query
+
+    asyncio.run(asyncio.wait_for(calls(), 10))  # a lost slot: fail, not hang
+    # no message held the query beside the large call: it stays small at the server
+    assert sorted(list(r.seqlens) for r in server.sent) == [[1], [1], [750]]
+    assert coalescer.in_flight == 0
+
+
+def test_merged_queries_stay_small_at_the_server() -> None:
+    server = GatedServer()
+    coalescer = Coalescer(server.send, max_tokens=80, max_in_flight=1)  # small: under 10 tokens
+
+    async def calls() -> list[Any]:
+        first = call(coalescer, [1])
+        await settle()
+        waiting = [call(coalescer, [i] * 4) for i in range(2, 7)]  # 5 calls of 4 tokens
+        await settle()
+        server.release(0)
+        await first
+        for gate in range(1, 4):  # one merged call of at most 9 tokens at a time
+            await settle()
+            assert len(server.gates) == gate + 1
+            server.release(gate)
+        return await asyncio.gather(*waiting)
+
+    out = asyncio.run(asyncio.wait_for(calls(), 10))  # a lost slot: fail, not hang
+    assert [list(r.seqlens) for r in server.sent] == [[1], [4, 4], [4, 4], [4]]
+    assert [rows(o, 1)[0][0] for o in out] == [2, 3, 4, 5, 6]
+
+
+def test_calls_sent_alone_after_a_merged_refusal_are_counted() -> None:
+    seen: list[int] = []
+    server = FakeServer()
+    coalescer = Coalescer(server.send, max_tokens=800, max_in_flight=1)
+
+    async def send(request: Any, num_tokens: int) -> Any:
+        seen.append(coalescer.in_flight)
+        return await server.send(request, num_tokens)
+
+    coalescer._send = send
+    out = asyncio.run(asyncio.wait_for(gather(coalescer, [[1]], [[BAD_ID, 2]], [[3]]), 10))
+    assert isinstance(out[1], ApiError) and out[1].status == 400
+    assert len(seen) == 4 and all(n >= 1 for n in seen)  # the merged call, then each alone
+    assert coalescer.in_flight == 0
+
+
+def test_a_failing_send_or_metrics_hook_leaves_no_member_waiting_and_no_slot_taken() -> None:
+    async def broken(request: Any, num_tokens: int) -> Any:
+        await asyncio.sleep(0)
+        raise ConnectionResetError("the socket went away")
+
+    coalescer = Coalescer(broken, max_tokens=800, max_in_flight=1)
+    out = asyncio.run(asyncio.wait_for(gather(coalescer, [[1]], [[2]], [[3]]), 10))
+    assert all(isinstance(o, ConnectionResetError) for o in out)
+    assert coalescer.in_flight == 0
+
+    def hook(size: int) -> None:
+        raise RuntimeError("metrics broke")
+
+    coalescer = Coalescer(FakeServer().send, max_tokens=800, max_in_flight=1)
+    coalescer.on_merged = hook
+    out = asyncio.run(asyncio.wait_for(gather(coalescer, [[1]], [[2]]), 10))
+    assert all(isinstance(o, RuntimeError) for o in out)
+    assert coalescer.in_flight == 0
+
+
+def test_the_gateway_flag_reaches_each_models_coalescer() -> None:
+    from embedserve.gateway.main import GatewayConfig
+    from embedserve.gateway.pipeline import Pipeline, PipelineLimits
+
+    assert GatewayConfig(replicas=("127.0.0.1:1",)).calls_in_flight == CALLS_IN_FLIGHT == 2
+    with pytest.raises(ValueError, match="calls_in_flight"):
+        GatewayConfig(replicas=("127.0.0.1:1",), calls_in_flight=-1)
+
+    class Inputs:
+        spec = type("Spec", (), {"retrieval": None})()
+
+    limits = PipelineLimits(1000, 800, calls_in_flight=1)
+    assert Pipeline(Inputs(), None, limits).calls.max_in_flight == 1  # type: ignore[arg-type]
+    assert PipelineLimits(1000, 800).calls_in_flight == CALLS_IN_FLIGHT
 
 
 def test_the_bound_must_not_be_negative() -> None:

@@ -9,14 +9,15 @@ made in one turn go as one `EmbedRequest`, their sequences back to back; the ans
 cut back per call. The first call of a turn schedules the send for the next turn
 (`loop.call_soon`), so a lone call waits for nothing but that hop and goes out as before.
 
-Past one turn, a worker keeps at most `max_in_flight` small calls (under `max_tokens /
-SMALL_SHARE` tokens, merged or not) outstanding: the calls made while that many are out wait,
-and go merged when one comes back. At 16 clients on 4 workers one turn rarely holds two
-requests, so without it each query was a server call of its own, and the server's per-call
-Python (about 200 µs of one host core on the H200: decode, queue, three threads' hand-offs,
-encode, write) bounded the path near 5,000 requests/s with no model at all. One client never
-waits (nothing of its is out), and a query never waits behind a large call: large calls are
-neither counted nor held.
+Past one turn, a worker keeps at most `max_in_flight` small calls outstanding (small as the
+server counts a request: under 1/SMALL_SHARE of `max_tokens`): the calls made while that many are
+out wait, and go merged, in calls that stay small, when one comes back. At 16 clients on 4
+workers one turn rarely holds two requests, so without it each query was a server call of its
+own, and the server's per-call Python (about 200 µs of one host core on the H200: decode,
+queue, three threads' hand-offs, encode, write) bounded the path near 5,000 requests/s with no
+model at all. One client never waits (nothing of its is out). A query never waits behind a
+large call nor rides in one: large calls go at once and apart, neither counted nor held. Calls
+that cannot merge (spans, outputs, a trace context) are neither merged nor bounded.
 
 Each request still gets its own answer or error as if it had gone alone: a merged call the
 server refuses for its content (a 4xx) is sent again call by call.
@@ -25,6 +26,7 @@ server refuses for its content (a 4xx) is sent again call by call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,12 +39,12 @@ Send = Callable[[Any, int], Awaitable[Any]]
 ALONE = object()  # a waiting call's outcome: send yourself, alone
 # statuses that may be one call's fault (its tokens, its size): the calls go again one by one
 PER_CALL_STATUSES = frozenset({400, 413, 422})
-# A call is small, so counted against `max_in_flight`, under this share of `max_tokens` (the
-# server's small-request share, `server.scheduler.SMALL_SHARE`: such calls pass large ones there)
+# A call is small, so counted against `max_in_flight`, when SMALL_SHARE of it fit in `max_tokens`
+# (the server's test, `server.scheduler.SMALL_SHARE`: such requests pass large ones there)
 SMALL_SHARE = 8
-# a gateway worker's bound on small calls out per model (`--calls-in-flight`): 2 against none,
-# 16 clients on the H200 +14% to +26% in three calls; 1 was best on a 2-core CPU but lost at 64
-# clients on the H200 once (docs/performance.md, "The host path, fourth round")
+# a gateway worker's bound on small calls out per model (`--calls-in-flight`): 2 against none at
+# 16 clients on the H200 +26%, +14%, +20% in three comparisons; 1 was best on a 2-core CPU but
+# lost to 2 in 4 of 6 H200 comparisons (docs/performance.md, "The host path, fourth round")
 CALLS_IN_FLIGHT = 2
 
 
@@ -117,7 +119,6 @@ class Coalescer:
         self._send = send
         self.max_tokens = max_tokens
         self.max_in_flight = max_in_flight
-        self.small_tokens = max_tokens // SMALL_SHARE
         self.in_flight = 0  # small calls outstanding
         self._waiting: dict[tuple[Any, ...], list[_Waiting]] = {}
         self._scheduled = False
@@ -158,38 +159,50 @@ class Coalescer:
     def _release(self) -> None:
         self.in_flight -= 1
         if self._waiting:
-            self._schedule()
+            # NOTE: a member's `finally` may run as its coroutine is collected after the loop
+            # closed: nothing is left to flush then
+            with contextlib.suppress(RuntimeError):
+                self._schedule()
+
+    def _small(self, tokens: int) -> bool:
+        """The server's test (`server.scheduler.SMALL_SHARE`): such a call passes large ones."""
+        return tokens * SMALL_SHARE < self.max_tokens
 
     def _flush(self) -> None:
         self._scheduled = False
         groups, self._waiting = self._waiting, {}
+        small_part = (self.max_tokens - 1) // SMALL_SHARE  # merged queries stay small there
         for key, calls in groups.items():
-            calls = [c for c in calls if not c.answer.done()]
-            parts = self._parts(calls)
-            sent = 0
-            for part in parts:
-                tokens = sum(c.num_tokens for c in part)
-                small = tokens < self.small_tokens
-                if small and self.max_in_flight and self.in_flight >= self.max_in_flight:
+            live = [c for c in calls if not c.answer.done()]
+            # large calls go now, uncounted, and never with a query inside: a query never
+            # waits behind one, here or in a server's batch
+            for part in self._parts([c for c in live if not self._small(c.num_tokens)]):
+                self._go(part, counted=False)
+            parts = self._parts([c for c in live if self._small(c.num_tokens)], small_part)
+            for i, part in enumerate(parts):
+                if self.max_in_flight and self.in_flight >= self.max_in_flight:
+                    self._waiting[key] = [c for held in parts[i:] for c in held]
                     break  # they wait for a slot: `_release` looks again
-                sent += len(part)
-                self.in_flight += small
-                if len(part) == 1:  # its own task sends it: no task of ours in between
-                    part[0].holds_slot = small
-                    part[0].answer.set_result(ALONE)
-                    continue
-                task = asyncio.get_running_loop().create_task(self._together(part, small))
-                self._tasks.add(task)  # NOTE: a reference, or the loop may drop the task
-                task.add_done_callback(self._tasks.discard)
-            if sent < len(calls):
-                self._waiting[key] = calls[sent:]
+                self._go(part, counted=True)
 
-    def _parts(self, calls: list[_Waiting]) -> list[list[_Waiting]]:
-        """`calls` in order, cut into parts of at most `max_tokens` tokens."""
+    def _go(self, part: list[_Waiting], counted: bool) -> None:
+        """Send `part` (holding one of `max_in_flight`'s slots when `counted`)."""
+        self.in_flight += counted
+        if len(part) == 1:  # its own task sends it: no task of ours in between
+            part[0].holds_slot = counted
+            part[0].answer.set_result(ALONE)
+            return
+        task = asyncio.get_running_loop().create_task(self._together(part, counted))
+        self._tasks.add(task)  # NOTE: a reference, or the loop may drop the task
+        task.add_done_callback(self._tasks.discard)
+
+    def _parts(self, calls: list[_Waiting], limit: int | None = None) -> list[list[_Waiting]]:
+        """`calls` in order, cut into parts of at most `limit` tokens (`max_tokens`)."""
+        limit = limit or self.max_tokens
         parts: list[list[_Waiting]] = []
-        tokens = self.max_tokens
+        tokens = limit
         for call in calls:
-            if tokens + call.num_tokens > self.max_tokens:
+            if tokens + call.num_tokens > limit:
                 parts.append([])
                 tokens = 0
             parts[-1].append(call)
@@ -202,15 +215,20 @@ class Coalescer:
         finally:
             if holds_slot:
                 self._release()
+            for call in part:  # `_merged` was cancelled before it answered: none may hang
+                if not call.answer.done():
+                    call.answer.set_exception(
+                        ApiError(503, "the server call was cancelled", code="unavailable")
+                    )
 
     async def _merged(self, part: list[_Waiting]) -> None:
         called: set[int] = set()
         REPLICAS_CALLED.set(called)  # this task's own context: the members get it below
-        self.num_calls += 1
-        self.num_merged += len(part)
-        if self.on_merged is not None:
-            self.on_merged(len(part))
         try:
+            self.num_calls += 1
+            self.num_merged += len(part)
+            if self.on_merged is not None:
+                self.on_merged(len(part))
             response = await self._send(
                 merge([c.request for c in part]), sum(c.num_tokens for c in part)
             )
@@ -220,5 +238,9 @@ class Coalescer:
         except Exception as e:  # the members fail as the call did
             answers = [e] * len(part)
         for call, answer in zip(part, answers, strict=True):
-            if not call.answer.done():  # a member whose client went away is cancelled
-                call.answer.set_result(answer)
+            if call.answer.done():  # a member whose client went away is cancelled
+                continue
+            if answer is ALONE and self._small(call.num_tokens):
+                call.holds_slot = True  # its call alone, counted like any other small one
+                self.in_flight += 1
+            call.answer.set_result(answer)

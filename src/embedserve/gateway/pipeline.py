@@ -45,7 +45,7 @@ from embedserve.core.pairs import (
     read_text,
     text_names,
 )
-from embedserve.gateway.coalescing import Coalescer
+from embedserve.gateway.coalescing import CALLS_IN_FLIGHT, Coalescer
 from embedserve.gateway.errors import ApiError, bad_request, server_failure
 from embedserve.gateway.output_bodies import OutputsJob, check_size
 from embedserve.gateway.replicas import ReplicaPool
@@ -68,7 +68,7 @@ class PipelineLimits:
     max_tokens_per_request: int
     part_tokens: int  # tokens per server call (a part of a request)
     parts_in_flight: int = 2  # parts of one request outstanding at once (see `_fan_out`)
-    calls_in_flight: int = 0  # small calls outstanding at once (`Coalescer`; 0: no bound)
+    calls_in_flight: int = CALLS_IN_FLIGHT  # small calls out at once (`Coalescer`; 0: no bound)
 
 
 class Pipeline:

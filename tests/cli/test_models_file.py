@@ -146,3 +146,18 @@ def test_each_model_splits_requests_at_its_own_servers_batch(tmp_path: Path) -> 
     assert (minilm.limits["part_tokens"], ranker.limits["part_tokens"]) == (1024, 512)
     one = serve_configs(build_parser().parse_args(["serve"]))[1]
     assert with_part_tokens(one, ["minilm"], [2048]).model_limits == ()  # one model: as before
+
+
+def test_serve_bounds_calls_in_flight_only_in_front_of_gpu_servers() -> None:
+    from embedserve.cli.launch import _gateway_in_front
+
+    one = serve_configs(build_parser().parse_args(["serve"]))[1]
+    ready = [{"address": "127.0.0.1:1", "max_batch_tokens": 2048}]
+
+    def bound(gateway: object, device: str) -> int | None:
+        return _gateway_in_front(gateway, [""], ["minilm"], ready, [device]).calls_in_flight  # type: ignore[arg-type]
+
+    assert bound(one, "cpu") == 0  # a CPU server's own batching merges better
+    assert bound(one, "cuda:0") is None  # the gateway's default (CALLS_IN_FLIGHT)
+    given = serve_configs(build_parser().parse_args(["serve", "--calls-in-flight", "3"]))[1]
+    assert bound(given, "cpu") == 3  # what the user set wins

@@ -410,7 +410,7 @@ def test_the_gateway_flag_reaches_each_models_coalescer() -> None:
     from embedserve.gateway.main import GatewayConfig
     from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 
-    assert GatewayConfig(replicas=("127.0.0.1:1",)).calls_in_flight == CALLS_IN_FLIGHT == 2
+    assert GatewayConfig(replicas=("127.0.0.1:1",)).calls_in_flight is None  # the default's
     with pytest.raises(ValueError, match="calls_in_flight"):
         GatewayConfig(replicas=("127.0.0.1:1",), calls_in_flight=-1)
 
@@ -419,7 +419,8 @@ def test_the_gateway_flag_reaches_each_models_coalescer() -> None:
 
     limits = PipelineLimits(1000, 800, calls_in_flight=1)
     assert Pipeline(Inputs(), None, limits).calls.max_in_flight == 1  # type: ignore[arg-type]
-    assert PipelineLimits(1000, 800).calls_in_flight == CALLS_IN_FLIGHT
+    default = Pipeline(Inputs(), None, PipelineLimits(1000, 800))  # type: ignore[arg-type]
+    assert default.calls.max_in_flight == CALLS_IN_FLIGHT == 2
 
 
 def test_the_bound_must_not_be_negative() -> None:

@@ -228,7 +228,8 @@ def run_serve(args: argparse.Namespace) -> int:
             replace(c, port=int(a.rsplit(":", 1)[1]))
             for c, a in zip(configs, addresses, strict=True)
         ]
-        gateway = _gateway_in_front(gateway, prefixes, names, readies)
+        devices = [c.engine.device for c in configs]
+        gateway = _gateway_in_front(gateway, prefixes, names, readies, devices)
         gateway_proc = Child(
             [*cli, "gateway", *gateway.to_argv()], name="gateway", relay=sys.stderr
         )
@@ -249,10 +250,17 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _gateway_in_front(
-    gateway: GatewayConfig, prefixes: list[str], names: list[str], readies: list[dict[str, Any]]
+    gateway: GatewayConfig,
+    prefixes: list[str],
+    names: list[str],
+    readies: list[dict[str, Any]],
+    devices: list[str],
 ) -> GatewayConfig:
     """The gateway's config once its servers are ready: their addresses as its replicas (each
-    with its NAME= prefix), and, unless set, a part of a request as one batch of theirs."""
+    with its NAME= prefix), and, unless set, a part of a request as one batch of theirs and no
+    bound on calls in flight in front of servers all on the CPU (`coalescing.CALLS_IN_FLIGHT`)."""
+    if gateway.calls_in_flight is None and all(d == "cpu" for d in devices):
+        gateway = replace(gateway, calls_in_flight=0)
     addresses = [str(r["address"]) for r in readies]
     gateway = replace(
         gateway, replicas=tuple(p + a for p, a in zip(prefixes, addresses, strict=True))

@@ -43,8 +43,9 @@ PER_CALL_STATUSES = frozenset({400, 413, 422})
 # (the server's test, `server.scheduler.SMALL_SHARE`: such requests pass large ones there)
 SMALL_SHARE = 8
 # a gateway worker's bound on small calls out per model (`--calls-in-flight`): 2 against none at
-# 16 clients on the H200 +26%, +14%, +20% in three comparisons; 1 was best on a 2-core CPU but
-# lost to 2 in 4 of 6 H200 comparisons (docs/performance.md, "The host path, fourth round")
+# 16 clients on the H200 +26%, +14%, +20% in three comparisons; 1 lost to 2 in 4 of 6. NOTE:
+# `serve` sets none in front of CPU servers, whose own batching merges better: the real model on
+# 2 cores, 4 clients, 2 against none -6% (16 clients +2%; flags-ab-cpu-bound-20261204)
 CALLS_IN_FLIGHT = 2
 
 

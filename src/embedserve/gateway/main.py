@@ -121,10 +121,10 @@ class GatewayConfig(Options):
         "--chunk-tokens is its old, deprecated name",
         aliases=("chunk-tokens",),
     )
-    calls_in_flight: int = option(
-        CALLS_IN_FLIGHT,
-        "small server calls (queries) a worker keeps out per model; more wait "
-        "and go merged into one when one returns (0: no bound)",
+    calls_in_flight: int | None = option(
+        None,
+        "small server calls (queries) a worker keeps out per model; more wait and go merged "
+        f"when one returns (0: no bound; default {CALLS_IN_FLIGHT}, with serve on CPUs 0)",
     )
     api_keys: tuple[str, ...] = option(
         (),
@@ -218,7 +218,7 @@ class GatewayConfig(Options):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("drain_seconds", "calls_in_flight"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.part_tokens is not None and self.part_tokens <= 0:
             raise ValueError(f"part_tokens must be positive, got {self.part_tokens}")

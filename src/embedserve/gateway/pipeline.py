@@ -68,7 +68,7 @@ class PipelineLimits:
     max_tokens_per_request: int
     part_tokens: int  # tokens per server call (a part of a request)
     parts_in_flight: int = 2  # parts of one request outstanding at once (see `_fan_out`)
-    calls_in_flight: int = CALLS_IN_FLIGHT  # small calls out at once (`Coalescer`; 0: no bound)
+    calls_in_flight: int | None = None  # small calls out (`Coalescer`; None: CALLS_IN_FLIGHT)
 
 
 class Pipeline:
@@ -86,7 +86,9 @@ class Pipeline:
         self.limits = limits
         # the server calls of one loop turn as one message (`gateway.coalescing`)
         self.calls = Coalescer(
-            lambda r, n: self.replicas.embed(r, n), limits.part_tokens, limits.calls_in_flight
+            lambda r, n: self.replicas.embed(r, n),
+            limits.part_tokens,
+            CALLS_IN_FLIGHT if limits.calls_in_flight is None else limits.calls_in_flight,
         )
         self.tokenize_threads = TOKENIZE_THREADS
         self._threads = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")

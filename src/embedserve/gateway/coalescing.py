@@ -154,8 +154,9 @@ class Coalescer:
     def _schedule(self) -> None:
         """The waiting calls looked at on the loop's next turn (once however many ask)."""
         if not self._scheduled:
+            loop = asyncio.get_running_loop()  # first: no loop (closed) leaves nothing marked
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
 
     def _release(self) -> None:
         self.in_flight -= 1

@@ -56,7 +56,7 @@ def option(
 
 
 def model_option() -> Any:
-    known = ", ".join(f"{k}: {v[1]}" for k, v in BUNDLED.items())
+    known = ", ".join(f"{k}: {v[1]} ({v[2]})" for k, v in BUNDLED.items())
     return option(
         DEFAULT_MODEL, f"model folder, bundled name ({known}) or Hugging Face Hub id (org/name)"
     )

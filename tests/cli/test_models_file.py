@@ -59,7 +59,12 @@ def test_a_model_without_a_key_takes_the_flag_default(tmp_path: Path) -> None:
     (alone,) = servers
     cli_servers, cli_gateway = serve_configs(build_parser().parse_args(["serve"]))
     assert alone == cli_servers[0] and gateway.entries[0].limits == cli_gateway.entries[0].limits
-    assert gateway.model_names == ("minilm",)  # the name defaults to the model's own
+    # the name defaults to the model's own, the bundled model's Hub names beside it
+    assert gateway.model_names == (
+        "minilm",
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "all-MiniLM-L6-v2",
+    )
 
 
 @pytest.mark.parametrize(

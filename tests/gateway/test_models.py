@@ -104,7 +104,8 @@ def test_entries_from_flags() -> None:
     (one,) = model_entries(["minilm"], ["m", "alias"], ["127.0.0.1:1", "127.0.0.1:2"])
     assert one.names == ("m", "alias") and one.replicas == ("127.0.0.1:1", "127.0.0.1:2")
     a, b = model_entries(["minilm", "r=/x"], [], ["minilm=h:1", "r=h:2", "r=h:3"])
-    assert (a.names, a.model, a.replicas) == (("minilm",), "minilm", ("h:1",))
+    hub = ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
+    assert (a.names, a.model, a.replicas) == (("minilm", *hub), "minilm", ("h:1",))
     assert (b.names, b.model, b.replicas) == (("r",), "/x", ("h:2", "h:3"))
     with pytest.raises(ValueError, match="names its model"):
         model_entries(["minilm", "r=/x"], [], ["h:1"])
@@ -116,6 +117,23 @@ def test_entries_from_flags() -> None:
         model_entries(["a=minilm", "a=/x"], [], ["a=h:1"])
     with pytest.raises(ValueError, match="--served-model-name"):
         model_entries(["minilm", "r=/x"], ["n"], ["minilm=h:1", "r=h:2"])
+
+
+def test_the_bundled_model_answers_to_its_hub_names_unless_another_model_has_one() -> None:
+    (one,) = model_entries(["minilm"], [], ["h:1"])
+    assert one.names == ("minilm", "sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
+    assert one.names[0] == "minilm"  # the name reported (/v1/models, answers)
+    a, b = model_entries(
+        ["minilm", "all-MiniLM-L6-v2=/x"], [], ["minilm=h:1", "all-MiniLM-L6-v2=h:2"]
+    )
+    assert a.names == ("minilm", "sentence-transformers/all-MiniLM-L6-v2")
+    assert b.names == ("all-MiniLM-L6-v2",)
+    (own,) = model_entries(["minilm=minilm"], [], ["h:1"])  # as `serve` names it
+    assert own.names == one.names
+    (named,) = model_entries(["m=minilm"], [], ["h:1"])  # another name given: that name only
+    assert named.names == ("m",)
+    (served,) = model_entries(["minilm"], ["m"], ["h:1"])
+    assert served.names == ("m",)
 
 
 def test_a_model_sets_its_own_limits_the_others_keep_the_gateway_wide_ones() -> None:

@@ -20,7 +20,7 @@ from embedserve.core.pairs import PairPreparer, scoring_kind
 from embedserve.core.tokenization import TextTokenizer
 from embedserve.gateway.models import split_named
 from embedserve.gateway.requests import Limits
-from embedserve.loading.bundled import BUNDLED, resolve_model
+from embedserve.loading.bundled import BUNDLED, hub_names, resolve_model
 from embedserve.loading.hub import is_hub_id
 from embedserve.loading.spec import read_model_spec
 from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
@@ -73,6 +73,13 @@ def model_entries(
         )
     names = [
         (name,) if name else tuple(served_names) or default_names(model) for name, model in named
+    ]
+    taken = {n for ns in names for n in ns}
+    names = [  # a bundled model under its own name answers to its Hub names too, if free
+        ns + tuple(n for n in hub_names(model) if n not in taken)
+        if model in BUNDLED and (name or model) == model and not served_names
+        else ns
+        for ns, (name, model) in zip(names, named, strict=True)
     ]
     owner = {n: i for i, ns in enumerate(names) for n in ns}
     if len(owner) < sum(map(len, names)):

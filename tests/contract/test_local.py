@@ -49,15 +49,10 @@ class Answers:
         return EmbedResponse(embeddings=row.tobytes(), shape=[1, 1], dtype="float32")
 
 
-def tasks(answer: Any) -> Any:
-    """`serve_local`'s submit from a coroutine function: each call a task, as traced calls are."""
-    return lambda req: asyncio.ensure_future(answer(req))
-
-
 def test_calls_answers_and_status_codes(tmp_path: Path) -> None:
     async def main() -> None:
         answers = Answers()
-        server = await serve_local(tmp_path / "s.sock", tasks(answers))
+        server = await serve_local(tmp_path / "s.sock", answers)
         client = LocalEmbedClient(tmp_path / "s.sock")
         replies = await asyncio.gather(*(client(request(i), timeout=5) for i in range(5, 25)))
         assert [np.frombuffer(r.embeddings, "<f4")[0] for r in replies] == list(range(5, 25))
@@ -86,7 +81,7 @@ def test_calls_answers_and_status_codes(tmp_path: Path) -> None:
 def test_a_server_that_goes_away_is_unavailable_until_it_returns(tmp_path: Path) -> None:
     async def main() -> None:
         path = tmp_path / "s.sock"
-        server = await serve_local(path, tasks(Answers()))
+        server = await serve_local(path, Answers())
         client = LocalEmbedClient(path)
         await client(request(7), timeout=5)
         pending = asyncio.ensure_future(client(request(1), timeout=5))
@@ -98,7 +93,7 @@ def test_a_server_that_goes_away_is_unavailable_until_it_returns(tmp_path: Path)
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await client(request(7), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-        server = await serve_local(path, tasks(Answers()))  # restarted on the same socket
+        server = await serve_local(path, Answers())  # restarted on the same socket
         reply = await client(request(8), timeout=5)
         assert np.frombuffer(reply.embeddings, "<f4")[0] == 8
         await client.close()

@@ -90,7 +90,7 @@ def test_the_local_socket_is_the_users_alone(tmp_path: Path) -> None:
     async def main() -> None:
         path = tmp_path / "s.sock"
 
-        def answer(request: Any) -> Any:
+        async def answer(request: Any) -> Any:
             raise AssertionError("no call is made")
 
         local = await serve_local(path, answer)

@@ -51,7 +51,7 @@ def test_a_stale_socket_of_ours_is_replaced_and_removed_on_stop(tmp_dir: Path) -
     assert path is not None
     path.touch()  # left by a server that was killed
 
-    def answer(request: Any) -> Any:
+    async def answer(request: Any) -> Any:
         raise AssertionError("not called")
 
     async def main() -> None:

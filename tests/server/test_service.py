@@ -1,14 +1,11 @@
-"""The gRPC service in process, in front of a fake engine whose behaviour each test controls;
-the tests marked with `TRANSPORTS` also through the local socket (`EmbedService.submit`)."""
+"""The gRPC service in process, in front of a fake engine whose behaviour each test controls."""
 
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,17 +13,14 @@ import numpy as np
 import pytest
 
 from embedserve.contract import EmbedRequest, embed_handler, embed_stub
-from embedserve.contract.local import LocalEmbedClient
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.seam import EngineSeam
-from embedserve.server.local import serve_local
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 
 HIDDEN = 8
 VOCAB = 1000
 FAIL_ID = 666  # a batch containing this id makes the fake engine crash
-TRANSPORTS = pytest.mark.parametrize("transport", ["grpc", "local"])
 
 
 class Handle:
@@ -97,11 +91,8 @@ def with_server(
     config: SchedulerConfig | None = None,
     batch_wait: float = 0.0,
     multivector_limit: Any = None,
-    transport: str = "grpc",
     **seam_fields: Any,
 ) -> None:
-    """`body(stub, service)` against the service, called over gRPC or its local socket."""
-
     async def main() -> None:
         service = EmbedService(
             seam(engine, **seam_fields),
@@ -115,19 +106,8 @@ def with_server(
         await service.start()
         await server.start()
         try:
-            if transport == "local":
-                with tempfile.TemporaryDirectory() as folder:
-                    path = Path(folder) / "s.sock"
-                    local = await serve_local(path, service.submit)
-                    client = LocalEmbedClient(path)
-                    try:
-                        await asyncio.wait_for(body(client, service), 30)
-                    finally:
-                        await client.close()
-                        await local.stop(0)
-            else:
-                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                    await asyncio.wait_for(body(embed_stub(channel), service), 30)
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                await asyncio.wait_for(body(embed_stub(channel), service), 30)
         finally:
             await server.stop(0)
             await service.stop()
@@ -135,8 +115,7 @@ def with_server(
     asyncio.run(main())
 
 
-@TRANSPORTS
-def test_requests_are_batched_together_and_answered_in_order(transport: str) -> None:
+def test_requests_are_batched_together_and_answered_in_order() -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
@@ -154,7 +133,7 @@ def test_requests_are_batched_together_and_answered_in_order(transport: str) -> 
         assert len(engine.batches) < 20
         assert all(len(b) <= 32 for b in engine.batches)
 
-    with_server(engine, body, transport=transport)
+    with_server(engine, body)
 
 
 def test_the_head_is_applied_per_request() -> None:
@@ -187,9 +166,8 @@ def test_the_head_is_applied_per_request() -> None:
         (req([1, 2], dimensions=3, output_dtype="binary"), "multiple of 8"),
     ],
 )
-@TRANSPORTS
 def test_bad_requests_are_invalid_argument_and_never_reach_the_engine(
-    request_: Any, message: str, transport: str
+    request_: Any, message: str
 ) -> None:
     engine = FakeEngine()
 
@@ -201,7 +179,7 @@ def test_bad_requests_are_invalid_argument_and_never_reach_the_engine(
         assert engine.batches == []
         assert rows_of(await stub(req([7]), timeout=10))[0, 0] == 7
 
-    with_server(engine, body, transport=transport)
+    with_server(engine, body)
 
 
 async def _fails_on_the_device(stub: Any) -> None:
@@ -212,8 +190,7 @@ async def _fails_on_the_device(stub: Any) -> None:
     assert "simulated device failure" in e.value.details()
 
 
-@TRANSPORTS
-def test_an_engine_failure_fails_only_its_batch(transport: str) -> None:
+def test_an_engine_failure_fails_only_its_batch() -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
@@ -221,11 +198,10 @@ def test_an_engine_failure_fails_only_its_batch(transport: str) -> None:
         responses = await asyncio.gather(*(stub(req([i]), timeout=10) for i in range(1, 6)))
         assert [rows_of(r)[0, 0] for r in responses] == [1, 2, 3, 4, 5]
 
-    with_server(engine, body, transport=transport)
+    with_server(engine, body)
 
 
-@TRANSPORTS
-def test_backpressure_is_resource_exhausted(transport: str) -> None:
+def test_backpressure_is_resource_exhausted() -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
@@ -241,16 +217,10 @@ def test_backpressure_is_resource_exhausted(transport: str) -> None:
         for response in await asyncio.gather(first, *queued):
             assert rows_of(response).shape == (1, HIDDEN)
 
-    with_server(
-        engine,
-        body,
-        SchedulerConfig(max_batch_tokens=64, max_queued_tokens=100),
-        transport=transport,
-    )
+    with_server(engine, body, SchedulerConfig(max_batch_tokens=64, max_queued_tokens=100))
 
 
-@TRANSPORTS
-def test_requests_whose_client_went_away_are_dropped(transport: str) -> None:
+def test_requests_whose_client_went_away_are_dropped() -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
@@ -267,7 +237,7 @@ def test_requests_whose_client_went_away_are_dropped(transport: str) -> None:
         assert [500] not in engine.batches and all(500 not in b for b in engine.batches)
         assert service.scheduler.num_dropped == 1
 
-    with_server(engine, body, transport=transport)
+    with_server(engine, body)
 
 
 def test_batch_n_plus_1_launches_while_batch_n_is_in_flight() -> None:

@@ -318,7 +318,7 @@ async def serve(config: ServerConfig) -> int:
     await server.start()
     # the same calls over a unix socket, for a gateway on this host (`contract.local`)
     local_path = _local_socket_path(port)
-    local = await serve_local(local_path, service.submit)
+    local = await serve_local(local_path, service.answer)
     if config.metrics_port is not None:
         from embedserve.server.metrics import start_metrics_server
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import queue
 import threading
@@ -199,32 +198,7 @@ class EmbedService:
         ):  # the gateway's span's child
             return await self._answer(request)
 
-    def submit(self, request: Any) -> asyncio.Future[Any]:
-        """One EmbedRequest queued, without a task of its own (the local socket's way): the
-        future of its EmbedResponse, whose exception is a RequestFailed; a request refused
-        before the queue raises it here. Cancelling the future drops the request."""
-        if tracing.TRACER is not None and request.traceparent:  # the span needs the task
-            return self._loop.create_task(self.answer(request))
-        future, pending = self._queue(request)
-        future.add_done_callback(functools.partial(self._dropped, pending))
-        return future
-
-    def _dropped(self, pending: Pending, future: asyncio.Future[Any]) -> None:
-        if future.cancelled():  # the client went away: the engine thread drops it
-            with self._work:
-                self.scheduler.cancel(pending)  # and its tokens leave the queue budget now
-
     async def _answer(self, request: Any) -> Any:
-        future, pending = self._queue(request)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            future.cancel()
-            self._dropped(pending, future)
-            raise
-
-    def _queue(self, request: Any) -> tuple[asyncio.Future[Any], Pending]:
-        """Parse, check and queue one request: the future of its answer, and its Pending."""
         engine = self.engine
         try:
             batch, head, spans, asked = parse_request(
@@ -254,7 +228,13 @@ class EmbedService:
         if not self._wake_due:
             self._wake_due = True
             self._loop.call_soon(self._wake_engine)
-        return future, pending
+        try:
+            return await future
+        except asyncio.CancelledError:
+            future.cancel()  # the client went away: the engine thread drops it
+            with self._work:
+                self.scheduler.cancel(pending)  # and its tokens leave the queue budget now
+            raise
 
     # The engine thread: take a batch, launch it, hand its handle to the results thread (or, when
     # the result is complete at once as on the CPU, answer it here), take the next. The results

@@ -1,11 +1,14 @@
-"""The gRPC service in process, in front of a fake engine whose behaviour each test controls."""
+"""The gRPC service in process, in front of a fake engine whose behaviour each test controls;
+the tests marked with `TRANSPORTS` also through the local socket (`server.local`)."""
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -13,14 +16,17 @@ import numpy as np
 import pytest
 
 from embedserve.contract import EmbedRequest, embed_handler, embed_stub
+from embedserve.contract.local import LocalEmbedClient
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.seam import EngineSeam
+from embedserve.server.local import serve_local
 from embedserve.server.scheduler import SchedulerConfig
 from embedserve.server.service import EmbedService
 
 HIDDEN = 8
 VOCAB = 1000
 FAIL_ID = 666  # a batch containing this id makes the fake engine crash
+TRANSPORTS = pytest.mark.parametrize("transport", ["grpc", "local"])
 
 
 class Handle:
@@ -91,8 +97,11 @@ def with_server(
     config: SchedulerConfig | None = None,
     batch_wait: float = 0.0,
     multivector_limit: Any = None,
+    transport: str = "grpc",
     **seam_fields: Any,
 ) -> None:
+    """`body(stub, service)` against the service, called over gRPC or its local socket."""
+
     async def main() -> None:
         service = EmbedService(
             seam(engine, **seam_fields),
@@ -106,8 +115,19 @@ def with_server(
         await service.start()
         await server.start()
         try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                await asyncio.wait_for(body(embed_stub(channel), service), 30)
+            if transport == "local":
+                with tempfile.TemporaryDirectory() as folder:
+                    path = Path(folder) / "s.sock"
+                    local = await serve_local(path, service.answer)
+                    client = LocalEmbedClient(path)
+                    try:
+                        await asyncio.wait_for(body(client, service), 30)
+                    finally:
+                        await client.close()
+                        await local.stop(0)
+            else:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    await asyncio.wait_for(body(embed_stub(channel), service), 30)
         finally:
             await server.stop(0)
             await service.stop()
@@ -115,7 +135,8 @@ def with_server(
     asyncio.run(main())
 
 
-def test_requests_are_batched_together_and_answered_in_order() -> None:
+@TRANSPORTS
+def test_requests_are_batched_together_and_answered_in_order(transport: str) -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
@@ -133,7 +154,7 @@ def test_requests_are_batched_together_and_answered_in_order() -> None:
         assert len(engine.batches) < 20
         assert all(len(b) <= 32 for b in engine.batches)
 
-    with_server(engine, body)
+    with_server(engine, body, transport=transport)
 
 
 def test_the_head_is_applied_per_request() -> None:
@@ -166,8 +187,9 @@ def test_the_head_is_applied_per_request() -> None:
         (req([1, 2], dimensions=3, output_dtype="binary"), "multiple of 8"),
     ],
 )
+@TRANSPORTS
 def test_bad_requests_are_invalid_argument_and_never_reach_the_engine(
-    request_: Any, message: str
+    request_: Any, message: str, transport: str
 ) -> None:
     engine = FakeEngine()
 
@@ -179,7 +201,7 @@ def test_bad_requests_are_invalid_argument_and_never_reach_the_engine(
         assert engine.batches == []
         assert rows_of(await stub(req([7]), timeout=10))[0, 0] == 7
 
-    with_server(engine, body)
+    with_server(engine, body, transport=transport)
 
 
 async def _fails_on_the_device(stub: Any) -> None:
@@ -190,7 +212,8 @@ async def _fails_on_the_device(stub: Any) -> None:
     assert "simulated device failure" in e.value.details()
 
 
-def test_an_engine_failure_fails_only_its_batch() -> None:
+@TRANSPORTS
+def test_an_engine_failure_fails_only_its_batch(transport: str) -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
@@ -198,10 +221,11 @@ def test_an_engine_failure_fails_only_its_batch() -> None:
         responses = await asyncio.gather(*(stub(req([i]), timeout=10) for i in range(1, 6)))
         assert [rows_of(r)[0, 0] for r in responses] == [1, 2, 3, 4, 5]
 
-    with_server(engine, body)
+    with_server(engine, body, transport=transport)
 
 
-def test_backpressure_is_resource_exhausted() -> None:
+@TRANSPORTS
+def test_backpressure_is_resource_exhausted(transport: str) -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
@@ -217,10 +241,16 @@ def test_backpressure_is_resource_exhausted() -> None:
         for response in await asyncio.gather(first, *queued):
             assert rows_of(response).shape == (1, HIDDEN)
 
-    with_server(engine, body, SchedulerConfig(max_batch_tokens=64, max_queued_tokens=100))
+    with_server(
+        engine,
+        body,
+        SchedulerConfig(max_batch_tokens=64, max_queued_tokens=100),
+        transport=transport,
+    )
 
 
-def test_requests_whose_client_went_away_are_dropped() -> None:
+@TRANSPORTS
+def test_requests_whose_client_went_away_are_dropped(transport: str) -> None:
     engine = FakeEngine()
 
     async def body(stub: Any, service: EmbedService) -> None:
@@ -237,7 +267,7 @@ def test_requests_whose_client_went_away_are_dropped() -> None:
         assert [500] not in engine.batches and all(500 not in b for b in engine.batches)
         assert service.scheduler.num_dropped == 1
 
-    with_server(engine, body)
+    with_server(engine, body, transport=transport)
 
 
 def test_batch_n_plus_1_launches_while_batch_n_is_in_flight() -> None:

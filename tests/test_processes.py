@@ -20,6 +20,7 @@ from embedserve.processes import (
     alive,
     exit_with_parent,
     say,
+    set_on_signal,
     write_ready,
 )
 
@@ -191,3 +192,37 @@ def test_a_status_line_is_one_write_with_its_newline(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(sys, "stdout", Stream())
     say("embedserve: serving minilm at http://127.0.0.1:45761")
     assert writes == ["embedserve: serving minilm at http://127.0.0.1:45761\n"]
+
+
+def test_a_signal_sets_the_event_without_its_lock() -> None:
+    event = threading.Event()
+    handler = set_on_signal(event)
+    with event._cond:  # held by this thread, as inside `event.wait` when the signal lands
+        handler(signal.SIGTERM, None)  # returns: blocking here was the hang
+        assert not event.is_set()
+    assert event.wait(5)
+
+
+SIGNALLED = """
+import signal, sys, threading
+from embedserve.processes import set_on_signal
+stop = threading.Event()
+signal.signal(signal.SIGTERM, set_on_signal(stop))
+print("waiting", flush=True)
+while not stop.wait(0.0001):  # the main thread in and out of the event's lock
+    pass
+print("stopped", flush=True)
+"""
+
+
+def test_many_quick_signals_stop_a_process_waiting_on_the_event() -> None:
+    # `lambda signum, frame: stop.set()` as the handler hung here in 2 of 4 runs
+    child = Child([*PYTHON, SIGNALLED])
+    try:
+        child.wait_for("waiting", timeout=30)
+        for _ in range(50):
+            child.signal(signal.SIGTERM)
+        child.wait_for("stopped", timeout=10)
+        assert child.proc.wait(10) == 0
+    finally:
+        child.stop(1)  # a hung child is killed, not left behind

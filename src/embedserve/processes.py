@@ -47,12 +47,30 @@ def say(message: str, *, err: bool = False) -> None:
     never stop a shutdown.
     """
     stream = sys.stderr if err else sys.stdout
-    with contextlib.suppress(OSError, ValueError):  # a broken pipe, or a closed stream
+    # a broken pipe, a closed stream, or a signal handler's line landing while the main thread
+    # was writing to the same stream (RuntimeError: reentrant call)
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
         # NOTE: one write with its newline: `print` writes the two apart, and on a pipe shared
         # with the gateway's workers (unbuffered) another process's line landed between them,
         # so a reader of the ready line took "45761replica" for the port (a CI run, 2026-12-04)
         stream.write(message + "\n")
         stream.flush()
+
+
+def set_on_signal(event: threading.Event) -> Callable[[int, Any], None]:
+    """A signal handler that sets `event`.
+
+    NOTE: a handler runs on the main thread between two bytecodes, perhaps while that thread
+    holds the event's lock (inside `event.wait`, or inside an earlier handler's `set`): setting
+    it there blocks on that lock for ever. `serve` hung so after two SIGTERMs in quick
+    succession (its `timeout` wrapper and `pkill` both sent one), its servers orphaned. So the
+    handler takes no lock: a thread sets the event."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if not event.is_set():  # reads a flag, no lock
+            threading.Thread(target=event.set, name="signal", daemon=True).start()
+
+    return handler
 
 
 def name_os_thread(name: str) -> None:

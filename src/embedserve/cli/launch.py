@@ -27,7 +27,7 @@ from embedserve.gateway.served import default_names
 from embedserve.gpus import visible_gpus
 from embedserve.memory import ModelMemory, check_fits, cpu_thread_shares
 from embedserve.options import EngineOptions, Options, option
-from embedserve.processes import Child, exit_with_parent, say, write_ready
+from embedserve.processes import Child, exit_with_parent, say, set_on_signal, write_ready
 from embedserve.server.main import ServerConfig
 
 MAX_RESTARTS_PER_MINUTE = 3
@@ -199,9 +199,6 @@ def run_serve(args: argparse.Namespace) -> int:
     cli = [sys.executable, "-m", "embedserve.cli.main"]
     stop_requested = threading.Event()
 
-    def on_signal(signum: int, frame: object) -> None:
-        stop_requested.set()
-
     def start_server(i: int) -> Child:
         argv = [*cli, "server", *configs[i].to_argv()]
         return Child(argv, name=f"server-{i}", relay=sys.stderr)
@@ -213,8 +210,8 @@ def run_serve(args: argparse.Namespace) -> int:
         if gateway_proc is not None:
             gateway_proc.signal(signal.SIGHUP)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, set_on_signal(stop_requested))
+    signal.signal(signal.SIGINT, set_on_signal(stop_requested))
     signal.signal(signal.SIGHUP, forward_reload)
     try:
         # with several models, a replica is NAME=HOST:PORT: keep each server's NAME=

@@ -14,6 +14,20 @@ from typing import Any
 
 import numpy as np
 
+# A request is small when SMALL_SHARE of it would still fit in a batch's budget less a token:
+# the server's queue lets such requests pass a large one (`server.scheduler`), and the gateway
+# counts such calls against --calls-in-flight (`gateway.coalescing`), so both use this one test.
+SMALL_SHARE = 8
+
+
+def is_small(tokens: int, budget: int) -> bool:
+    return tokens * SMALL_SHARE < budget
+
+
+def small_limit(budget: int) -> int:
+    """The most tokens a small request may hold under `budget`."""
+    return (budget - 1) // SMALL_SHARE
+
 
 def budget_groups(sizes: Iterable[int], budget: int) -> Iterator[range]:
     """Consecutive index ranges whose sizes add up to at most `budget`, in order.

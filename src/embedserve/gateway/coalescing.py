@@ -10,7 +10,7 @@ cut back per call. The first call of a turn schedules the send for the next turn
 (`loop.call_soon`), so a lone call waits for nothing but that hop and goes out as before.
 
 Past one turn, a worker keeps at most `max_in_flight` small calls outstanding (small as the
-server counts a request: under 1/SMALL_SHARE of `max_tokens`): the calls made while that many are
+server counts a request, `core.budget.is_small`): the calls made while that many are
 out wait, and go merged, in calls that stay small, when one comes back. At 16 clients on 4
 workers one turn rarely holds two requests, so without it each query was a server call of its
 own, and the server's per-call Python (about 200 µs of one host core on the H200: decode,
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from embedserve.contract import EmbedRequest, EmbedResponse
+from embedserve.core.budget import is_small, small_limit
 from embedserve.gateway.errors import ApiError
 from embedserve.gateway.replicas import REPLICAS_CALLED
 
@@ -39,9 +40,6 @@ Send = Callable[[Any, int], Awaitable[Any]]
 ALONE = object()  # a waiting call's outcome: send yourself, alone
 # statuses that may be one call's fault (its tokens, its size): the calls go again one by one
 PER_CALL_STATUSES = frozenset({400, 413, 422})
-# A call is small, so counted against `max_in_flight`, when SMALL_SHARE of it fit in `max_tokens`
-# (the server's test, `server.scheduler.SMALL_SHARE`: such requests pass large ones there)
-SMALL_SHARE = 8
 # a gateway worker's bound on small calls out per model (`--calls-in-flight`): 2 against none at
 # 16 clients on the H200 +26%, +14%, +20% in three comparisons; 1 lost to 2 in 4 of 6. NOTE:
 # `serve` sets none in front of CPU servers, whose own batching merges better: the real model on
@@ -167,13 +165,13 @@ class Coalescer:
                 self._schedule()
 
     def _small(self, tokens: int) -> bool:
-        """The server's test (`server.scheduler.SMALL_SHARE`): such a call passes large ones."""
-        return tokens * SMALL_SHARE < self.max_tokens
+        """The server's test (`core.budget.is_small`): such a call passes large ones there."""
+        return is_small(tokens, self.max_tokens)
 
     def _flush(self) -> None:
         self._scheduled = False
         groups, self._waiting = self._waiting, {}
-        small_part = (self.max_tokens - 1) // SMALL_SHARE  # merged queries stay small there
+        small_part = small_limit(self.max_tokens)  # merged queries stay small there
         for key, calls in groups.items():
             live = [c for c in calls if not c.answer.done()]
             # large calls go now, uncounted, and never with a query inside: a query never

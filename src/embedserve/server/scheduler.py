@@ -19,13 +19,12 @@ from typing import Any
 import numpy as np
 
 from embedserve.contract.tracing import RequestTrace, current_request
-from embedserve.core.budget import budget_groups, shift_spans
+from embedserve.core.budget import budget_groups, is_small, shift_spans
 from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch
 
 # A request is large when it takes more than half a batch's budget (a large request's parts take
-# a whole budget each), small when SMALL_SHARE of it would still fit in the budget less a token.
-SMALL_SHARE = 8
+# a whole budget each), small by `core.budget.is_small`.
 # how far behind a large request small ones are looked for (a scan of the deque per batch)
 BYPASS_SCAN = 256
 
@@ -173,7 +172,7 @@ class Scheduler:
         taken: list[Pending] = []
         tokens, kind = 0, None
         for request in itertools.islice(self._queue, 1, BYPASS_SCAN):
-            if request.cancelled() or request.num_tokens * SMALL_SHARE >= budget:
+            if request.cancelled() or not is_small(request.num_tokens, budget):
                 continue
             if kind is None:
                 kind = request.kind

@@ -8,7 +8,6 @@ supervisor and every worker gets exactly one stop signal.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -19,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,16 +33,15 @@ from embedserve.gateway.coalescing import CALLS_IN_FLIGHT
 from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
 from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
-from embedserve.gateway.replicas import ReplicaPool, check_replica
+from embedserve.gateway.replicas import IN_PROCESS_ADDRESS, ReplicaPool, check_replica
 from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
 from embedserve.gateway.served import PER_MODEL_LIMITS, ModelEntry, load_model, model_entries
-from embedserve.gateway.sockets import bind, reserve_port, wait_until_up
+from embedserve.gateway.supervisor import supervise
 from embedserve.gateway.tei_grpc import TeiGrpc
-from embedserve.gateway.workers import Workers
 from embedserve.loading.bundled import DEFAULT_MODEL
 from embedserve.memory import TOKENIZER_POOL, tokenizer_threads
 from embedserve.options import Options, drain_option, model_option, option
-from embedserve.processes import say, set_parent_death_signal, write_ready
+from embedserve.processes import set_parent_death_signal
 from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
 
 # Tokens per server call of a gateway started on its own (`serve` passes its servers' budget).
@@ -300,9 +299,24 @@ def make_pipeline(
     return Pipeline(inputs, pool, limits, pairs)
 
 
-def run_worker(config: GatewayConfig, sock: socket.socket, restarts: int = 0) -> None:
-    """One worker: uvicorn on `sock`; `restarts`: how many workers the supervisor has started
-    again so far (reported in /metrics)."""
+def _log_requests_to_stderr() -> None:
+    """`--log-requests`: one line per request on stderr, the message alone."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    requests_log = logging.getLogger("embedserve.gateway.requests")
+    requests_log.addHandler(handler)
+    requests_log.setLevel(logging.INFO)
+    requests_log.propagate = False
+
+
+def run_worker(
+    config: GatewayConfig,
+    sock: socket.socket,
+    restarts: int = 0,
+    services: Callable[[GatewayApp], Sequence[Any]] = lambda app: (),
+) -> None:
+    """One worker: uvicorn on `sock`; `restarts` so far (in /metrics); `services(app)` to run on
+    its loop beside the app's own (`start()`, `stop()`: the server of `serve --one-process`)."""
     os.setpgrp()
     set_parent_death_signal()
     import uvicorn
@@ -327,14 +341,10 @@ def run_worker(config: GatewayConfig, sock: socket.socket, restarts: int = 0) ->
     keys = KeyRing(config.api_keys, config.api_key_file)
     signal.signal(signal.SIGHUP, lambda signum, frame: keys.reload())
     if config.log_requests:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        requests_log = logging.getLogger("embedserve.gateway.requests")
-        requests_log.addHandler(handler)
-        requests_log.setLevel(logging.INFO)
-        requests_log.propagate = False
+        _log_requests_to_stderr()
     app = build_app(config, keys)
     app.metrics.worker_restarts.set(restarts)
+    app.services.extend(services(app))
     if config.tei_grpc_port is not None:
         app.services.append(TeiGrpc(app, config.host, config.tei_grpc_port))
     tracing.configure(config.otlp_endpoint, "embedserve-gateway")  # per worker: its own thread
@@ -383,7 +393,25 @@ def draining_server(app: GatewayApp, drain_seconds: float, config: Any) -> Any:
     return DrainingServer(config)
 
 
-def run(config: GatewayConfig) -> int:
+def _listening(config: GatewayConfig) -> str:
+    """What the gateway's listening line says after its URL."""
+    workers = f"{config.workers} worker{'s' if config.workers > 1 else ''}"
+    parts = f"{config.part_tokens or DEFAULT_PART_TOKENS} tokens"
+    if config.part_tokens is None and IN_PROCESS_ADDRESS in config.replicas:
+        parts = "one batch"  # the engine's budget: known once its worker has built it
+    return (
+        f"serving {', '.join(e.names[0] for e in config.entries)}; {workers}, replicas "
+        f"{', '.join(config.replicas)}, parts of {parts}"
+    )
+
+
+def run(
+    config: GatewayConfig,
+    worker: Callable[[GatewayConfig, socket.socket, int], None] = run_worker,
+    on_ready: Callable[[str], None] | None = None,
+) -> int:
+    """Run `config.workers` workers (`worker`, by default `run_worker`) on one port, restarting
+    any that dies, until SIGTERM / Ctrl-C; `on_ready(url)` once they answer."""
     build_app(config)  # fail fast, in the launcher, on a bad model or flag
     metrics_dir = None
     if config.workers > 1:  # /metrics must add up the workers: prometheus multiprocess mode
@@ -392,59 +420,7 @@ def run(config: GatewayConfig) -> int:
     # each worker's tokenizer pool, unless the environment names one (`memory.tokenizer_threads`)
     os.environ.setdefault(TOKENIZER_POOL, str(tokenizer_threads(os.cpu_count(), config.workers)))
     try:
-        return _supervise(config)
+        return supervise(config, worker, on_ready, _listening(config))
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
-
-
-def _supervise(config: GatewayConfig) -> int:
-    sock = bind(config.host, config.port)
-    port = sock.getsockname()[1]
-    grpc_sock = reserve_port(config.host, config.tei_grpc_port)  # the workers' one port
-    if grpc_sock is not None:
-        config = dataclasses.replace(config, tei_grpc_port=grpc_sock.getsockname()[1])
-    workers = Workers(config, sock, run_worker)
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        if not stopping:
-            stopping = True
-            say("embedserve gateway: draining")
-            workers.signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGHUP, lambda signum, frame: workers.signal(signal.SIGHUP))
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    url = f"http://{host}:{port}"
-    try:
-        wait_until_up(f"{url}/health", workers.processes)
-    except RuntimeError as e:
-        stop(signal.SIGTERM, None)
-        workers.join(10)
-        say(f"embedserve gateway: error: {e}", err=True)
-        return 1
-    grpc_address = {}
-    if grpc_sock is not None:
-        grpc_sock.close()
-        grpc_address["tei_grpc"] = f"{host}:{config.tei_grpc_port}"
-    say(
-        f"embedserve gateway: listening on {url} (serving "
-        f"{', '.join(e.names[0] for e in config.entries)}; {config.workers} worker"
-        f"{'s' if config.workers > 1 else ''}, replicas {', '.join(config.replicas)}, "
-        f"parts of {config.part_tokens or DEFAULT_PART_TOKENS} tokens)"
-        + "".join(f"; TEI gRPC API on {a}" for a in grpc_address.values()),
-    )
-    write_ready({"url": url, "workers": config.workers, **grpc_address})
-    while workers.alive():
-        if not stopping and not workers.keep():
-            say("embedserve gateway: a worker keeps exiting; stopping", err=True)
-            stop(signal.SIGTERM, None)
-        time.sleep(0.2)
-    # NOTE: our copy of the socket is kept while workers may be restarted; once they have all
-    # gone it must go too (connections would pile up unanswered on an open port)
-    sock.close()
-    say("embedserve gateway: stopped")
-    return 0 if workers.exited_cleanly() else 1

@@ -75,6 +75,13 @@ FAILING_AFTER = 3
 AVOID_SECONDS = 10.0
 
 
+# Servers in the gateway's own process (`serve --one-process`): a replica address -> its
+# (embed, check) calls, registered by the process that holds both (`cli/one_process.py`) before
+# its worker starts. Such an address is a HOST:PORT no server listens on (`IN_PROCESS_ADDRESS`).
+IN_PROCESS: dict[str, tuple[Any, Any]] = {}
+IN_PROCESS_ADDRESS = "in-process:0"
+
+
 class Replica:
     def __init__(self, address: str, secret: str | None = None, id: int = 0) -> None:
         self.address = address
@@ -89,6 +96,9 @@ class Replica:
         self.check: Any = None
 
     def open(self) -> None:
+        if self.address in IN_PROCESS:
+            self.embed, self.check = IN_PROCESS[self.address]
+            return
         self.channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         # a server on this host is called over its unix socket (`contract.local`); gRPC for
         # the others, and for health everywhere

@@ -92,7 +92,7 @@ def main() -> int:
     texts = long_passages(args.passages)
     server = Child([*CLI, "serve", "--device", "cpu", "--port", "0", *args.serve_args.split()])
     try:
-        budget_line = server.wait_for(r"ready on .*(batch tokens \d+)", timeout=300)
+        budget_line = server.wait_for(r"ready (?:on|in) .*(batch tokens \d+)", timeout=300)
         server_budget = budget_line.group(1)
         # the dtype served, as the ready line says it (a native-bf16 CPU's default is bf16)
         dtype = re.search(r"\b(bfloat16|float16|float32)\b", budget_line.group(0))

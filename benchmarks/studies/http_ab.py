@@ -85,8 +85,24 @@ def after_burst(
     return server
 
 
-def http_p50s(ports: list[int], queries: list[str], n: int) -> list[float]:
-    return [median(us[WARM:]) / 1e3 for us in interleaved_us(ports, queries, n + WARM)]
+def http_p50s(
+    ports: list[int], queries: list[str], n: int, alone: bool = False, turn: int = 0
+) -> list[float]:
+    """Each server's p50 (ms) over `n` sequential queries: called in turn, request by request,
+    or with `alone` one server after another (the order rotated by `turn`), the others idle.
+
+    NOTE: called in turn, each server's forward runs after the others' forwards have read their
+    own copies of the weights through the shared L3 (32 MB here, bf16 MiniLM's layers 21 MB): a
+    forward whose weights were evicted is ~1 ms slower (in process, after reading 96 MB between
+    queries: 3.86 against 2.88 ms p50; ad-hoc probe, 2026-12-05). In turn compares trees under
+    the same drift; only `alone` gives a server's own time, the one to set beside in process."""
+    if not alone:
+        return [median(us[WARM:]) / 1e3 for us in interleaved_us(ports, queries, n + WARM)]
+    p50s = [0.0] * len(ports)
+    for k in range(len(ports)):
+        j = (turn + k) % len(ports)
+        p50s[j] = median(sequential_us(ports[j], queries, n + WARM)[WARM:]) / 1e3
+    return p50s
 
 
 def main() -> None:
@@ -107,6 +123,12 @@ def main() -> None:
         help="a second server per tree, measured after it served concurrent clients once "
         f"({BURST_CLIENTS} x {BURST_REQUESTS} short queries): a server's state after a burst",
     )
+    ap.add_argument(
+        "--alone",
+        action="store_true",
+        help="each server measured with the others idle, one after another (the order rotated "
+        "each round), instead of request by request in turn: see http_p50s",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     trees = dict(t.split("=", 1) for t in args.trees)
@@ -126,7 +148,8 @@ def main() -> None:
                              n=args.requests)  # fmt: skip
     try:
         for r in range(args.rounds):
-            p50s = http_p50s([port for _, port in servers.values()], queries, args.requests)
+            ports = [port for _, port in servers.values()]
+            p50s = http_p50s(ports, queries, args.requests, args.alone, r)
             for name, p50 in zip(servers, p50s, strict=True):
                 results[name].append(round(p50, 3))
             out = subprocess.run([sys.executable, "-c", code], env=clean_env(trees[first]),
@@ -145,8 +168,13 @@ def main() -> None:
          "rounds": values}
         for name, values in results.items()
     ]  # fmt: skip
+    order = (
+        "each alone, one after another, the order rotated by round"
+        if args.alone
+        else "the servers called in turn"
+    )
     notes = (f"{args.rounds} rounds, {args.requests} sequential requests per server per round "
-             f"(one keep-alive connection each, the servers called in turn), trees: "
+             f"(one keep-alive connection each, {order}), trees: "
              + ", ".join(f"{k}={v}" for k, v in trees.items())
              + "".join(f"; {k} env {v}" for k, v in extra.items() if v)
              + (f"; 'after a burst': a second server of the tree, measured after {BURST_CLIENTS} "

@@ -1,119 +1,101 @@
-"""What running the gateway and the server in one process would save a short query over HTTP: a
-prototype against `embedserve serve`, the two called in turn (issue 25, not built).
+"""`serve --one-process` against `serve`: one short query over HTTP, and batches under load
+(issues 25 and 38).
 
-The prototype (`--prototype PORT`, started by this script) is one process: the bundled MiniLM's
-engine built and stepped on an `EngineThread`, the server's `EmbedService` started on the gateway
-worker's event loop, and the gateway's one replica calling `service.answer` in process instead of
-over the unix socket (its `Replica.open` replaced here: the gateway has no such transport). Each
-round both answer `--requests` sequential short queries, one request to each in turn (the first
-30 left out). Writes results/studies/one-process-cpuN-YYYYMMDD.json.
+Both serve the bundled MiniLM with the CPU defaults. Each round, each server answers `--requests`
+sequential short queries with the other idle (`--in-turn`: request by request in turn; see
+http_ab.http_p50s for why alone is the default here), the first 30 left out, and a fresh process
+times `Embedder.encode` the same way; then, with `--clients`, each server takes closed-loop short
+queries from that many client processes for `--seconds`. Writes
+results/studies/one-process-cpuN-YYYYMMDD.json.
 
-    .venv/bin/python benchmarks/studies/one_process.py [--rounds 12]
+(Its first form, 2026-12-04/05, measured two prototypes of the shape before it was built:
+results/studies/one-process-cpu2-20261202 and -20261205.)
+
+    .venv/bin/python benchmarks/studies/one_process.py [--rounds 8] [--clients 4,16]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import corpus, report
-from http_ab import http_p50s, start
-
-
-def prototype(port: int) -> None:
-    """Serve the bundled MiniLM from this one process on `port` (0: any), then print the line
-    `serve` prints when ready."""
-    import socket
-
-    from embedserve import cpu_threads
-
-    cpu_threads.apply_server()  # before torch loads, as a server does
-    from grpc_health.v1 import health_pb2
-
-    from embedserve.contract.local import rpc_error
-    from embedserve.gateway import main as gateway
-    from embedserve.gateway import replicas
-    from embedserve.options import EngineOptions
-    from embedserve.server.engine_thread import EngineThread
-    from embedserve.server.main import ServerConfig, load_engine
-    from embedserve.server.service import EmbedService, RequestFailed
-
-    options = EngineOptions(model="minilm")
-    engine_thread = EngineThread()
-    engine = engine_thread.submit(lambda: load_engine(options)).result()
-    seam = engine.seam()
-    service = EmbedService(
-        seam, ServerConfig(engine=options).scheduler(seam.batch_tokens), batch_wait=0.003
-    )
-    started: list[bool] = []
-
-    async def embed(request: Any, timeout: float | None = None) -> Any:
-        if not started:  # on the worker's loop, at the first call
-            started.append(True)
-            await service.start(engine_thread)
-        try:
-            return await service.answer(request)
-        except RequestFailed as e:
-            raise rpc_error(e.code, str(e)) from None
-
-    async def check(request: Any, timeout: float | None = None) -> Any:
-        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
-
-    def open_in_process(self: Any) -> None:
-        self.embed, self.check = embed, check
-
-    async def close(self: Any) -> None:
-        pass
-
-    replicas.Replica.open, replicas.Replica.close = open_in_process, close  # type: ignore[method-assign]
-    config = gateway.GatewayConfig(models=("minilm",), replicas=("127.0.0.1:1",), port=port)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", port))
-    sock.listen(128)
-    print(f"embedserve: serving minilm at http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
-    os.setpgrp = lambda: None  # type: ignore[assignment]  # run_worker's; we lead our own session
-    gateway.run_worker(config, sock)
+from harness import corpus, loadgen, report
+from http_ab import IN_PROCESS, SERVE, WARM, clean_env, http_p50s, start
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--prototype", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--in-turn", action="store_true", help="the servers called request by request")
+    ap.add_argument("--clients", default="", help="comma-separated client counts (none: skip)")
+    ap.add_argument("--seconds", type=float, default=8.0)
     args = ap.parse_args()
-    if args.prototype is not None:
-        return prototype(args.prototype)
-    prototype_argv = [sys.executable, __file__, "--prototype", "0"]
-    servers = {"serve": start("src", {}), "one process": start("src", {}, prototype_argv)}
-    queries = corpus.queries(64)
-    p50s: dict[str, list[float]] = {name: [] for name in servers}
+    servers = {
+        "serve": start("src", {}),
+        "serve --one-process": start("src", {}, [*SERVE, "--one-process"]),
+    }
+    queries = corpus.queries(256)
+    bodies = [json.dumps({"input": t}).encode() for t in queries]
+    counts = [int(c) for c in args.clients.split(",") if c]
+    p50s: dict[str, list[float]] = {name: [] for name in servers} | {"in process": []}
+    loads: dict[str, dict[int, list[dict[str, float]]]] = {
+        n: {c: [] for c in counts} for n in servers
+    }
+    code = IN_PROCESS.format(bench=str(Path(__file__).resolve().parents[1]), warm=WARM,
+                             n=args.requests)  # fmt: skip
     try:
         for r in range(args.rounds):
-            for name, p50 in zip(servers, http_p50s([p for _, p in servers.values()], queries,
-                                                     args.requests), strict=True):  # fmt: skip
-                p50s[name].append(round(p50, 3))
-            print(r, {k: v[-1] for k, v in p50s.items()}, flush=True)
+            ports = [p for _, p in servers.values()]
+            p50 = http_p50s(ports, queries[:64], args.requests, not args.in_turn, r)
+            for name, value in zip(servers, p50, strict=True):
+                p50s[name].append(round(value, 3))
+            out = subprocess.run([sys.executable, "-c", code], env=clean_env("src"),
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            p50s["in process"].append(round(float(out.stdout.split()[-1]), 3))
+            for clients in counts:
+                for k in range(len(servers)):
+                    name = list(servers)[(r + k) % len(servers)]
+                    run = loadgen.run(
+                        servers[name][1], loadgen.split(bodies, clients), args.seconds
+                    )
+                    loads[name][clients].append({k: round(v, 2) for k, v in run.summary().items()})
+            print(r, {k: v[-1] for k, v in p50s.items()},
+                  {n: {c: v[-1]["requests_per_s"] for c, v in d.items()} for n, d in loads.items()},
+                  flush=True)  # fmt: skip
     finally:
         for p, _ in servers.values():
             os.killpg(p.pid, signal.SIGTERM)
-    saved = [a - b for a, b in zip(p50s["serve"], p50s["one process"], strict=True)]
+    over = {
+        name: statistics.median(a - b for a, b in zip(p50s[name], p50s["in process"], strict=True))
+        for name in servers
+    }
     doc = {
         "hardware": report.cpu_hardware(), "commit": report.commit(), "date": report.today(),
-        "what": "one short query over HTTP, p50 (ms) per round, the two servers called in turn",
+        "what": "one short query over HTTP, p50 (ms) per round, each server "
+                + ("called in turn" if args.in_turn else "alone, the order rotated")
+                + ", Embedder.encode in a fresh process after each round; then closed-loop "
+                f"clients of short queries, {args.seconds} s per server and count, in turn",
         "p50_ms": p50s, "median_ms": {k: statistics.median(v) for k, v in p50s.items()},
-        "saved_ms_median": statistics.median(saved),
-        "rounds_faster": sum(s > 0 for s in saved), "rounds": args.rounds,
+        "over_in_process_ms_median": over,
+        "load": loads,
+        "load_median_requests_per_s": {
+            n: {c: statistics.median(x["requests_per_s"] for x in v) for c, v in d.items()}
+            for n, d in loads.items()
+        },
+        "rounds": args.rounds,
     }  # fmt: skip
     path = report.write_json(f"one-process-cpu{os.cpu_count()}", doc)
-    print(doc["median_ms"], "saved (median of rounds)", round(doc["saved_ms_median"], 3),
-          f"faster in {doc['rounds_faster']} of {args.rounds}; wrote {path}")  # fmt: skip
+    print(doc["median_ms"], "over in process", over, doc["load_median_requests_per_s"],
+          f"wrote {path}")  # fmt: skip
 
 
 if __name__ == "__main__":

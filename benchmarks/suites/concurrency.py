@@ -152,6 +152,7 @@ class Run:
     startup: dict[str, float] = field(default_factory=dict)
     infinity_argv: list[str] = field(default_factory=list)
     dtypes: dict[str, str] = field(default_factory=dict)
+    ours_dtype: str = "?"  # from our server's ready line
     cosine: dict[str, float] = field(default_factory=dict)
     runs: dict[tuple[str, str], list[Load]] = field(default_factory=dict)
     waits: list[str] = field(default_factory=list)
@@ -198,6 +199,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--wait-budget", type=float, default=1200.0, help="total idle wait (s)")
     ap.add_argument("--deadline", type=float, default=870.0, help="whole run (s): waits give way")
     ap.add_argument("--worktree", action="store_true", help="measure src/ as it is, not HEAD")
+    ap.add_argument("--serve-args", default="",
+                    help="more flags for our `serve`, one string (e.g. --serve-args=--one-process)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="default: results/concurrency/")
     ap.add_argument("--naive-server", type=int, default=None, help=argparse.SUPPRESS)
     return ap.parse_args()
@@ -303,9 +306,12 @@ def start_servers(run: Run, ours_env: dict[str, str | None], infinity_home: Path
     with environment(**ours_env):
         run.children[OURS] = Child(
             [*CLI, "serve", "--model", str(folder), "--served-model-name", "minilm",
-             "--device", args.device, "--port", "0"],
+             "--device", args.device, "--port", "0", *args.serve_args.split()],
             name="ours",
         )  # fmt: skip
+    # the precision served, as the server's ready line says it (a bf16 CPU's default is bf16)
+    served = run.children[OURS].wait_for(r"ready (?:on|in) .*\b(bfloat16|float16|float32)\b", 300)
+    run.ours_dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[served.group(1)]
     m = run.children[OURS].wait_for(r"serving \S+ at http://127\.0\.0\.1:(\d+)", timeout=300)
     run.ports[OURS] = int(m.group(1))
     wait_http(run.children[OURS], run.ports[OURS])
@@ -366,7 +372,7 @@ def fidelity_and_warm_up(run: Run) -> None:
     # what each server ran in: ours bf16 on a GPU (the engine's default there); the naive
     # server loads the folder as this process just did; Infinity picks its own (--dtype auto)
     run.dtypes = {
-        OURS: "bf16" if run.on_gpu else "fp32",
+        OURS: run.ours_dtype,
         NAIVE: {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(loaded, loaded),
         INFINITY: "its --dtype auto" if run.on_gpu else "fp32",
     }
@@ -601,7 +607,7 @@ HTTP servers, each with the same all-MiniLM-L6-v2 folder (`{folder.name}`, real 
 others sit idle (the CPU they used meanwhile is listed below):
 
 - **embedserve** (commit {report.commit()}): `embedserve serve --model <folder> --served-model-name minilm
-  --device {args.device} --port 0`, every other
+  --device {args.device} --port 0{" " + args.serve_args if args.serve_args else ""}`, every other
   flag at its default for this machine ({dtypes[OURS]}), run from {"the work tree's src/" if args.worktree else "a clean `git archive` of HEAD's src/"}.
 {infinity_line(run, software)}
 - **naive**: a FastAPI {software.get("fastapi", "?")} app (this script, `--naive-server`) with one sync

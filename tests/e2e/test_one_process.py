@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import psutil
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from embedserve.embedder import Embedder
@@ -134,7 +135,6 @@ def test_sigterm_stops_it_cleanly() -> None:
     [
         (["--replicas", "2"], "one model from one engine"),
         (["--workers", "2"], "runs one worker"),
-        (["--device", "cuda"], "serves from the CPU"),
     ],
 )
 def test_flags_it_cannot_honour_are_refused_before_anything_loads(
@@ -143,3 +143,13 @@ def test_flags_it_cannot_honour_are_refused_before_anything_loads(
     argv = [sys.executable, "-m", "embedserve.cli.main", "serve", "--one-process", *flags]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU")
+def test_a_device_the_machine_lacks_is_said_once_and_nothing_restarts() -> None:
+    argv = [sys.executable, "-m", "embedserve.cli.main", "serve", "--one-process", "--port", "0"]
+    done = subprocess.run([*argv, "--device", "cuda"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("embedserve server: error: device 'cuda' asked for, but no CUDA "
+                             "device is available") == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

@@ -34,11 +34,6 @@ def check_one_process(servers: list[ServerConfig], gateway: GatewayConfig) -> No
             f"--one-process serves one model from one engine; these flags ask {len(servers)} "
             "servers (leave out --replicas, or give one --model)"
         )
-    if servers[0].engine.device not in ("cpu", "auto"):  # auto: cuda:0 where a GPU is seen
-        raise ValueError(
-            f"--one-process serves from the CPU; the engine would run on "
-            f"{servers[0].engine.device} (give --device cpu)"
-        )
     if gateway.workers != 1:
         raise ValueError(f"--one-process runs one worker; --workers {gateway.workers} was given")
 
@@ -48,7 +43,6 @@ def run_one_process(server: ServerConfig, gateway: GatewayConfig) -> int:
     gateway = dataclasses.replace(
         gateway, replicas=(IN_PROCESS_ADDRESS,), workers=1, calls_in_flight=0
     )
-    server = dataclasses.replace(server, engine=dataclasses.replace(server.engine, device="cpu"))
     served = ", ".join(e.names[0] for e in gateway.entries)
     return run(
         gateway,
@@ -62,16 +56,22 @@ def worker(
 ) -> None:
     """One gateway worker holding the engine (`run_one_process`): built here, before the loop,
     on the thread that then runs it."""
+    from embedserve.server.inline import InlineService
     from embedserve.server.main import build_here
 
-    service, guard, budget = build_here(server)
+    try:
+        service, guard, budget, engine_thread = build_here(server)
+    except ValueError as e:  # flags the machine or model cannot honour: said as `server` says it
+        say(f"embedserve server: error: {e}", err=True)
+        raise SystemExit(2) from None
     if gateway.part_tokens is None:  # a part of a request is one batch of the engine's
         gateway = dataclasses.replace(gateway, part_tokens=budget)
     IN_PROCESS[IN_PROCESS_ADDRESS] = in_process_calls(service)
 
     def services(app: Any) -> list[Any]:
-        service.in_process = lambda: app.in_flight  # requests read, perhaps not yet queued
-        return [_Running(service, guard, server)]
+        if isinstance(service, InlineService):  # requests read, perhaps not yet queued
+            service.in_process = lambda: app.in_flight
+        return [_Running(service, guard, server, engine_thread)]
 
     run_worker(gateway, sock, restarts, services)
 
@@ -107,11 +107,12 @@ class _Running:
     """The service, its guard and its metrics as one of the worker's services: started once the
     gateway's pipelines are up, stopped after uvicorn has drained the HTTP requests."""
 
-    def __init__(self, service: Any, guard: Any, config: ServerConfig) -> None:
+    def __init__(self, service: Any, guard: Any, config: ServerConfig, engine_thread: Any) -> None:
         self.service, self.guard, self.config = service, guard, config
+        self.engine_thread = engine_thread  # a GPU engine's (None on the CPU: `build_here`)
 
     async def start(self) -> None:
-        await self.service.start()
+        await self.service.start(self.engine_thread)
         self.guard.start()
         if self.config.metrics_port is not None:
             from embedserve.server.metrics import start_metrics_server

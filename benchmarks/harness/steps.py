@@ -114,12 +114,11 @@ STEPS: dict[str, Step] = {
     "serving-ab-old": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
                                        "--levels", "1,16,64", "--parts", "latency,levels,bulk",
                                        "--tag=-before"), tail=16, old=True),
-    # serve --one-process (the gateway and the engine's thread in one process) against serve
-    # with one gateway worker, the same levels and parts as serving-ab
-    **{f"serving-{name}": Step(lambda extra=extra, name=name: _py(
-        "studies/serving_gpu.py", "--model", MINILM, "--out", _out(), "--levels", "1,16,64",
-        "--parts", "latency,levels,bulk", "--workers", "1", *extra, f"--tag=-{name}"), tail=16)
-       for name, extra in (("w1", ()), ("one-process", ("--serve-args=--one-process",)))},
+    # serve with one gateway worker, the same levels and parts as serving-ab (beside the GPU
+    # prototype of --one-process at b05d16d, step serving-one-process there)
+    "serving-w1": Step(lambda: _py("studies/serving_gpu.py", "--model", MINILM, "--out", _out(),
+                                   "--levels", "1,16,64", "--parts", "latency,levels,bulk",
+                                   "--workers", "1", "--tag=-w1"), tail=16),
     # AIPerf beside our load generator on one serve (its wheels: .carry/aiperf, or an earlier
     # call's install on the same warm machine: benchmarks/peers/AIPERF.md)
     "aiperf-install": Step(lambda: [sys.executable, "-c", "from harness import aiperf_run; "

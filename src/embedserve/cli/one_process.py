@@ -34,6 +34,13 @@ def check_one_process(servers: list[ServerConfig], gateway: GatewayConfig) -> No
             f"--one-process serves one model from one engine; these flags ask {len(servers)} "
             "servers (leave out --replicas, or give one --model)"
         )
+    if servers[0].engine.device not in ("cpu", "auto"):  # auto: cuda:0 where a GPU is seen
+        # measured with the engine on its own thread in this process (H200): a lone query 0.3 ms
+        # sooner, 64 clients 2,906 against 12,082 req/s (docs/performance.md, seventh round)
+        raise ValueError(
+            f"--one-process serves from the CPU; the engine would run on "
+            f"{servers[0].engine.device} (give --device cpu)"
+        )
     if gateway.workers != 1:
         raise ValueError(f"--one-process runs one worker; --workers {gateway.workers} was given")
 
@@ -44,6 +51,7 @@ def run_one_process(server: ServerConfig, gateway: GatewayConfig) -> int:
         gateway, replicas=(IN_PROCESS_ADDRESS,), workers=1, calls_in_flight=0
     )
     served = ", ".join(e.names[0] for e in gateway.entries)
+    server = dataclasses.replace(server, engine=dataclasses.replace(server.engine, device="cpu"))
     return run(
         gateway,
         worker=functools.partial(worker, server),
@@ -56,12 +64,11 @@ def worker(
 ) -> None:
     """One gateway worker holding the engine (`run_one_process`): built here, before the loop,
     on the thread that then runs it."""
-    from embedserve.server.inline import InlineService
     from embedserve.server.main import build_here
 
     try:
-        service, guard, budget, engine_thread = build_here(server)
-    except ValueError as e:  # flags the machine or model cannot honour: said as `server` says it
+        service, guard, budget = build_here(server)
+    except ValueError as e:  # flags the model cannot honour: said once, as `server` says it
         say(f"embedserve server: error: {e}", err=True)
         raise SystemExit(2) from None
     if gateway.part_tokens is None:  # a part of a request is one batch of the engine's
@@ -69,9 +76,8 @@ def worker(
     IN_PROCESS[IN_PROCESS_ADDRESS] = in_process_calls(service)
 
     def services(app: Any) -> list[Any]:
-        if isinstance(service, InlineService):  # requests read, perhaps not yet queued
-            service.in_process = lambda: app.in_flight
-        return [_Running(service, guard, server, engine_thread)]
+        service.in_process = lambda: app.in_flight  # requests read, perhaps not yet queued
+        return [_Running(service, guard, server)]
 
     run_worker(gateway, sock, restarts, services)
 
@@ -107,12 +113,11 @@ class _Running:
     """The service, its guard and its metrics as one of the worker's services: started once the
     gateway's pipelines are up, stopped after uvicorn has drained the HTTP requests."""
 
-    def __init__(self, service: Any, guard: Any, config: ServerConfig, engine_thread: Any) -> None:
+    def __init__(self, service: Any, guard: Any, config: ServerConfig) -> None:
         self.service, self.guard, self.config = service, guard, config
-        self.engine_thread = engine_thread  # a GPU engine's (None on the CPU: `build_here`)
 
     async def start(self) -> None:
-        await self.service.start(self.engine_thread)
+        await self.service.start()
         self.guard.start()
         if self.config.metrics_port is not None:
             from embedserve.server.metrics import start_metrics_server

@@ -297,39 +297,28 @@ def _service(
     )
 
 
-def build_here(
-    config: ServerConfig,
-) -> tuple[EmbedService, EngineGuard, int, EngineThread | None]:
-    """The engine, its service (neither it nor its guard started), the batch budget and the
-    engine's thread, for a process that serves HTTP from this thread's loop (`serve
-    --one-process`). A CPU engine is built here and stepped here (`server.inline`; no engine
-    thread); a GPU engine is built and stepped on an engine thread, as `serve`'s server does it
-    (a GPU step returns before the device is done: on the loop it would serialize what that
-    thread overlaps). An engine that cannot serve ends the process (on the CPU its loop may be
-    the thread stuck in the step; the gateway's supervisor starts another)."""
-    from embedserve.engine.placement import resolve_device
-
-    on_cpu = resolve_device(config.engine.device).type == "cpu"
-    engine_thread = None if on_cpu else EngineThread()
-    if engine_thread is None:
-        engine, measured_budget = _build_engine(config)
-    else:
-        engine, measured_budget = engine_thread.submit(lambda: _build_engine(config)).result()
+def build_here(config: ServerConfig) -> tuple[InlineService, EngineGuard, int]:
+    """A CPU engine built on this thread, the service that steps it here (`server.inline`;
+    neither it nor its guard started) and the batch budget, for a process that serves HTTP from
+    this thread's loop (`serve --one-process`). An engine that cannot serve ends the process
+    (its loop may be the thread stuck in the step; the gateway's supervisor starts another)."""
+    engine, measured_budget = _build_engine(config)
     seam = engine.seam()
+    if not seam.on_cpu:
+        raise ValueError(f"--one-process serves from the CPU, not {config.engine.device}")
     guard = EngineGuard(
         lambda reason: _exit_soon(FATAL_EXIT_CODE, FATAL_LINGER_SECONDS),
         max_failures=config.max_failed_steps,
         step_timeout=config.step_timeout,
     )
     budget = measured_budget or seam.batch_tokens
-    kind = InlineService if engine_thread is None else EmbedService
-    service = _service(config, seam, guard, budget, kind)
+    service = _service(config, seam, guard, budget, InlineService)
     say(
         f"embedserve server: ready in this process (serving "
         f"{config.served_name or config.engine.model}: {seam.serving}, batch tokens "
         f"{service.scheduler.config.max_batch_tokens})"
     )
-    return service, guard, budget, engine_thread
+    return service, guard, budget  # type: ignore[return-value]
 
 
 async def serve(config: ServerConfig) -> int:

@@ -29,7 +29,7 @@ Writes benchmarks/results/latency/latency-cpu2-peers-YYYYMMDD.{json,md} (or into
 `--model FOLDER` runs another family's sentence-transformers folder (e.g. `embedserve
 make-checkpoint --arch multilingual-e5-base` or `qwen3-0.6b`, random weights of the published
 config) through the torch systems only (the ONNX exports are made for MiniLM's shape); its
-files are named `latency-cpu2-families-...`.
+files are named `latency-cpu2-<avx2|avx512>-families-...`.
 """
 
 from __future__ import annotations
@@ -384,7 +384,7 @@ def write(
     isa = report.cpu_isa()
     # the CPU kind in the name: runs on an AVX2-only CPU and an AVX-512 one stay apart
     kind = "avx512" if "avx512f" in isa else "avx2" if "avx2" in isa else "cpu"
-    slug = "cpu2-families" if args.model else f"cpu2-{kind}-peers"
+    slug = f"cpu2-{kind}-families" if args.model else f"cpu2-{kind}-peers"
     hardware = f"{report.cpu_hardware()}; flags: {' '.join(isa) or 'unknown'}"
     path, table = report.write("latency", hardware, slug, records, software, notes, args.out)
     print(table)

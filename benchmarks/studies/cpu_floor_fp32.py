@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -32,17 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
-
-
-def p50_ms(fn: Any, calls: int) -> float:
-    for _ in range(max(5, calls // 10)):
-        fn()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times) * 1e3)
+from studies.cpu_floor import p50_ms, read_bandwidth
 
 
 def layer_flops(tokens: int, seq_len: int, hidden: int, ffn: int, layers: int) -> float:
@@ -66,10 +54,7 @@ def main() -> None:
     weight_bytes = layers * 4 * (4 * hidden * hidden + 2 * hidden * ffn)
     rows: dict[str, float] = {}
     with torch.inference_mode():
-        a = torch.ones(weight_bytes // 4)
-        rows["read bandwidth at the weights' size, GB/s"] = (
-            weight_bytes / (p50_ms(lambda: a.sum(), 50) / 1e3) / 1e9
-        )
+        rows["read bandwidth at the weights' size, GB/s"] = read_bandwidth(weight_bytes) / 1e9
         x, w, b = torch.randn(2048, hidden), torch.randn(ffn, hidden), torch.randn(ffn)
         mm_ms = p50_ms(lambda: F.linear(x, w, b), 50)
         rows["fp32 matrix rate, F.linear 2048 x 384 -> 1536, GFLOP/s"] = (
@@ -79,7 +64,8 @@ def main() -> None:
     query = "how do I bake sourdough bread at home"
     ids = e.tokenizer.encode([query])[0]
     n = len(ids)
-    session = next(m for m in _modules(e) if isinstance(m, onnx_encoder.OnnxEncoder))
+    session = e.engine.model  # cpu_path "onnx": the engine's forward is the session's
+    assert isinstance(session, onnx_encoder.OnnxEncoder), type(session)
     feed = [np.array([ids], dtype=np.int64), np.arange(n, dtype=np.int64)[None] + 2,
             np.zeros((1, n), dtype=np.int64)]  # fmt: skip
     rows[f"ONNX Runtime session, one {n}-token query, ms"] = p50_ms(
@@ -116,14 +102,6 @@ def main() -> None:
         report.versions("torch", "onnxruntime"), notes, args.out,
     )  # fmt: skip
     print(table)
-
-
-def _modules(e: Any) -> list[Any]:
-    import gc
-
-    from embedserve.engine import onnx_encoder
-
-    return [o for o in gc.get_objects() if isinstance(o, onnx_encoder.OnnxEncoder)]
 
 
 if __name__ == "__main__":

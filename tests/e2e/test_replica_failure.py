@@ -212,10 +212,15 @@ def test_an_overloaded_server_gives_429_and_keeps_serving() -> None:
         "1000",
     )
     server.wait_for(r"embedserve server: ready on")
-    gateway = Proc("gateway", "--replica", f"127.0.0.1:{port}", "--port", "0")
+    # NOTE: parts of at most 1,000 tokens make each ~620-token request a large call of its own,
+    # sent at once and apart. With the default 8,192, requests arriving in one loop turn merged
+    # into one server call, which an empty queue always takes: CI once saw twelve 200s.
+    gateway = Proc(
+        "gateway", "--replica", f"127.0.0.1:{port}", "--port", "0", "--part-tokens", "1000"
+    )
     try:
         url = gateway.wait_for(r"embedserve gateway: listening on (\S+)").group(1)
-        body = {"input": ["a sentence of some length to fill the queue " * 5] * 12}  # ~700 tokens
+        body = {"input": ["a sentence of some length to fill the queue " * 5] * 12}  # ~620 tokens
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             replies = list(
                 pool.map(

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from embedserve.embedder import Embedder
-from embedserve.engine import cpu, cpu_paths
+from embedserve.engine import cpu, cpu_paths, cpu_timing
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.cpu_paths import PathTiming
 from embedserve.engine.engine import Engine
@@ -185,7 +185,7 @@ def test_a_split_where_onnx_wins_the_small_batches_and_torch_the_large() -> None
     def timing(path: str, *ms: float) -> PathTiming:
         return PathTiming(path, ms[0], ms[-1], 1.0, ms)
 
-    sizes = [sum(shape) for shape in cpu_paths.TIMING_SHAPES]
+    sizes = [sum(shape) for shape in cpu_timing.TIMING_SHAPES]
     measured = [
         timing("onnx", 2.0, 4.0, 10.0, 60.0),
         timing("packed", 3.0, 5.0, 11.0, 30.0),

@@ -44,6 +44,7 @@ from torch import nn
 
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.cpu_executors import SizeSplit
+from embedserve.engine.cpu_timing import QUERY_TOKENS, TIMING_SHAPES, Run, measure
 from embedserve.engine.fidelity import (
     FidelityError,
     Probe,
@@ -63,16 +64,7 @@ log = logging.getLogger(__name__)
 PATHS = ("onnx", "packed", "eager")
 # a float32 path's least cosine to the eager float32 reference (the issue's guard)
 MIN_COSINE = 0.99999
-# what the choice is timed on, smallest first: one short query, 4 and 16 of them (what several
-# clients' queries make), a few passages (one batch); a split is placed between two of them
-QUERY_TOKENS = 12
-PASSAGE_TOKENS = (160, 128, 96, 64)
-TIMING_SHAPES = ((QUERY_TOKENS,), (QUERY_TOKENS,) * 4, (QUERY_TOKENS,) * 16, PASSAGE_TOKENS)
-# rounds of the paths in turn; per round each batch once, a batch of queries `QUERY_CALLS` times
-ROUNDS, QUERY_CALLS = 3, 8
-SEED = 39
 
-Run = Callable[[nn.Module, PackedBatch], np.ndarray]  # the engine's step on a given model
 Served = dict[tuple[int, bool], "BatchOutputs"]  # the reference's outputs by (batch, as a query)
 
 
@@ -140,17 +132,6 @@ def _shape_name(shape: tuple[int, ...]) -> str:
     if shape == (QUERY_TOKENS,):
         return "query"
     return f"{len(shape)} " + ("queries" if set(shape) == {QUERY_TOKENS} else "passages")
-
-
-def timing_batches(vocab_size: int, max_positions: int) -> tuple[PackedBatch, ...]:
-    """`TIMING_SHAPES`' batches: fixed ids over the vocabulary, as the guard's probes."""
-    rng = np.random.default_rng(SEED)
-
-    def batch(lens: tuple[int, ...]) -> PackedBatch:
-        seqs = [rng.integers(0, vocab_size, size=min(n, max_positions)).tolist() for n in lens]
-        return PackedBatch.from_token_lists(seqs)
-
-    return tuple(batch(shape) for shape in TIMING_SHAPES)
 
 
 def available(model: PackedEncoder) -> list[str]:
@@ -299,7 +280,8 @@ def _choose(
     if asked:
         choice.path, choice.split_tokens = asked.partition("@")[0], plan(asked)[1]
     else:
-        choice.measured = _measure(built, model, run, timing, cosines)
+        ms = measure(built, run, timing, lambda path: _use_packed(model, path == "packed"))
+        choice.measured = [PathTiming(p, t[0], t[-1], cosines[p], t) for p, t in ms.items()]
         choice.path, choice.split_tokens = _fastest_plan(choice.measured)
     parts = choice.path.split("+")
     choice.cosine = min(cosines[p] for p in parts)
@@ -404,33 +386,3 @@ def _use_packed(model: PackedEncoder, on: bool) -> None:
 
 def _linears(model: nn.Module) -> list[Linear]:
     return [m for m in model.modules() if isinstance(m, Linear)]
-
-
-def _measure(
-    built: dict[str, nn.Module],
-    model: PackedEncoder,
-    run: Run,
-    timing: tuple[PackedBatch, ...],
-    cosines: dict[str, float],
-) -> list[PathTiming]:
-    """Each path's median step on each of the timing batches, the paths timed in turn, round
-    after round (a shared machine's speed drifts over seconds: each path samples the same
-    ones); the batches of queries `QUERY_CALLS` times a round, the passages once."""
-    times: dict[str, list[list[float]]] = {p: [[] for _ in timing] for p in built}
-    for round_ in range(ROUNDS):
-        for path, candidate in built.items():
-            _use_packed(model, path == "packed")
-            for i, batch in enumerate(timing):
-                last = i == len(timing) - 1
-                warm = (1 if last else 3) if round_ == 0 else 0  # the first calls warm up
-                for _ in range(warm):
-                    run(candidate, batch)
-                for _ in range(1 if last else QUERY_CALLS):
-                    t = time.perf_counter()
-                    run(candidate, batch)
-                    times[path][i].append(time.perf_counter() - t)
-    out = []
-    for p, per_batch in times.items():
-        ms = tuple(float(np.median(t)) * 1e3 for t in per_batch)
-        out.append(PathTiming(p, ms[0], ms[-1], cosines[p], ms))
-    return out

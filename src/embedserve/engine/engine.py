@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from embedserve.engine import cpu_paths
+from embedserve.engine import cpu_paths, cpu_timing
 from embedserve.engine.attention import (
     CAPTURE_SAFE,
     AttentionFn,
@@ -165,7 +165,7 @@ class Engine:
         )
         sizes, folder = (self.vocab_size, self.max_positions), str(self.spec.path)
         self.model, self.cpu_choice = cpu_paths.choose(
-            model, folder, self._run_on, make_probes(*sizes), cpu_paths.timing_batches(*sizes),
+            model, folder, self._run_on, make_probes(*sizes), cpu_timing.timing_batches(*sizes),
             asked, outputs,
         )  # fmt: skip
         self._threads_for = forward_context(self.model)

@@ -1,0 +1,84 @@
+"""How the CPU's float32 executors are timed at start-up (`cpu_paths.choose`): the batches (one
+short query, 4 and 16 of them, a few passages) and the rounds, within a time budget so that a
+large model on a small CPU does not spend a minute choosing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+from torch import nn
+
+from embedserve.engine.batch import PackedBatch
+
+Run = Callable[[nn.Module, PackedBatch], np.ndarray]  # the engine's step on a given model
+
+# what the choice is timed on, smallest first: one short query, 4 and 16 of them (what several
+# clients' queries make), a few passages (one batch); a split is placed between two of them
+QUERY_TOKENS = 12
+PASSAGE_TOKENS = (160, 128, 96, 64)
+TIMING_SHAPES = ((QUERY_TOKENS,), (QUERY_TOKENS,) * 4, (QUERY_TOKENS,) * 16, PASSAGE_TOKENS)
+# rounds of the paths in turn; per round each batch once, a batch of queries up to `QUERY_CALLS`
+# times, as many as fit `CALL_SECONDS` (its first step, a warm-up, says how long one takes).
+# NOTE: past `MIN_ROUNDS`, no round starts after `MEASURE_SECONDS`: a large model on 2 cores
+# (XLM-R base, 85 ms a query, 0.8 s the passages) spent 45 s timing 3 rounds of 8 calls a batch
+ROUNDS, MIN_ROUNDS, QUERY_CALLS = 3, 2, 8
+CALL_SECONDS, MEASURE_SECONDS = 0.1, 10.0
+SEED = 39
+
+
+def timing_batches(vocab_size: int, max_positions: int) -> tuple[PackedBatch, ...]:
+    """`TIMING_SHAPES`' batches: fixed ids over the vocabulary, as the guard's probes."""
+    rng = np.random.default_rng(SEED)
+
+    def batch(lens: tuple[int, ...]) -> PackedBatch:
+        seqs = [rng.integers(0, vocab_size, size=min(n, max_positions)).tolist() for n in lens]
+        return PackedBatch.from_token_lists(seqs)
+
+    return tuple(batch(shape) for shape in TIMING_SHAPES)
+
+
+def measure(
+    built: dict[str, nn.Module],
+    run: Run,
+    timing: tuple[PackedBatch, ...],
+    select: Callable[[str], None],
+) -> dict[str, tuple[float, ...]]:
+    """Each path's median step (ms) on each of the timing batches, the paths timed in turn,
+    round after round (a shared machine's speed drifts over seconds: each path samples the same
+    ones); per round the passages once, each batch of queries `_calls` times. `select(path)`
+    is called before a path's steps (the packed and eager paths are one module)."""
+    start = time.perf_counter()
+    times: dict[str, list[list[float]]] = {p: [[] for _ in timing] for p in built}
+    calls: dict[str, list[int]] = {}
+    for round_ in range(ROUNDS):
+        if round_ >= MIN_ROUNDS and time.perf_counter() - start > MEASURE_SECONDS:
+            break
+        for path, candidate in built.items():
+            select(path)
+            if round_ == 0:  # the first calls warm up, and say how many fit a round
+                calls[path] = [_calls(run, candidate, batch, i == len(timing) - 1)
+                               for i, batch in enumerate(timing)]  # fmt: skip
+            for i, batch in enumerate(timing):
+                for _ in range(calls[path][i]):
+                    t = time.perf_counter()
+                    run(candidate, batch)
+                    times[path][i].append(time.perf_counter() - t)
+    return {p: tuple(float(np.median(t)) * 1e3 for t in per) for p, per in times.items()}
+
+
+def _calls(run: Run, candidate: nn.Module, batch: PackedBatch, passages: bool) -> int:
+    """Warm `candidate` up on `batch` and return how many timed steps of it a round makes: the
+    passages 1, a batch of queries as many as fit `CALL_SECONDS` (1 to `QUERY_CALLS`), after
+    as many warm-up steps (at most 3)."""
+    t = time.perf_counter()
+    run(candidate, batch)
+    first = time.perf_counter() - t
+    if passages:
+        return 1
+    n = max(1, min(QUERY_CALLS, int(CALL_SECONDS / max(first, 1e-6))))
+    for _ in range(min(n, 3) - 1):
+        run(candidate, batch)
+    return n

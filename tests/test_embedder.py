@@ -245,3 +245,28 @@ def test_two_threads_through_one_embedder_get_their_own_vectors(minilm_path: Pat
         t.join()
     assert engine.stats.replays > 0  # the shared bucket was captured and replayed
     assert not wrong, f"{len(wrong)} of 80 encodes got another thread's vectors"
+
+
+def test_batches_are_cut_by_length_and_rows_come_back_in_order() -> None:
+    """`run_batches` cuts its batches from the sequences sorted by length (an executor that pads
+    pads little), and each row lands where its sequence was."""
+    from types import SimpleNamespace
+
+    from embedserve.embedder import run_batches
+
+    batches: list[list[int]] = []
+
+    def step(batch):  # type: ignore[no-untyped-def]
+        lengths = batch.seqlens.tolist()
+        batches.append(lengths)
+        rows = np.array([[n, batch.input_ids[sum(lengths[:i])]] for i, n in enumerate(lengths)])
+        return SimpleNamespace(wait=lambda: rows.astype(np.float32))
+
+    engine = SimpleNamespace(step=step, output_width=2)
+    rng = np.random.default_rng(0)
+    seqs = [[k] * int(n) for k, n in enumerate(rng.integers(1, 60, size=40))]
+    out = run_batches(engine, seqs, batch_tokens=100)  # type: ignore[arg-type]
+    assert out.tolist() == [[len(s), s[0]] for s in seqs]
+    flat = [n for b in batches for n in b]
+    assert flat == sorted(len(s) for s in seqs)
+    assert all(sum(b) <= 100 for b in batches) and len(batches) > 5

@@ -336,28 +336,39 @@ def run_batches(
     progress: Any = None,
     second_segment: Sequence[int] | None = None,
 ) -> np.ndarray:
-    """The engine's rows [len(seqs), width] for sequences in token-budget batches, in order.
-    `second_segment`: per sequence, where token type 1 begins (pairs; 0: none)."""
+    """The engine's rows [len(seqs), width] for sequences in token-budget batches, the rows in
+    the sequences' order. `second_segment`: per sequence, where token type 1 begins (pairs; 0:
+    none).
+
+    NOTE: the batches are cut from the sequences sorted by length (as sentence-transformers
+    does), so each holds sequences of similar length: a CPU executor that pads (ONNX Runtime,
+    `onnx_encoder.length_groups`) then pads little and makes fewer calls. 300 passages of 20-180
+    words on a 2-core Zen 2, ONNX Runtime, 2,048-token batches: 35.8 texts/s in input order,
+    42.5 sorted; oneDNN prepacked (ragged, no padding) 41 either way (ad-hoc probe)."""
     lengths = [len(x) for x in seqs]
+    order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
     out = np.empty((len(seqs), engine.output_width), dtype=np.float32)
     # Launch batch N+1 before reading batch N, so on a GPU the host work overlaps the device.
-    pending: tuple[range, Any, int] | None = None
-    for group in budget_groups(lengths, batch_tokens):
+    pending: tuple[np.ndarray, Any, int] | None = None
+    for group in budget_groups([lengths[i] for i in order], batch_tokens):
+        members = order[group.start : group.stop]
         batch = PackedBatch.from_token_lists(
-            [seqs[i] for i in group],
-            None if second_segment is None else [second_segment[i] for i in group],
+            [seqs[i] for i in members],
+            None if second_segment is None else [second_segment[i] for i in members],
         )
         handle = engine.step(batch)
         if pending is not None:
             _collect(out, *pending, progress)
-        pending = (group, handle, batch.num_tokens)
+        pending = (members, handle, batch.num_tokens)
     if pending is not None:
         _collect(out, *pending, progress)
     return out
 
 
-def _collect(out: np.ndarray, group: range, handle: Any, num_tokens: int, progress: Any) -> None:
-    out[group.start : group.stop] = handle.wait()
+def _collect(
+    out: np.ndarray, members: np.ndarray, handle: Any, num_tokens: int, progress: Any
+) -> None:
+    out[members] = handle.wait()
     if progress is not None:
         progress.update(num_tokens)
 

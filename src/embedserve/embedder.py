@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
-from embedserve.core.budget import budget_groups, split_rows
+from embedserve.core.budget import budget_groups, by_length_groups, split_rows
 from embedserve.core.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
 from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
@@ -340,18 +340,12 @@ def run_batches(
     the sequences' order. `second_segment`: per sequence, where token type 1 begins (pairs; 0:
     none).
 
-    NOTE: the batches are cut from the sequences sorted by length (as sentence-transformers
-    does), so each holds sequences of similar length: a CPU executor that pads (ONNX Runtime,
-    `onnx_encoder.length_groups`) then pads little and makes fewer calls. 300 passages of 20-180
-    words on a 2-core Zen 2, ONNX Runtime, 2,048-token batches: 35.8 texts/s in input order,
-    42.5 sorted; oneDNN prepacked (ragged, no padding) 41 either way (ad-hoc probe)."""
-    lengths = [len(x) for x in seqs]
-    order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
+    NOTE: the batches are cut from the sequences sorted by length (`by_length_groups`), so
+    an executor that pads pads little."""
     out = np.empty((len(seqs), engine.output_width), dtype=np.float32)
     # Launch batch N+1 before reading batch N, so on a GPU the host work overlaps the device.
     pending: tuple[np.ndarray, Any, int] | None = None
-    for group in budget_groups([lengths[i] for i in order], batch_tokens):
-        members = order[group.start : group.stop]
+    for members in by_length_groups([len(x) for x in seqs], batch_tokens):
         batch = PackedBatch.from_token_lists(
             [seqs[i] for i in members],
             None if second_segment is None else [second_segment[i] for i in members],

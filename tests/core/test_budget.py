@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedserve.core.budget import budget_groups, shift_spans, split_rows
+from embedserve.core.budget import (
+    budget_groups,
+    by_length_groups,
+    in_input_order,
+    shift_spans,
+    split_rows,
+)
 
 
 def groups(sizes: list[int], budget: int) -> list[list[int]]:
@@ -54,3 +60,22 @@ def test_spans_shift_by_the_pieces_before_them() -> None:
     assert shifted.tolist() == [[0, 2], [1, 3], [4, 5], [8, 9]]
     with pytest.raises(ValueError, match="2 span lists for 1 pieces"):
         shift_spans([alone, alone], [4])
+
+
+def test_groups_by_length_cover_every_item_once_shortest_first() -> None:
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 200, size=60).tolist()
+    groups = by_length_groups(lengths, 512)
+    flat = np.concatenate(groups)
+    assert sorted(flat.tolist()) == list(range(60))
+    assert [lengths[i] for i in flat] == sorted(lengths)  # shortest first, across the groups
+    assert all(sum(lengths[i] for i in g) <= 512 for g in groups)
+    assert by_length_groups([5, 3, 5, 3], 100)[0].tolist() == [1, 3, 0, 2]  # ties keep order
+
+
+def test_rows_of_groups_by_length_come_back_in_input_order() -> None:
+    lengths = [30, 4, 17, 4, 60, 1]
+    groups = by_length_groups(lengths, 40)
+    rows = np.concatenate([np.array([[lengths[i], i] for i in g]) for g in groups])
+    assert in_input_order(rows, groups).tolist() == [[n, i] for i, n in enumerate(lengths)]
+    assert in_input_order(np.empty((0, 2)), []).shape == (0, 2)

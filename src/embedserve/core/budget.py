@@ -1,7 +1,8 @@
 """Grouping work under a token budget, and cutting grouped results back apart (no torch).
 
 The offline API groups inputs into engine batches, the gateway groups a request's sequences into
-server calls, and the server's queue groups requests into batches: all by `budget_groups`. Each
+server calls, and the server's queue groups requests into batches: all by `budget_groups` (the
+first two over their sequences sorted by length, `by_length_groups`). Each
 then hands every caller its own rows with `split_rows`; late-chunking spans follow their pieces
 into the packing with `shift_spans`.
 """
@@ -46,6 +47,27 @@ def budget_groups(sizes: Iterable[int], budget: int) -> Iterator[range]:
         count = index + 1
     if count > start:
         yield range(start, count)
+
+
+def by_length_groups(lengths: Sequence[int], budget: int) -> list[np.ndarray]:
+    """`budget_groups` over the items sorted by length (stable): each group the indices of its
+    items in `lengths`, shortest first.
+
+    NOTE: so each batch (or server call) holds sequences of similar length, and a CPU executor
+    that pads (ONNX Runtime, `onnx_encoder.length_groups`) pads little and makes fewer calls:
+    300 passages of 20-180 words on a 2-core Zen 2, ONNX Runtime, 2,048-token batches, 35.8
+    texts/s cut in input order against 42.5 sorted; oneDNN prepacked (ragged) 41 either way."""
+    order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
+    return [order[g.start : g.stop] for g in budget_groups([lengths[i] for i in order], budget)]
+
+
+def in_input_order(rows: np.ndarray, groups: Sequence[np.ndarray]) -> np.ndarray:
+    """`rows` of the `by_length_groups` groups back to back, each put where its item was."""
+    if not groups:
+        return rows
+    out = np.empty_like(rows)
+    out[np.concatenate(groups)] = rows
+    return out
 
 
 def split_rows(rows: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:

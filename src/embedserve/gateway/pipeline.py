@@ -1,8 +1,8 @@
 """One embeddings request through the gateway: prepare, split, fan out, re-assemble.
 
 The request core (`embedserve.core.inputs`) turns the request's values into checked token-id
-sequences; they are split into token-budget pieces (`budget.budget_groups`), each sent to the
-least loaded replica, and the encoded rows are put back in input order. Two kinds of request need
+sequences; they are split into token-budget pieces of similar length (`budget.by_length_groups`),
+each sent to the least loaded replica, and the encoded rows are put back in input order. Two kinds of request need
 the pooled rows themselves, before any head: `truncate: "chunk"` (windows averaged per input,
 then the head) and a reranker's scores (logits, then its activation) ask the servers for raw
 float32 rows (`contract.codec`). Contextualized (late-chunking) requests send whole documents
@@ -32,7 +32,13 @@ from embedserve.contract.codec import (
     encode_request,
 )
 from embedserve.core.bounds import check_chars, document_chars, pair_chars, text_chars
-from embedserve.core.budget import budget_groups, shift_spans, split_rows
+from embedserve.core.budget import (
+    budget_groups,
+    by_length_groups,
+    in_input_order,
+    shift_spans,
+    split_rows,
+)
 from embedserve.core.chunking import packed_spans
 from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
@@ -149,15 +155,13 @@ class Pipeline:
 
     async def _encode(self, prepared: PreparedInputs, head: Head) -> np.ndarray:
         """The prepared inputs' vectors, through the servers in token-budget parts."""
-        lengths = [len(s) for s in prepared.seqs]
+        seqs = prepared.seqs
         model_head = prepared.model_side_head(head)
+        groups = by_length_groups([len(s) for s in seqs], self.limits.part_tokens)
         rows = await self._fan_out(
-            [
-                functools.partial(self._embed_part, [prepared.seqs[i] for i in group], model_head)
-                for group in budget_groups(lengths, self.limits.part_tokens)
-            ]
+            [functools.partial(self._embed_part, [seqs[i] for i in g], model_head) for g in groups]
         )
-        return prepared.finish(rows, head)
+        return prepared.finish(in_input_order(rows, groups), head)
 
     async def score(self, job: ScoreJob) -> tuple[np.ndarray, int]:
         """One score per document [N] float32 in the job's order, and the prompt tokens."""
@@ -195,6 +199,7 @@ class Pipeline:
         lengths = [len(s) for s in seqs]
         num_tokens = sum(lengths)
         self._check_size(num_tokens)
+        groups = by_length_groups(lengths, self.limits.part_tokens)
         rows = await self._fan_out(
             [
                 functools.partial(
@@ -203,10 +208,10 @@ class Pipeline:
                     None,
                     second_segment=[second_segment[i] for i in group],
                 )
-                for group in budget_groups(lengths, self.limits.part_tokens)
+                for group in groups
             ]
         )
-        return rows, num_tokens
+        return in_input_order(rows, groups), num_tokens
 
     async def _cosine(self, job: ScoreJob) -> tuple[np.ndarray, int]:
         """An embedding model's scores: the bi-encoder plan of the request core

@@ -45,7 +45,9 @@ def main() -> None:
         e = Embedder("minilm", device="cpu", dtype="float32", cpu_path=path)
         e.encode(texts[:64], truncate="end")  # warm
         embedders[f"{path} ({e.engine.cpu_path})" if path == "auto" else path] = e
-    tokens = sum(len(t) for t in next(iter(embedders.values())).tokenizer.encode(texts, truncate="end"))
+    tokens = sum(
+        len(t) for t in next(iter(embedders.values())).tokenizer.encode(texts, truncate="end")
+    )
     rates: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.rounds):
         for name, e in embedders.items():

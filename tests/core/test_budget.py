@@ -79,3 +79,5 @@ def test_rows_of_groups_by_length_come_back_in_input_order() -> None:
     rows = np.concatenate([np.array([[lengths[i], i] for i in g]) for g in groups])
     assert in_input_order(rows, groups).tolist() == [[n, i] for i, n in enumerate(lengths)]
     assert in_input_order(np.empty((0, 2)), []).shape == (0, 2)
+    assert [g.tolist() for g in by_length_groups([7], 4)] == [[0]]  # alone, over the budget
+    assert by_length_groups([], 4) == []

@@ -1,12 +1,13 @@
 """One embeddings request through the gateway: prepare, split, fan out, re-assemble.
 
 The request core (`embedserve.core.inputs`) turns the request's values into checked token-id
-sequences; they are split into token-budget pieces of similar length (`budget.by_length_groups`),
-each sent to the least loaded replica, and the encoded rows are put back in input order. Two kinds of request need
-the pooled rows themselves, before any head: `truncate: "chunk"` (windows averaged per input,
-then the head) and a reranker's scores (logits, then its activation) ask the servers for raw
-float32 rows (`contract.codec`). Contextualized (late-chunking) requests send whole documents
-with their chunks' token spans (`span_bounds`) and get one row per span.
+sequences; they are split into token-budget pieces of similar length
+(`budget.by_length_groups`), each sent to the least loaded replica, and the encoded rows are put
+back in input order. Two kinds of request need the pooled rows themselves, before any head:
+`truncate: "chunk"` (windows averaged per input, then the head) and a reranker's scores (logits,
+then its activation) ask the servers for raw float32 rows (`contract.codec`). Contextualized
+(late-chunking) requests send whole documents with their chunks' token spans (`span_bounds`) and
+get one row per span.
 
 Preparing a large request (tokenization) runs on a thread pool so the event loop keeps serving
 other requests; a small one runs inline, where a thread hop would cost more than the work.

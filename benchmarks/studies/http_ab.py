@@ -10,6 +10,12 @@ fresh process measures `Embedder.encode([query])` of the first tree the same way
     .venv/bin/python benchmarks/studies/http_ab.py main=src other=/path/to/other/src [--rounds 3]
     .venv/bin/python benchmarks/studies/http_ab.py a=src b=src --env b:RAYON_NUM_THREADS=1
     .venv/bin/python benchmarks/studies/http_ab.py new=src old=/path/to/old/src --burst
+    .venv/bin/python benchmarks/studies/http_ab.py new=src old=/old/src --passages 100 \
+        --env new:XDG_CACHE_HOME=/tmp/c-new --env old:XDG_CACHE_HOME=/tmp/c-old
+
+With `--passages N` each request carries N passages (20-120 words) instead of one query: the
+bulk path's A/B (no in-process row). Give each tree its own cache when the trees' CPU executors
+differ: a start-up choice is remembered per machine and folder, not per tree.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
@@ -129,6 +136,7 @@ def main() -> None:
         help="each server measured with the others idle, one after another (the order rotated "
         "each round), instead of request by request in turn: see http_p50s",
     )
+    ap.add_argument("--passages", type=int, default=0, help="passages per request (0: a query)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     trees = dict(t.split("=", 1) for t in args.trees)
@@ -137,7 +145,10 @@ def main() -> None:
         name, assignment = item.split(":", 1)
         key, value = assignment.split("=", 1)
         extra[name][key] = value
-    queries = corpus.queries(64)
+    queries: list[Any] = corpus.queries(64)
+    if args.passages:
+        texts = corpus.passages(8 * args.passages, min_words=20, max_words=120, seed=3)
+        queries = [texts[k * args.passages : (k + 1) * args.passages] for k in range(8)]
     servers = {name: start(src, extra[name]) for name, src in trees.items()}
     if args.burst:
         for name, src in trees.items():
@@ -152,21 +163,24 @@ def main() -> None:
             p50s = http_p50s(ports, queries, args.requests, args.alone, r)
             for name, p50 in zip(servers, p50s, strict=True):
                 results[name].append(round(p50, 3))
-            out = subprocess.run([sys.executable, "-c", code], env=clean_env(trees[first]),
-                                 capture_output=True, text=True, check=True)  # fmt: skip
-            results["in process"].append(round(float(out.stdout.split()[-1]), 3))
-            print(r, {k: v[-1] for k, v in results.items()}, flush=True)
+            if not args.passages:
+                out = subprocess.run([sys.executable, "-c", code], env=clean_env(trees[first]),
+                                     capture_output=True, text=True, check=True)  # fmt: skip
+                results["in process"].append(round(float(out.stdout.split()[-1]), 3))
+            print(r, {k: v[-1] for k, v in results.items() if v}, flush=True)
     finally:
         for p, _ in servers.values():
             os.killpg(p.pid, signal.SIGTERM)
+    what = f"{args.passages} passages" if args.passages else "one short query"
     records = [
         {"system": f"embedserve serve ({name})" if name != "in process" else
          f"embedserve Embedder.encode ({first})", "model": "all-MiniLM-L6-v2", "weights": "real",
-         "dtype": "CPU default", "batch": 1, "tokens": "3-12 words", "concurrency": 1,
-         "metric": "one short query p50 (ms), median of rounds", "value": median(values),
+         "dtype": "CPU default", "batch": args.passages or 1,
+         "tokens": "20-120 words each" if args.passages else "3-12 words", "concurrency": 1,
+         "metric": f"{what} p50 (ms), median of rounds", "value": median(values),
          "scope": "HTTP end to end" if name != "in process" else "in process",
          "rounds": values}
-        for name, values in results.items()
+        for name, values in results.items() if values
     ]  # fmt: skip
     order = (
         "each alone, one after another, the order rotated by round"

@@ -59,10 +59,13 @@ def noop_server() -> None:
     asyncio.run(main())
 
 
-def sequential_us(port: int, texts: list[str], count: int) -> list[float]:
-    """`count` requests one after another on one keep-alive connection, µs each."""
+def sequential_us(
+    port: int, texts: list[Any], count: int, fields: dict[str, Any] | None = None
+) -> list[float]:
+    """`count` requests one after another on one keep-alive connection, µs each; `fields`:
+    more of each body (`truncate`)."""
     conn = connect(port, timeout=60)
-    bodies = [json.dumps({"input": t}).encode() for t in texts]
+    bodies = [json.dumps({"input": t, **(fields or {})}).encode() for t in texts]
     out = []
     for i in range(count):
         t0 = time.perf_counter()
@@ -72,12 +75,14 @@ def sequential_us(port: int, texts: list[str], count: int) -> list[float]:
     return out
 
 
-def interleaved_us(ports: list[int], texts: list[str], count: int) -> list[list[float]]:
+def interleaved_us(
+    ports: list[int], texts: list[Any], count: int, fields: dict[str, Any] | None = None
+) -> list[list[float]]:
     """`sequential_us` on several servers at once, one request to each in turn (the order rotated
     every turn), so that a machine whose speed drifts by the second slows them alike: per
     server, `count` times in µs."""
     conns = [connect(port, timeout=60) for port in ports]
-    bodies = [json.dumps({"input": t}).encode() for t in texts]
+    bodies = [json.dumps({"input": t, **(fields or {})}).encode() for t in texts]
     out: list[list[float]] = [[] for _ in ports]
     for i in range(count):
         for k in range(len(ports)):

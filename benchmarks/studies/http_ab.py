@@ -13,9 +13,10 @@ fresh process measures `Embedder.encode([query])` of the first tree the same way
     .venv/bin/python benchmarks/studies/http_ab.py new=src old=/old/src --passages 100 \
         --env new:XDG_CACHE_HOME=/tmp/c-new --env old:XDG_CACHE_HOME=/tmp/c-old
 
-With `--passages N` each request carries N passages (20-120 words) instead of one query: the
-bulk path's A/B (no in-process row). Give each tree its own cache when the trees' CPU executors
-differ: a start-up choice is remembered per machine and folder, not per tree.
+With `--passages N` each request carries N passages (20-120 words, `truncate: "end"`) instead
+of one query: the bulk path's A/B (no in-process row). Give each tree its own cache when the
+trees' CPU executors differ: a start-up choice is remembered per machine and folder, not per
+tree.
 """
 
 from __future__ import annotations
@@ -93,7 +94,12 @@ def after_burst(
 
 
 def http_p50s(
-    ports: list[int], queries: list[str], n: int, alone: bool = False, turn: int = 0
+    ports: list[int],
+    queries: list[Any],
+    n: int,
+    alone: bool = False,
+    turn: int = 0,
+    fields: dict[str, Any] | None = None,
 ) -> list[float]:
     """Each server's p50 (ms) over `n` sequential queries: called in turn, request by request,
     or with `alone` one server after another (the order rotated by `turn`), the others idle.
@@ -104,11 +110,11 @@ def http_p50s(
     queries: 3.86 against 2.88 ms p50; ad-hoc probe, 2026-12-05). In turn compares trees under
     the same drift; only `alone` gives a server's own time, the one to set beside in process."""
     if not alone:
-        return [median(us[WARM:]) / 1e3 for us in interleaved_us(ports, queries, n + WARM)]
+        return [median(us[WARM:]) / 1e3 for us in interleaved_us(ports, queries, n + WARM, fields)]
     p50s = [0.0] * len(ports)
     for k in range(len(ports)):
         j = (turn + k) % len(ports)
-        p50s[j] = median(sequential_us(ports[j], queries, n + WARM)[WARM:]) / 1e3
+        p50s[j] = median(sequential_us(ports[j], queries, n + WARM, fields)[WARM:]) / 1e3
     return p50s
 
 
@@ -160,7 +166,8 @@ def main() -> None:
     try:
         for r in range(args.rounds):
             ports = [port for _, port in servers.values()]
-            p50s = http_p50s(ports, queries, args.requests, args.alone, r)
+            fields = {"truncate": "end"} if args.passages else None  # a passage may pass 256
+            p50s = http_p50s(ports, queries, args.requests, args.alone, r, fields)
             for name, p50 in zip(servers, p50s, strict=True):
                 results[name].append(round(p50, 3))
             if not args.passages:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
-from embedserve.core.budget import budget_groups, by_length_groups, split_rows
+from embedserve.core.budget import budget_groups, by_length_groups, in_input_order, split_rows
 from embedserve.core.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
 from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
@@ -384,26 +384,30 @@ def _outputs_by_batch(
     visible: Sequence[int] | None = None,
 ) -> EncodedOutputs:
     """`outputs` of every sequence through `Engine.encode_outputs`, token-budget batches of
-    one forward each for every output asked for, in input order; `visible`: per sequence, its
-    attended leading tokens."""
+    one forward each for every output asked for, cut from the sequences sorted by length as
+    `run_batches` cuts them, the outputs in input order; `visible`: per sequence, its attended
+    leading tokens."""
+    groups = by_length_groups([len(s) for s in seqs], batch_tokens)
     dense: list[np.ndarray] = []
-    sparse: list[SparseVector] = []
-    vectors: list[np.ndarray] = []
-    for group in budget_groups([len(s) for s in seqs], batch_tokens):
-        batch = PackedBatch.from_token_lists([seqs[i] for i in group])
-        keys = None if visible is None else tuple(visible[i] for i in group)
+    sparse: dict[int, SparseVector] = {}  # by input index
+    vectors: dict[int, np.ndarray] = {}
+    for members in groups:
+        batch = PackedBatch.from_token_lists([seqs[i] for i in members])
+        keys = None if visible is None else tuple(visible[i] for i in members)
         out = engine.encode_outputs(batch, outputs, query=query, visible_keys=keys)
         if out.dense is not None:
             dense.append(out.dense)
-        for i in range(len(group)):
+        for row, i in enumerate(members):
             if out.sparse is not None:
-                idx, val = out.sparse.row(i)
-                sparse.append({"indices": idx.tolist(), "values": val.tolist()})
+                idx, val = out.sparse.row(row)
+                sparse[i] = {"indices": idx.tolist(), "values": val.tolist()}
             if out.multivector is not None:
-                vectors.append(out.multivector.row(i))
+                vectors[i] = out.multivector.row(row)
     return EncodedOutputs(
-        dense=head.apply(np.concatenate(dense)) if "dense" in outputs else None,
-        sparse=sparse if "sparse" in outputs else None,
-        multivector=vectors if "multivector" in outputs else None,
+        dense=head.apply(in_input_order(np.concatenate(dense), groups))
+        if "dense" in outputs
+        else None,
+        sparse=[sparse[i] for i in range(len(seqs))] if "sparse" in outputs else None,
+        multivector=[vectors[i] for i in range(len(seqs))] if "multivector" in outputs else None,
         tokens=[len(s) for s in seqs],
     )

@@ -50,3 +50,28 @@ def test_the_timing_fits_its_budget(
     )
     if not small:  # 3 rounds of 8 steps of each batch of queries took 120 s on this clock
         assert clock[0] < 30
+
+
+@pytest.mark.parametrize("slower", [1.31, 1.1])
+def test_a_path_far_behind_on_every_batch_is_timed_no_more(
+    slower: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the first round, eager at 1.31x oneDNN's time on every batch (Qwen3-0.6B's closest
+    batch on a 2-core Zen 2) is dropped, and the one path left ends the timing; at 1.1x (MiniLM's
+    eager passages) it stays timed. Either way every path's medians are in the answer."""
+    clock = [0.0]
+    monkeypatch.setattr(cpu_timing, "time", type("Clock", (), {"perf_counter": lambda: clock[0]}))
+    selected: list[str] = []
+    cost = {"packed": 1e-4, "eager": 1e-4 * slower}
+
+    def run(model: torch.nn.Module, batch: PackedBatch) -> np.ndarray:
+        clock[0] += cost[selected[-1]] * int(batch.seqlens.sum())
+        return np.zeros((1, 1))
+
+    built = {"packed": torch.nn.Module(), "eager": torch.nn.Module()}
+    timing = cpu_timing.timing_batches(1000, 512)
+    measured = cpu_timing.measure(built, run, timing, selected.append)
+    rounds = 1 if slower > cpu_timing.DROP_MARGIN else cpu_timing.ROUNDS
+    assert selected == ["packed", "eager"] * rounds
+    for path, ms in measured.items():
+        assert ms == pytest.approx([cost[path] * sum(s) * 1e3 for s in cpu_timing.TIMING_SHAPES])

@@ -225,6 +225,23 @@ def test_bge_m3_alone_equals_batch(bge_m3) -> None:  # type: ignore[no-untyped-d
     _alone_equals_batch(bge_m3[1])
 
 
+def test_outputs_come_back_in_input_order_from_batches_cut_by_length(bge_m3) -> None:  # type: ignore[no-untyped-def]
+    """The batches are cut from the inputs sorted by length (the long passage alone, the short
+    ones together): each output of each input is where the input was, as when it runs alone."""
+    embedder = bge_m3[1]
+    texts = [TEXTS[4], TEXTS[3], TEXTS[1], TEXTS[0], TEXTS[2], TEXTS[3]]
+    cut = embedder.encode_outputs(texts, batch_tokens=40)
+    assert cut.dense is not None and cut.sparse is not None and cut.multivector is not None
+    assert cut.tokens is not None and cut.tokens[0] > 40 > cut.tokens[1]
+    for i, text in enumerate(texts):
+        alone = embedder.encode_outputs([text])
+        assert alone.dense is not None and alone.sparse is not None
+        assert alone.multivector is not None and alone.tokens == [cut.tokens[i]]
+        np.testing.assert_allclose(cut.dense[i], alone.dense[0], atol=1e-6)
+        assert cut.sparse[i]["indices"] == alone.sparse[0]["indices"]
+        np.testing.assert_allclose(cut.multivector[i], alone.multivector[0], atol=1e-6)
+
+
 def test_bge_m3_heads_are_read_without_pickled_code(tmp_path: Path) -> None:
     """A head file holding any object but tensors is refused, with the conversion command;
     exactly a Linear's weight and bias is read."""

@@ -40,7 +40,7 @@ from embedserve.engine.placement import DTYPES, resolve_device, resolve_dtype
 from embedserve.engine.pooler.dense import build_dense
 from embedserve.engine.pooler.score_heads import build_score_head
 from embedserve.engine.pooler.spans import pool_spans
-from embedserve.engine.retrieval import BatchOutputs, build_retrieval, visible_keys_attention
+from embedserve.engine.retrieval import BatchOutputs, VisibleKeys, build_retrieval
 from embedserve.engine.seam import EngineSeam, engine_seam
 from embedserve.engine.stats import EngineStats
 from embedserve.engine.weights import FolderWeights
@@ -436,7 +436,7 @@ class Engine:
         if runner is None or cut:
             if runner is not None:
                 self.stats.eager_runs += 1
-            attend = self.attend if visible_keys is None else visible_keys_attention(visible_keys)
+            attend: AttentionFn = self.attend if visible_keys is None else VisibleKeys(visible_keys)
             return eager_run(self._hidden, batch, self.device, attend)
         hidden = runner.run(batch)
         return hidden if hidden is not None else self._run_parts(batch, runner, self._hidden)

@@ -31,6 +31,7 @@ from torch import nn
 from embedserve.engine.attention import AttentionFn, RaggedLayout
 from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.models.bert import BertEncoder, BertLayer
+from embedserve.engine.retrieval import VisibleKeys
 
 # bump when the graph written below changes: the cached files of older versions are not reused
 GRAPH_VERSION = 1
@@ -213,8 +214,9 @@ def length_groups(seqlens: Sequence[int]) -> list[list[int]]:
 
 class OnnxEncoder(nn.Module):
     """The model's forward (packed ids -> hidden [T, H] float32) through an ONNX Runtime session;
-    a stand-in for the `PackedEncoder` it was written from (the attention argument is unused:
-    the graph holds its own)."""
+    a stand-in for the `PackedEncoder` it was written from. The graph holds its own attention:
+    of the attention argument only a `VisibleKeys` limit is read, as the keys each row's
+    `Attention` sees (its `lengths` input)."""
 
     def __init__(self, model: PackedEncoder, path: Path, num_threads: int) -> None:
         super().__init__()
@@ -249,8 +251,10 @@ class OnnxEncoder(nn.Module):
     ) -> torch.Tensor:  # [T, H]
         arrays = [t.numpy() for t in (input_ids, positions + self.position_offset, token_type_ids)]
         seqlens = layout.seqlens
+        # each row's attended keys: all its tokens, or a query expansion's leading ones
+        keys = attend.visible if isinstance(attend, VisibleKeys) else seqlens
         if len(seqlens) == 1:  # a lone sequence: one row, nothing to pad
-            out = self._run([a[None] for a in arrays], np.array(seqlens, dtype=np.int32))
+            out = self._run([a[None] for a in arrays], np.array(keys, dtype=np.int32))
             return torch.from_numpy(out[0])
         starts = np.concatenate([[0], np.cumsum(seqlens)])
         hidden = torch.empty((len(input_ids), self.hidden_size), dtype=torch.float32)
@@ -260,7 +264,7 @@ class OnnxEncoder(nn.Module):
             for row, i in enumerate(group):
                 for src, dst in zip(arrays, padded, strict=True):
                     dst[row, : seqlens[i]] = src[starts[i] : starts[i + 1]]
-            lengths = np.array([seqlens[i] for i in group], dtype=np.int32)
+            lengths = np.array([keys[i] for i in group], dtype=np.int32)
             out = self._run(padded, lengths)
             for row, i in enumerate(group):
                 hidden[starts[i] : starts[i + 1]] = torch.from_numpy(out[row, : seqlens[i]])

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embedserve.engine.attention import AttentionFn, RaggedLayout
+from embedserve.engine.attention import RaggedLayout
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.pooler.multivector import (
     TokenVectors,
@@ -180,28 +180,33 @@ def build_retrieval(spec: ModelSpec, weights: FolderWeights | None = None) -> Re
     return heads
 
 
-def visible_keys_attention(visible: Sequence[int]) -> AttentionFn:
+class VisibleKeys:
     """Attention in which sequence i's queries see only its first `visible[i]` keys: a ColBERT
     query's expansion tokens read the query but no token reads them (PyLate's attention mask of
-    0 on them, unless `attend_to_expansion_tokens`). One SDPA per sequence, as `sdpa_loop`."""
+    0 on them, unless `attend_to_expansion_tokens`). One SDPA per sequence, as `sdpa_loop`.
+    An executor that holds its own attention (ONNX Runtime's graph, `onnx_encoder`) reads
+    `visible` and limits its keys itself."""
 
-    def attend(
+    def __init__(self, visible: Sequence[int]) -> None:
+        self.visible = tuple(int(m) for m in visible)
+
+    def __call__(
+        self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         layout: RaggedLayout,
         causal: bool,
-        *window_bias: object,
+        window: int | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if causal or any(x is not None for x in window_bias):
+        if causal or window is not None or bias is not None:
             raise ValueError("query expansion runs bidirectional encoders without windows")
         out = torch.empty_like(q)
         start = 0
-        for n, m in zip(layout.seqlens, visible, strict=True):
+        for n, m in zip(layout.seqlens, self.visible, strict=True):
             qs = q[None, start : start + n].transpose(1, 2)
             ks, vs = (t[None, start : start + m].transpose(1, 2) for t in (k, v))
             out[start : start + n] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
             start += n
         return out
-
-    return attend  # type: ignore[return-value]  # keyword names aside, the same call

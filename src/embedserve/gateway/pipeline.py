@@ -333,14 +333,15 @@ class Pipeline:
     ) -> EncodedOutputs:
         seqs, visible = prepared.seqs, prepared.visible
         calls = []
-        for group in budget_groups([len(s) for s in seqs], self.limits.part_tokens):
+        groups = by_length_groups([len(s) for s in seqs], self.limits.part_tokens)
+        for group in groups:
             part = [seqs[i] for i in group]
             shown = None if visible is None else [visible[i] for i in group]
             request = encode_request(
                 part, head, outputs=outputs, query=prepared.query, visible=shown
             )
             calls.append(functools.partial(self._outputs_part, request, len(part), outputs))
-        return join_outputs(await self._fan_out_parts(calls))
+        return join_outputs(await self._fan_out_parts(calls), groups)
 
     async def _outputs_part(
         self, request: Any, num_seqs: int, outputs: tuple[str, ...]

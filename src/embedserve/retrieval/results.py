@@ -60,13 +60,26 @@ class EncodedOutputs:
         return self.rows(i, i + 1)
 
 
-def join_outputs(parts: Sequence[EncodedOutputs]) -> EncodedOutputs:
-    """The outputs of consecutive parts of one input list, as one (each part asked alike)."""
+def join_outputs(
+    parts: Sequence[EncodedOutputs], groups: Sequence[np.ndarray] | None = None
+) -> EncodedOutputs:
+    """The outputs of consecutive parts of one input list, as one (each part asked alike);
+    with `groups` (`core.budget.by_length_groups`: each part's input indices), put back in
+    input order."""
     first = parts[0]
-    return EncodedOutputs(
+    joined = EncodedOutputs(
         None if first.dense is None else np.concatenate([p.dense for p in parts]),
         None if first.sparse is None else [v for p in parts for v in p.sparse or ()],
         None if first.multivector is None else [v for p in parts for v in p.multivector or ()],
+    )
+    if groups is None or len(joined) < 2:
+        return joined
+    where = np.empty(len(joined), dtype=np.intp)  # input i's joined row
+    where[np.concatenate(groups)] = np.arange(len(joined))
+    return EncodedOutputs(
+        None if joined.dense is None else joined.dense[where],
+        None if joined.sparse is None else [joined.sparse[j] for j in where],
+        None if joined.multivector is None else [joined.multivector[j] for j in where],
     )
 
 

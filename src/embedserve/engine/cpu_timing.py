@@ -37,6 +37,10 @@ CALL_SECONDS, MEASURE_SECONDS = 0.1, 10.0
 # 1.31x; its second round (12.8 s) only confirmed it. The closest losers measured, MiniLM's and
 # XLM-R's eager passages, are 1.10x and 1.14x: they stay timed.
 DROP_MARGIN = 1.25
+# a first step this long is its round's timed step too: what a first step adds (allocations,
+# oneDNN's primitives for the shape) is milliseconds, and on Qwen3-0.6B (2 cores) the warm-up
+# steps were 12 s of the choice's 37 s
+LONG_STEP = 0.5
 SEED = 39
 
 
@@ -75,11 +79,16 @@ def measure(
         for path in timed:
             candidate = built[path]
             select(path)
+            warm = [0] * len(timing)  # steps of this round the warm-up already timed
             if round_ == 0:  # the first calls warm up, and say how many fit a round
-                calls[path] = [_calls(run, candidate, batch, i == len(timing) - 1)
-                               for i, batch in enumerate(timing)]  # fmt: skip
+                for i, batch in enumerate(timing):
+                    n, first = _calls(run, candidate, batch, i == len(timing) - 1)
+                    calls.setdefault(path, []).append(n)
+                    if first >= LONG_STEP:
+                        times[path][i].append(first)
+                        warm[i] = 1
             for i, batch in enumerate(timing):
-                for _ in range(calls[path][i]):
+                for _ in range(calls[path][i] - warm[i]):
                     t = time.perf_counter()
                     run(candidate, batch)
                     times[path][i].append(time.perf_counter() - t)
@@ -100,16 +109,18 @@ def _contenders(ms: dict[str, tuple[float, ...]]) -> list[str]:
     ]  # fmt: skip
 
 
-def _calls(run: Run, candidate: nn.Module, batch: PackedBatch, passages: bool) -> int:
-    """Warm `candidate` up on `batch` and return how many timed steps of it a round makes: the
-    passages 1, a batch of queries as many as fit `CALL_SECONDS` (1 to `QUERY_CALLS`), after
-    as many warm-up steps (at most 3)."""
+def _calls(
+    run: Run, candidate: nn.Module, batch: PackedBatch, passages: bool
+) -> tuple[int, float]:
+    """Warm `candidate` up on `batch`: how many timed steps of it a round makes (the passages
+    1, a batch of queries as many as fit `CALL_SECONDS`, 1 to `QUERY_CALLS`, after as many
+    warm-up steps, at most 3), and the first step's seconds."""
     t = time.perf_counter()
     run(candidate, batch)
     first = time.perf_counter() - t
     if passages:
-        return 1
+        return 1, first
     n = max(1, min(QUERY_CALLS, int(CALL_SECONDS / max(first, 1e-6))))
     for _ in range(min(n, 3) - 1):
         run(candidate, batch)
-    return n
+    return n, first

@@ -109,9 +109,7 @@ def _contenders(ms: dict[str, tuple[float, ...]]) -> list[str]:
     ]  # fmt: skip
 
 
-def _calls(
-    run: Run, candidate: nn.Module, batch: PackedBatch, passages: bool
-) -> tuple[int, float]:
+def _calls(run: Run, candidate: nn.Module, batch: PackedBatch, passages: bool) -> tuple[int, float]:
     """Warm `candidate` up on `batch`: how many timed steps of it a round makes (the passages
     1, a batch of queries as many as fit `CALL_SECONDS`, 1 to `QUERY_CALLS`, after as many
     warm-up steps, at most 3), and the first step's seconds."""

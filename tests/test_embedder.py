@@ -270,3 +270,19 @@ def test_batches_are_cut_by_length_and_rows_come_back_in_order() -> None:
     flat = [n for b in batches for n in b]
     assert flat == sorted(len(s) for s in seqs)
     assert all(sum(b) <= 100 for b in batches) and len(batches) > 5
+
+
+def test_contextual_batches_cut_by_length_give_each_document_its_chunks(minilm: Embedder) -> None:
+    """Whole documents in batches cut from the documents sorted by length: each document's
+    chunk vectors are where the document was, as when it runs alone."""
+    documents = [
+        ["A longer document about the Roman empire.", "Its roads, its laws, its decline."],
+        ["short"],
+        ["The Eiffel Tower is in Paris.", "It is 330 metres tall.", "Built in 1889."],
+        ["ok", "fine"],
+    ]
+    together = minilm.encode_contextual(documents, batch_tokens=24)
+    for document, rows in zip(documents, together, strict=True):
+        [alone] = minilm.encode_contextual([document])
+        assert rows.shape == (len(document), alone.shape[1])
+        np.testing.assert_allclose(rows, alone, atol=1e-5)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
-from embedserve.core.budget import budget_groups, by_length_groups, in_input_order, split_rows
+from embedserve.core.budget import by_length_groups, in_input_order, split_in_input_order
 from embedserve.core.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
 from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
@@ -297,15 +297,16 @@ class Embedder:
             self.inputs.read_documents(documents, max_chunks), separator
         )
         budget = self._batch_tokens(batch_tokens)
-        out: list[np.ndarray] = []
-        # whole documents back to back in token-budget batches, one row per chunk span
-        for group in budget_groups([len(p.ids) for p in plans], budget):
+        rows: list[np.ndarray] = []
+        # whole documents in token-budget batches cut as `run_batches` cuts them, one row per
+        # chunk span
+        groups = by_length_groups([len(p.ids) for p in plans], budget)
+        for group in groups:
             batch_plans = [plans[d] for d in group]
             batch = PackedBatch.from_token_lists([p.ids for p in batch_plans])
-            spans = packed_spans(batch_plans)
-            rows = self.engine.embed_spans(batch, spans)
-            out += split_rows(head.apply(rows), [len(p.spans) for p in batch_plans])
-        return out
+            rows.append(self.engine.embed_spans(batch, packed_spans(batch_plans)))
+        chunks = [len(p.spans) for p in plans]
+        return split_in_input_order(head.apply(np.concatenate(rows)), chunks, groups)
 
     def _batch_tokens(self, batch_tokens: int | None) -> int:
         if batch_tokens is None:  # what reaches the CUDA graphs (see `Engine.batch_tokens`)

@@ -10,6 +10,7 @@ from embedserve.core.budget import (
     by_length_groups,
     in_input_order,
     shift_spans,
+    split_in_input_order,
     split_rows,
 )
 
@@ -81,3 +82,16 @@ def test_rows_of_groups_by_length_come_back_in_input_order() -> None:
     assert in_input_order(np.empty((0, 2)), []).shape == (0, 2)
     assert [g.tolist() for g in by_length_groups([7], 4)] == [[0]]  # alone, over the budget
     assert by_length_groups([], 4) == []
+
+
+def test_each_items_rows_of_groups_by_length_come_back_in_input_order() -> None:
+    """A document's chunk rows (`counts[i]` of them), its batch cut from the documents sorted by
+    length: each document gets its own rows, in input order."""
+    lengths, counts = [30, 4, 17, 4, 60], [3, 1, 2, 1, 4]
+    groups = by_length_groups(lengths, 40)
+    rows = np.concatenate(
+        [np.array([[i, k] for k in range(counts[i])]) for i in np.concatenate(groups)]
+    )
+    out = split_in_input_order(rows, counts, groups)
+    assert [r.tolist() for r in out] == [[[i, k] for k in range(n)] for i, n in enumerate(counts)]
+    assert split_in_input_order(np.empty((0, 2)), [], []) == []

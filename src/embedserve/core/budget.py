@@ -3,8 +3,9 @@
 The offline API groups inputs into engine batches, the gateway groups a request's sequences into
 server calls, and the server's queue groups requests into batches: all by `budget_groups` (the
 first two over their sequences sorted by length, `by_length_groups`). Each
-then hands every caller its own rows with `split_rows`; late-chunking spans follow their pieces
-into the packing with `shift_spans`.
+then hands every caller its own rows with `split_rows` (`in_input_order`,
+`split_in_input_order` after a sort); late-chunking spans follow their pieces into the packing
+with `shift_spans`.
 """
 
 from __future__ import annotations
@@ -82,6 +83,19 @@ def split_rows(rows: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
     if int(bounds[-1]) != rows.shape[0]:
         raise RuntimeError(f"got {rows.shape[0]} rows for {int(bounds[-1])} expected")
     return [rows[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def split_in_input_order(
+    rows: np.ndarray, counts: Sequence[int], groups: Sequence[np.ndarray]
+) -> list[np.ndarray]:
+    """`rows` of the `by_length_groups` groups' items back to back, `counts[i]` rows for item
+    i (a document's chunks, an input's tokens): each item's rows, in input order."""
+    order = np.concatenate(groups).tolist() if len(groups) else []
+    parts = split_rows(rows, [counts[i] for i in order])
+    out = [rows[:0]] * len(counts)
+    for i, part in zip(order, parts, strict=True):
+        out[i] = part
+    return out
 
 
 def shift_spans(spans: Sequence[Any], lengths: Sequence[int]) -> np.ndarray:

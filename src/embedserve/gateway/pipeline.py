@@ -34,10 +34,10 @@ from embedserve.contract.codec import (
 )
 from embedserve.core.bounds import check_chars, document_chars, pair_chars, text_chars
 from embedserve.core.budget import (
-    budget_groups,
     by_length_groups,
     in_input_order,
     shift_spans,
+    split_in_input_order,
     split_rows,
 )
 from embedserve.core.chunking import packed_spans
@@ -408,12 +408,13 @@ class Pipeline:
         self._check_size(num_tokens)
         check_multivector_size(lengths, self.inputs.spec.hidden_size, max_values)
         calls = []
-        for group in budget_groups(lengths, self.limits.part_tokens):
+        groups = by_length_groups(lengths, self.limits.part_tokens)
+        for group in groups:
             sizes = [lengths[i] for i in group]
             spans = shift_spans([[(t, t + 1) for t in range(n)] for n in sizes], sizes)
             seqs = [prepared.seqs[i] for i in group]
             calls.append(functools.partial(self._embed_part, seqs, None, spans))
-        return split_rows(await self._fan_out(calls), lengths), num_tokens
+        return split_in_input_order(await self._fan_out(calls), lengths, groups), num_tokens
 
     async def contextual(self, job: ContextualJob) -> tuple[list[np.ndarray], int]:
         """Per document, encoded chunk vectors [num_chunks, width]; and the prompt tokens."""
@@ -425,11 +426,12 @@ class Pipeline:
         num_tokens = sum(lengths)
         self._check_size(num_tokens)
         calls = []
-        for group in budget_groups(lengths, self.limits.part_tokens):  # whole documents
+        groups = by_length_groups(lengths, self.limits.part_tokens)  # whole documents
+        for group in groups:
             part = [plans[d] for d in group]
             spans = packed_spans(part)
             calls.append(
                 functools.partial(self._embed_part, [p.ids for p in part], job.head, spans)
             )
         rows = await self._fan_out(calls)
-        return split_rows(rows, [len(p.spans) for p in plans]), num_tokens
+        return split_in_input_order(rows, [len(p.spans) for p in plans], groups), num_tokens

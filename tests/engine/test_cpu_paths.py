@@ -299,6 +299,36 @@ def test_a_colbert_querys_hidden_expansion_keys_reach_onnx_runtime(
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
 
 
+@pytest.mark.parametrize(
+    ("arch", "head_threads"),
+    [("answerai-colbert-small-v1", {1}), ("splade-minilm-l6", {2})],
+)
+def test_small_heads_run_on_the_forwards_one_torch_thread(
+    monkeypatch, retrieval_folder, arch: str, head_threads: set[int]
+) -> None:  # type: ignore[no-untyped-def]
+    """Behind ONNX Runtime's forward, ColBERT's projection runs on the forward's one torch
+    thread (at two, the second OpenMP thread spins on the core the next session call needs);
+    SPLADE's projection onto the vocabulary on every thread."""
+    embedder = Embedder(retrieval_folder(arch), device="cpu", cpu_path="onnx")
+    seen: list[int] = []
+    heads = embedder.engine.retrieval
+    assert heads is not None
+    forward = type(heads).forward
+
+    def counted(self, *args):  # type: ignore[no-untyped-def]
+        seen.append(torch.get_num_threads())
+        return forward(self, *args)
+
+    monkeypatch.setattr(type(heads), "forward", counted)
+    kept = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        embedder.encode_outputs(TEXTS)
+        assert set(seen) == head_threads and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(kept)
+
+
 @pytest.mark.parametrize("native_bf16", [False, True])
 def test_float32_asked_with_auto_runs_the_choice_and_alone_runs_eager(
     monkeypatch: pytest.MonkeyPatch, minilm_path: Path, reference: np.ndarray, native_bf16: bool

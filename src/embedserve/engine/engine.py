@@ -423,7 +423,7 @@ class Engine:
             hidden = self._hidden_rows(batch, visible_keys)
             # NOTE: inside the lock: `hidden` may be the token runner's buffer, rewritten by
             # the next batch
-            return self.retrieval.of_batch(hidden, batch, outputs, query)
+            return self.retrieval.of_batch(hidden, batch, outputs, query, self._threads_for)
 
     def _hidden_rows(
         self, batch: PackedBatch, visible_keys: tuple[int, ...] | None

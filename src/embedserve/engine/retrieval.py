@@ -11,9 +11,11 @@ object (no code runs), then checked to be exactly a Linear's weight and bias (SE
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -88,6 +90,10 @@ class RetrievalHeads(nn.Module):
     output, `token_head` (the projection of each kept token) if it has a multi-vector one, and
     `drop_ids`, the token ids its row's rules drop."""
 
+    # a head that projects every token onto the vocabulary (SPLADE's masked-LM head): a large
+    # product, run on every torch thread (`of_batch`)
+    VOCABULARY_PROJECTION = False
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         r = spec.retrieval
@@ -144,18 +150,36 @@ class RetrievalHeads(nn.Module):
         return BatchOutputs(dense, sparse, vectors)
 
     def of_batch(
-        self, hidden: torch.Tensor, batch: PackedBatch, outputs: Sequence[str], query: bool
+        self,
+        hidden: torch.Tensor,
+        batch: PackedBatch,
+        outputs: Sequence[str],
+        query: bool,
+        threads: Callable[[int], AbstractContextManager[Any]] | None = None,
     ) -> BatchOutputs:
         """`forward` on the hidden rows [T, H] of `batch` (its ids, positions and sequences
-        moved to their device)."""
+        moved to their device). `threads`: what the engine's forward of so many tokens ran
+        inside (`cpu_executors.forward_context`); heads of a few small products run inside it
+        too, a projection onto the vocabulary (`VOCABULARY_PROJECTION`) on every thread.
+
+        NOTE: after ONNX Runtime's forward, a head at two torch threads leaves PyTorch's second
+        OpenMP thread spinning, on the core the next session call needs: an answerai-colbert
+        query 28.2 ms against 15.0 on one thread (2-core Zen 2, torch imported before
+        embedserve, so at OpenMP's default spin); SPLADE's vocabulary projection wants both
+        (corpus 13.8 against 9.8 texts/s on one; ad-hoc probes)."""
         dev = {
             k: torch.from_numpy(getattr(batch, k)).to(hidden.device)
             for k in ("input_ids", "positions", "seq_ids")
         }
         seqlens = tuple(batch.seqlens.tolist())
-        return self(
-            hidden, dev["input_ids"], dev["positions"], dev["seq_ids"], seqlens, outputs, query
-        )
+        with (
+            nullcontext()
+            if threads is None or self.VOCABULARY_PROJECTION
+            else threads(batch.num_tokens)
+        ):
+            return self(
+                hidden, dev["input_ids"], dev["positions"], dev["seq_ids"], seqlens, outputs, query
+            )
 
 
 def build_retrieval(spec: ModelSpec, weights: FolderWeights | None = None) -> RetrievalHeads | None:

@@ -38,6 +38,8 @@ def read_splade_head(spec: ModelSpec, weights: FolderWeights) -> SpladeHead:
 
 
 class SpladeHeads(RetrievalHeads):
+    VOCABULARY_PROJECTION = True
+
     def __init__(self, spec: ModelSpec, weights: FolderWeights) -> None:
         super().__init__(spec)
         self.splade = read_splade_head(spec, weights)

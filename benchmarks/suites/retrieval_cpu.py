@@ -267,10 +267,12 @@ def bench_model(name: str, path: Path, texts: list[str], args: argparse.Namespac
         query_ms = timed_ms(lambda e=e: e.encode_outputs([QUERY], **q_kw), args.reps, "cpu")
         checked = {} if check is None else fidelity(name, out, check)
         dtype = e.engine.dtype_name
+        # a float32 CPU's executor (the start-up choice), as the ready line prints it
+        path = {} if e.engine.cpu_choice is None else {"cpu_path": e.engine.cpu_choice.describe()}
         records += [
             record(OURS, model, "tokens_per_s", num_tokens / median(times[label]), len(texts),
-                   dtype=dtype, **checked),
-            record(OURS, model, "query_p50_ms", percentile(query_ms, 50), 1, dtype=dtype),
+                   dtype=dtype, **checked, **path),
+            record(OURS, model, "query_p50_ms", percentile(query_ms, 50), 1, dtype=dtype, **path),
         ]  # fmt: skip
     if name == "colbert" and peer.skipped:
         records.append({"system": peer_name, "model": model, "skipped": peer.skipped})

@@ -34,8 +34,9 @@ CALL_SECONDS, MEASURE_SECONDS = 0.1, 10.0
 # after the first round a path this many times slower than the fastest on every batch is timed
 # no more (its first round's medians stay in the answer), and one path left ends the timing.
 # NOTE: Qwen3-0.6B on a 2-core Zen 2, eager against oneDNN prepacked: 2.3x / 1.85x / 1.59x /
-# 1.31x; its second round (12.8 s) only confirmed it. The closest losers measured, MiniLM's and
-# XLM-R's eager passages, are 1.10x and 1.14x: they stay timed.
+# 1.31x in one start (its second round, 12.8 s, only confirmed it), the passages 1.16x and
+# 1.28x in two later ones. The closest losers of the smaller models, MiniLM's and XLM-R's eager
+# passages, were 1.10x and 1.14x: they stay timed.
 DROP_MARGIN = 1.25
 # a first step this long is its round's timed step too: what a first step adds (allocations,
 # oneDNN's primitives for the shape) is milliseconds, and on Qwen3-0.6B (2 cores) the warm-up

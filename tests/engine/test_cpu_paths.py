@@ -299,6 +299,37 @@ def test_a_colbert_querys_hidden_expansion_keys_reach_onnx_runtime(
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
 
 
+def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """MPNet's graph adds the relative position bias (by key - query distance, per head) to
+    every layer's scores: its vectors are the eager reference's, alone as in a padded batch.
+    The folder's bias table is drawn wide (std 2; make-checkpoint's is 0.02, too small for the
+    guard to see it missing): without the bias the guard refuses the graph."""
+    from safetensors.torch import load_file, save_file
+
+    from embedserve.devtools.checkpoints import make_checkpoint
+    from embedserve.engine import onnx_encoder
+
+    folder = make_checkpoint(tmp_path / "mpnet", arch="mpnet-tiny", dtype="float32", seed=5)
+    weights = folder / "model.safetensors"
+    tensors = load_file(weights)
+    [name] = [k for k in tensors if k.endswith("relative_attention_bias.weight")]
+    tensors[name] = torch.randn(tensors[name].shape, generator=torch.manual_seed(0)) * 2.0
+    save_file(tensors, weights, metadata={"format": "pt"})
+    texts = [*TEXTS, " ".join(["a longer passage about relative positions"] * 12)]
+    expected = Embedder(folder, device="cpu", dtype="float32").encode(texts)
+    onnx = Embedder(folder, device="cpu", cpu_path="onnx")
+    assert onnx.engine.cpu_path == "onnx"
+    together = onnx.encode(texts)
+    assert row_cosines(together, expected).min() >= cpu_paths.MIN_COSINE
+    alone = np.concatenate([onnx.encode([t]) for t in texts])
+    np.testing.assert_allclose(alone, together, atol=2e-6)
+
+    monkeypatch.setattr(onnx_encoder, "_distance_bias", lambda *args: "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
+    with pytest.raises(FidelityError, match="cosine"):
+        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+
+
 @pytest.mark.parametrize(
     ("arch", "head_threads"),
     [("answerai-colbert-small-v1", {1}), ("splade-minilm-l6", {2})],

@@ -31,6 +31,7 @@ from torch import nn
 from embedserve.engine.attention import AttentionFn, RaggedLayout
 from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.models.bert import BertEncoder, BertLayer
+from embedserve.engine.models.mpnet import MAX_DISTANCE, MPNetEncoder
 from embedserve.engine.retrieval import VisibleKeys
 
 # bump when the graph written below changes: the cached files of older versions are not reused
@@ -46,9 +47,10 @@ MAX_GROUP_TOKENS = 512
 
 
 def supports(model: nn.Module) -> bool:
-    """Whether `onnx_encoder` can write `model`'s graph: a BERT-family encoder whose FFN
-    activation is the erf or tanh GELU or ReLU, and ONNX Runtime and onnx are installed."""
-    if not isinstance(model, BertEncoder):
+    """Whether `onnx_encoder` can write `model`'s graph: a BERT-family encoder (or MPNet's, the
+    same layers with a relative position bias) whose FFN activation is the erf or tanh GELU or
+    ReLU, and ONNX Runtime and onnx are installed."""
+    if not isinstance(model, BertEncoder | MPNetEncoder):
         return False
     try:
         import onnx  # noqa: F401
@@ -86,9 +88,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "embedserve"
 
 
-def _graph(model: BertEncoder) -> Any:  # onnx.ModelProto
+def _graph(model: BertEncoder | MPNetEncoder) -> Any:  # onnx.ModelProto
     """The encoder's graph: (input_ids, positions, token_type_ids [B, L] int64, lengths [B]
-    int32) -> hidden [B, L, H] float32, on the model's fp32 weights."""
+    int32) -> hidden [B, L, H] float32, on the model's fp32 weights. MPNet's has no token types
+    (the input is there, unread) and adds its relative position bias to every layer's scores."""
     from onnx import helper, numpy_helper
 
     inits: list[Any] = []
@@ -110,8 +113,14 @@ def _graph(model: BertEncoder) -> Any:  # onnx.ModelProto
 
     ids = node("Gather", [w("word", model.word.weight), "input_ids"], "e_word")
     pos = node("Gather", [w("position", model.position.weight), "positions"], "e_pos")
-    typ = node("Gather", [w("token_type", model.token_type.weight), "token_type_ids"], "e_type")
-    x = node("Add", [node("Add", [ids, pos], "e_sum1"), typ], "e_sum")
+    x = node("Add", [ids, pos], "e_sum1")
+    bias = ""  # the Attention op's optional score bias: none
+    if isinstance(model, BertEncoder):
+        typ = node("Gather", [w("token_type", model.token_type.weight), "token_type_ids"], "e_type")
+        x = node("Add", [x, typ], "e_sum")
+    else:
+        table = model.relative(model.distance_buckets).T  # [N, 2 * MAX_DISTANCE + 1]
+        bias = _distance_bias(node, w("relative", table), helper)
     norm = model.embed_norm
     x = node(
         "LayerNormalization",
@@ -124,7 +133,13 @@ def _graph(model: BertEncoder) -> Any:  # onnx.ModelProto
         p = f"l{n}_"
         a = node(
             "Attention",
-            [x, w(p + "qkv_w", layer.qkv.weight, True), w(p + "qkv_b", layer.qkv.bias), "lengths"],
+            [
+                x,
+                w(p + "qkv_w", layer.qkv.weight, True),
+                w(p + "qkv_b", layer.qkv.bias),
+                "lengths",
+                *(["", bias] if bias else []),  # the 5th, a past state: none
+            ],
             p + "attn",
             ms=True,
             num_heads=layer.num_heads,
@@ -138,6 +153,31 @@ def _graph(model: BertEncoder) -> Any:  # onnx.ModelProto
     graph = helper.make_graph(nodes, "embedserve_bert", inputs, outputs, initializer=inits)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, producer_name="embedserve")
+
+
+def _distance_bias(node: Any, table: str, helper: Any) -> str:
+    """[1, N, L, L]: MPNet's bias of each head for key - query distance, the padded length L
+    read from the ids: `table`'s column clamp(k - q, -R, R) + R (`mpnet.MAX_DISTANCE` = R)."""
+    from onnx import TensorProto
+
+    def const(name: str, value: list[int]) -> str:
+        tensor = helper.make_tensor(name, TensorProto.INT64, [len(value)], value)
+        return node("Constant", [], name, value=tensor)
+
+    length = node("Gather", [node("Shape", ["input_ids"], "b_shape"), const("b_one", [1])],
+                  "b_len")  # fmt: skip
+    zero, step = const("b_zero", [0]), const("b_step", [1])
+    span = node("Range", [node("Squeeze", [zero], "b_z"), node("Squeeze", [length], "b_l"),
+                          node("Squeeze", [step], "b_s")], "b_range")  # fmt: skip
+    keys = node("Unsqueeze", [span, const("b_ax0", [0])], "b_keys")  # [1, L]
+    queries = node("Unsqueeze", [span, const("b_ax1", [1])], "b_queries")  # [L, 1]
+    far = const("b_far", [MAX_DISTANCE])
+    distance = node("Sub", [keys, queries], "b_distance")
+    clamped = node("Max", [node("Min", [distance, far], "b_min"), node("Neg", [far], "b_near")],
+                   "b_clamped")  # fmt: skip
+    column = node("Add", [clamped, far], "b_column")
+    heads = node("Gather", [table, column], "b_heads", axis=1)  # [N, L, L]
+    return node("Unsqueeze", [heads, const("b_ax_batch", [0])], "attention_bias")
 
 
 def _signature(hidden_size: int) -> tuple[list[Any], list[Any]]:
@@ -176,7 +216,7 @@ def _skip_norm(node: Any, w: Any, name: str, x: str, residual: str, linear: nn.M
     return node("SkipLayerNormalization", inputs, name, ms=True, epsilon=norm.eps)
 
 
-def write_graph(model: BertEncoder, path: Path) -> None:
+def write_graph(model: BertEncoder | MPNetEncoder, path: Path) -> None:
     """Write the graph (weights as external data beside it: a large vocabulary passes protobuf's
     2 GB limit) into `path`'s folder, atomically: a concurrent start never reads half a file."""
     import onnx
@@ -222,7 +262,7 @@ class OnnxEncoder(nn.Module):
         super().__init__()
         import onnxruntime as ort
 
-        if not isinstance(model, BertEncoder):
+        if not isinstance(model, BertEncoder | MPNetEncoder):
             raise ValueError(f"no ONNX graph for {type(model).__name__}")
         if not path.exists():
             write_graph(model, path)

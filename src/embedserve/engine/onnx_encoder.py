@@ -111,16 +111,7 @@ def _graph(model: BertEncoder | MPNetEncoder) -> Any:  # onnx.ModelProto
         nodes.append(helper.make_node(op, inputs, [out], name=out, domain=domain, **attrs))
         return out
 
-    ids = node("Gather", [w("word", model.word.weight), "input_ids"], "e_word")
-    pos = node("Gather", [w("position", model.position.weight), "positions"], "e_pos")
-    x = node("Add", [ids, pos], "e_sum1")
-    bias = ""  # the Attention op's optional score bias: none
-    if isinstance(model, BertEncoder):
-        typ = node("Gather", [w("token_type", model.token_type.weight), "token_type_ids"], "e_type")
-        x = node("Add", [x, typ], "e_sum")
-    else:
-        table = model.relative(model.distance_buckets).T  # [N, 2 * MAX_DISTANCE + 1]
-        bias = _distance_bias(node, w("relative", table), helper)
+    x, bias = _embedded(node, w, model, helper)
     norm = model.embed_norm
     x = node(
         "LayerNormalization",
@@ -153,6 +144,19 @@ def _graph(model: BertEncoder | MPNetEncoder) -> Any:  # onnx.ModelProto
     graph = helper.make_graph(nodes, "embedserve_bert", inputs, outputs, initializer=inits)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, producer_name="embedserve")
+
+
+def _embedded(node: Any, w: Any, model: BertEncoder | MPNetEncoder, helper: Any) -> tuple[str, str]:
+    """The summed embeddings before their norm, and the score bias every layer's `Attention`
+    adds: MPNet's by distance, or "" (none) for BERT's family, which has token types instead."""
+    ids = node("Gather", [w("word", model.word.weight), "input_ids"], "e_word")
+    pos = node("Gather", [w("position", model.position.weight), "positions"], "e_pos")
+    x = node("Add", [ids, pos], "e_sum1")
+    if isinstance(model, BertEncoder):
+        typ = node("Gather", [w("token_type", model.token_type.weight), "token_type_ids"], "e_type")
+        return node("Add", [x, typ], "e_sum"), ""
+    table = model.relative(model.distance_buckets).T  # [N, 2 * MAX_DISTANCE + 1]
+    return x, _distance_bias(node, w("relative", table), helper)
 
 
 def _distance_bias(node: Any, table: str, helper: Any) -> str:

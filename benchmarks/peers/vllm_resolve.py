@@ -57,6 +57,13 @@ DROP = {
 }  # fmt: skip
 
 
+# Where the newest release of a requirement conflicts with another pin, the version pip's
+# backtracking would settle on (this walker takes the newest of each and does not backtrack):
+# vLLM pins apache-tvm-ffi==0.1.9, and xgrammar 0.2.6 and later ask for >=0.1.10 (0.2.5.post1
+# asks for transformers<5), so pip installs xgrammar 0.2.3 beside vllm==0.22.0 on this image
+PIN = {"xgrammar": "==0.2.3"}
+
+
 def image_packages() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for line in (HERE / "image_packages.txt").read_text().splitlines():
@@ -159,6 +166,8 @@ def main() -> None:
                 todo += [(r, key) for r in wanted(sub, new_extras)
                          if r not in wanted(sub, set())]  # fmt: skip
             continue
+        if key in PIN:
+            req = Requirement(f"{req.name}{PIN[key]}")
         wheel = download(req, args.wheels)
         if wheel is None:
             problems.append(f"no wheel for {req} (asked by {by})")

@@ -537,8 +537,45 @@ def suite_http(args: argparse.Namespace, inputs: Inputs, models: dict[str, Path]
                 ]
                 print(f"{system} {suite} batch {batch} x {c}: {metric} {value:.1f}, "
                       f"p50 {s['p50_ms']:.2f} ms, errors {s['errors']}", flush=True)  # fmt: skip
+            if args.aiperf:
+                records += aiperf_loads(args, inputs, models["minilm"], port, system)
         finally:
             child.stop(60)
+    return records
+
+
+# NVIDIA's AIPerf as the outside client (issue 38), after our own clients on the same server
+AIPERF_LOADS = [("q", 1), ("q", 16), ("p", 4)]
+
+
+def aiperf_loads(args: argparse.Namespace, inputs: Inputs, minilm: Path, port: int,
+                 system: str) -> list[dict[str, Any]]:  # fmt: skip
+    """AIPerf's `profile --endpoint-type embeddings` against the server on `port`, the same
+    bodies' texts as our clients sent; its carried wheels installed first (harness/aiperf_run)."""
+    from harness import aiperf_run
+
+    if aiperf_run.install_carried() is None:
+        raise RuntimeError(
+            "--aiperf: no carried AIPerf wheels (.carry/aiperf) and no earlier install"
+        )
+    records = []
+    for kind, c in AIPERF_LOADS:
+        texts: Any = inputs.queries if kind == "q" else inputs.passage_groups
+        got = aiperf_run.run_aiperf(
+            f"http://127.0.0.1:{port}", "minilm", texts, concurrency=c, duration_s=args.seconds,
+            out_dir=Path(tempfile.mkdtemp(prefix="aiperf-")), tokenizer=str(minilm),
+            name=f"{kind}-{c}",
+        )  # fmt: skip
+        suite = "throughput" if kind == "p" else "concurrency"
+        base = {"system": f"{system} (aiperf {got.get('aiperf_version', '?')} clients)",
+                "model": "all-MiniLM-L6-v2", "weights": "real", "dtype": "bf16",
+                "batch": PASSAGES if kind == "p" else 1, "concurrency": c,
+                "scope": "end_to_end", "suite": suite, "errors": got.get("errors")}  # fmt: skip
+        for metric in ("requests_per_s", "p50_ms", "p99_ms"):
+            if got.get(metric) is not None:
+                records.append({**base, "metric": metric, "value": round(float(got[metric]), 3)})
+        print(f"{system} aiperf {suite} x {c}: {got.get('requests_per_s', 0):.1f} req/s, p50 "
+              f"{got.get('p50_ms', 0):.2f} ms, errors {got.get('errors')}", flush=True)  # fmt: skip
     return records
 
 
@@ -567,6 +604,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--suites", default=",".join(SUITES), help="comma-separated subset")
     ap.add_argument("--reps", type=int, default=100, help="timed calls per latency length")
     ap.add_argument("--seconds", type=float, default=4.0, help="per HTTP load level")
+    ap.add_argument("--aiperf", action="store_true",
+                    help="the HTTP suites also run NVIDIA AIPerf against each server "
+                         "(its wheels: .carry/aiperf, benchmarks/peers/AIPERF.md)")  # fmt: skip
     ap.add_argument("--gpu-util", type=float, default=0.5, help="vLLM --gpu-memory-utilization")
     ap.add_argument("--score-tolerance", type=float, default=0.02,
                     help="largest |score - reference| the scoring guard accepts")  # fmt: skip

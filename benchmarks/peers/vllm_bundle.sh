@@ -28,6 +28,7 @@ DROPS=(
   'vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so'
   'vllm/third_party/deep_gemm/_C.cpython-313-x86_64-linux-gnu.so'
   'vllm/third_party/deep_gemm/_C.cpython-314-x86_64-linux-gnu.so'
+  xgrammar/lib/libxgrammar.a                 # 0.2.3's static library (65 MB): linked into nothing at run time
 )
 t0=$(date +%s)
 mkdir -p "$B/wheels"

@@ -330,6 +330,42 @@ def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Pat
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
 
 
+def test_nomic_berts_graph_rotates_queries_and_keys(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """NomicBERT's graph (rotary on q and k, SwiGLU, no biases) gives the eager reference's
+    vectors, alone as in a padded batch. The folder's q and k weights are scaled up (x40) so
+    that attention depends on positions (on make-checkpoint's small weights a graph without the
+    rotation passed the guard at 0.9999999966): without the rotation the guard refuses it."""
+    from safetensors.torch import load_file, save_file
+
+    from embedserve.devtools.checkpoints import make_checkpoint
+    from embedserve.engine import onnx_encoder
+
+    folder = make_checkpoint(tmp_path / "nomic", arch="nomic-bert-tiny", dtype="float32", seed=5)
+    weights = folder / "model.safetensors"
+    tensors = load_file(weights)
+    for name, t in tensors.items():
+        if name.endswith("attn.Wqkv.weight"):
+            t[: 2 * t.shape[1]] *= 40.0  # q and k
+    save_file(tensors, weights, metadata={"format": "pt"})
+    texts = [*TEXTS, " ".join(["a longer passage about rotary positions"] * 12)]
+    expected = Embedder(folder, device="cpu", dtype="float32").encode(texts)
+    onnx = Embedder(folder, device="cpu", cpu_path="onnx")
+    assert onnx.engine.cpu_path == "onnx"
+    together = onnx.encode(texts)
+    assert row_cosines(together, expected).min() >= cpu_paths.MIN_COSINE
+    alone = np.concatenate([onnx.encode([t]) for t in texts])
+    np.testing.assert_allclose(alone, together, atol=2e-6)
+
+    def unrotated(w, model):  # type: ignore[no-untyped-def]
+        shape = (model.cfg.max_position_embeddings, model.rotary.head_dim // 2)
+        return w("rope_cos", torch.ones(shape)), w("rope_sin", torch.zeros(shape))
+
+    monkeypatch.setattr(onnx_encoder, "_rotary_caches", unrotated)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
+    with pytest.raises(FidelityError, match="cosine"):
+        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+
+
 @pytest.mark.parametrize(
     ("arch", "head_threads"),
     [("answerai-colbert-small-v1", {1}), ("splade-minilm-l6", {2})],

@@ -32,7 +32,12 @@ from embedserve.engine.attention import AttentionFn, RaggedLayout
 from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.models.bert import BertEncoder, BertLayer
 from embedserve.engine.models.mpnet import MAX_DISTANCE, MPNetEncoder
+from embedserve.engine.models.nomic_bert import NomicBertEncoder, NomicBertLayer
 from embedserve.engine.retrieval import VisibleKeys
+
+# the encoders a graph is written for: BERT's family, MPNet (BERT's layers and a relative position
+# bias) and NomicBERT (rotary positions, SwiGLU, no biases)
+Graphed = BertEncoder | MPNetEncoder | NomicBertEncoder
 
 # bump when the graph written below changes: the cached files of older versions are not reused
 GRAPH_VERSION = 1
@@ -49,14 +54,16 @@ MAX_GROUP_TOKENS = 512
 def supports(model: nn.Module) -> bool:
     """Whether `onnx_encoder` can write `model`'s graph: a BERT-family encoder (or MPNet's, the
     same layers with a relative position bias) whose FFN activation is the erf or tanh GELU or
-    ReLU, and ONNX Runtime and onnx are installed."""
-    if not isinstance(model, BertEncoder | MPNetEncoder):
+    ReLU, or a NomicBERT one, and ONNX Runtime and onnx are installed."""
+    if not isinstance(model, Graphed):
         return False
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
     except ImportError:
         return False
+    if isinstance(model, NomicBertEncoder):
+        return True
     layers = cast(list[BertLayer], model.layers)
     linears = [m for layer in layers for m in (layer.qkv, layer.out, layer.up, layer.down)]
     return all(_activation_op(layer.act) is not None for layer in layers) and all(
@@ -88,7 +95,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "embedserve"
 
 
-def _graph(model: BertEncoder | MPNetEncoder) -> Any:  # onnx.ModelProto
+def _graph(model: Graphed) -> Any:  # onnx.ModelProto
     """The encoder's graph: (input_ids, positions, token_type_ids [B, L] int64, lengths [B]
     int32) -> hidden [B, L, H] float32, on the model's fp32 weights. MPNet's has no token types
     (the input is there, unread) and adds its relative position bias to every layer's scores."""
@@ -98,7 +105,7 @@ def _graph(model: BertEncoder | MPNetEncoder) -> Any:  # onnx.ModelProto
     nodes: list[Any] = []
 
     def w(name: str, t: torch.Tensor | None, transpose: bool = False) -> str:
-        if t is None:  # `supports` rules out a linear without its bias
+        if t is None:  # `supports` rules out a BERT linear without its bias
             raise ValueError(f"{name}: the graph needs every bias")
         a = t.detach().float().cpu()
         inits.append(
@@ -106,39 +113,25 @@ def _graph(model: BertEncoder | MPNetEncoder) -> Any:  # onnx.ModelProto
         )
         return name
 
-    def node(op: str, inputs: list[str], out: str, ms: bool = False, **attrs: Any) -> str:
+    def node(op: str, inputs: list[str], out: str, ms: bool = False, parts: int = 1,
+             **attrs: Any) -> str:  # fmt: skip
+        """One node; a `Split` into `parts` equal pieces names them out, out_1, out_2, ..."""
         domain = "com.microsoft" if ms else ""
-        nodes.append(helper.make_node(op, inputs, [out], name=out, domain=domain, **attrs))
+        outs = [out] + [f"{out}_{i}" for i in range(1, parts)]
+        nodes.append(helper.make_node(op, inputs, outs, name=out, domain=domain, **attrs))
         return out
 
     x, bias = _embedded(node, w, model, helper)
     norm = model.embed_norm
-    x = node(
-        "LayerNormalization",
-        [x, w("e_g", norm.weight), w("e_b", norm.bias)],
-        "e_out",
-        axis=-1,
-        epsilon=norm.eps,
-    )
-    for n, layer in enumerate(cast(list[BertLayer], model.layers)):
-        p = f"l{n}_"
-        a = node(
-            "Attention",
-            [
-                x,
-                w(p + "qkv_w", layer.qkv.weight, True),
-                w(p + "qkv_b", layer.qkv.bias),
-                "lengths",
-                *(["", bias] if bias else []),  # the 5th, a past state: none
-            ],
-            p + "attn",
-            ms=True,
-            num_heads=layer.num_heads,
-        )
-        x = _skip_norm(node, w, p + "attn_out", a, x, layer.out, layer.attn_norm)
-        up = node("MatMul", [x, w(p + "up_w", layer.up.weight, True)], p + "up")
-        h = _activated(node, w, p, up, layer)
-        x = _skip_norm(node, w, p + "ffn_out", h, x, layer.down, layer.ffn_norm)
+    x = node("LayerNormalization", [x, w("e_g", norm.weight), w("e_b", norm.bias)], "e_out",
+             axis=-1, epsilon=norm.eps)  # fmt: skip
+    if isinstance(model, NomicBertEncoder):
+        caches = _rotary_caches(w, model)
+        for n, nomic in enumerate(cast(list[NomicBertLayer], model.layers)):
+            x = _nomic_layer(node, w, f"l{n}_", x, nomic, caches)
+    else:
+        for n, layer in enumerate(cast(list[BertLayer], model.layers)):
+            x = _bert_layer(node, w, f"l{n}_", x, layer, bias)
     nodes.append(helper.make_node("Identity", [x], ["hidden"], name="hidden"))
     inputs, outputs = _signature(model.cfg.hidden_size)
     graph = helper.make_graph(nodes, "embedserve_bert", inputs, outputs, initializer=inits)
@@ -146,10 +139,57 @@ def _graph(model: BertEncoder | MPNetEncoder) -> Any:  # onnx.ModelProto
     return helper.make_model(graph, opset_imports=opsets, producer_name="embedserve")
 
 
-def _embedded(node: Any, w: Any, model: BertEncoder | MPNetEncoder, helper: Any) -> tuple[str, str]:
+def _bert_layer(node: Any, w: Any, p: str, x: str, layer: BertLayer, bias: str) -> str:
+    """One post-norm BERT layer: the fused `Attention` (QKV product, softmax over each row's
+    `lengths` keys, plus MPNet's score `bias`), then the FFN, each closed by a skip norm."""
+    qkv = [w(p + "qkv_w", layer.qkv.weight, True), w(p + "qkv_b", layer.qkv.bias)]
+    extra = ["", bias] if bias else []  # the 5th input, a past state: none
+    a = node("Attention", [x, *qkv, "lengths", *extra], p + "attn", ms=True,
+             num_heads=layer.num_heads)  # fmt: skip
+    x = _skip_norm(node, w, p + "attn_out", a, x, layer.out, layer.attn_norm)
+    up = node("MatMul", [x, w(p + "up_w", layer.up.weight, True)], p + "up")
+    h = _activated(node, w, p, up, layer)
+    return _skip_norm(node, w, p + "ffn_out", h, x, layer.down, layer.ffn_norm)
+
+
+def _rotary_caches(w: Any, model: NomicBertEncoder) -> tuple[str, str]:
+    """cos and sin [P, D / 2] of every position the model takes, as `Rotary` computes them
+    (float32 angles, the halves rotated as in `ops.rope`: `RotaryEmbedding`'s interleaved=0)."""
+    inv_freq = model.rotary.inv_freq(torch.device("cpu"))
+    positions = torch.arange(model.cfg.max_position_embeddings, dtype=torch.int64).float()
+    angles = positions[:, None] * inv_freq[None, :]
+    return w("rope_cos", angles.cos()), w("rope_sin", angles.sin())
+
+
+def _nomic_layer(node: Any, w: Any, p: str, x: str, layer: NomicBertLayer,
+                 caches: tuple[str, str]) -> str:  # fmt: skip
+    """One NomicBERT layer: the QKV product split three ways, rotary on q and k, attention over
+    each row's `lengths` keys, the output product and its skip norm; then SwiGLU (gate | up in
+    one product) and the down product's skip norm. No linear has a bias."""
+    qkv = node("MatMul", [x, w(p + "qkv_w", layer.qkv.weight, True)], p + "qkv")
+    q = node("Split", [qkv], p + "q", parts=3, axis=-1)
+    k, v = q + "_1", q + "_2"
+    heads = layer.num_heads
+    rotated = [node("RotaryEmbedding", [t, "positions", *caches], f"{t}_rope", ms=True,
+                    num_heads=heads, interleaved=0) for t in (q, k)]  # fmt: skip
+    a = node("MultiHeadAttention", [*rotated, v, "", "lengths"], p + "attn", ms=True,
+             num_heads=heads)  # fmt: skip
+    x = _skip_norm(node, w, p + "attn_out", a, x, layer.out, layer.attn_norm)
+    gate = node("Split", [node("MatMul", [x, w(p + "gu_w", layer.gate_up.weight, True)],
+                               p + "gu")], p + "gate", parts=2, axis=-1)  # fmt: skip
+    silu = node("Mul", [gate, node("Sigmoid", [gate], p + "sig")], p + "silu")
+    h = node("Mul", [silu, gate + "_1"], p + "swiglu")
+    return _skip_norm(node, w, p + "ffn_out", h, x, layer.down, layer.mlp_norm)
+
+
+def _embedded(node: Any, w: Any, model: Graphed, helper: Any) -> tuple[str, str]:
     """The summed embeddings before their norm, and the score bias every layer's `Attention`
-    adds: MPNet's by distance, or "" (none) for BERT's family, which has token types instead."""
+    adds: MPNet's by distance, or "" (none) for BERT's family, which has token types instead.
+    NomicBERT's have no position table (rotary in every layer)."""
     ids = node("Gather", [w("word", model.word.weight), "input_ids"], "e_word")
+    if isinstance(model, NomicBertEncoder):
+        typ = node("Gather", [w("token_type", model.token_type.weight), "token_type_ids"], "e_type")
+        return node("Add", [ids, typ], "e_sum"), ""
     pos = node("Gather", [w("position", model.position.weight), "positions"], "e_pos")
     x = node("Add", [ids, pos], "e_sum1")
     if isinstance(model, BertEncoder):
@@ -213,14 +253,16 @@ def _activated(node: Any, w: Any, p: str, up: str, layer: BertLayer) -> str:
 
 def _skip_norm(node: Any, w: Any, name: str, x: str, residual: str, linear: nn.Module,
                norm: nn.LayerNorm) -> str:  # fmt: skip
-    """LayerNorm(x W^T + b + residual): a MatMul, then the bias, residual and norm in one op."""
+    """LayerNorm(x W^T + b + residual): a MatMul, then the bias (if any), residual and norm in
+    one op."""
     y = node("MatMul", [x, w(name + "_w", linear.weight, True)], name + "_mm")
-    inputs = [y, residual, w(name + "_g", norm.weight), w(name + "_beta", norm.bias),
-              w(name + "_b", linear.bias)]  # fmt: skip
+    inputs = [y, residual, w(name + "_g", norm.weight), w(name + "_beta", norm.bias)]
+    if linear.bias is not None:
+        inputs.append(w(name + "_b", linear.bias))
     return node("SkipLayerNormalization", inputs, name, ms=True, epsilon=norm.eps)
 
 
-def write_graph(model: BertEncoder | MPNetEncoder, path: Path) -> None:
+def write_graph(model: Graphed, path: Path) -> None:
     """Write the graph (weights as external data beside it: a large vocabulary passes protobuf's
     2 GB limit) into `path`'s folder, atomically: a concurrent start never reads half a file."""
     import onnx
@@ -266,7 +308,7 @@ class OnnxEncoder(nn.Module):
         super().__init__()
         import onnxruntime as ort
 
-        if not isinstance(model, BertEncoder | MPNetEncoder):
+        if not isinstance(model, Graphed):
             raise ValueError(f"no ONNX graph for {type(model).__name__}")
         if not path.exists():
             write_graph(model, path)
@@ -280,7 +322,8 @@ class OnnxEncoder(nn.Module):
         # microseconds for one query's pooling, measured on a loaded Zen 3)
         opts.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        self.position_offset = int(model.cfg.position_offset)
+        # RoBERTa's table starts after the padding index; rotary positions start at 0
+        self.position_offset = int(getattr(model.cfg, "position_offset", 0))
         self.path = path
         # what the session's copy of the weights holds (it has no torch parameters to count)
         self.weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())

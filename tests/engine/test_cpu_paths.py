@@ -299,6 +299,18 @@ def test_a_colbert_querys_hidden_expansion_keys_reach_onnx_runtime(
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
 
 
+def _onnx_matches_eager(folder: Path, texts: list[str]) -> None:
+    """ONNX Runtime's vectors are eager fp32's (the guard's bound), and each text's alone is the
+    same text's inside the padded batch."""
+    expected = Embedder(folder, device="cpu", dtype="float32").encode(texts)
+    onnx = Embedder(folder, device="cpu", cpu_path="onnx")
+    assert onnx.engine.cpu_path == "onnx"
+    together = onnx.encode(texts)
+    assert row_cosines(together, expected).min() >= cpu_paths.MIN_COSINE
+    alone = np.concatenate([onnx.encode([t]) for t in texts])
+    np.testing.assert_allclose(alone, together, atol=2e-6)
+
+
 def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """MPNet's graph adds the relative position bias (by key - query distance, per head) to
     every layer's scores: its vectors are the eager reference's, alone as in a padded batch.
@@ -316,13 +328,7 @@ def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Pat
     tensors[name] = torch.randn(tensors[name].shape, generator=torch.manual_seed(0)) * 2.0
     save_file(tensors, weights, metadata={"format": "pt"})
     texts = [*TEXTS, " ".join(["a longer passage about relative positions"] * 12)]
-    expected = Embedder(folder, device="cpu", dtype="float32").encode(texts)
-    onnx = Embedder(folder, device="cpu", cpu_path="onnx")
-    assert onnx.engine.cpu_path == "onnx"
-    together = onnx.encode(texts)
-    assert row_cosines(together, expected).min() >= cpu_paths.MIN_COSINE
-    alone = np.concatenate([onnx.encode([t]) for t in texts])
-    np.testing.assert_allclose(alone, together, atol=2e-6)
+    _onnx_matches_eager(folder, texts)
 
     monkeypatch.setattr(onnx_encoder, "_distance_bias", lambda *args: "")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
@@ -348,13 +354,7 @@ def test_nomic_berts_graph_rotates_queries_and_keys(monkeypatch, tmp_path: Path)
             t[: 2 * t.shape[1]] *= 40.0  # q and k
     save_file(tensors, weights, metadata={"format": "pt"})
     texts = [*TEXTS, " ".join(["a longer passage about rotary positions"] * 12)]
-    expected = Embedder(folder, device="cpu", dtype="float32").encode(texts)
-    onnx = Embedder(folder, device="cpu", cpu_path="onnx")
-    assert onnx.engine.cpu_path == "onnx"
-    together = onnx.encode(texts)
-    assert row_cosines(together, expected).min() >= cpu_paths.MIN_COSINE
-    alone = np.concatenate([onnx.encode([t]) for t in texts])
-    np.testing.assert_allclose(alone, together, atol=2e-6)
+    _onnx_matches_eager(folder, texts)
 
     def unrotated(w, model):  # type: ignore[no-untyped-def]
         shape = (model.cfg.max_position_embeddings, model.rotary.head_dim // 2)

@@ -319,7 +319,7 @@ def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Pat
     from safetensors.torch import load_file, save_file
 
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_encoder
+    from embedserve.engine import onnx_graph
 
     folder = make_checkpoint(tmp_path / "mpnet", arch="mpnet-tiny", dtype="float32", seed=5)
     weights = folder / "model.safetensors"
@@ -330,10 +330,23 @@ def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Pat
     texts = [*TEXTS, " ".join(["a longer passage about relative positions"] * 12)]
     _onnx_matches_eager(folder, texts)
 
-    monkeypatch.setattr(onnx_encoder, "_distance_bias", lambda *args: "")
+    monkeypatch.setattr(onnx_graph, "_distance_bias", lambda *args: "")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
     with pytest.raises(FidelityError, match="cosine"):
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+
+
+def _sharpen_attention(folder: Path) -> None:
+    """Scale the q and k rows of every fused `attn.Wqkv` by 40: on make-checkpoint's small
+    weights every score is near 0 and attention near uniform, whatever the positions."""
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "model.safetensors"
+    tensors = load_file(weights)
+    for name, t in tensors.items():
+        if name.endswith("attn.Wqkv.weight"):
+            t[: 2 * t.shape[1]] *= 40.0
+    save_file(tensors, weights, metadata={"format": "pt"})
 
 
 def test_nomic_berts_graph_rotates_queries_and_keys(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -341,26 +354,38 @@ def test_nomic_berts_graph_rotates_queries_and_keys(monkeypatch, tmp_path: Path)
     vectors, alone as in a padded batch. The folder's q and k weights are scaled up (x40) so
     that attention depends on positions (on make-checkpoint's small weights a graph without the
     rotation passed the guard at 0.9999999966): without the rotation the guard refuses it."""
-    from safetensors.torch import load_file, save_file
-
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_encoder
+    from embedserve.engine import onnx_graph
 
     folder = make_checkpoint(tmp_path / "nomic", arch="nomic-bert-tiny", dtype="float32", seed=5)
-    weights = folder / "model.safetensors"
-    tensors = load_file(weights)
-    for name, t in tensors.items():
-        if name.endswith("attn.Wqkv.weight"):
-            t[: 2 * t.shape[1]] *= 40.0  # q and k
-    save_file(tensors, weights, metadata={"format": "pt"})
+    _sharpen_attention(folder)
     texts = [*TEXTS, " ".join(["a longer passage about rotary positions"] * 12)]
     _onnx_matches_eager(folder, texts)
 
-    def unrotated(w, model):  # type: ignore[no-untyped-def]
-        shape = (model.cfg.max_position_embeddings, model.rotary.head_dim // 2)
-        return w("rope_cos", torch.ones(shape)), w("rope_sin", torch.zeros(shape))
+    def unrotated(w, rotary, positions, name):  # type: ignore[no-untyped-def]
+        shape = (positions, rotary.head_dim // 2)
+        return w(name + "_cos", torch.ones(shape)), w(name + "_sin", torch.zeros(shape))
 
-    monkeypatch.setattr(onnx_encoder, "_rotary_caches", unrotated)
+    monkeypatch.setattr(onnx_graph, "_rotary_caches", unrotated)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
+    with pytest.raises(FidelityError, match="cosine"):
+        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+
+
+def test_modernberts_graph_keeps_local_layers_in_their_window(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """ModernBERT's graph (pre-norm, rotary with a base per layer kind, GeGLU, every third layer
+    global and the others within |query - key| <= 8 here) gives the eager reference's vectors,
+    alone as in a padded batch, for texts longer than the window. With q and k scaled up (x40)
+    so that scores depend on positions, a graph whose local layers see every key is refused."""
+    from embedserve.devtools.checkpoints import make_checkpoint
+    from embedserve.engine import onnx_graph
+
+    folder = make_checkpoint(tmp_path / "modern", arch="modernbert-tiny", dtype="float32", seed=5)
+    _sharpen_attention(folder)
+    texts = [*TEXTS, " ".join(["a longer passage past the local window"] * 12)]
+    _onnx_matches_eager(folder, texts)
+
+    monkeypatch.setattr(onnx_graph, "_band_bias", lambda *args: "")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
     with pytest.raises(FidelityError, match="cosine"):
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")

@@ -136,9 +136,9 @@ def _shape_name(shape: tuple[int, ...]) -> str:
 
 def available(model: PackedEncoder) -> list[str]:
     """The paths `model` can take here, in `PATHS` order."""
-    from embedserve.engine import onnx_encoder
+    from embedserve.engine import onnx_graph
 
-    can = {"onnx": onnx_encoder.supports(model), "packed": can_pack_fp32(), "eager": True}
+    can = {"onnx": onnx_graph.supports(model), "packed": can_pack_fp32(), "eager": True}
     return [p for p in PATHS if can[p]]
 
 

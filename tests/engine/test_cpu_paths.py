@@ -391,6 +391,35 @@ def test_modernberts_graph_keeps_local_layers_in_their_window(monkeypatch, tmp_p
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
 
 
+@pytest.mark.parametrize("attention", ["causal", "bidirectional"])
+def test_qwen3s_graph_groups_heads_and_masks_later_keys(
+    monkeypatch, tmp_path: Path, attention: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Qwen3's graph (RMSNorms, per-head q / k norms, rotary, 2 key-value heads for 4 query
+    heads, causal or bidirectional as the folder says) gives the eager reference's vectors,
+    alone as in a padded batch. The q / k norms' scales are raised (x8) so that attention
+    depends on positions; a causal model's graph that lets queries see later keys is refused."""
+    from safetensors.torch import load_file, save_file
+
+    from embedserve.devtools.checkpoints import make_checkpoint
+    from embedserve.engine import onnx_graph
+
+    folder = make_checkpoint(tmp_path / "qwen3", arch="qwen3-tiny", attention=attention,
+                             dtype="float32", seed=5)  # fmt: skip
+    weights = folder / "model.safetensors"
+    tensors = load_file(weights)
+    for name, t in tensors.items():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            t.fill_(8.0)
+    save_file(tensors, weights, metadata={"format": "pt"})
+    _onnx_matches_eager(folder, [*TEXTS, " ".join(["a longer passage for a decoder"] * 12)])
+    if attention == "causal":
+        monkeypatch.setattr(onnx_graph, "_causal_bias", lambda *args: "")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
+        with pytest.raises(FidelityError, match="cosine"):
+            Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+
+
 @pytest.mark.parametrize(
     ("arch", "head_threads"),
     [("answerai-colbert-small-v1", {1}), ("splade-minilm-l6", {2})],

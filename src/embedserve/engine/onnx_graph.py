@@ -27,12 +27,14 @@ from embedserve.engine.models.bert import BertEncoder, BertLayer
 from embedserve.engine.models.modernbert import ModernBertEncoder, ModernBertLayer
 from embedserve.engine.models.mpnet import MAX_DISTANCE, MPNetEncoder
 from embedserve.engine.models.nomic_bert import NomicBertEncoder, NomicBertLayer
+from embedserve.engine.models.qwen3 import Qwen3Encoder, Qwen3Layer
 
 # the encoders a graph is written for: BERT's family, MPNet (BERT's layers and a relative position
-# bias), NomicBERT (rotary positions, SwiGLU, no biases) and ModernBERT (pre-norm, rotary, GeGLU,
-# local layers)
-Graphed = BertEncoder | MPNetEncoder | NomicBertEncoder | ModernBertEncoder
-# a score no softmax weight survives: the keys outside a ModernBERT local layer's window
+# bias), NomicBERT (rotary positions, SwiGLU, no biases), ModernBERT (pre-norm, rotary, GeGLU,
+# local layers) and Qwen3 (RMSNorm, per-head q / k norms, grouped-query attention, causal or not)
+Graphed = BertEncoder | MPNetEncoder | NomicBertEncoder | ModernBertEncoder | Qwen3Encoder
+# a score no softmax weight survives: the keys outside a ModernBERT local layer's window, or
+# after the query in a causal model
 FAR = -1e30
 
 # bump when the graph written below changes: the cached files of older versions are not reused
@@ -51,7 +53,7 @@ def supports(model: nn.Module) -> bool:
         import onnxruntime  # noqa: F401
     except ImportError:
         return False
-    if isinstance(model, NomicBertEncoder | ModernBertEncoder):
+    if isinstance(model, NomicBertEncoder | ModernBertEncoder | Qwen3Encoder):
         return True
     layers = cast(list[BertLayer], model.layers)
     linears = [m for layer in layers for m in (layer.qkv, layer.out, layer.up, layer.down)]
@@ -95,6 +97,8 @@ def _graph(model: Graphed) -> Any:  # onnx.ModelProto
         return out
 
     x, bias = _embedded(node, w, model, helper)
+    if isinstance(model, Qwen3Encoder):  # no embedding norm: the first layer's RMSNorm
+        return _finished(_qwen3_layers(node, w, x, model, helper), model, nodes, inits, helper)
     norm = model.embed_norm
     x = node("LayerNormalization", [x, *_norm_params(w, "e", norm)], "e_out", axis=-1,
              epsilon=norm.eps)  # fmt: skip
@@ -107,9 +111,14 @@ def _graph(model: Graphed) -> Any:  # onnx.ModelProto
     else:
         for n, layer in enumerate(cast(list[BertLayer], model.layers)):
             x = _bert_layer(node, w, f"l{n}_", x, layer, bias)
+    return _finished(x, model, nodes, inits, helper)
+
+
+def _finished(x: str, model: Graphed, nodes: list[Any], inits: list[Any], helper: Any) -> Any:
+    """The model around the nodes: `x` as the output `hidden`, the signature, the opsets."""
     nodes.append(helper.make_node("Identity", [x], ["hidden"], name="hidden"))
     inputs, outputs = _signature(model.cfg.hidden_size)
-    graph = helper.make_graph(nodes, "embedserve_bert", inputs, outputs, initializer=inits)
+    graph = helper.make_graph(nodes, "embedserve_encoder", inputs, outputs, initializer=inits)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, producer_name="embedserve")
 
@@ -190,6 +199,84 @@ def _modern_layers(node: Any, w: Any, x: str, model: ModernBertEncoder, helper: 
     return _add_norm(node, w, "final", h, residual, model.final_norm)[0]
 
 
+def _qwen3_layers(node: Any, w: Any, x: str, model: Qwen3Encoder, helper: Any) -> str:
+    """Qwen3's layers: RMSNorm (each after the first adds the residual and hands the sum on),
+    the QKV product split by head counts, per-head RMSNorm of q and k, rotary, the key-value
+    heads repeated for their query heads, attention (causal: the keys after each query scored
+    `FAR`), the output product; RMSNorm, SwiGLU; the final RMSNorm."""
+    cfg = model.cfg
+    caches = _rotary_caches(w, model.rotary, cfg.max_position_embeddings, "rope")
+    causal = _causal_bias(node, helper) if model.causal else ""
+    h, residual = "", x
+    for n, layer in enumerate(cast(list[Qwen3Layer], model.layers)):
+        p = f"l{n}_"
+        if n:
+            h, residual = _add_rms(node, w, p + "in_norm", x, residual, layer.input_norm)
+        else:
+            h = _rms(node, w, p + "in_norm", x, layer.input_norm)
+        a = _grouped_attention(node, w, p, h, layer, caches, causal, helper)
+        out = node("MatMul", [a, w(p + "out_w", layer.out.weight, True)], p + "out")
+        h, residual = _add_rms(node, w, p + "post_norm", out, residual, layer.post_attn_norm)
+        gu = node("MatMul", [h, w(p + "gu_w", layer.gate_up.weight, True)], p + "gu")
+        gate = node("Split", [gu], p + "gate", outputs=[p + "gate", p + "up"], axis=-1)
+        silu = node("Mul", [gate, node("Sigmoid", [gate], p + "sig")], p + "silu")
+        h2 = node("Mul", [silu, p + "up"], p + "swiglu")
+        x = node("MatMul", [h2, w(p + "down_w", layer.down.weight, True)], p + "down")
+    if not model.layers:
+        return _rms(node, w, "final", x, model.norm)
+    return _add_rms(node, w, "final", x, residual, model.norm)[0]
+
+
+def _grouped_attention(node: Any, w: Any, p: str, h: str, layer: Qwen3Layer,
+                       caches: tuple[str, str], causal: str, helper: Any) -> str:  # fmt: skip
+    """Qwen3's attention before its output product, [B, L, Nq D]."""
+    nq, nkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    qkv = _linear(node, w, p + "qkv", h, layer.qkv)
+    sizes = _const(node, helper, p + "sizes", [nq * d, nkv * d, nkv * d])
+    node("Split", [qkv, sizes], p + "q", outputs=[p + "q", p + "k", p + "v"], axis=-1)
+    q, k = (
+        node("RotaryEmbedding", [_head_rms(node, w, p + t, heads, d, norm, helper), "positions",
+                                 *caches], f"{p}{t}_rope", ms=True, num_heads=heads,
+             interleaved=0)
+        for t, heads, norm in (("q", nq, layer.q_norm), ("k", nkv, layer.k_norm))
+    )  # fmt: skip
+    k, v = (_repeat_heads(node, t, nkv, nq // nkv, d, helper) for t in (k, p + "v"))
+    masks = ["", "lengths", *([causal] if causal else [])]
+    return node("MultiHeadAttention", [q, k, v, *masks], p + "attn", ms=True, num_heads=nq)
+
+
+def _head_rms(node: Any, w: Any, x: str, heads: int, d: int, norm: nn.Module,
+              helper: Any) -> str:  # fmt: skip
+    """RMSNorm of each head's D values of `x` [B, L, heads D]."""
+    split = node("Reshape", [x, _const(node, helper, x + "_4d", [0, 0, heads, d])], x + "_heads")
+    normed = _rms(node, w, x + "_norm", split, norm)
+    return node("Reshape", [normed, _const(node, helper, x + "_3d", [0, 0, heads * d])], x + "_n")
+
+
+def _repeat_heads(node: Any, x: str, heads: int, times: int, d: int, helper: Any) -> str:
+    """[B, L, heads D] -> [B, L, heads times D]: each key-value head once per query head of its
+    group (head i of the result is head i // times of `x`, as transformers' `repeat_kv`)."""
+    if times == 1:
+        return x
+    one = node("Reshape", [x, _const(node, helper, x + "_5d", [0, 0, heads, 1, d])], x + "_5")
+    many = node("Concat", [one] * times, x + "_rep", axis=3)
+    return node("Reshape", [many, _const(node, helper, x + "_3d", [0, 0, heads * times * d])],
+                x + "_all")  # fmt: skip
+
+
+def _rms(node: Any, w: Any, name: str, x: str, norm: nn.Module) -> str:
+    return node("SimplifiedLayerNormalization", [x, w(name + "_g", norm.weight)], name,
+                axis=-1, epsilon=norm.eps)  # fmt: skip
+
+
+def _add_rms(node: Any, w: Any, name: str, x: str, residual: str,
+             norm: nn.Module) -> tuple[str, str]:  # fmt: skip
+    """(RMSNorm(x + residual), x + residual) in one `SkipSimplifiedLayerNormalization`."""
+    node("SkipSimplifiedLayerNormalization", [x, residual, w(name + "_g", norm.weight)], name,
+         ms=True, outputs=[name, "", "", name + "_sum"], epsilon=norm.eps)  # fmt: skip
+    return name, name + "_sum"
+
+
 def _linear(node: Any, w: Any, name: str, x: str, linear: nn.Module) -> str:
     """x W^T (+ b when the linear has one)."""
     y = node("MatMul", [x, w(name + "_w", linear.weight, True)], name + "_mm")
@@ -215,8 +302,8 @@ def _add_norm(node: Any, w: Any, name: str, x: str, residual: str,
 def _embedded(node: Any, w: Any, model: Graphed, helper: Any) -> tuple[str, str]:
     """The summed embeddings before their norm, and the score bias every layer's `Attention`
     adds: MPNet's by distance, or "" (none) for BERT's family, which has token types instead.
-    NomicBERT's have no position table (rotary in every layer)."""
-    if isinstance(model, ModernBertEncoder):  # no token types, rotary in every layer
+    NomicBERT's, ModernBERT's and Qwen3's have no position table (rotary in every layer)."""
+    if isinstance(model, ModernBertEncoder | Qwen3Encoder):  # no token types, rotary
         return node("Gather", [w("word", model.embed.weight), "input_ids"], "e_word"), ""
     ids = node("Gather", [w("word", model.word.weight), "input_ids"], "e_word")
     if isinstance(model, NomicBertEncoder):
@@ -264,6 +351,15 @@ def _distance_bias(node: Any, table: str, helper: Any) -> str:
     column = node("Add", [clamped, far], "b_column")
     heads = node("Gather", [table, column], "b_heads", axis=1)  # [N, L, L]
     return node("Unsqueeze", [heads, _const(node, helper, "b_ax_batch", [0])], "attention_bias")
+
+
+def _causal_bias(node: Any, helper: Any) -> str:
+    """[1, 1, L, L]: 0 where the key is at or before the query, `FAR` after it."""
+    after = node("Greater", [_distances(node, helper), _const(node, helper, "c_zero", [0])],
+                 "c_after")  # fmt: skip
+    scores = node("Where", [after, _const(node, helper, "c_far", FAR),
+                            _const(node, helper, "c_near", 0.0)], "c_scores")  # fmt: skip
+    return node("Unsqueeze", [scores, _const(node, helper, "c_axes", [0, 1])], "causal_bias")
 
 
 def _band_bias(node: Any, window: int, helper: Any) -> str:

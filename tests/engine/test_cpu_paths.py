@@ -319,7 +319,7 @@ def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Pat
     from safetensors.torch import load_file, save_file
 
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_graph
+    from embedserve.engine import onnx_nodes
 
     folder = make_checkpoint(tmp_path / "mpnet", arch="mpnet-tiny", dtype="float32", seed=5)
     weights = folder / "model.safetensors"
@@ -330,7 +330,7 @@ def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Pat
     texts = [*TEXTS, " ".join(["a longer passage about relative positions"] * 12)]
     _onnx_matches_eager(folder, texts)
 
-    monkeypatch.setattr(onnx_graph, "_distance_bias", lambda *args: "")
+    monkeypatch.setattr(onnx_nodes, "distance_bias", lambda *args: "")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
     with pytest.raises(FidelityError, match="cosine"):
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
@@ -355,7 +355,7 @@ def test_nomic_berts_graph_rotates_queries_and_keys(monkeypatch, tmp_path: Path)
     that attention depends on positions (on make-checkpoint's small weights a graph without the
     rotation passed the guard at 0.9999999966): without the rotation the guard refuses it."""
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_graph
+    from embedserve.engine import onnx_nodes
 
     folder = make_checkpoint(tmp_path / "nomic", arch="nomic-bert-tiny", dtype="float32", seed=5)
     _sharpen_attention(folder)
@@ -366,7 +366,7 @@ def test_nomic_berts_graph_rotates_queries_and_keys(monkeypatch, tmp_path: Path)
         shape = (positions, rotary.head_dim // 2)
         return w(name + "_cos", torch.ones(shape)), w(name + "_sin", torch.zeros(shape))
 
-    monkeypatch.setattr(onnx_graph, "_rotary_caches", unrotated)
+    monkeypatch.setattr(onnx_nodes, "rotary_caches", unrotated)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
     with pytest.raises(FidelityError, match="cosine"):
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
@@ -378,14 +378,14 @@ def test_modernberts_graph_keeps_local_layers_in_their_window(monkeypatch, tmp_p
     alone as in a padded batch, for texts longer than the window. With q and k scaled up (x40)
     so that scores depend on positions, a graph whose local layers see every key is refused."""
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_graph
+    from embedserve.engine import onnx_nodes
 
     folder = make_checkpoint(tmp_path / "modern", arch="modernbert-tiny", dtype="float32", seed=5)
     _sharpen_attention(folder)
     texts = [*TEXTS, " ".join(["a longer passage past the local window"] * 12)]
     _onnx_matches_eager(folder, texts)
 
-    monkeypatch.setattr(onnx_graph, "_band_bias", lambda *args: "")
+    monkeypatch.setattr(onnx_nodes, "band_bias", lambda *args: "")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
     with pytest.raises(FidelityError, match="cosine"):
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
@@ -402,7 +402,7 @@ def test_qwen3s_graph_groups_heads_and_masks_later_keys(
     from safetensors.torch import load_file, save_file
 
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_graph
+    from embedserve.engine import onnx_nodes
 
     folder = make_checkpoint(tmp_path / "qwen3", arch="qwen3-tiny", attention=attention,
                              dtype="float32", seed=5)  # fmt: skip
@@ -414,7 +414,7 @@ def test_qwen3s_graph_groups_heads_and_masks_later_keys(
     save_file(tensors, weights, metadata={"format": "pt"})
     _onnx_matches_eager(folder, [*TEXTS, " ".join(["a longer passage for a decoder"] * 12)])
     if attention == "causal":
-        monkeypatch.setattr(onnx_graph, "_causal_bias", lambda *args: "")
+        monkeypatch.setattr(onnx_nodes, "causal_bias", lambda *args: "")
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
         with pytest.raises(FidelityError, match="cosine"):
             Engine.from_folder(folder, device="cpu", cpu_path="onnx")

@@ -1,0 +1,112 @@
+"""The layers of the rotary families in ONNX graphs (`onnx_graph` writes the rest): NomicBERT,
+ModernBERT and Qwen3, their attention through `RotaryEmbedding` and `MultiHeadAttention`."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from embedserve.engine import onnx_nodes as on
+from embedserve.engine.models.modernbert import ModernBertEncoder, ModernBertLayer
+from embedserve.engine.models.nomic_bert import NomicBertLayer
+from embedserve.engine.models.qwen3 import Qwen3Encoder, Qwen3Layer
+
+
+def rotary_attention(node: Any, w: Any, p: str, x: str,
+                      layer: NomicBertLayer | ModernBertLayer, caches: tuple[str, str],
+                      band: str) -> str:  # fmt: skip
+    """Attention before the output product: the QKV product split three ways, rotary on q and
+    k, softmax over each row's `lengths` keys (and within a local layer's `band`)."""
+    qkv = on.linear(node, w, p + "qkv", x, layer.qkv)
+    q = node("Split", [qkv], p + "q", outputs=[p + "q", p + "k", p + "v"], axis=-1)
+    heads = layer.num_heads
+    rotated = [node("RotaryEmbedding", [t, "positions", *caches], f"{t}_rope", ms=True,
+                    num_heads=heads, interleaved=0) for t in (q, p + "k")]  # fmt: skip
+    masks = ["", "lengths", *([band] if band else [])]  # the 4th input, a QKV bias: none
+    return node("MultiHeadAttention", [*rotated, p + "v", *masks], p + "attn", ms=True,
+                num_heads=heads)  # fmt: skip
+
+
+def nomic_layer(node: Any, w: Any, p: str, x: str, layer: NomicBertLayer,
+                 caches: tuple[str, str]) -> str:  # fmt: skip
+    """One NomicBERT layer (post-norm): rotary attention, the output product and its skip norm;
+    then SwiGLU (gate | up in one product) and the down product's skip norm."""
+    a = rotary_attention(node, w, p, x, layer, caches, "")
+    x = on.skip_norm(node, w, p + "attn_out", a, x, layer.out, layer.attn_norm)
+    gu = on.linear(node, w, p + "gu", x, layer.gate_up)
+    gate = node("Split", [gu], p + "gate", outputs=[p + "gate", p + "up"], axis=-1)
+    silu = node("Mul", [gate, node("Sigmoid", [gate], p + "sig")], p + "silu")
+    h = node("Mul", [silu, p + "up"], p + "swiglu")
+    return on.skip_norm(node, w, p + "ffn_out", h, x, layer.down, layer.mlp_norm)
+
+
+def modern_layers(node: Any, w: Any, x: str, model: ModernBertEncoder, helper: Any) -> str:
+    """ModernBERT's layers (pre-norm: each norm adds the residual first and hands the sum on),
+    each global or local (keys within `window` of the query: the band bias) with its own rotary
+    base; GeGLU (input | gate in one product); the final norm."""
+    cfg = model.cfg
+    caches = {kind: on.rotary_caches(w, rotary, cfg.max_position_embeddings, f"rope{int(kind)}")
+              for kind, rotary in model.rotary.items()}  # fmt: skip
+    band = "" if all(cfg.global_layers) else on.band_bias(node, cfg.window, helper)
+    h, residual = x, x
+    for n, layer in enumerate(cast(list[ModernBertLayer], model.layers)):
+        p, full = f"l{n}_", cfg.global_layers[n]
+        if layer.attn_norm is not None:  # layer 0's input is the normed embeddings
+            h, residual = on.add_norm(node, w, p + "attn_norm", h, residual, layer.attn_norm)
+        a = rotary_attention(node, w, p, h, layer, caches[full], "" if full else band)
+        out = on.linear(node, w, p + "out", a, layer.out)
+        h, residual = on.add_norm(node, w, p + "mlp_norm", out, residual, layer.mlp_norm)
+        ug = on.linear(node, w, p + "ug", h, layer.up_gate)
+        up = node("Split", [ug], p + "in", outputs=[p + "in", p + "gate"], axis=-1)
+        gelu = "Gelu" if layer.approximate == "none" else "FastGelu"
+        act = node(gelu, [up], p + "act", ms=True)
+        h = on.linear(node, w, p + "down", node("Mul", [act, p + "gate"], p + "geglu"), layer.down)
+    if not model.layers:
+        return node("LayerNormalization", [x, *on.norm_params(w, "final", model.final_norm)],
+                    "final", axis=-1, epsilon=model.final_norm.eps)  # fmt: skip
+    return on.add_norm(node, w, "final", h, residual, model.final_norm)[0]
+
+
+def qwen3_layers(node: Any, w: Any, x: str, model: Qwen3Encoder, helper: Any) -> str:
+    """Qwen3's layers: RMSNorm (each after the first adds the residual and hands the sum on),
+    the QKV product split by head counts, per-head RMSNorm of q and k, rotary, the key-value
+    heads repeated for their query heads, attention (causal: the keys after each query scored
+    `FAR`), the output product; RMSNorm, SwiGLU; the final RMSNorm."""
+    cfg = model.cfg
+    caches = on.rotary_caches(w, model.rotary, cfg.max_position_embeddings, "rope")
+    causal = on.causal_bias(node, helper) if model.causal else ""
+    h, residual = "", x
+    for n, layer in enumerate(cast(list[Qwen3Layer], model.layers)):
+        p = f"l{n}_"
+        if n:
+            h, residual = on.add_rms(node, w, p + "in_norm", x, residual, layer.input_norm)
+        else:
+            h = on.rms(node, w, p + "in_norm", x, layer.input_norm)
+        a = grouped_attention(node, w, p, h, layer, caches, causal, helper)
+        out = node("MatMul", [a, w(p + "out_w", layer.out.weight, True)], p + "out")
+        h, residual = on.add_rms(node, w, p + "post_norm", out, residual, layer.post_attn_norm)
+        gu = node("MatMul", [h, w(p + "gu_w", layer.gate_up.weight, True)], p + "gu")
+        gate = node("Split", [gu], p + "gate", outputs=[p + "gate", p + "up"], axis=-1)
+        silu = node("Mul", [gate, node("Sigmoid", [gate], p + "sig")], p + "silu")
+        h2 = node("Mul", [silu, p + "up"], p + "swiglu")
+        x = node("MatMul", [h2, w(p + "down_w", layer.down.weight, True)], p + "down")
+    if not model.layers:
+        return on.rms(node, w, "final", x, model.norm)
+    return on.add_rms(node, w, "final", x, residual, model.norm)[0]
+
+
+def grouped_attention(node: Any, w: Any, p: str, h: str, layer: Qwen3Layer,
+                       caches: tuple[str, str], causal: str, helper: Any) -> str:  # fmt: skip
+    """Qwen3's attention before its output product, [B, L, Nq D]."""
+    nq, nkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    qkv = on.linear(node, w, p + "qkv", h, layer.qkv)
+    sizes = on.const(node, helper, p + "sizes", [nq * d, nkv * d, nkv * d])
+    node("Split", [qkv, sizes], p + "q", outputs=[p + "q", p + "k", p + "v"], axis=-1)
+    q, k = (
+        node("RotaryEmbedding", [on.head_rms(node, w, p + t, heads, d, norm, helper), "positions",
+                                 *caches], f"{p}{t}_rope", ms=True, num_heads=heads,
+             interleaved=0)
+        for t, heads, norm in (("q", nq, layer.q_norm), ("k", nkv, layer.k_norm))
+    )  # fmt: skip
+    k, v = (on.repeat_heads(node, t, nkv, nq // nkv, d, helper) for t in (k, p + "v"))
+    masks = ["", "lengths", *([causal] if causal else [])]
+    return node("MultiHeadAttention", [q, k, v, *masks], p + "attn", ms=True, num_heads=nq)

@@ -336,6 +336,19 @@ def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Pat
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
 
 
+def _fill_qk_norms(folder: Path, value: float) -> None:
+    """Set every q / k RMSNorm weight of a decoder-style folder to `value`: their scale sets the
+    scores' size there (the norms undo any scaling of the q / k products)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "model.safetensors"
+    tensors = load_file(weights)
+    for name, t in tensors.items():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            t.fill_(value)
+    save_file(tensors, weights, metadata={"format": "pt"})
+
+
 def _sharpen_attention(folder: Path) -> None:
     """Scale the q and k rows of every fused `attn.Wqkv` by 40: on make-checkpoint's small
     weights every score is near 0 and attention near uniform, whatever the positions."""
@@ -399,25 +412,39 @@ def test_qwen3s_graph_groups_heads_and_masks_later_keys(
     heads, causal or bidirectional as the folder says) gives the eager reference's vectors,
     alone as in a padded batch. The q / k norms' scales are raised (x8) so that attention
     depends on positions; a causal model's graph that lets queries see later keys is refused."""
-    from safetensors.torch import load_file, save_file
-
     from embedserve.devtools.checkpoints import make_checkpoint
     from embedserve.engine import onnx_nodes
 
     folder = make_checkpoint(tmp_path / "qwen3", arch="qwen3-tiny", attention=attention,
                              dtype="float32", seed=5)  # fmt: skip
-    weights = folder / "model.safetensors"
-    tensors = load_file(weights)
-    for name, t in tensors.items():
-        if name.endswith(("q_norm.weight", "k_norm.weight")):
-            t.fill_(8.0)
-    save_file(tensors, weights, metadata={"format": "pt"})
+    _fill_qk_norms(folder, 8.0)
     _onnx_matches_eager(folder, [*TEXTS, " ".join(["a longer passage for a decoder"] * 12)])
     if attention == "causal":
         monkeypatch.setattr(onnx_nodes, "causal_bias", lambda *args: "")
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
         with pytest.raises(FidelityError, match="cosine"):
             Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+
+
+def test_gemma3s_graph_scales_norms_and_keeps_local_layers_in_their_window(
+    monkeypatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """EmbeddingGemma's graph (embeddings scaled by sqrt(hidden), four RMSNorms of scale
+    1 + weight per layer, 2 key-value heads for 4 query heads, scores scaled by
+    query_pre_attn_scalar^-0.5, five local layers of window 8 to one global, GeGLU) gives the
+    eager reference's vectors, alone as in a padded batch. The q / k norms' scales are raised
+    (weight 3: scale 4; at 7 the two float32 paths part by 2e-5 on a 300-token probe) so that
+    attention depends on positions; a graph whose local layers see every key is refused."""
+    from embedserve.devtools.checkpoints import make_checkpoint
+    from embedserve.engine import onnx_nodes
+
+    folder = make_checkpoint(tmp_path / "gemma", arch="gemma3-tiny", dtype="float32", seed=5)
+    _fill_qk_norms(folder, 3.0)
+    _onnx_matches_eager(folder, [*TEXTS, " ".join(["a longer passage past the window"] * 12)])
+    monkeypatch.setattr(onnx_nodes, "band_bias", lambda *args: "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
+    with pytest.raises(FidelityError, match="cosine"):
+        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
 
 
 @pytest.mark.parametrize(

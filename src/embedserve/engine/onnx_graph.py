@@ -25,6 +25,7 @@ from torch import nn
 from embedserve.engine import onnx_nodes as on
 from embedserve.engine import onnx_rotary
 from embedserve.engine.models.bert import BertEncoder, BertLayer
+from embedserve.engine.models.gemma3 import Gemma3Encoder
 from embedserve.engine.models.modernbert import ModernBertEncoder
 from embedserve.engine.models.mpnet import MPNetEncoder
 from embedserve.engine.models.nomic_bert import NomicBertEncoder, NomicBertLayer
@@ -33,7 +34,9 @@ from embedserve.engine.models.qwen3 import Qwen3Encoder
 # the encoders a graph is written for: BERT's family, MPNet (BERT's layers and a relative position
 # bias), NomicBERT (rotary positions, SwiGLU, no biases), ModernBERT (pre-norm, rotary, GeGLU,
 # local layers) and Qwen3 (RMSNorm, per-head q / k norms, grouped-query attention, causal or not)
-Graphed = BertEncoder | MPNetEncoder | NomicBertEncoder | ModernBertEncoder | Qwen3Encoder
+Graphed = (
+    BertEncoder | MPNetEncoder | NomicBertEncoder | ModernBertEncoder | Qwen3Encoder | Gemma3Encoder
+)
 
 # bump when the graph written below changes: the cached files of older versions are not reused
 GRAPH_VERSION = 1
@@ -51,7 +54,7 @@ def supports(model: nn.Module) -> bool:
         import onnxruntime  # noqa: F401
     except ImportError:
         return False
-    if isinstance(model, NomicBertEncoder | ModernBertEncoder | Qwen3Encoder):
+    if isinstance(model, NomicBertEncoder | ModernBertEncoder | Qwen3Encoder | Gemma3Encoder):
         return True
     layers = cast(list[BertLayer], model.layers)
     linears = [m for layer in layers for m in (layer.qkv, layer.out, layer.up, layer.down)]
@@ -96,9 +99,11 @@ def _graph(model: Graphed) -> Any:  # onnx.ModelProto
 
     x, bias = _embedded(node, w, model, helper)
     if isinstance(model, Qwen3Encoder):  # no embedding norm: the first layer's RMSNorm
-        return _finished(
-            onnx_rotary.qwen3_layers(node, w, x, model, helper), model, nodes, inits, helper
-        )
+        x = onnx_rotary.qwen3_layers(node, w, x, model, helper)
+        return _finished(x, model, nodes, inits, helper)
+    if isinstance(model, Gemma3Encoder):
+        return _finished(onnx_rotary.gemma3_layers(node, w, x, model, helper), model, nodes, inits,
+                         helper)  # fmt: skip
     norm = model.embed_norm
     x = node("LayerNormalization", [x, *on.norm_params(w, "e", norm)], "e_out", axis=-1,
              epsilon=norm.eps)  # fmt: skip
@@ -140,7 +145,7 @@ def _embedded(node: Any, w: Any, model: Graphed, helper: Any) -> tuple[str, str]
     """The summed embeddings before their norm, and the score bias every layer's `Attention`
     adds: MPNet's by distance, or "" (none) for BERT's family, which has token types instead.
     NomicBERT's, ModernBERT's and Qwen3's have no position table (rotary in every layer)."""
-    if isinstance(model, ModernBertEncoder | Qwen3Encoder):  # no token types, rotary
+    if isinstance(model, ModernBertEncoder | Qwen3Encoder | Gemma3Encoder):  # rotary, no types
         return node("Gather", [w("word", model.embed.weight), "input_ids"], "e_word"), ""
     ids = node("Gather", [w("word", model.word.weight), "input_ids"], "e_word")
     if isinstance(model, NomicBertEncoder):

@@ -8,11 +8,12 @@ returns the name of what it adds.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
+from embedserve.engine.layers.norms import GemmaNorm
 from embedserve.engine.layers.rotary import Rotary
 from embedserve.engine.models.mpnet import MAX_DISTANCE
 
@@ -49,14 +50,20 @@ def repeat_heads(node: Any, x: str, heads: int, times: int, d: int, helper: Any)
 
 
 def rms(node: Any, w: Any, name: str, x: str, norm: nn.Module) -> str:
-    return node("SimplifiedLayerNormalization", [x, w(name + "_g", norm.weight)], name,
+    return node("SimplifiedLayerNormalization", [x, w(name + "_g", rms_scale(norm))], name,
                 axis=-1, epsilon=norm.eps)  # fmt: skip
+
+
+def rms_scale(norm: nn.Module) -> torch.Tensor:
+    """An RMSNorm's scale: its weight, or 1 + weight for Gemma's (in float32, as transformers)."""
+    weight = cast(torch.Tensor, norm.weight).detach().float()
+    return weight + 1.0 if isinstance(norm, GemmaNorm) else weight
 
 
 def add_rms(node: Any, w: Any, name: str, x: str, residual: str,
              norm: nn.Module) -> tuple[str, str]:  # fmt: skip
     """(RMSNorm(x + residual), x + residual) in one `SkipSimplifiedLayerNormalization`."""
-    node("SkipSimplifiedLayerNormalization", [x, residual, w(name + "_g", norm.weight)], name,
+    node("SkipSimplifiedLayerNormalization", [x, residual, w(name + "_g", rms_scale(norm))], name,
          ms=True, outputs=[name, "", "", name + "_sum"], epsilon=norm.eps)  # fmt: skip
     return name, name + "_sum"
 

@@ -1,11 +1,16 @@
 """The layers of the rotary families in ONNX graphs (`onnx_graph` writes the rest): NomicBERT,
-ModernBERT and Qwen3, their attention through `RotaryEmbedding` and `MultiHeadAttention`."""
+ModernBERT, Qwen3 and Gemma 3 (EmbeddingGemma), their attention through `RotaryEmbedding` and
+`MultiHeadAttention`."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
+import torch
+
 from embedserve.engine import onnx_nodes as on
+from embedserve.engine.models.gemma3 import Gemma3Encoder, Gemma3Layer
 from embedserve.engine.models.modernbert import ModernBertEncoder, ModernBertLayer
 from embedserve.engine.models.nomic_bert import NomicBertLayer
 from embedserve.engine.models.qwen3 import Qwen3Encoder, Qwen3Layer
@@ -94,9 +99,11 @@ def qwen3_layers(node: Any, w: Any, x: str, model: Qwen3Encoder, helper: Any) ->
     return on.add_rms(node, w, "final", x, residual, model.norm)[0]
 
 
-def grouped_attention(node: Any, w: Any, p: str, h: str, layer: Qwen3Layer,
-                       caches: tuple[str, str], causal: str, helper: Any) -> str:  # fmt: skip
-    """Qwen3's attention before its output product, [B, L, Nq D]."""
+def grouped_attention(node: Any, w: Any, p: str, h: str, layer: Qwen3Layer | Gemma3Layer,
+                      caches: tuple[str, str], bias: str, helper: Any,
+                      scale: float | None = None) -> str:  # fmt: skip
+    """Grouped-query attention before its output product, [B, L, Nq D]: per-head q / k norms,
+    rotary, the scores scaled by `scale` (default D^-0.5) plus `bias` (a mask) if any."""
     nq, nkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
     qkv = on.linear(node, w, p + "qkv", h, layer.qkv)
     sizes = on.const(node, helper, p + "sizes", [nq * d, nkv * d, nkv * d])
@@ -108,5 +115,41 @@ def grouped_attention(node: Any, w: Any, p: str, h: str, layer: Qwen3Layer,
         for t, heads, norm in (("q", nq, layer.q_norm), ("k", nkv, layer.k_norm))
     )  # fmt: skip
     k, v = (on.repeat_heads(node, t, nkv, nq // nkv, d, helper) for t in (k, p + "v"))
-    masks = ["", "lengths", *([causal] if causal else [])]
-    return node("MultiHeadAttention", [q, k, v, *masks], p + "attn", ms=True, num_heads=nq)
+    masks = ["", "lengths", *([bias] if bias else [])]
+    scaled = {} if scale is None else {"scale": scale}
+    return node("MultiHeadAttention", [q, k, v, *masks], p + "attn", ms=True, num_heads=nq,
+                **scaled)  # fmt: skip
+
+
+def gemma3_layers(node: Any, w: Any, x: str, model: Gemma3Encoder, helper: Any) -> str:
+    """EmbeddingGemma's layers: the embeddings scaled by sqrt(hidden) (rounded to float32, as
+    the eager path); per layer RMSNorms (scale 1 + weight) before and after attention and the
+    MLP, grouped-query attention (scores scaled by query_pre_attn_scalar^-0.5; local layers
+    within the window) with each layer kind's rotary base, GeGLU; the final RMSNorm."""
+    cfg = model.cfg
+    root = float(torch.tensor(math.sqrt(cfg.hidden_size), dtype=torch.float32))
+    x = node("Mul", [x, on.const(node, helper, "e_root", root)], "e_scaled")
+    layers = cast(list[Gemma3Layer], model.layers)
+    if not layers:
+        return on.rms(node, w, "final", x, model.norm)
+    caches = {kind: on.rotary_caches(w, rotary, cfg.max_position_embeddings, f"rope{int(kind)}")
+              for kind, rotary in model.rotary.items()}  # fmt: skip
+    band = "" if all(cfg.global_layers) else on.band_bias(node, cfg.window, helper)
+    h, residual = on.rms(node, w, "l0_in_norm", x, layers[0].input_norm), x
+    for n, layer in enumerate(layers):
+        p, full = f"l{n}_", cfg.global_layers[n]
+        a = grouped_attention(node, w, p, h, layer, caches[full], "" if full else band, helper,
+                              scale=cfg.query_pre_attn_scalar**-0.5)  # fmt: skip
+        out = node("MatMul", [a, w(p + "out_w", layer.out.weight, True)], p + "out")
+        post = on.rms(node, w, p + "post_attn", out, layer.post_attn_norm)
+        h, residual = on.add_rms(node, w, p + "pre_mlp", post, residual, layer.pre_mlp_norm)
+        gu = node("MatMul", [h, w(p + "gu_w", layer.gate_up.weight, True)], p + "gu")
+        gate = node("Split", [gu], p + "gate", outputs=[p + "gate", p + "up"], axis=-1)
+        act = node("Gelu" if layer.approximate == "none" else "FastGelu", [gate], p + "act",
+                   ms=True)  # fmt: skip
+        down = node("MatMul", [node("Mul", [act, p + "up"], p + "geglu"),
+                               w(p + "down_w", layer.down.weight, True)], p + "down")  # fmt: skip
+        post = on.rms(node, w, p + "post_mlp", down, layer.post_mlp_norm)
+        following = layers[n + 1].input_norm if n + 1 < len(layers) else model.norm
+        h, residual = on.add_rms(node, w, f"l{n + 1}_in_norm", post, residual, following)
+    return h

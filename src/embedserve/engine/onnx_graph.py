@@ -38,8 +38,10 @@ Graphed = (
     BertEncoder | MPNetEncoder | NomicBertEncoder | ModernBertEncoder | Qwen3Encoder | Gemma3Encoder
 )
 
-# bump when the graph written below changes: the cached files of older versions are not reused
-GRAPH_VERSION = 1
+# bump when the graph written below changes: the cached files of older versions are not reused,
+# and the remembered start-up choices (`cpu_paths.choice_key` hashes this) are measured anew.
+# 2: every family has a graph, so a folder whose choice was made without ONNX Runtime retimes it
+GRAPH_VERSION = 2
 OPSET = 17
 
 

@@ -447,6 +447,43 @@ def test_gemma3s_graph_scales_norms_and_keeps_local_layers_in_their_window(
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
 
 
+def test_a_forward_past_the_longest_onnx_row_runs_the_torch_module(
+    monkeypatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A batch holding a sequence over `LONGEST_ROW` tokens is run by the torch module the graph
+    was written from (ONNX Runtime's attention would hold every head's [L, L] scores), on the
+    session's threads; shorter batches stay on ONNX Runtime. Both give eager fp32's vectors."""
+    from embedserve.devtools.checkpoints import make_checkpoint
+    from embedserve.engine import onnx_encoder
+
+    folder = make_checkpoint(tmp_path / "nomic", arch="nomic-bert-tiny", dtype="float32", seed=5)
+    long = " ".join(["a passage longer than the row limit"] * 6)
+    texts = ["a short query", long]
+    expected = Embedder(folder, device="cpu", dtype="float32").encode(texts)
+    onnx = Embedder(folder, device="cpu", cpu_path="onnx")
+    encoder = onnx.engine.model
+    assert isinstance(encoder, OnnxEncoder)
+    monkeypatch.setattr(onnx_encoder, "LONGEST_ROW", 24)
+    calls: list[tuple[int, int]] = []
+    torch_forward = type(encoder._torch[0]).forward
+
+    def counted(self, ids, *rest):  # type: ignore[no-untyped-def]
+        calls.append((int(ids.numel()), torch.get_num_threads()))
+        return torch_forward(self, ids, *rest)
+
+    monkeypatch.setattr(type(encoder._torch[0]), "forward", counted)
+    assert row_cosines(onnx.encode(texts[:1]), expected[:1]).min() >= cpu_paths.MIN_COSINE
+    assert not calls
+    kept = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = onnx.encode(texts)
+    finally:
+        torch.set_num_threads(kept)
+    assert len(calls) == 1 and calls[0][1] == encoder.num_threads
+    assert row_cosines(got, expected).min() >= cpu_paths.MIN_COSINE
+
+
 @pytest.mark.parametrize(
     ("arch", "head_threads"),
     [("answerai-colbert-small-v1", {1}), ("splade-minilm-l6", {2})],

@@ -37,6 +37,10 @@ MAX_PADDING = 1.25
 # in 2,048-token batches on a 2-core Zen 2, 35.0 texts/s at 4,096, 36.0 at 1,024, 41.1 at 512,
 # 39.0 at 256 (45.2 / 40.6 at 512 / 4,096 with the batches sorted by length; ad-hoc probe)
 MAX_GROUP_TOKENS = 512
+# a forward whose longest sequence passes this runs through the torch module instead: ONNX
+# Runtime's attention holds every head's [L, L] scores (a 32k-token Qwen3 text: 16 x 32k^2 fp32,
+# 64 GiB), the torch path's CPU attention does not (BERT's family never reaches it: 512 at most)
+LONGEST_ROW = 1024
 
 
 def cache_path(folder: Path, cache_dir: Path | None = None) -> Path:
@@ -80,7 +84,8 @@ class OnnxEncoder(nn.Module):
     """The model's forward (packed ids -> hidden [T, H] float32) through an ONNX Runtime session;
     a stand-in for the `PackedEncoder` it was written from. The graph holds its own attention:
     of the attention argument only a `VisibleKeys` limit is read, as the keys each row's
-    `Attention` sees (its `lengths` input)."""
+    `Attention` sees (its `lengths` input). A forward with a sequence over `LONGEST_ROW` tokens
+    runs through the torch module it was written from, on the session's threads."""
 
     def __init__(self, model: PackedEncoder, path: Path, num_threads: int) -> None:
         super().__init__()
@@ -102,7 +107,9 @@ class OnnxEncoder(nn.Module):
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         # RoBERTa's table starts after the padding index; rotary positions start at 0
         self.position_offset = int(getattr(model.cfg, "position_offset", 0))
-        self.path = path
+        self.path, self.num_threads = path, num_threads
+        # not a submodule: its weights are the engine's own (packed or not), not this copy's
+        self._torch = [model]
         # what the session's copy of the weights holds (it has no torch parameters to count)
         self.weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
 
@@ -114,8 +121,15 @@ class OnnxEncoder(nn.Module):
         layout: RaggedLayout,
         attend: AttentionFn,
     ) -> torch.Tensor:  # [T, H]
-        arrays = [t.numpy() for t in (input_ids, positions + self.position_offset, token_type_ids)]
         seqlens = layout.seqlens
+        if max(seqlens) > LONGEST_ROW:
+            threads = torch.get_num_threads()  # one inside the engine's `OneTorchThread`
+            torch.set_num_threads(self.num_threads)
+            try:
+                return self._torch[0](input_ids, positions, token_type_ids, layout, attend)
+            finally:
+                torch.set_num_threads(threads)
+        arrays = [t.numpy() for t in (input_ids, positions + self.position_offset, token_type_ids)]
         # each row's attended keys: all its tokens, or a query expansion's leading ones
         keys = attend.visible if isinstance(attend, VisibleKeys) else seqlens
         if len(seqlens) == 1:  # a lone sequence: one row, nothing to pad

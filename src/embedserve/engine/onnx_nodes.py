@@ -31,7 +31,7 @@ def rotary_caches(w: Any, rotary: Rotary, positions: int, name: str) -> tuple[st
 
 
 def head_rms(node: Any, w: Any, x: str, heads: int, d: int, norm: nn.Module,
-              helper: Any) -> str:  # fmt: skip
+             helper: Any) -> str:  # fmt: skip
     """RMSNorm of each head's D values of `x` [B, L, heads D]."""
     split = node("Reshape", [x, const(node, helper, x + "_4d", [0, 0, heads, d])], x + "_heads")
     normed = rms(node, w, x + "_norm", split, norm)
@@ -61,7 +61,7 @@ def rms_scale(norm: nn.Module) -> torch.Tensor:
 
 
 def add_rms(node: Any, w: Any, name: str, x: str, residual: str,
-             norm: nn.Module) -> tuple[str, str]:  # fmt: skip
+            norm: nn.Module) -> tuple[str, str]:  # fmt: skip
     """(RMSNorm(x + residual), x + residual) in one `SkipSimplifiedLayerNormalization`."""
     node("SkipSimplifiedLayerNormalization", [x, residual, w(name + "_g", rms_scale(norm))], name,
          ms=True, outputs=[name, "", "", name + "_sum"], epsilon=norm.eps)  # fmt: skip
@@ -83,7 +83,7 @@ def norm_params(w: Any, name: str, norm: nn.Module) -> list[str]:
 
 
 def add_norm(node: Any, w: Any, name: str, x: str, residual: str,
-              norm: nn.Module) -> tuple[str, str]:  # fmt: skip
+             norm: nn.Module) -> tuple[str, str]:  # fmt: skip
     """(LayerNorm(x + residual), x + residual) in one `SkipLayerNormalization`."""
     node("SkipLayerNormalization", [x, residual, *norm_params(w, name, norm)], name, ms=True,
          outputs=[name, "", "", name + "_sum"], epsilon=norm.eps)  # fmt: skip
@@ -144,7 +144,7 @@ def band_bias(node: Any, window: int, helper: Any) -> str:
 
 
 def skip_norm(node: Any, w: Any, name: str, x: str, residual: str, linear: nn.Module,
-               norm: nn.LayerNorm) -> str:  # fmt: skip
+              norm: nn.LayerNorm) -> str:  # fmt: skip
     """LayerNorm(x W^T + b + residual): a MatMul, then the bias (if any), residual and norm in
     one op."""
     y = node("MatMul", [x, w(name + "_w", linear.weight, True)], name + "_mm")

@@ -17,8 +17,8 @@ from embedserve.engine.models.qwen3 import Qwen3Encoder, Qwen3Layer
 
 
 def rotary_attention(node: Any, w: Any, p: str, x: str,
-                      layer: NomicBertLayer | ModernBertLayer, caches: tuple[str, str],
-                      band: str) -> str:  # fmt: skip
+                     layer: NomicBertLayer | ModernBertLayer, caches: tuple[str, str],
+                     band: str) -> str:  # fmt: skip
     """Attention before the output product: the QKV product split three ways, rotary on q and
     k, softmax over each row's `lengths` keys (and within a local layer's `band`)."""
     qkv = on.linear(node, w, p + "qkv", x, layer.qkv)
@@ -32,7 +32,7 @@ def rotary_attention(node: Any, w: Any, p: str, x: str,
 
 
 def nomic_layer(node: Any, w: Any, p: str, x: str, layer: NomicBertLayer,
-                 caches: tuple[str, str]) -> str:  # fmt: skip
+                caches: tuple[str, str]) -> str:  # fmt: skip
     """One NomicBERT layer (post-norm): rotary attention, the output product and its skip norm;
     then SwiGLU (gate | up in one product) and the down product's skip norm."""
     a = rotary_attention(node, w, p, x, layer, caches, "")

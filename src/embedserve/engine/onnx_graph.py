@@ -33,7 +33,8 @@ from embedserve.engine.models.qwen3 import Qwen3Encoder
 
 # the encoders a graph is written for: BERT's family, MPNet (BERT's layers and a relative position
 # bias), NomicBERT (rotary positions, SwiGLU, no biases), ModernBERT (pre-norm, rotary, GeGLU,
-# local layers) and Qwen3 (RMSNorm, per-head q / k norms, grouped-query attention, causal or not)
+# local layers), Qwen3 (RMSNorm, per-head q / k norms, grouped-query attention, causal or not)
+# and Gemma 3 (Qwen3's pieces with four norms a layer, local layers and GeGLU)
 Graphed = (
     BertEncoder | MPNetEncoder | NomicBertEncoder | ModernBertEncoder | Qwen3Encoder | Gemma3Encoder
 )
@@ -48,7 +49,8 @@ OPSET = 17
 def supports(model: nn.Module) -> bool:
     """Whether a graph can be written for `model`: a BERT-family encoder (or MPNet's, the
     same layers with a relative position bias) whose FFN activation is the erf or tanh GELU or
-    ReLU, or a NomicBERT one, and ONNX Runtime and onnx are installed."""
+    ReLU, or a rotary family's (NomicBERT, ModernBERT, Qwen3, Gemma 3), and ONNX Runtime and
+    onnx are installed."""
     if not isinstance(model, Graphed):
         return False
     try:
@@ -100,9 +102,10 @@ def _graph(model: Graphed) -> Any:  # onnx.ModelProto
         return out
 
     x, bias = _embedded(node, w, model, helper)
-    if isinstance(model, Qwen3Encoder):  # no embedding norm: the first layer's RMSNorm
-        x = onnx_rotary.qwen3_layers(node, w, x, model, helper)
-        return _finished(x, model, nodes, inits, helper)
+    # the decoder families have no embedding norm: their first layer's RMSNorm takes the sum
+    if isinstance(model, Qwen3Encoder):
+        return _finished(onnx_rotary.qwen3_layers(node, w, x, model, helper), model, nodes, inits,
+                         helper)  # fmt: skip
     if isinstance(model, Gemma3Encoder):
         return _finished(onnx_rotary.gemma3_layers(node, w, x, model, helper), model, nodes, inits,
                          helper)  # fmt: skip

@@ -299,6 +299,17 @@ def test_a_colbert_querys_hidden_expansion_keys_reach_onnx_runtime(
         Engine.from_folder(folder, device="cpu", cpu_path="onnx")
 
 
+def _refused_without(monkeypatch, tmp_path: Path, folder: Path, piece: str, stand_in) -> None:  # type: ignore[no-untyped-def]
+    """With `onnx_nodes.<piece>` replaced by `stand_in` (a graph missing what it adds), the
+    start-up guard refuses ONNX Runtime for `folder` (a fresh cache: the graph is written anew)."""
+    from embedserve.engine import onnx_nodes
+
+    monkeypatch.setattr(onnx_nodes, piece, stand_in)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
+    with pytest.raises(FidelityError, match="cosine"):
+        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+
+
 def _onnx_matches_eager(folder: Path, texts: list[str]) -> None:
     """ONNX Runtime's vectors are eager fp32's (the guard's bound), and each text's alone is the
     same text's inside the padded batch."""
@@ -319,7 +330,6 @@ def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Pat
     from safetensors.torch import load_file, save_file
 
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_nodes
 
     folder = make_checkpoint(tmp_path / "mpnet", arch="mpnet-tiny", dtype="float32", seed=5)
     weights = folder / "model.safetensors"
@@ -330,10 +340,7 @@ def test_mpnets_graph_adds_its_relative_position_bias(monkeypatch, tmp_path: Pat
     texts = [*TEXTS, " ".join(["a longer passage about relative positions"] * 12)]
     _onnx_matches_eager(folder, texts)
 
-    monkeypatch.setattr(onnx_nodes, "distance_bias", lambda *args: "")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
-    with pytest.raises(FidelityError, match="cosine"):
-        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+    _refused_without(monkeypatch, tmp_path, folder, "distance_bias", lambda *args: "")
 
 
 def _fill_qk_norms(folder: Path, value: float) -> None:
@@ -368,7 +375,6 @@ def test_nomic_berts_graph_rotates_queries_and_keys(monkeypatch, tmp_path: Path)
     that attention depends on positions (on make-checkpoint's small weights a graph without the
     rotation passed the guard at 0.9999999966): without the rotation the guard refuses it."""
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_nodes
 
     folder = make_checkpoint(tmp_path / "nomic", arch="nomic-bert-tiny", dtype="float32", seed=5)
     _sharpen_attention(folder)
@@ -379,10 +385,7 @@ def test_nomic_berts_graph_rotates_queries_and_keys(monkeypatch, tmp_path: Path)
         shape = (positions, rotary.head_dim // 2)
         return w(name + "_cos", torch.ones(shape)), w(name + "_sin", torch.zeros(shape))
 
-    monkeypatch.setattr(onnx_nodes, "rotary_caches", unrotated)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
-    with pytest.raises(FidelityError, match="cosine"):
-        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+    _refused_without(monkeypatch, tmp_path, folder, "rotary_caches", unrotated)
 
 
 def test_modernberts_graph_keeps_local_layers_in_their_window(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -391,17 +394,13 @@ def test_modernberts_graph_keeps_local_layers_in_their_window(monkeypatch, tmp_p
     alone as in a padded batch, for texts longer than the window. With q and k scaled up (x40)
     so that scores depend on positions, a graph whose local layers see every key is refused."""
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_nodes
 
     folder = make_checkpoint(tmp_path / "modern", arch="modernbert-tiny", dtype="float32", seed=5)
     _sharpen_attention(folder)
     texts = [*TEXTS, " ".join(["a longer passage past the local window"] * 12)]
     _onnx_matches_eager(folder, texts)
 
-    monkeypatch.setattr(onnx_nodes, "band_bias", lambda *args: "")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
-    with pytest.raises(FidelityError, match="cosine"):
-        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+    _refused_without(monkeypatch, tmp_path, folder, "band_bias", lambda *args: "")
 
 
 @pytest.mark.parametrize("attention", ["causal", "bidirectional"])
@@ -413,17 +412,13 @@ def test_qwen3s_graph_groups_heads_and_masks_later_keys(
     alone as in a padded batch. The q / k norms' scales are raised (x8) so that attention
     depends on positions; a causal model's graph that lets queries see later keys is refused."""
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_nodes
 
     folder = make_checkpoint(tmp_path / "qwen3", arch="qwen3-tiny", attention=attention,
                              dtype="float32", seed=5)  # fmt: skip
     _fill_qk_norms(folder, 8.0)
     _onnx_matches_eager(folder, [*TEXTS, " ".join(["a longer passage for a decoder"] * 12)])
     if attention == "causal":
-        monkeypatch.setattr(onnx_nodes, "causal_bias", lambda *args: "")
-        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
-        with pytest.raises(FidelityError, match="cosine"):
-            Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+        _refused_without(monkeypatch, tmp_path, folder, "causal_bias", lambda *args: "")
 
 
 def test_gemma3s_graph_scales_norms_and_keeps_local_layers_in_their_window(
@@ -436,15 +431,11 @@ def test_gemma3s_graph_scales_norms_and_keeps_local_layers_in_their_window(
     (weight 3: scale 4; at 7 the two float32 paths part by 2e-5 on a 300-token probe) so that
     attention depends on positions; a graph whose local layers see every key is refused."""
     from embedserve.devtools.checkpoints import make_checkpoint
-    from embedserve.engine import onnx_nodes
 
     folder = make_checkpoint(tmp_path / "gemma", arch="gemma3-tiny", dtype="float32", seed=5)
     _fill_qk_norms(folder, 3.0)
     _onnx_matches_eager(folder, [*TEXTS, " ".join(["a longer passage past the window"] * 12)])
-    monkeypatch.setattr(onnx_nodes, "band_bias", lambda *args: "")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another-cache"))
-    with pytest.raises(FidelityError, match="cosine"):
-        Engine.from_folder(folder, device="cpu", cpu_path="onnx")
+    _refused_without(monkeypatch, tmp_path, folder, "band_bias", lambda *args: "")
 
 
 def test_a_forward_past_the_longest_onnx_row_runs_the_torch_module(

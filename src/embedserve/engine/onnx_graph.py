@@ -28,7 +28,7 @@ from embedserve.engine.models.bert import BertEncoder, BertLayer
 from embedserve.engine.models.gemma3 import Gemma3Encoder
 from embedserve.engine.models.modernbert import ModernBertEncoder
 from embedserve.engine.models.mpnet import MPNetEncoder
-from embedserve.engine.models.nomic_bert import NomicBertEncoder, NomicBertLayer
+from embedserve.engine.models.nomic_bert import NomicBertEncoder
 from embedserve.engine.models.qwen3 import Qwen3Encoder
 
 # the encoders a graph is written for: BERT's family, MPNet (BERT's layers and a relative position
@@ -115,9 +115,7 @@ def _graph(model: Graphed) -> Any:  # onnx.ModelProto
     if isinstance(model, ModernBertEncoder):
         x = onnx_rotary.modern_layers(node, w, x, model, helper)
     elif isinstance(model, NomicBertEncoder):
-        caches = on.rotary_caches(w, model.rotary, model.cfg.max_position_embeddings, "rope")
-        for n, nomic in enumerate(cast(list[NomicBertLayer], model.layers)):
-            x = onnx_rotary.nomic_layer(node, w, f"l{n}_", x, nomic, caches)
+        x = onnx_rotary.nomic_layers(node, w, x, model)
     else:
         for n, layer in enumerate(cast(list[BertLayer], model.layers)):
             x = _bert_layer(node, w, f"l{n}_", x, layer, bias)

@@ -30,6 +30,30 @@ def rotary_caches(w: Any, rotary: Rotary, positions: int, name: str) -> tuple[st
     return w(name + "_cos", angles.cos()), w(name + "_sin", angles.sin())
 
 
+def rotary_tables(
+    w: Any, rotary: dict[bool, Rotary], positions: int
+) -> dict[bool, tuple[str, str]]:
+    """`rotary_caches` of a model with a rotary base per layer kind (True: global layers)."""
+    return {kind: rotary_caches(w, r, positions, f"rope{int(kind)}") for kind, r in rotary.items()}
+
+
+def glu(node: Any, w: Any, p: str, x: str, gate_up: nn.Module, act: str) -> str:
+    """A gated MLP's product before the down one: act(gate) x up, from one product of
+    (gate | up); `act` "silu" (SwiGLU), or ONNX Runtime's "Gelu" / "FastGelu" (GeGLU)."""
+    gu = linear(node, w, p + "gu", x, gate_up)
+    gate = node("Split", [gu], p + "gate", outputs=[p + "gate", p + "up"], axis=-1)
+    if act == "silu":
+        a = node("Mul", [gate, node("Sigmoid", [gate], p + "sig")], p + "act")
+    else:
+        a = node(act, [gate], p + "act", ms=True)
+    return node("Mul", [a, p + "up"], p + "glu")
+
+
+def gelu_op(approximate: str) -> str:
+    """ONNX Runtime's GELU for an `F.gelu` approximation ("none": erf, "tanh")."""
+    return "Gelu" if approximate == "none" else "FastGelu"
+
+
 def head_rms(node: Any, w: Any, x: str, heads: int, d: int, norm: nn.Module,
              helper: Any) -> str:  # fmt: skip
     """RMSNorm of each head's D values of `x` [B, L, heads D]."""

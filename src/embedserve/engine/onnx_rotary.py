@@ -12,7 +12,7 @@ import torch
 from embedserve.engine import onnx_nodes as on
 from embedserve.engine.models.gemma3 import Gemma3Encoder, Gemma3Layer
 from embedserve.engine.models.modernbert import ModernBertEncoder, ModernBertLayer
-from embedserve.engine.models.nomic_bert import NomicBertLayer
+from embedserve.engine.models.nomic_bert import NomicBertEncoder, NomicBertLayer
 from embedserve.engine.models.qwen3 import Qwen3Encoder, Qwen3Layer
 
 
@@ -31,17 +31,17 @@ def rotary_attention(node: Any, w: Any, p: str, x: str,
                 num_heads=heads)  # fmt: skip
 
 
-def nomic_layer(node: Any, w: Any, p: str, x: str, layer: NomicBertLayer,
-                caches: tuple[str, str]) -> str:  # fmt: skip
-    """One NomicBERT layer (post-norm): rotary attention, the output product and its skip norm;
-    then SwiGLU (gate | up in one product) and the down product's skip norm."""
-    a = rotary_attention(node, w, p, x, layer, caches, "")
-    x = on.skip_norm(node, w, p + "attn_out", a, x, layer.out, layer.attn_norm)
-    gu = on.linear(node, w, p + "gu", x, layer.gate_up)
-    gate = node("Split", [gu], p + "gate", outputs=[p + "gate", p + "up"], axis=-1)
-    silu = node("Mul", [gate, node("Sigmoid", [gate], p + "sig")], p + "silu")
-    h = node("Mul", [silu, p + "up"], p + "swiglu")
-    return on.skip_norm(node, w, p + "ffn_out", h, x, layer.down, layer.mlp_norm)
+def nomic_layers(node: Any, w: Any, x: str, model: NomicBertEncoder) -> str:
+    """NomicBERT's layers (post-norm): rotary attention, the output product and its skip norm;
+    then SwiGLU and the down product's skip norm."""
+    caches = on.rotary_caches(w, model.rotary, model.cfg.max_position_embeddings, "rope")
+    for n, layer in enumerate(cast(list[NomicBertLayer], model.layers)):
+        p = f"l{n}_"
+        a = rotary_attention(node, w, p, x, layer, caches, "")
+        x = on.skip_norm(node, w, p + "attn_out", a, x, layer.out, layer.attn_norm)
+        h = on.glu(node, w, p, x, layer.gate_up, "silu")
+        x = on.skip_norm(node, w, p + "ffn_out", h, x, layer.down, layer.mlp_norm)
+    return x
 
 
 def modern_layers(node: Any, w: Any, x: str, model: ModernBertEncoder, helper: Any) -> str:
@@ -49,8 +49,7 @@ def modern_layers(node: Any, w: Any, x: str, model: ModernBertEncoder, helper: A
     each global or local (keys within `window` of the query: the band bias) with its own rotary
     base; GeGLU (input | gate in one product); the final norm."""
     cfg = model.cfg
-    caches = {kind: on.rotary_caches(w, rotary, cfg.max_position_embeddings, f"rope{int(kind)}")
-              for kind, rotary in model.rotary.items()}  # fmt: skip
+    caches = on.rotary_tables(w, model.rotary, cfg.max_position_embeddings)
     band = "" if all(cfg.global_layers) else on.band_bias(node, cfg.window, helper)
     h, residual = x, x
     for n, layer in enumerate(cast(list[ModernBertLayer], model.layers)):
@@ -60,11 +59,9 @@ def modern_layers(node: Any, w: Any, x: str, model: ModernBertEncoder, helper: A
         a = rotary_attention(node, w, p, h, layer, caches[full], "" if full else band)
         out = on.linear(node, w, p + "out", a, layer.out)
         h, residual = on.add_norm(node, w, p + "mlp_norm", out, residual, layer.mlp_norm)
-        ug = on.linear(node, w, p + "ug", h, layer.up_gate)
-        up = node("Split", [ug], p + "in", outputs=[p + "in", p + "gate"], axis=-1)
-        gelu = "Gelu" if layer.approximate == "none" else "FastGelu"
-        act = node(gelu, [up], p + "act", ms=True)
-        h = on.linear(node, w, p + "down", node("Mul", [act, p + "gate"], p + "geglu"), layer.down)
+        # Wi is (input | gate), the input activated: `glu`'s (gate | up) order, other names
+        geglu = on.glu(node, w, p, h, layer.up_gate, on.gelu_op(layer.approximate))
+        h = on.linear(node, w, p + "down", geglu, layer.down)
     if not model.layers:
         return node("LayerNormalization", [x, *on.norm_params(w, "final", model.final_norm)],
                     "final", axis=-1, epsilon=model.final_norm.eps)  # fmt: skip
@@ -87,13 +84,10 @@ def qwen3_layers(node: Any, w: Any, x: str, model: Qwen3Encoder, helper: Any) ->
         else:
             h = on.rms(node, w, p + "in_norm", x, layer.input_norm)
         a = grouped_attention(node, w, p, h, layer, caches, causal, helper)
-        out = node("MatMul", [a, w(p + "out_w", layer.out.weight, True)], p + "out")
+        out = on.linear(node, w, p + "out", a, layer.out)
         h, residual = on.add_rms(node, w, p + "post_norm", out, residual, layer.post_attn_norm)
-        gu = node("MatMul", [h, w(p + "gu_w", layer.gate_up.weight, True)], p + "gu")
-        gate = node("Split", [gu], p + "gate", outputs=[p + "gate", p + "up"], axis=-1)
-        silu = node("Mul", [gate, node("Sigmoid", [gate], p + "sig")], p + "silu")
-        h2 = node("Mul", [silu, p + "up"], p + "swiglu")
-        x = node("MatMul", [h2, w(p + "down_w", layer.down.weight, True)], p + "down")
+        x = on.linear(node, w, p + "down", on.glu(node, w, p, h, layer.gate_up, "silu"),
+                      layer.down)  # fmt: skip
     if not model.layers:
         return on.rms(node, w, "final", x, model.norm)
     return on.add_rms(node, w, "final", x, residual, model.norm)[0]
@@ -132,23 +126,18 @@ def gemma3_layers(node: Any, w: Any, x: str, model: Gemma3Encoder, helper: Any) 
     layers = cast(list[Gemma3Layer], model.layers)
     if not layers:
         return on.rms(node, w, "final", x, model.norm)
-    caches = {kind: on.rotary_caches(w, rotary, cfg.max_position_embeddings, f"rope{int(kind)}")
-              for kind, rotary in model.rotary.items()}  # fmt: skip
+    caches = on.rotary_tables(w, model.rotary, cfg.max_position_embeddings)
     band = "" if all(cfg.global_layers) else on.band_bias(node, cfg.window, helper)
     h, residual = on.rms(node, w, "l0_in_norm", x, layers[0].input_norm), x
     for n, layer in enumerate(layers):
         p, full = f"l{n}_", cfg.global_layers[n]
         a = grouped_attention(node, w, p, h, layer, caches[full], "" if full else band, helper,
                               scale=cfg.query_pre_attn_scalar**-0.5)  # fmt: skip
-        out = node("MatMul", [a, w(p + "out_w", layer.out.weight, True)], p + "out")
+        out = on.linear(node, w, p + "out", a, layer.out)
         post = on.rms(node, w, p + "post_attn", out, layer.post_attn_norm)
         h, residual = on.add_rms(node, w, p + "pre_mlp", post, residual, layer.pre_mlp_norm)
-        gu = node("MatMul", [h, w(p + "gu_w", layer.gate_up.weight, True)], p + "gu")
-        gate = node("Split", [gu], p + "gate", outputs=[p + "gate", p + "up"], axis=-1)
-        act = node("Gelu" if layer.approximate == "none" else "FastGelu", [gate], p + "act",
-                   ms=True)  # fmt: skip
-        down = node("MatMul", [node("Mul", [act, p + "up"], p + "geglu"),
-                               w(p + "down_w", layer.down.weight, True)], p + "down")  # fmt: skip
+        geglu = on.glu(node, w, p, h, layer.gate_up, on.gelu_op(layer.approximate))
+        down = on.linear(node, w, p + "down", geglu, layer.down)
         post = on.rms(node, w, p + "post_mlp", down, layer.post_mlp_norm)
         following = layers[n + 1].input_norm if n + 1 < len(layers) else model.norm
         h, residual = on.add_rms(node, w, f"l{n + 1}_in_norm", post, residual, following)

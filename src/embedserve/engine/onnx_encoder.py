@@ -17,7 +17,6 @@ with no padding, several are grouped by length (`length_groups`) so that padding
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from embedserve.engine.attention import AttentionFn, RaggedLayout
 from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.onnx_graph import GRAPH_VERSION, Graphed, write_graph
 from embedserve.engine.retrieval import VisibleKeys
+from embedserve.loading import cache_root
 
 # a group of sequences padded to its longest may hold at most this many padded tokens per real one
 MAX_PADDING = 1.25
@@ -55,11 +55,6 @@ def cache_path(folder: Path, cache_dir: Path | None = None) -> Path:
         st = f.stat()
         h.update(f"|{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return (cache_dir or cache_root() / "onnx") / h.hexdigest()[:24] / "model.onnx"
-
-
-def cache_root() -> Path:
-    """embedserve's folder of the user's cache ($XDG_CACHE_HOME, else ~/.cache)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "embedserve"
 
 
 def length_groups(seqlens: Sequence[int]) -> list[list[int]]:

@@ -13,22 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from embedserve.loading import cache_root
 from embedserve.loading.family_configs import ModelLoadError
 
 TRANSFORMER_TYPES = (
     "sentence_transformers.models.Transformer",
     "sentence_transformers.models.BERT",
 )
-
-
-def cache_root() -> Path:
-    """embedserve's folder of the user's cache ($XDG_CACHE_HOME, else ~/.cache)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "embedserve"
 
 
 def transformer_subfolder(folder: Path) -> str | None:

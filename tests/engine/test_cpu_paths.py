@@ -5,6 +5,9 @@ graph is written once per model folder and read back from the cache."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,13 @@ from embedserve.engine.cpu_paths import PathTiming
 from embedserve.engine.engine import Engine
 from embedserve.engine.fidelity import FidelityError, row_cosines
 from embedserve.engine.layers.linear import Linear
-from embedserve.engine.onnx_encoder import MAX_PADDING, OnnxEncoder, cache_path, length_groups
+from embedserve.engine.onnx_encoder import (
+    MAX_PADDING,
+    SOURCE,
+    OnnxEncoder,
+    cache_path,
+    length_groups,
+)
 from embedserve.engine.placement import resolve_dtype
 
 pytest.importorskip("onnxruntime")
@@ -164,6 +173,26 @@ def test_the_cache_key_follows_the_weights(tmp_path: Path, minilm_path: Path) ->
     weights.write_bytes(b"other")
     assert cache_path(folder) != before
     assert cache_path(minilm_path) != before
+
+
+def test_writing_a_graph_removes_the_stale_ones(tmp_path: Path, minilm_path: Path) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(minilm_path, folder)
+    first = Engine.from_folder(folder, device="cpu", cpu_path="onnx").model.path
+    root = first.parent.parent
+    kept = Engine.from_folder(minilm_path, device="cpu", cpu_path="onnx").model.path
+    unrecorded = root / "unrecorded"  # an older release's graph, or one being written
+    unrecorded.mkdir()
+    (unrecorded / "model.onnx").write_bytes(b"graph")
+    orphan = root / "orphan"  # its folder was deleted
+    orphan.mkdir()
+    (orphan / SOURCE).write_text(json.dumps({"folder": str(tmp_path / "deleted")}))
+    os.utime(folder / "model.safetensors", ns=(0, 0))  # a new checkpoint, as far as the key sees
+    second = Engine.from_folder(folder, device="cpu", cpu_path="onnx").model.path
+    assert second != first and second.exists()
+    assert not first.parent.exists() and not orphan.exists()
+    assert unrecorded.exists() and kept.exists()
+    assert json.loads((second.parent / SOURCE).read_text()) == {"folder": str(folder.resolve())}
 
 
 @pytest.mark.parametrize(

@@ -366,9 +366,9 @@ def _build(path: str, model: PackedEncoder, folder: str) -> nn.Module:
     if path == "onnx":
         from pathlib import Path
 
-        from embedserve.engine.onnx_encoder import OnnxEncoder, cache_path
+        from embedserve.engine.onnx_encoder import OnnxEncoder
 
-        return OnnxEncoder(model, cache_path(Path(folder)), torch.get_num_threads())
+        return OnnxEncoder(model, Path(folder), torch.get_num_threads())
     if path == "packed":
         for layer in _linears(model):
             layer.pack(keep_weight=True)  # unpacked again if another path wins

@@ -8,7 +8,7 @@ MatMul+Add on an AVX2 Zen 3). ONNX Runtime runs the whole graph in C++ with its 
 
 The graph is written from the engine's own loaded weights (`onnx_graph`), saved once per model
 folder under the cache (`cache_path`), keyed by the folder's weight files, and loaded from there
-on later starts.
+on later starts. Writing one removes the graphs no key names any more (`prune_stale`).
 
 The engine's batches are packed; the graph takes padded [B, L] rows: a lone sequence is one row
 with no padding, several are grouped by length (`length_groups`) so that padding stays small.
@@ -17,6 +17,9 @@ with no padding, several are grouped by length (`length_groups`) so that padding
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +32,8 @@ from embedserve.engine.models.base import PackedEncoder
 from embedserve.engine.onnx_graph import GRAPH_VERSION, Graphed, write_graph
 from embedserve.engine.retrieval import VisibleKeys
 from embedserve.loading import cache_root
+
+log = logging.getLogger(__name__)
 
 # a group of sequences padded to its longest may hold at most this many padded tokens per real one
 MAX_PADDING = 1.25
@@ -44,6 +49,7 @@ MAX_GROUP_TOKENS = 512
 # (nomic-embed-text-v1.5's config on a 2-core Zen 2, one text of ~500 / 1,000 / 2,000 tokens:
 # 705 / 1,624 / 3,843 ms against packed 862 / 1,903 / 4,301; ad hoc)
 LONGEST_ROW = 2048
+SOURCE = "source.json"  # beside each graph: the folder it was written from, for `prune_stale`
 
 
 def cache_path(folder: Path, cache_dir: Path | None = None) -> Path:
@@ -55,6 +61,24 @@ def cache_path(folder: Path, cache_dir: Path | None = None) -> Path:
         st = f.stat()
         h.update(f"|{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return (cache_dir or cache_root() / "onnx") / h.hexdigest()[:24] / "model.onnx"
+
+
+def prune_stale(root: Path) -> int:
+    """Remove the graphs under `root` that no key of today names: their folder is gone, or its
+    weights or `GRAPH_VERSION` changed (each new checkpoint in a folder would otherwise keep the
+    old graph: Qwen3-0.6B's is 2.4 GB). A graph without its folder's record (`SOURCE`: being
+    written, or written before records were kept) is left alone. Returns the bytes freed."""
+    freed = 0
+    for entry in root.iterdir():
+        try:
+            folder = Path(json.loads((entry / SOURCE).read_text())["folder"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if folder.is_dir() and cache_path(folder, root).parent == entry:
+            continue
+        freed += sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+        shutil.rmtree(entry, ignore_errors=True)
+    return freed
 
 
 def length_groups(seqlens: Sequence[int]) -> list[list[int]]:
@@ -85,14 +109,20 @@ class OnnxEncoder(nn.Module):
     `Attention` sees (its `lengths` input). A forward with a sequence over `LONGEST_ROW` tokens
     runs through the torch module it was written from, on the session's threads."""
 
-    def __init__(self, model: PackedEncoder, path: Path, num_threads: int) -> None:
+    def __init__(self, model: PackedEncoder, folder: Path, num_threads: int) -> None:
         super().__init__()
         import onnxruntime as ort
 
         if not isinstance(model, Graphed):
             raise ValueError(f"no ONNX graph for {type(model).__name__}")
+        path = cache_path(folder)
         if not path.exists():
             write_graph(model, path)
+            (path.parent / SOURCE).write_text(json.dumps({"folder": str(folder.resolve())}))
+            if freed := prune_stale(path.parent.parent):
+                log.info(
+                    "removed stale ONNX graphs from %s: %.1f MB", path.parent.parent, freed / 1e6
+                )
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = num_threads
         opts.inter_op_num_threads = 1

@@ -1,11 +1,13 @@
-"""Pooling's one-sequence CPU shortcut (`pooling.pool`) against its general path: bit for bit."""
+"""Pooling: the one-sequence CPU shortcut of `pool` and the NumPy twin `pool_host`, each against
+the general torch path, bit for bit."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from embedserve.engine.pooler.pooling import pool
+from embedserve.engine.pooler.pooling import pool, pool_host
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -24,3 +26,16 @@ def test_one_sequence_pools_to_the_same_bits_as_inside_a_batch(dtype: torch.dtyp
     assert one.dtype == both.dtype == torch.float32 and one.shape == (1, 384)
     assert torch.equal(one[0], both[0])
     assert torch.allclose(one[0], alone.float().mean(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["mean", "cls", "last"])
+@pytest.mark.parametrize("seqlens", [[13], [13, 5, 1, 40]])
+def test_the_host_pooling_gives_the_torch_poolings_bits(method: str, seqlens: list[int]) -> None:
+    torch.manual_seed(1)
+    hidden = torch.randn(sum(seqlens), 384) * 3
+    cu = np.concatenate([[0], np.cumsum(seqlens)]).astype(np.int32)
+    seq_ids = torch.from_numpy(np.repeat(np.arange(len(seqlens)), seqlens))
+    ours = pool_host(hidden.numpy(), cu, method)  # type: ignore[arg-type]
+    reference = pool(hidden, torch.from_numpy(cu), seq_ids, method)  # type: ignore[arg-type]
+    assert ours.dtype == np.float32
+    np.testing.assert_array_equal(ours, reference.numpy())

@@ -7,8 +7,13 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import nn
+
+from embedserve.engine.attention import AttentionFn
+from embedserve.engine.batch import PackedBatch
+from embedserve.loading.spec import PoolingMethod
 
 
 class OneTorchThread:
@@ -51,3 +56,21 @@ def forward_context(model: nn.Module | None) -> Callable[[int], AbstractContextM
         return OneTorchThread() if isinstance(runs, OnnxEncoder) else nullcontext()
 
     return around
+
+
+def host_pooled(
+    model: nn.Module,
+    batch: PackedBatch,
+    method: PoolingMethod,
+    attend: AttentionFn,
+    after_pooling: nn.Module | None,
+) -> np.ndarray | None:
+    """A float32 CPU's pooled rows without a torch operator where ONNX Runtime runs the batch
+    and nothing follows the pooling (`OnnxEncoder.pooled`); None: the torch path (another
+    executor, a dense or score head after the pooling, or a batch the graph leaves)."""
+    from embedserve.engine.onnx_encoder import OnnxEncoder
+
+    runs = model.executor(batch.num_tokens) if isinstance(model, SizeSplit) else model
+    if after_pooling is not None or not isinstance(runs, OnnxEncoder):
+        return None
+    return runs.pooled(batch, method, attend)

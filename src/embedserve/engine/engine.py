@@ -27,7 +27,7 @@ from embedserve.engine.attention import (
 from embedserve.engine.batch import PackedBatch, check_spans
 from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
-from embedserve.engine.cpu_executors import forward_context
+from embedserve.engine.cpu_executors import forward_context, host_pooled
 from embedserve.engine.eager import eager_run, engine_fidelity
 from embedserve.engine.fidelity import FidelityError, make_probes
 from embedserve.engine.graphs import GraphConfig, GraphRunner, graph_config
@@ -339,17 +339,17 @@ class Engine:
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
         """Run one packed batch; pooled float32 vectors [S, H] (a scoring model: raw scores
-        [S, 1]) arrive in the returned handle.
-
-        With CUDA the batch is padded to a bucket and its graph replayed (see `graphs`); the
-        handle's copy to the host is queued behind it, and this returns without waiting.
-        """
+        [S, 1]) arrive in the returned handle. With CUDA the batch is padded to a bucket and its
+        graph replayed (`graphs`); the handle's copy to the host is queued behind it, and this
+        returns without waiting."""
         self.check(batch)
         with self._lock:
             if self.runner is None:
-                return LazyTensor.from_device(
-                    eager_run(self._forward, batch, self.device, self.attend)
-                )
+                pooling, attend = self.spec.pooling, self.attend
+                rows = host_pooled(self.model, batch, pooling, attend, self.after_pooling)
+                if rows is not None:  # ONNX Runtime's rows, pooled with no torch operator
+                    return LazyTensor(torch.from_numpy(rows))
+                return LazyTensor.from_device(eager_run(self._forward, batch, self.device, attend))
             pooled = self.runner.run(batch)
             if pooled is not None:
                 return LazyTensor.from_device(pooled)

@@ -6,6 +6,9 @@ requested dimensions, normalize, quantize) is applied per request in `outputs`.
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 
 from embedserve.loading.spec import PoolingMethod
@@ -37,3 +40,23 @@ def pool(
         return sums / float(max(end - start, 1))
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).clamp_min(1).to(torch.float32)
     return sums / lengths[:, None]
+
+
+def pool_host(
+    hidden: np.ndarray,  # [T, H] float32
+    cu_seqlens: np.ndarray,  # [S + 1] int32, no empty sequence
+    method: PoolingMethod,
+) -> np.ndarray:  # [S, H] float32
+    """`pool` in NumPy, for an executor whose rows are NumPy's (ONNX Runtime): the same bits, each
+    sequence's rows added in order in float32 and divided by its length."""
+    if method == "cls":
+        return hidden[cu_seqlens[:-1]]
+    if method == "last":
+        return hidden[cu_seqlens[1:] - 1]
+    # NOTE: a sum over axis 0 adds the rows in order, as torch's index_add_ does (add.reduceat
+    # does not: its bits differ)
+    bounds = cu_seqlens.tolist()
+    sums = np.empty((len(bounds) - 1, hidden.shape[1]), dtype=np.float32)
+    for i, (start, end) in enumerate(itertools.pairwise(bounds)):
+        hidden[start:end].sum(axis=0, out=sums[i])
+    return sums / np.diff(cu_seqlens).astype(np.float32)[:, None]

@@ -15,12 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", ROOT / "SECURITY.md", *sorted((ROOT / "docs").glob("*.md"))]
 DOCS = {p.name for p in PAGES}
 SOURCES = [
-    *sorted((ROOT / "src").rglob("*.py")),
-    *sorted((ROOT / "tests").rglob("*.py")),
-    *sorted((ROOT / "benchmarks").rglob("*.py")),
-    *sorted((ROOT / "scripts").glob("*")),
-    ROOT / ".ci" / "run",
-]
+    path
+    for top in ("src", "tests", "benchmarks")
+    for path in sorted((ROOT / top).rglob("*.py"))
+    # not a hidden folder's (benchmarks/peers/.bundle: the peers' own packages, built here)
+    if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
+] + [*sorted((ROOT / "scripts").glob("*")), ROOT / ".ci" / "run"]
 SOURCES.remove(Path(__file__).resolve())  # it names missing pages on purpose, below
 # a page named from the repository root (`docs/models.md`, `README.md`, `benchmarks/README.md`)
 NAMED = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.md)\b")

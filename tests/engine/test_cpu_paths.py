@@ -44,15 +44,12 @@ TEXTS = [
 
 
 @pytest.fixture(autouse=True)
-def onnx_cache(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Path:
-    """The graphs these tests write go to a folder of their own, not the user's cache (one for
-    the session: a graph is written once); the choices remembered, to one per test. The default
-    dtype is float32, as on a CPU without native bf16, so the choice runs (a CPU with it
-    defaults to bf16 and chose nothing: three tests failed there)."""
-    root = tmp_path_factory.getbasetemp() / "xdg-cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(root))
+def onnx_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The graphs these tests write go to the session's cache (conftest's `_session_cache`: a
+    graph is written once); the choices remembered, to one per test. The default dtype is
+    float32, as on a CPU without native bf16, so the choice runs (a CPU with it defaults to bf16
+    and chose nothing: three tests failed there)."""
+    root = Path(os.environ["XDG_CACHE_HOME"])
     monkeypatch.setattr(cpu_paths, "_choices_file", lambda: tmp_path / "cpu-paths.json")
     monkeypatch.setattr(cpu, "native_bf16", lambda: False)
     return root

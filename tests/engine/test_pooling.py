@@ -1,5 +1,5 @@
-"""Pooling: the one-sequence CPU shortcut of `pool` and the NumPy twin `pool_host`, each against
-the general torch path, bit for bit."""
+"""Pooling: one sequence alone and inside a batch, and the NumPy twin `pool_host` against the
+torch path, bit for bit."""
 
 from __future__ import annotations
 

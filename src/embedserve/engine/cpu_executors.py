@@ -52,8 +52,7 @@ def forward_context(model: nn.Module | None) -> Callable[[int], AbstractContextM
     from embedserve.engine.onnx_encoder import OnnxEncoder
 
     def around(tokens: int) -> AbstractContextManager[Any]:
-        runs = model.executor(tokens) if isinstance(model, SizeSplit) else model
-        return OneTorchThread() if isinstance(runs, OnnxEncoder) else nullcontext()
+        return OneTorchThread() if isinstance(_runs(model, tokens), OnnxEncoder) else nullcontext()
 
     return around
 
@@ -70,7 +69,12 @@ def host_pooled(
     executor, a dense or score head after the pooling, or a batch the graph leaves)."""
     from embedserve.engine.onnx_encoder import OnnxEncoder
 
-    runs = model.executor(batch.num_tokens) if isinstance(model, SizeSplit) else model
+    runs = _runs(model, batch.num_tokens)
     if after_pooling is not None or not isinstance(runs, OnnxEncoder):
         return None
     return runs.pooled(batch, method, attend)
+
+
+def _runs(model: nn.Module | None, tokens: int) -> nn.Module | None:
+    """The executor that runs a forward of so many tokens (a `SizeSplit`'s small or large one)."""
+    return model.executor(tokens) if isinstance(model, SizeSplit) else model

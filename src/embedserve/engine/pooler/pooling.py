@@ -31,13 +31,6 @@ def pool(
     # loses the low bits that separate near neighbours.
     sums = torch.zeros(num_seqs, hidden.shape[1], dtype=torch.float32, device=hidden.device)
     sums.index_add_(0, seq_ids, hidden.float())
-    if num_seqs == 1 and hidden.device.type == "cpu":
-        # NOTE: one sequence on the CPU (every short query): the same sum over a Python
-        # divisor, 3 operators instead of 7. After a forward has streamed the weights through
-        # the caches each operator runs cold: this pooling took 294 against 201 us after an
-        # ONNX Runtime run of MiniLM (44 / 16 us warm; 2-core Zen 2, ad hoc)
-        start, end = cu_seqlens.tolist()
-        return sums / float(max(end - start, 1))
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).clamp_min(1).to(torch.float32)
     return sums / lengths[:, None]
 

@@ -7,7 +7,8 @@
 # 2. unpacks them into one site-packages-like folder;
 # 3. drops from vLLM's wheel what an embedding / scoring run on a Hopper GPU never loads (DROPS);
 # 4. tar + xz (the device decodes it with Python's lzma, no binary needed), split into parts of
-#    PART_MIB (default 58: one part and the ~3 MiB working tree fit a call's 64 MiB);
+#    PART_MIB (default 53: one part and the ~9 MiB working tree fit a call's 64 MiB, and the last
+#    part leaves room for AIPerf's 14 MiB of wheels, .carry/aiperf);
 # 5. MANIFEST.sha256 (each part and the joined archive) and sizes.txt.
 # FA2 (for FA2-only models or a fallback) goes into optional parts of its own, fa2.*.
 # NICE (default 10) and XZ_LEVEL (default 3: at -6, xz got through 100 MB of 465 in 6.5 min on the shared 2-core machine) can be set. Needs python3 with pip and packaging, xz.
@@ -15,7 +16,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$ROOT/benchmarks/peers
 B=${BUNDLE_DIR:-$HERE/.bundle}
-PART_MIB=${PART_MIB:-58}
+PART_MIB=${PART_MIB:-53}
 XZ_LEVEL=${XZ_LEVEL:-3}
 NICE="nice -n ${NICE:-10}"
 VLLM=0.22.0

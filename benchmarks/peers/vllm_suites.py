@@ -265,9 +265,7 @@ def worker(kind: str, job: dict[str, Any]) -> dict[str, Any]:
             enc = tok([query] * len(docs), docs, return_tensors="pt", padding=True,
                       truncation=True).to("cuda")  # fmt: skip
             logits = model(**enc).logits[:, 0].float()
-            sigmoid = declares_sigmoid(
-                json.loads((Path(job["folder"]) / "config.json").read_text())
-            )
+            sigmoid = declares_sigmoid(Path(job["folder"]))
             out["scores"] = (torch.sigmoid(logits) if sigmoid else logits).cpu().tolist()
         return out
     raise SystemExit(f"unknown worker {kind}")
@@ -281,6 +279,13 @@ def declares_sigmoid(folder: Path) -> bool:
 
     path = folder / "config.json"
     return cross_encoder_activation(json.loads(path.read_text()), path) == "sigmoid"
+
+
+def gpu_slug(name: str) -> str:
+    """The card's model in a file name: "NVIDIA H100 80GB HBM3" -> "h100" (its last word, HBM3,
+    names the memory, not the card), "NVIDIA H200" -> "h200"."""
+    model = next((w for w in name.split() if re.fullmatch(r"[A-Z]+\d{2,}[A-Za-z]*", w)), None)
+    return (model or name.split()[-1]).lower()
 
 
 def run_worker(kind: str, job: dict[str, Any], vllm_site: Path | None, log: list[str]) -> dict[str, Any]:  # fmt: skip
@@ -673,7 +678,7 @@ def main() -> None:
     guard: list[str] = []
     info: dict[str, Any] = {}
     hardware = gpu_name()
-    slug = hardware.split()[-1].lower() + "-vllm"
+    slug = gpu_slug(hardware) + "-vllm"
     software = report.versions("torch", "transformers", "tokenizers", "embedserve")
     software["vllm"] = "0.22.0 (bundle: benchmarks/peers/VLLM_BUNDLE.md)"
     by_suite: dict[str, list[dict[str, Any]]] = {}

@@ -3,9 +3,11 @@ kill."""
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -80,6 +82,28 @@ def test_a_child_tells_its_parent_it_is_ready_in_a_record() -> None:
     assert child.wait_for("warming", 1)  # the human log is still there
     child.stop(5)
     assert not child.ready_file.parent.exists()
+
+
+def test_a_child_never_waited_ready_leaves_no_folder_behind() -> None:
+    child = Child([*PYTHON, "print('done')"], name="toy")
+    child.wait_for("done", 30)
+    folder = child.ready_file.parent
+    assert folder.exists()
+    child.proc.wait(30)
+    del child  # its reader thread holds it until the output ends
+    deadline = time.monotonic() + 10
+    while folder.exists() and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert not folder.exists()
+    code = (
+        "from embedserve.processes import Child\n"
+        "import sys\n"
+        "c = Child([sys.executable, '-c', 'pass'])\n"
+        "print(c.ready_file.parent)\n"
+    )
+    out = subprocess.run([*PYTHON, code], capture_output=True, text=True, timeout=60, check=True)
+    assert not Path(out.stdout.strip()).exists()  # removed when the interpreter exits
 
 
 def test_a_child_that_exits_before_it_is_ready_is_an_error() -> None:

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -152,8 +153,11 @@ class Child:
         self._keep = True
         self._exited = False
         self._changed = threading.Condition()
-        self._ready_dir = Path(tempfile.mkdtemp(prefix="embedserve-ready-"))
-        self.ready_file = self._ready_dir / "ready.json"
+        ready_dir = Path(tempfile.mkdtemp(prefix="embedserve-ready-"))
+        self.ready_file = ready_dir / "ready.json"
+        # gone once read or stopped, else when this object goes or the interpreter exits: a
+        # child only waited for by its output (or that exited on its own) left one behind
+        self._forget_ready_file = weakref.finalize(self, shutil.rmtree, ready_dir, True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines as they are printed
         env[READY_FILE_ENV] = str(self.ready_file)  # ours, not one our own parent gave us
         env[PARENT_PID_ENV] = str(os.getpid())  # for `exit_with_parent`
@@ -266,9 +270,6 @@ class Child:
                         f"{self.name} {did_not} within {timeout:g} s" + self._output_for_errors()
                     )
                 self._changed.wait(left if poll is None else min(left, poll))
-
-    def _forget_ready_file(self) -> None:
-        shutil.rmtree(self._ready_dir, ignore_errors=True)
 
     def _exit_code(self) -> int | None:
         try:

@@ -336,24 +336,25 @@ class Engine:
         with self._around_forward, self._threads_for(len(input_ids)):
             return self.model(input_ids, positions, token_type_ids, layout, attend)
 
-    @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
-        """Run one packed batch; pooled float32 vectors [S, H] (a scoring model: raw scores
-        [S, 1]) arrive in the returned handle. With CUDA the batch is padded to a bucket and its
-        graph replayed (`graphs`); the handle's copy to the host is queued behind it, and this
-        returns without waiting."""
+        """Run one packed batch; pooled float32 rows [S, H] (a scoring model: raw scores [S, 1])
+        arrive in the handle. With CUDA the batch is padded to a bucket, its graph replayed
+        (`graphs`) and the copy to the host queued behind it: this returns without waiting."""
         self.check(batch)
+        pooling, attend = self.spec.pooling, self.attend
         with self._lock:
-            if self.runner is None:
-                pooling, attend = self.spec.pooling, self.attend
+            if self.runner is None:  # ONNX Runtime's rows pooled on the host: no torch at all
                 rows = host_pooled(self.model, batch, pooling, attend, self.after_pooling)
-                if rows is not None:  # ONNX Runtime's rows, pooled with no torch operator
-                    return LazyTensor(torch.from_numpy(rows))
-                return LazyTensor.from_device(eager_run(self._forward, batch, self.device, attend))
-            pooled = self.runner.run(batch)
-            if pooled is not None:
-                return LazyTensor.from_device(pooled)
-            return LazyTensor.from_device(self._run_parts(batch, self.runner, self._forward))
+                if rows is not None:
+                    return LazyTensor(rows)
+            with torch.inference_mode():
+                if self.runner is None:
+                    out = eager_run(self._forward, batch, self.device, attend)
+                elif (pooled := self.runner.run(batch)) is not None:
+                    out = pooled
+                else:
+                    out = self._run_parts(batch, self.runner, self._forward)
+                return LazyTensor.from_device(out)
 
     def _run_parts(
         self, batch: PackedBatch, runner: GraphRunner, forward: Callable[..., torch.Tensor]

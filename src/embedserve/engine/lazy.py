@@ -12,8 +12,12 @@ import torch
 
 
 class LazyTensor:
-    def __init__(self, host: torch.Tensor, event: torch.cuda.Event | None = None) -> None:
-        self._host = host  # [S, H] float32; pinned when `event` is set
+    def __init__(
+        self, host: torch.Tensor | np.ndarray, event: torch.cuda.Event | None = None
+    ) -> None:
+        # [S, H] float32; pinned when `event` is set; NumPy where the rows never were torch's
+        # (ONNX Runtime's, pooled on the host: no tensor wrapped only to be unwrapped)
+        self._host = host
         self._event = event
 
     @classmethod
@@ -37,4 +41,4 @@ class LazyTensor:
         """Block until the copy is done; the values as a NumPy array."""
         if self._event is not None:
             self._event.synchronize()
-        return self._host.numpy()
+        return self._host if isinstance(self._host, np.ndarray) else self._host.numpy()

@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
+from harness.onnx_feeds import lone_feed
 
 from embedserve import Embedder
 from embedserve.engine.batch import PackedBatch
@@ -73,12 +74,7 @@ def main() -> None:
     assert isinstance(model, OnnxEncoder)
     ids = [embedder.tokenizer.encode([q])[0] for q in queries]
     batches = [PackedBatch.from_token_lists([x]) for x in ids]
-    feeds = [
-        {"input_ids": np.array([x]), "positions": np.arange(len(x))[None],
-         "token_type_ids": np.zeros((1, len(x)), dtype=np.int64),
-         "lengths": np.array([len(x)], dtype=np.int32)}
-        for x in ids
-    ]  # fmt: skip
+    feeds = [lone_feed(x, model.position_offset) for x in ids]
     session = model.session
     hidden = torch.randn(len(ids[0]), 384)
     cu = torch.tensor([0, len(ids[0])], dtype=torch.int32)

@@ -32,6 +32,7 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
+from harness.onnx_feeds import lone_feed
 
 from embedserve import Embedder
 from embedserve.engine.onnx_encoder import OnnxEncoder
@@ -62,15 +63,7 @@ def main() -> None:
     assert isinstance(model, OnnxEncoder)
     base = model.session
     graph = Path(model.path)  # the cached graph this process serves
-    feeds = []
-    for ids in (embedder.tokenizer.encode([q])[0] for q in queries):
-        n = len(ids)
-        feeds.append({
-            "input_ids": np.array([ids], dtype=np.int64),
-            "positions": np.arange(n, dtype=np.int64)[None] + model.position_offset,
-            "token_type_ids": np.zeros((1, n), dtype=np.int64),
-            "lengths": np.array([n], dtype=np.int32),
-        })  # fmt: skip
+    feeds = [lone_feed(embedder.tokenizer.encode([q])[0], model.position_offset) for q in queries]
     options = ort.SessionOptions()
     options.intra_op_num_threads = min(2, os.cpu_count() or 1)
     sessions: dict[str, Any] = {"float32 (the engine's graph)": base}

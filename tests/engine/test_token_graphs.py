@@ -18,6 +18,7 @@ from embedserve.engine.choices import KernelChoices
 from embedserve.engine.eager import eager_run
 from embedserve.engine.engine import Engine
 from embedserve.engine.graphs import EagerGraph, GraphConfig, GraphRunner
+from embedserve.engine.grid_split import run_parts
 from embedserve.engine.pooler.sparse import SparseRows
 from embedserve.engine.retrieval import BatchOutputs
 
@@ -103,7 +104,7 @@ def test_a_batch_above_the_grid_is_split_per_token(minilm_path: Path) -> None:
     for _ in range(3):  # eager first hits, then captures, then replays
         seen.clear()
         assert runner.run(batch) is None  # above the grid: the engine splits it
-        got = engine._run_parts(batch, runner, engine._hidden)
+        got = run_parts(batch, runner, engine._hidden, engine.attend)
         assert got.shape == (batch.num_tokens, engine.hidden_size)
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
         assert max(n for n in seen if n != 400) <= 256 and seen.count(400) == 1

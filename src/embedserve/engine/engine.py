@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,12 +25,12 @@ from embedserve.engine.attention import (
     model_backend,
 )
 from embedserve.engine.batch import PackedBatch, check_spans
-from embedserve.engine.buckets import grid_parts
 from embedserve.engine.choices import KernelChoices
 from embedserve.engine.cpu_executors import forward_context, host_pooled
 from embedserve.engine.eager import eager_run, engine_fidelity
 from embedserve.engine.fidelity import FidelityError, make_probes
 from embedserve.engine.graphs import GraphConfig, GraphRunner, graph_config
+from embedserve.engine.grid_split import run_parts
 from embedserve.engine.layers.linear import Linear, can_pack, pack_linears
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.models import build_model
@@ -353,32 +353,8 @@ class Engine:
                 elif (pooled := self.runner.run(batch)) is not None:
                     out = pooled
                 else:
-                    out = self._run_parts(batch, self.runner, self._forward)
+                    out = run_parts(batch, self.runner, self._forward, attend)
                 return LazyTensor.from_device(out)
-
-    def _run_parts(
-        self, batch: PackedBatch, runner: GraphRunner, forward: Callable[..., torch.Tensor]
-    ) -> torch.Tensor:
-        """A batch above the bucket grid, split into runs of sequences that buckets hold (one
-        sequence longer than the largest bucket runs eagerly alone through `forward`, the
-        runner's): its rows, [S, width] (per token: [T, H])."""
-        out: torch.Tensor | None = None
-        cu = batch.cu_seqlens
-        for start, stop in grid_parts(batch.seqlens, runner.config, self.max_positions):
-            part = batch.sequences(start, stop)
-            rows = runner.run(part)
-            if rows is None:
-                self.stats.eager_runs += 1  # above the largest bucket
-                rows = eager_run(forward, part, self.device, self.attend)
-            if out is None:
-                total = batch.num_tokens if runner.per_token else batch.num_seqs
-                out = rows.new_empty((total, *rows.shape[1:]))
-            a, b = (int(cu[start]), int(cu[stop])) if runner.per_token else (start, stop)
-            # NOTE: copied before the next part: a bucket's output is rewritten by its next run
-            out[a:b].copy_(rows)
-        self.stats.split_batches += 1
-        assert out is not None
-        return out
 
     @torch.inference_mode()
     def embed_spans(self, batch: PackedBatch, spans: np.ndarray) -> np.ndarray:
@@ -440,7 +416,7 @@ class Engine:
             attend: AttentionFn = self.attend if visible_keys is None else VisibleKeys(visible_keys)
             return eager_run(self._hidden, batch, self.device, attend)
         hidden = runner.run(batch)
-        return hidden if hidden is not None else self._run_parts(batch, runner, self._hidden)
+        return hidden if hidden is not None else run_parts(batch, runner, self._hidden, self.attend)
 
 
 M = TypeVar("M", bound=nn.Module)

@@ -157,7 +157,9 @@ class Child:
         self.ready_file = ready_dir / "ready.json"
         # gone once read or stopped, else when this object goes or the interpreter exits: a
         # child only waited for by its output (or that exited on its own) left one behind
-        self._forget_ready_file = weakref.finalize(self, shutil.rmtree, ready_dir, True)
+        self._forget_ready_file = weakref.finalize(
+            self, shutil.rmtree, ready_dir, ignore_errors=True
+        )
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines as they are printed
         env[READY_FILE_ENV] = str(self.ready_file)  # ours, not one our own parent gave us
         env[PARENT_PID_ENV] = str(os.getpid())  # for `exit_with_parent`

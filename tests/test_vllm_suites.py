@@ -65,3 +65,11 @@ def test_the_peer_wheels_pin_grpcio_health_checking_to_the_images_grpcio() -> No
     text = (PEERS / "peer_wheels.sh").read_text()
     assert "GRPCIO=${GRPCIO:-1.84.0}" in text
     assert '"grpcio-health-checking==$GRPCIO"' in text
+
+
+def test_result_files_are_named_by_the_card_not_its_memory() -> None:
+    suites = _load("vllm_suites")
+    assert suites.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert suites.gpu_slug("NVIDIA H200") == "h200"
+    assert suites.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert suites.gpu_slug("Some Card") == "card"  # no model word: the last word, as before

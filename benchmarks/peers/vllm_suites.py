@@ -284,8 +284,9 @@ def declares_sigmoid(folder: Path) -> bool:
 def gpu_slug(name: str) -> str:
     """The card's model in a file name: "NVIDIA H100 80GB HBM3" -> "h100" (its last word, HBM3,
     names the memory, not the card), "NVIDIA H200" -> "h200"."""
-    model = next((w for w in name.split() if re.fullmatch(r"[A-Z]+\d{2,}[A-Za-z]*", w)), None)
-    return (model or name.split()[-1]).lower()
+    words = re.split(r"[\s-]+", name)  # "NVIDIA A100-SXM4-80GB" -> a100
+    model = next((w for w in words if re.fullmatch(r"[A-Z]+\d{2,}[A-Za-z]*", w)), None)
+    return (model or words[-1]).lower()
 
 
 def run_worker(kind: str, job: dict[str, Any], vllm_site: Path | None, log: list[str]) -> dict[str, Any]:  # fmt: skip

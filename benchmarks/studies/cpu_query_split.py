@@ -1,6 +1,7 @@
 """Where one short query's time goes on a float32 CPU served by ONNX Runtime (issue 39): the whole
 `Embedder.encode`, the engine's step, the session's run on the same ids, the step with the run
-replaced by a ready answer, and mean pooling warm against right after a run.
+replaced by a ready answer, and mean pooling warm against right after a run (torch's `pool`, and
+`pool_host`, what ONNX Runtime's steps pool with since 512e775).
 
 The query target (0.8x fastembed's time) is bounded by the session's run, which fastembed pays
 too; this says how much of ours is the run and how much the Python around it, and that the work
@@ -32,7 +33,7 @@ from harness.onnx_feeds import lone_feed
 from embedserve import Embedder
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.onnx_encoder import OnnxEncoder
-from embedserve.engine.pooler.pooling import pool
+from embedserve.engine.pooler.pooling import pool, pool_host
 
 
 def p50_us(
@@ -79,6 +80,7 @@ def main() -> None:
     hidden = torch.randn(len(ids[0]), 384)
     cu = torch.tensor([0, len(ids[0])], dtype=torch.int32)
     seq_ids = torch.zeros(len(ids[0]), dtype=torch.int64)
+    hidden_np, cu_np = hidden.numpy(), cu.numpy()
 
     def one_run() -> None:
         session.run(["hidden"], feeds[0])
@@ -90,9 +92,18 @@ def main() -> None:
             "Embedder.encode([query])": p50_us(lambda i: embedder.encode([queries[i]]), args.calls),
             "Engine.step": p50_us(lambda i: embedder.engine.step(batches[i]).wait(), args.calls),
             "session.run alone": p50_us(lambda i: session.run(["hidden"], feeds[i]), args.calls),
-            "mean pooling, warm": p50_us(lambda i: pool(hidden, cu, seq_ids, "mean"), args.calls),
-            "mean pooling, right after a run": p50_us(
+            "torch mean pooling, warm": p50_us(
+                lambda i: pool(hidden, cu, seq_ids, "mean"), args.calls
+            ),
+            "torch mean pooling, right after a run": p50_us(
                 lambda i: pool(hidden, cu, seq_ids, "mean"), args.calls // 2, one_run
+            ),
+            # what ONNX Runtime's steps pool with since 512e775
+            "NumPy mean pooling (pool_host), warm": p50_us(
+                lambda i: pool_host(hidden_np, cu_np, "mean"), args.calls
+            ),
+            "NumPy mean pooling (pool_host), right after a run": p50_us(
+                lambda i: pool_host(hidden_np, cu_np, "mean"), args.calls // 2, one_run
             ),
         }
         model.session = ReadyAnswer(session)

@@ -35,7 +35,7 @@ from harness import corpus, report
 from harness.onnx_feeds import lone_feed
 
 from embedserve import Embedder
-from embedserve.engine.onnx_encoder import OnnxEncoder
+from embedserve.engine import onnx_encoder
 
 # (bits, accuracy level): level 1 computes in float32, level 4 in int8
 VARIANTS = {"8-bit weights, fp32 compute": (8, 1), "8-bit weights, int8 compute": (8, 4),
@@ -60,25 +60,25 @@ def main() -> None:
     args = ap.parse_args()
     embedder, queries = Embedder(cpu_path="onnx"), corpus.queries(64)
     model = embedder.engine.model
-    assert isinstance(model, OnnxEncoder)
-    base = model.session
+    assert isinstance(model, onnx_encoder.OnnxEncoder)
     graph = Path(model.path)  # the cached graph this process serves
     feeds = [lone_feed(embedder.tokenizer.encode([q])[0], model.position_offset) for q in queries]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = min(2, os.cpu_count() or 1)
-    sessions: dict[str, Any] = {"float32 (the engine's graph)": base}
+    # every graph under the engine's own session settings (`onnx_encoder.session`), the
+    # float32 one in a session of its own like the others
+    threads = model.num_threads
+    sessions: dict[str, Any] = {
+        "float32 (the engine's graph)": onnx_encoder.session(graph, threads)
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name, (bits, level) in VARIANTS.items():
             path = quantized(graph, bits, level, Path(tmp) / f"q{bits}-{level}.onnx")
-            sessions[name] = ort.InferenceSession(
-                str(path), options, providers=["CPUExecutionProvider"]
-            )
+            sessions[name] = onnx_encoder.session(path, threads)
 
     def vector(session: Any, feed: dict[str, np.ndarray]) -> np.ndarray:
         v = session.run(["hidden"], feed)[0][0].mean(axis=0)
         return v / np.linalg.norm(v)
 
-    ref = [vector(base, f) for f in feeds]
+    ref = [vector(sessions["float32 (the engine's graph)"], f) for f in feeds]
     rows: dict[str, dict[str, Any]] = {}
     for r in range(args.rounds):
         for name, session in sessions.items():
@@ -97,7 +97,7 @@ def main() -> None:
             print(r, name, row["p50_ms"][-1], "ms, least cosine", row["cosine_min"], flush=True)
     doc = {
         "hardware": report.cpu_hardware(), "commit": report.commit(), "date": report.today(),
-        "onnxruntime": ort.__version__, "threads": options.intra_op_num_threads,
+        "onnxruntime": ort.__version__, "threads": threads,
         "what": "p50 (ms) of one ONNX Runtime run of a short query (all-MiniLM-L6-v2 real "
                 f"weights, 64 held-out queries in turn, {args.calls} calls a round), each MatMul "
                 "of the engine's graph quantized by MatMulNBits (block 32, symmetric)",

@@ -22,6 +22,7 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -105,6 +106,23 @@ def length_groups(seqlens: Sequence[int]) -> list[list[int]]:
     return groups
 
 
+def session(path: Path, num_threads: int) -> Any:  # an onnxruntime.InferenceSession
+    """A CPU session of a graph with the engine's settings: one call's operators in order on
+    `num_threads` threads."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = num_threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # NOTE: ONNX Runtime's threads spin after a run; the pooling that follows runs on
+    # PyTorch's OpenMP threads, which then wait for a core (on 2 cores, 6 ms instead of
+    # microseconds for one query's pooling, measured on a loaded Zen 3)
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
 class OnnxEncoder(nn.Module):
     """The model's forward (packed ids -> hidden [T, H] float32) through an ONNX Runtime session;
     a stand-in for the `PackedEncoder` it was written from. The graph holds its own attention:
@@ -114,8 +132,6 @@ class OnnxEncoder(nn.Module):
 
     def __init__(self, model: PackedEncoder, folder: Path, num_threads: int) -> None:
         super().__init__()
-        import onnxruntime as ort
-
         if not isinstance(model, Graphed):
             raise ValueError(f"no ONNX graph for {type(model).__name__}")
         path = cache_path(folder)
@@ -126,16 +142,7 @@ class OnnxEncoder(nn.Module):
                 log.info(
                     "removed stale ONNX graphs from %s: %.1f MB", path.parent.parent, freed / 1e6
                 )
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = num_threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # NOTE: ONNX Runtime's threads spin after a run; the pooling that follows runs on
-        # PyTorch's OpenMP threads, which then wait for a core (on 2 cores, 6 ms instead of
-        # microseconds for one query's pooling, measured on a loaded Zen 3)
-        opts.add_session_config_entry("session.force_spinning_stop", "1")
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.session = session(path, num_threads)
         # RoBERTa's table starts after the padding index; rotary positions start at 0
         self.position_offset = int(getattr(model.cfg, "position_offset", 0))
         self.path, self.num_threads = path, num_threads

@@ -1,11 +1,31 @@
-"""What our ONNX graph (`engine/onnx_encoder.py`) is fed for one sequence alone, for studies that
-call its session directly, past the engine."""
+"""For studies that call our ONNX graph's session (`engine/onnx_encoder.py`) directly, past the
+engine: an embedder pinned to it with held-out queries, and what the graph is fed for one
+sequence alone."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from harness import corpus
+
+if TYPE_CHECKING:
+    from embedserve import Embedder
+    from embedserve.engine.onnx_encoder import OnnxEncoder
+
+
+def onnx_queries(count: int = 64) -> tuple[Embedder, OnnxEncoder, list[str], list[list[int]]]:
+    """The bundled MiniLM pinned to ONNX Runtime, the `OnnxEncoder` it serves with, `count`
+    held-out queries and their token ids."""
+    from embedserve import Embedder
+    from embedserve.engine.onnx_encoder import OnnxEncoder
+
+    embedder, queries = Embedder(cpu_path="onnx"), corpus.queries(count)
+    model = embedder.engine.model
+    assert isinstance(model, OnnxEncoder)
+    return embedder, model, queries, [list(embedder.tokenizer.encode([q])[0]) for q in queries]
 
 
 def lone_feed(ids: Sequence[int], position_offset: int = 0) -> dict[str, np.ndarray]:

@@ -27,12 +27,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
-from harness import corpus, report
-from harness.onnx_feeds import lone_feed
+from harness import report
+from harness.onnx_feeds import lone_feed, onnx_queries
 
-from embedserve import Embedder
 from embedserve.engine.batch import PackedBatch
-from embedserve.engine.onnx_encoder import OnnxEncoder
 from embedserve.engine.pooler.pooling import pool, pool_host
 
 
@@ -70,10 +68,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=600)
     args = ap.parse_args()
-    embedder, queries = Embedder(cpu_path="onnx"), corpus.queries(64)
-    model = embedder.engine.model
-    assert isinstance(model, OnnxEncoder)
-    ids = [embedder.tokenizer.encode([q])[0] for q in queries]
+    embedder, model, queries, ids = onnx_queries()
     batches = [PackedBatch.from_token_lists([x]) for x in ids]
     feeds = [lone_feed(x, model.position_offset) for x in ids]
     session = model.session

@@ -31,10 +31,9 @@ import onnx
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
-from harness import corpus, report
-from harness.onnx_feeds import lone_feed
+from harness import report
+from harness.onnx_feeds import lone_feed, onnx_queries
 
-from embedserve import Embedder
 from embedserve.engine import onnx_encoder
 
 # (bits, accuracy level): level 1 computes in float32, level 4 in int8
@@ -58,11 +57,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--calls", type=int, default=320)
     args = ap.parse_args()
-    embedder, queries = Embedder(cpu_path="onnx"), corpus.queries(64)
-    model = embedder.engine.model
-    assert isinstance(model, onnx_encoder.OnnxEncoder)
+    _, model, _, ids = onnx_queries()
     graph = Path(model.path)  # the cached graph this process serves
-    feeds = [lone_feed(embedder.tokenizer.encode([q])[0], model.position_offset) for q in queries]
+    feeds = [lone_feed(x, model.position_offset) for x in ids]
     # every graph under the engine's own session settings (`onnx_encoder.session`), the
     # float32 one in a session of its own like the others
     threads = model.num_threads

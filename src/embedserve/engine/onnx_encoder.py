@@ -116,9 +116,9 @@ def session(path: Path, num_threads: int) -> Any:  # an onnxruntime.InferenceSes
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # NOTE: ONNX Runtime's threads spin after a run; the pooling that follows runs on
-    # PyTorch's OpenMP threads, which then wait for a core (on 2 cores, 6 ms instead of
-    # microseconds for one query's pooling, measured on a loaded Zen 3)
+    # NOTE: ONNX Runtime's threads spin after a run; torch operators that follow it (a head,
+    # per-token outputs) run on PyTorch's OpenMP threads, which then wait for a core (on 2
+    # cores, 6 ms instead of microseconds for one query's pooling, measured on a loaded Zen 3)
     opts.add_session_config_entry("session.force_spinning_stop", "1")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 

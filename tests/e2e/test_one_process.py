@@ -135,7 +135,7 @@ def test_sigterm_stops_it_cleanly() -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--replicas", "2"], "one model from one engine"),
+        (["--replicas", "2"], "--replicas 2 was given"),
         (["--workers", "2"], "runs one worker"),
         (["--device", "cuda"], "serves from the CPU"),
     ],

@@ -116,9 +116,13 @@ def read_records(path: Path, *, skip_empty: bool = False) -> Records:
     """A .txt file (every line one text: whitespace-only text is embedded, an empty line is an
     error naming it unless `skip_empty`) or a .jsonl file (a string or an object with a 'text'
     string and an optional 'id' per line; blank lines are not records)."""
+    from embedserve.indexing.files import split_lines
+
     out = Records()
-    with path.open(encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    try:
+        lines = split_lines(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     for n, line in enumerate(lines, 1):
         if path.suffix == ".jsonl":
             if not line.strip():
@@ -236,7 +240,7 @@ def read_inputs(spec: Path, *, skip_empty: bool = False, lines: bool = False) ->
         name = str(path.relative_to(spec)) if spec.is_dir() else str(path)
         if path.suffix in TEXT_SUFFIXES and not lines:
             try:
-                text = path.read_text(encoding="utf-8")
+                text = path.read_text(encoding="utf-8-sig")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
             if not text and not skip_empty:

@@ -27,7 +27,14 @@ from embedserve.gateway.served import default_names
 from embedserve.gpus import visible_gpus
 from embedserve.memory import ModelMemory, check_fits, cpu_thread_shares
 from embedserve.options import EngineOptions, Options, option
-from embedserve.processes import Child, exit_with_parent, say, set_on_signal, write_ready
+from embedserve.processes import (
+    START_TIMEOUT_S,
+    Child,
+    exit_with_parent,
+    say,
+    set_on_signal,
+    write_ready,
+)
 from embedserve.server.main import ServerConfig
 
 MAX_RESTARTS_PER_MINUTE = 3
@@ -201,7 +208,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if ServeConfig.from_args(args).one_process:
         from embedserve.cli.one_process import check_one_process, run_one_process
 
-        check_one_process(configs, gateway)
+        check_one_process(configs, gateway, ServeConfig.from_args(args).num_replicas)
         return run_one_process(configs[0], gateway)
     if gateway.port:  # the HTTP port, before any model loads: a taken port fails in a second
         from embedserve.gateway.sockets import bind
@@ -337,7 +344,7 @@ def start_servers(
             check_memory(configs[i], names[i], here)
             started.append(start(i))
         for i in wave:  # its ready record (`server.main.serve`)
-            readies.append(started[i].wait_ready(600, cancel=cancel))
+            readies.append(started[i].wait_ready(START_TIMEOUT_S, cancel=cancel))
             started[i].forget_output()
     return readies
 

@@ -27,13 +27,18 @@ from embedserve.processes import say
 from embedserve.server.main import ServerConfig
 
 
-def check_one_process(servers: list[ServerConfig], gateway: GatewayConfig) -> None:
-    """A ValueError unless `serve`'s configs are one model on one CPU server, one worker."""
-    if len(servers) != 1:
+def check_one_process(servers: list[ServerConfig], gateway: GatewayConfig, replicas: int) -> None:
+    """A ValueError unless `serve`'s configs (and its `--replicas`) are one model on one CPU
+    server, one worker. Defaults are not the user's: `--replicas 0` (one per GPU) and the workers
+    counted from the cores (`--workers 0`) are one server and one worker here."""
+    models = len(gateway.entries)
+    if models != 1:
         raise ValueError(
-            f"--one-process serves one model from one engine; these flags ask {len(servers)} "
-            "servers (leave out --replicas, or give one --model)"
+            f"--one-process serves one model from one engine; these flags ask {models} models "
+            "(give one --model)"
         )
+    if replicas > 1:
+        raise ValueError(f"--one-process serves from one engine; --replicas {replicas} was given")
     if servers[0].engine.device not in ("cpu", "auto"):  # auto: cuda:0 where a GPU is seen
         # measured with the engine on its own thread in this process (H200): a lone query 0.3 ms
         # sooner, 64 clients 2,906 against 12,082 req/s (docs/performance.md, seventh round)
@@ -41,7 +46,7 @@ def check_one_process(servers: list[ServerConfig], gateway: GatewayConfig) -> No
             f"--one-process serves from the CPU; the engine would run on "
             f"{servers[0].engine.device} (give --device cpu)"
         )
-    if gateway.workers != 1:
+    if gateway.workers > 1:  # 0: the default, one per 4 cores
         raise ValueError(f"--one-process runs one worker; --workers {gateway.workers} was given")
 
 

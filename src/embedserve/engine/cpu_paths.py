@@ -262,7 +262,9 @@ def _choose(
     built: dict[str, nn.Module] = {}
     cosines: dict[str, float] = {}
     for path in sorted(paths, key=lambda p: p != "eager"):  # eager first: packing mutates `model`
-        candidate = _build(path, model, folder)
+        candidate = _built(path, model, folder, choice, asked is not None)
+        if candidate is None:
+            continue
         try:
             cosines[path] = (
                 1.0 if path == "eager"
@@ -360,6 +362,22 @@ def _fastest_plan(measured: list[PathTiming]) -> tuple[str, int | None]:
     if split_score >= (single_t.query_ms / best_q) * (single_t.passages_ms / best_p):
         return single, None
     return f"onnx+{large.path}", tokens
+
+
+def _built(
+    path: str, model: PackedEncoder, folder: str, choice: CpuChoice, asked: bool
+) -> nn.Module | None:
+    """`path`'s module, or None (the reason in `choice.dropped`) when it cannot be built and
+    another path can serve. NOTE: a read-only or full cache, an onnx whose IR this onnxruntime
+    cannot load, a half-deleted cache: the next path serves, as when a path fails the guard."""
+    try:
+        return _build(path, model, folder)
+    except Exception as err:  # onnx and onnxruntime raise types of their own
+        if asked or path == "eager":
+            raise
+        log.warning("cpu path %s could not be built, the next path serves: %s", path, err)
+        choice.dropped[path] = f"not built: {type(err).__name__}: {err}"
+        return None
 
 
 def _build(path: str, model: PackedEncoder, folder: str) -> nn.Module:

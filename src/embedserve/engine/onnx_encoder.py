@@ -16,10 +16,13 @@ with no padding, several are grouped by length (`length_groups`) so that padding
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import shutil
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -56,11 +59,30 @@ LONGEST_ROW = 2048
 SOURCE = "source.json"  # beside each graph: the folder it was written from, for `prune_stale`
 
 
+def _versions() -> str:
+    """The writer's and the runner's versions: a graph one onnx wrote that this onnxruntime
+    cannot load must not be found again under the same key after either is changed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("onnx", "onnxruntime"):
+        try:
+            found.append(f"{name}={version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name}=none")
+    return ",".join(found)
+
+
 def cache_path(folder: Path, cache_dir: Path | None = None) -> Path:
-    """Where the graph of the model in `folder` is kept: keyed by the folder's resolved path and
-    its weight files' names, sizes and modification times (a changed checkpoint writes anew)."""
+    """Where the graph of the model in `folder` is kept: keyed by the folder's resolved path, its
+    `config.json`, its weight files' names, sizes and modification times (a changed checkpoint
+    writes anew) and the onnx / onnxruntime versions. OSError where the folder cannot be read
+    (a weight file behind a broken link)."""
     folder = folder.resolve()
-    h = hashlib.sha256(f"{GRAPH_VERSION}|{folder}".encode())
+    h = hashlib.sha256(f"{GRAPH_VERSION}|{_versions()}|{folder}".encode())
+    config = folder / "config.json"
+    if config.is_file():
+        h.update(hashlib.sha256(config.read_bytes()).digest())
     for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
         st = f.stat()
         h.update(f"|{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
@@ -68,21 +90,67 @@ def cache_path(folder: Path, cache_dir: Path | None = None) -> Path:
 
 
 def prune_stale(root: Path) -> int:
-    """Remove the graphs under `root` that no key of today names: their folder is gone, or its
-    weights or `GRAPH_VERSION` changed (each new checkpoint in a folder would otherwise keep the
-    old graph: Qwen3-0.6B's is 2.4 GB). A graph without its folder's record (`SOURCE`: being
-    written, or written before records were kept) is left alone. Returns the bytes freed."""
+    """Remove the graphs under `root` that no key of today names: their folder is gone or cannot
+    be read, or its weights, config or `GRAPH_VERSION` changed (each new checkpoint in a folder
+    would otherwise keep the old graph: Qwen3-0.6B's is 2.4 GB); and what a write killed midway
+    left (`.tmp-*` folders, entries that never got their record) after `ABANDONED_S`. Whatever
+    another process or the user removes meanwhile is skipped. Returns the bytes freed."""
     freed = 0
-    for entry in root.iterdir():
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return 0
+    for entry in entries:
         try:
-            folder = Path(json.loads((entry / SOURCE).read_text())["folder"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if folder.is_dir() and cache_path(folder, root).parent == entry:
-            continue
-        freed += sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
-        shutil.rmtree(entry, ignore_errors=True)
+            if _stale(entry, root):
+                freed += sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+                shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            continue  # removed by another start meanwhile, or not ours to read
     return freed
+
+
+# a write in progress is left alone for this long: no graph takes a day to write
+ABANDONED_S = 24 * 3600
+
+
+def _stale(entry: Path, root: Path) -> bool:
+    if not entry.is_dir():
+        return False
+    try:
+        folder = Path(json.loads((entry / SOURCE).read_text())["folder"])
+    except FileNotFoundError:
+        # being written (a `.tmp-*` folder, or a graph whose record comes next), or a write that
+        # was killed: only the second is old
+        return time.time() - entry.stat().st_mtime > ABANDONED_S
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    try:
+        return not folder.is_dir() or cache_path(folder, root).parent != entry
+    except OSError:
+        return True  # the folder's weights cannot be read (a broken link): no start can use it
+
+
+def _graph_file(model: Graphed, folder: Path) -> Path:
+    """The graph's file: from the cache, written there first if missing; where the cache cannot
+    be written (a read-only or full disk, `HOME=/nonexistent`), into a private folder that goes
+    when the process ends. OSError if neither can be written."""
+    path = cache_path(folder)
+    if path.exists():
+        return path
+    try:
+        write_graph(model, path)
+        (path.parent / SOURCE).write_text(json.dumps({"folder": str(folder.resolve())}))
+    except OSError as err:
+        log.warning("ONNX graph not cached (%s): written for this process only", err)
+        private = Path(tempfile.mkdtemp(prefix="embedserve-onnx-"))
+        atexit.register(shutil.rmtree, private, True)
+        path = private / path.name
+        write_graph(model, path)
+        return path
+    if freed := prune_stale(path.parent.parent):
+        log.info("removed stale ONNX graphs from %s: %.1f MB", path.parent.parent, freed / 1e6)
+    return path
 
 
 def length_groups(seqlens: Sequence[int]) -> list[list[int]]:
@@ -134,14 +202,7 @@ class OnnxEncoder(nn.Module):
         super().__init__()
         if not isinstance(model, Graphed):
             raise ValueError(f"no ONNX graph for {type(model).__name__}")
-        path = cache_path(folder)
-        if not path.exists():
-            write_graph(model, path)
-            (path.parent / SOURCE).write_text(json.dumps({"folder": str(folder.resolve())}))
-            if freed := prune_stale(path.parent.parent):
-                log.info(
-                    "removed stale ONNX graphs from %s: %.1f MB", path.parent.parent, freed / 1e6
-                )
+        path = _graph_file(model, folder)
         self.session = session(path, num_threads)
         # RoBERTa's table starts after the padding index; rotary positions start at 0
         self.position_offset = int(getattr(model.cfg, "position_offset", 0))

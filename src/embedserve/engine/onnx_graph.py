@@ -44,6 +44,9 @@ Graphed = (
 # 2: every family has a graph, so a folder whose choice was made without ONNX Runtime retimes it
 GRAPH_VERSION = 2
 OPSET = 17
+# the IR version the graph is saved with: onnx >= 1.18 writes IR 11 by default, which the oldest
+# onnxruntime pyproject.toml allows (1.20, IR 10 at most) refuses to load
+IR_VERSION = 10
 
 
 def supports(model: nn.Module) -> bool:
@@ -128,7 +131,9 @@ def _finished(x: str, model: Graphed, nodes: list[Any], inits: list[Any], helper
     inputs, outputs = _signature(model.cfg.hidden_size)
     graph = helper.make_graph(nodes, "embedserve_encoder", inputs, outputs, initializer=inits)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
-    return helper.make_model(graph, opset_imports=opsets, producer_name="embedserve")
+    model_proto = helper.make_model(graph, opset_imports=opsets, producer_name="embedserve")
+    model_proto.ir_version = IR_VERSION
+    return model_proto
 
 
 def _bert_layer(node: Any, w: Any, p: str, x: str, layer: BertLayer, bias: str) -> str:

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from embedserve.contract import tracing
@@ -82,8 +82,8 @@ class GatewayConfig(Options):
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "HTTP port (0: any free port)")
     workers: int = option(
-        DEFAULT_WORKERS,
-        "gateway processes accepting on the one port (default: one per 4 cores, 1 to 8)",
+        0,
+        "gateway processes accepting on the one port (0: one per 4 cores, 1 to 8)",
     )
     max_body_bytes: int = option(16 << 20, "larger request bodies get HTTP 413")
     max_header_bytes: int = option(
@@ -199,7 +199,6 @@ class GatewayConfig(Options):
             if not 0 <= (getattr(self, name) or 0) < 65536:
                 raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
         for name in (
-            "workers",
             "max_body_bytes",
             "max_header_bytes",
             "max_headers",
@@ -216,7 +215,7 @@ class GatewayConfig(Options):
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("drain_seconds", "calls_in_flight"):
+        for name in ("workers", "drain_seconds", "calls_in_flight"):
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.part_tokens is not None and self.part_tokens <= 0:
@@ -412,6 +411,9 @@ def run(
 ) -> int:
     """Run `config.workers` workers (`worker`, by default `run_worker`) on one port, restarting
     any that dies, until SIGTERM / Ctrl-C; `on_ready(url)` once they answer."""
+    # NOTE: 0 is the default, resolved here and not in the flag's default: `serve --one-process`
+    # tells a count the user gave from the one the cores chose (a container reports the host's)
+    config = replace(config, workers=config.workers or DEFAULT_WORKERS)
     build_app(config)  # fail fast, in the launcher, on a bad model or flag
     metrics_dir = None
     if config.workers > 1:  # /metrics must add up the workers: prometheus multiprocess mode

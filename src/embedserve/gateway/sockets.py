@@ -13,6 +13,8 @@ import time
 import urllib.request
 from collections.abc import Sequence
 
+from embedserve.processes import START_TIMEOUT_S
+
 
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket; a clear ValueError (one line: what, where, what to do) when the
@@ -45,23 +47,40 @@ def reserve_port(host: str, port: int | None) -> socket.socket | None:
     one real port for all of them, and a port in use fails in the launcher with a clear error."""
     if port is None:
         return None
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if port != 0:
+        # NOTE: SO_REUSEPORT lets any process of this user bind the port beside a holder that set
+        # it too (grpc's servers do), and the kernel then splits clients between the two: another
+        # model's vectors answered with status OK. A bind without it fails where anyone holds it.
+        probe = socket.socket(family)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise _grpc_port_error(host, port, e) from None
+        finally:
+            probe.close()
+    sock = socket.socket(family)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise ValueError(
-            f"cannot listen for TEI's gRPC API on {host}:{port}: {e.strerror}; pick another "
-            "with --tei-grpc-port (0: any free port)"
-        ) from None
+        raise _grpc_port_error(host, port, e) from None
     return sock
+
+
+def _grpc_port_error(host: str, port: int, e: OSError) -> ValueError:
+    held = " (another server holds it)" if e.errno == errno.EADDRINUSE else ""
+    return ValueError(
+        f"cannot listen for TEI's gRPC API on {host}:{port}: {e.strerror}{held}; pick another "
+        "with --tei-grpc-port (0: any free port)"
+    )
 
 
 def wait_until_up(url: str, processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
     """Until `url` answers 200 (the workers are up); a RuntimeError if a worker dies first or
-    after 120 s."""
-    deadline = time.monotonic() + 120
+    after `START_TIMEOUT_S` (a `--one-process` worker builds its engine first)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if not all(p.is_alive() for p in processes):
             raise RuntimeError("a gateway worker exited during startup")

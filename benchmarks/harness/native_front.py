@@ -1,0 +1,59 @@
+"""The native request path's prototype (issue 55, "measure first"): `embedserve._native.Gateway`
+(Rust: HTTP, JSON, tokenization, the FCFS token-budget queue) in front of an engine's `step()`
+called through pyo3, in one process.
+
+`serve_native(model, port, engine, threads)`: `engine` "null" answers every sequence at once with
+a fixed vector (`null_engine.NullEngine`: the request path alone), "cpu" runs the real engine on
+the CPU. Prints `native: ready on 127.0.0.1:PORT` once it takes requests. Started by a benchmark
+as `harness_call("native_front:serve_native", MODEL, PORT, ENGINE, THREADS)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def packed_step(engine: Any) -> Any:
+    """`step(ids, cu_seqlens)` over int32 bytes, as Tulip calls it: the engine's packed batch
+    built from them, its handle returned without waiting."""
+    from embedserve.engine.batch import PackedBatch
+
+    def step(ids: bytes, cu_seqlens: bytes) -> Any:
+        cu = np.frombuffer(cu_seqlens, "<i4")
+        batch = PackedBatch.from_packed(
+            np.frombuffer(ids, "<i4").astype(np.int64), np.diff(cu).astype(np.int32)
+        )
+        return engine.step(batch)
+
+    return step
+
+
+def serve_native(
+    model: str = "minilm", port: str = "0", engine: str = "null", threads: str = "1"
+) -> None:
+    from embedserve._native import Gateway
+    from embedserve.engine.engine import Engine
+    from embedserve.loading.bundled import resolve_model
+
+    folder = resolve_model(model)
+    real = Engine.from_folder(folder, device="cpu")
+    if engine == "null":
+        from harness.null_engine import NullEngine
+
+        served: Any = NullEngine(real)
+    else:
+        served = real
+    gateway = Gateway(
+        str(folder / "tokenizer.json"),
+        packed_step(served),
+        model="minilm",
+        max_length=real.spec.max_seq_length,
+        batch_tokens=real.batch_tokens,
+        port=int(port),
+        threads=int(threads),
+        normalize=real.spec.normalize,
+    )
+    print(f"native: ready on 127.0.0.1:{gateway.port}", flush=True)
+    gateway.serve()

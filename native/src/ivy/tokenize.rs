@@ -1,0 +1,153 @@
+//! Text to packed token ids with the model's own `tokenizer.json`, through the `tokenizers` crate
+//! (the code the Python package wraps: the same ids), with the length limit checked per text.
+
+use std::fmt;
+
+use tokenizers::Tokenizer;
+
+/// Sequences back to back (`ids`) and where each starts and ends (`cu_seqlens`, one more entry
+/// than sequences): the engine's packed batch layout, no padding.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Packed {
+    pub ids: Vec<i32>,
+    pub cu_seqlens: Vec<i32>,
+}
+
+impl Packed {
+    pub fn new() -> Self {
+        Packed {
+            ids: Vec::new(),
+            cu_seqlens: vec![0],
+        }
+    }
+
+    pub fn num_seqs(&self) -> usize {
+        self.cu_seqlens.len() - 1
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Appends one sequence.
+    pub fn push(&mut self, ids: &[u32]) {
+        self.ids.extend(ids.iter().map(|&i| i as i32));
+        self.cu_seqlens.push(self.ids.len() as i32);
+    }
+
+    /// Appends every sequence of `other` after this one's.
+    pub fn extend(&mut self, other: &Packed) {
+        let base = self.ids.len() as i32;
+        self.ids.extend_from_slice(&other.ids);
+        self.cu_seqlens
+            .extend(other.cu_seqlens[1..].iter().map(|c| c + base));
+    }
+}
+
+/// Why a text was not tokenized: the caller's error, said with where it was.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenizeError {
+    /// `index` has `tokens` tokens, over `limit` (truncation was not asked for).
+    TooLong {
+        index: usize,
+        tokens: usize,
+        limit: usize,
+    },
+    /// The tokenizer itself failed on `index`.
+    Failed { index: usize, message: String },
+}
+
+impl fmt::Display for TokenizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenizeError::TooLong {
+                index,
+                tokens,
+                limit,
+            } => write!(
+                f,
+                "input[{index}] has {tokens} tokens, over the model's limit of {limit}: shorten it"
+            ),
+            TokenizeError::Failed { index, message } => {
+                write!(f, "input[{index}] could not be tokenized: {message}")
+            }
+        }
+    }
+}
+
+/// A model's tokenizer with its length limit (`max_length` tokens, special tokens included).
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    pub max_length: usize,
+}
+
+impl TextTokenizer {
+    /// Loads `path` (a `tokenizer.json`) with padding and truncation off: the limit is ours.
+    pub fn from_file(path: &str, max_length: usize) -> Result<Self, String> {
+        let mut inner = Tokenizer::from_file(path)
+            .map_err(|e| format!("{path}: not a valid tokenizer.json ({e})"))?;
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| format!("{path}: {e}"))?;
+        Ok(TextTokenizer { inner, max_length })
+    }
+
+    /// One text's ids with the special tokens (offsets are not computed: the ids are the same).
+    pub fn ids(&self, index: usize, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        self.inner
+            .encode_fast(text, true)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizeError::Failed {
+                index,
+                message: e.to_string(),
+            })
+    }
+
+    /// Every text's ids, packed; an over-long text is an error (the truncation policy of the
+    /// request core, `core/tokenization.py`, is not ported yet: the prototype refuses).
+    pub fn pack<S: AsRef<str>>(&self, texts: &[S]) -> Result<Packed, TokenizeError> {
+        let mut packed = Packed::new();
+        for (index, text) in texts.iter().enumerate() {
+            let ids = self.ids(index, text.as_ref())?;
+            if ids.len() > self.max_length {
+                return Err(TokenizeError::TooLong {
+                    index,
+                    tokens: ids.len(),
+                    limit: self.max_length,
+                });
+            }
+            packed.push(&ids);
+        }
+        Ok(packed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_offsets_follow_the_sequences() {
+        let mut a = Packed::new();
+        a.push(&[1, 2, 3]);
+        a.push(&[4]);
+        let mut b = Packed::new();
+        b.push(&[5, 6]);
+        a.extend(&b);
+        assert_eq!(a.ids, vec![1, 2, 3, 4, 5, 6]);
+        assert_eq!(a.cu_seqlens, vec![0, 3, 4, 6]);
+        assert_eq!((a.num_seqs(), a.num_tokens()), (3, 6));
+    }
+
+    #[test]
+    fn the_error_names_the_input_and_the_limit() {
+        let e = TokenizeError::TooLong {
+            index: 3,
+            tokens: 700,
+            limit: 512,
+        };
+        let text = e.to_string();
+        assert!(text.contains("input[3] has 700 tokens") && text.contains("limit of 512"));
+    }
+}

@@ -1,8 +1,9 @@
-"""The tokenizer's own rate, the floor of bulk embedding on a fast GPU (issue 38): tokens/s of
-`TextTokenizer.encode` (what the gateway and `Embedder` call) on 1,000 passages, truncate "end",
-through the clean-ASCII twin (`core.ascii_twin`: its single Python thread, its Rust twin on the
-pool, and the one `TextTokenizer` picks for the pool) and without it, at several sizes of the
-tokenizer's thread pool (`RAYON_NUM_THREADS`, read once when the pool starts: each size in a
+"""The tokenizer's own rate, the floor of bulk embedding on a fast GPU (issues 38, 55): tokens/s
+of `TextTokenizer.encode` (what the gateway and `Embedder` call) on 1,000 passages, truncate
+"end", through the native tokenizer (`embedserve._native`: the `tokenizers` crate with its
+WordPiece twin for clean ASCII, the GIL released, rayon's threads for a large batch) and
+through the Python package's `encode_batch_fast` under the same rules (`package`), at several
+sizes of the thread pool (`RAYON_NUM_THREADS`, read once when the pool starts: each size in a
 process of its own). The ways are interleaved, `--rounds` times, and the medians given; the ids
 are checked equal.
 
@@ -26,38 +27,26 @@ from harness import corpus, report
 
 
 def one_pool(model: Path, rounds: int) -> dict[str, float]:
-    """In this process (its pool already sized): tokens/s of the twin's single thread (`python`),
-    of its Rust twin on the pool (`rust`), of the whole tokenizer (`whole`), and of what
-    `TextTokenizer` picks for this pool (`chosen`)."""
-    from embedserve.core import ascii_twin as twins
+    """In this process (its pool already sized): tokens/s of the request core through the native
+    tokenizer (`native`) and through the Python package (`package`)."""
     from embedserve.core.tokenization import TextTokenizer
 
     texts = corpus.passages(1000, max_words=180)
-    chosen = TextTokenizer(model / "tokenizer.json", 256)
-    whole = TextTokenizer(model / "tokenizer.json", 256)
-    whole._twins = dict.fromkeys(whole._twins)  # every twin off
-    parallel = twins.PARALLEL_THREADS
-    ways = {
-        "python": lambda: setattr(twins, "PARALLEL_THREADS", 1 << 30),
-        "rust": lambda: setattr(twins, "PARALLEL_THREADS", 0),
-        "chosen": lambda: setattr(twins, "PARALLEL_THREADS", parallel),
-    }
-    ids = whole.encode(texts, truncate="end")
-    for way, pick in ways.items():
-        pick()
-        assert chosen.encode(texts, truncate="end") == ids, f"the {way} twin changed the ids"
+    native = TextTokenizer(model / "tokenizer.json", 256)
+    package = TextTokenizer(model / "tokenizer.json", 256)
+    package._ids = lambda tok, t: [e.ids for e in tok.encode_batch_fast(t)]  # type: ignore[method-assign]
+    ids = package.encode(texts, truncate="end")
+    assert native.encode(texts, truncate="end") == ids, "the native tokenizer changed the ids"
     tokens = sum(map(len, ids))
-    times: dict[str, list[float]] = {name: [] for name in [*ways, "whole"]}
+    ways = {"native": native, "package": package}
+    times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(rounds):
-        for name in times:
-            ways.get(name, ways["chosen"])()
-            tok = whole if name == "whole" else chosen
+        for name, tok in ways.items():
             t0 = time.perf_counter()
             tok.encode(texts, truncate="end")
             times[name].append(time.perf_counter() - t0)
     return {
         "tokens": tokens,
-        "twins_made": sum(t is not None for t in chosen._twins.values()),
         **{f"{k}_tokens_per_s": tokens / statistics.median(v) for k, v in times.items()},
     }
 
@@ -88,12 +77,11 @@ def main() -> None:
            "what": "TextTokenizer.encode of 1,000 passages, truncate end; median of the rounds",
            "rounds": args.rounds, "software": report.versions("tokenizers"), "rows": rows}  # fmt: skip
     path = report.write_json(f"tokenizer-rate-{args.machine}{os.cpu_count()}", doc, args.out)
-    table = ["| pool threads | tokens | whole, tokens/s | Rust twin | Python twin | chosen "
-             "| chosen / whole |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    table = ["| pool threads | tokens | package, tokens/s | native, tokens/s | native / package |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        w, c = r["whole_tokens_per_s"], r["chosen_tokens_per_s"]
-        table.append(f"| {r['threads']} | {r['tokens']} | {w:,.0f} | {r['rust_tokens_per_s']:,.0f} "
-                     f"| {r['python_tokens_per_s']:,.0f} | {c:,.0f} | {c / w:.2f} |")  # fmt: skip
+        p, n = r["package_tokens_per_s"], r["native_tokens_per_s"]
+        table.append(f"| {r['threads']} | {r['tokens']} | {p:,.0f} | {n:,.0f} | {n / p:.2f} |")
     md = (f"# Tokenizer rate\n\n- hardware: {hardware}{doc['cpu_flags']}\n"
           f"- commit: {doc['commit']}\n- date: {doc['date']}\n- model: {doc['model']}\n\n"
           f"{doc['what']}, {args.rounds} interleaved rounds.\n\n" + "\n".join(table) + "\n")  # fmt: skip

@@ -39,6 +39,28 @@ impl Tokenizer {
         Ok(Tokenizer { inner })
     }
 
+    /// A tokenizer from its JSON (`tokenizers.Tokenizer.to_str()`), its truncation and padding
+    /// as the JSON sets them: the request core's tokenizers, one per side of a cut.
+    #[staticmethod]
+    #[pyo3(signature = (json, max_length = usize::MAX))]
+    fn from_str(json: &str, max_length: usize) -> PyResult<Self> {
+        let inner = TextTokenizer::from_json(json, max_length).map_err(PyValueError::new_err)?;
+        Ok(Tokenizer { inner })
+    }
+
+    /// Each text's ids (the Python package's `encode_batch_fast(texts)`'s `ids`), the GIL
+    /// released while they are made; no length limit.
+    fn encode_batch(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<Vec<u32>>> {
+        py.detach(|| self.inner.batch(&texts))
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Whether clean ASCII texts take the WordPiece twin (a BERT tokenizer's; the same ids).
+    #[getter]
+    fn ascii_twin(&self) -> bool {
+        self.inner.has_twin()
+    }
+
     /// One text's ids, special tokens included.
     fn ids(&self, py: Python<'_>, text: &str) -> PyResult<Vec<u32>> {
         py.detach(|| self.inner.ids(0, text))

@@ -4,3 +4,4 @@
 pub mod api;
 pub mod http;
 pub mod tokenize;
+pub mod wordpiece;

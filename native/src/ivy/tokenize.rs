@@ -5,6 +5,12 @@ use std::fmt;
 
 use tokenizers::Tokenizer;
 
+use super::wordpiece::AsciiWordPiece;
+
+/// From this many texts a batch is tokenized on several threads (`TextTokenizer::batch`): a
+/// short query's few tokens cost less than a hand-off.
+pub const PARALLEL_TEXTS: usize = 64;
+
 /// Sequences back to back (`ids`) and where each starts and ends (`cu_seqlens`, one more entry
 /// than sequences): the engine's packed batch layout, no padding.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -78,6 +84,7 @@ impl fmt::Display for TokenizeError {
 /// A model's tokenizer with its length limit (`max_length` tokens, special tokens included).
 pub struct TextTokenizer {
     inner: Tokenizer,
+    twin: Option<AsciiWordPiece>, // a BERT tokenizer's clean ASCII texts: the same ids, faster
     pub max_length: usize,
 }
 
@@ -90,11 +97,33 @@ impl TextTokenizer {
         inner
             .with_truncation(None)
             .map_err(|e| format!("{path}: {e}"))?;
-        Ok(TextTokenizer { inner, max_length })
+        let json = inner.to_string(false).map_err(|e| format!("{path}: {e}"))?;
+        Self::from_json(&json, max_length)
+    }
+
+    /// A tokenizer as its JSON gives it, its truncation and padding included (the Python core's
+    /// tokenizers, each set up for one side of a cut).
+    pub fn from_json(json: &str, max_length: usize) -> Result<Self, String> {
+        let inner: Tokenizer = json.parse().map_err(|e: tokenizers::Error| e.to_string())?;
+        let spec: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        let twin = AsciiWordPiece::of(&inner, &spec);
+        Ok(TextTokenizer {
+            inner,
+            twin,
+            max_length,
+        })
+    }
+
+    /// Whether clean ASCII texts take the WordPiece twin.
+    pub fn has_twin(&self) -> bool {
+        self.twin.is_some()
     }
 
     /// One text's ids with the special tokens (offsets are not computed: the ids are the same).
     pub fn ids(&self, index: usize, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        if let Some(twin) = self.twin.as_ref().filter(|t| t.takes(text)) {
+            return Ok(twin.ids(text));
+        }
         self.inner
             .encode_fast(text, true)
             .map(|e| e.get_ids().to_vec())
@@ -102,6 +131,25 @@ impl TextTokenizer {
                 index,
                 message: e.to_string(),
             })
+    }
+
+    /// Each text's ids, in order; a batch of `PARALLEL_TEXTS` or more on rayon's pool (its
+    /// threads: `RAYON_NUM_THREADS`, else a core each), each chunk of texts on one thread.
+    pub fn batch<S: AsRef<str> + Sync>(&self, texts: &[S]) -> Result<Vec<Vec<u32>>, TokenizeError> {
+        use rayon::prelude::*;
+        if texts.len() < PARALLEL_TEXTS || rayon::current_num_threads() < 2 {
+            return texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| self.ids(i, t.as_ref()))
+                .collect();
+        }
+        texts
+            .par_iter()
+            .with_min_len(PARALLEL_TEXTS / 4)
+            .enumerate()
+            .map(|(i, t)| self.ids(i, t.as_ref()))
+            .collect()
     }
 
     /// Every text's ids, packed; an over-long text is an error (the truncation policy of the

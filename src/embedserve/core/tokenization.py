@@ -26,7 +26,7 @@ from typing import Literal
 
 from tokenizers import Encoding, Tokenizer
 
-from embedserve.core.ascii_twin import ascii_twin, ids_of
+from embedserve._native import Tokenizer as NativeTokenizer
 from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong
 from embedserve.loading.spec import ModelLoadError
 
@@ -93,11 +93,11 @@ class TextTokenizer:
         self._keep_start.enable_truncation(max_length, direction="right")
         self._keep_end = _load(tokenizer_path)
         self._keep_end.enable_truncation(max_length, direction="left")
-        # each one's twin for clean ASCII text (`core.ascii_twin`): the same ids, less work; None
-        # for a tokenizer that is not BERT's. One word cache for the three: one model.
-        words: dict[str, tuple[int, ...]] = {}
-        self._twins = {
-            id(t): ascii_twin(t, words) for t in (self._full, self._keep_start, self._keep_end)
+        # each one's native twin (`embedserve._native`, the `tokenizers` crate with a WordPiece
+        # fast path for clean ASCII): the same ids, the GIL released, 20x the package's rate
+        self._native = {
+            id(t): NativeTokenizer.from_str(t.to_str())
+            for t in (self._full, self._keep_start, self._keep_end)
         }
         self.num_special = int(self._full.num_special_tokens_to_add(is_pair=False))
         probe = self._full.encode("a")  # the single-text template: specials around the text
@@ -180,8 +180,8 @@ class TextTokenizer:
         return self._ids(tok, cut)
 
     def _ids(self, tok: Tokenizer, texts: list[str]) -> list[list[int]]:
-        """`tok`'s ids of each text, clean ASCII ones through its twin."""
-        return ids_of(tok, self._twins[id(tok)], texts)
+        """`tok`'s ids of each text, made natively."""
+        return self._native[id(tok)].encode_batch(texts)
 
     def _prompt_then_end(self, text: str, prompt_ids: list[int]) -> list[int]:
         """An over-long text's `truncate="start"` ids: the special tokens around the prompt's

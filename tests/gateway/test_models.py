@@ -209,3 +209,33 @@ def test_a_default_model_per_task_takes_requests_that_name_none() -> None:
     for bad in ("nope", "rank=a", "embed=r1", "classify=a"):
         with pytest.raises(ValueError, match="--default-model"):
             ServedModels(plain.models, [bad])
+
+
+@pytest.mark.parametrize(
+    ("body", "task"),
+    [
+        ({"inputs": "a text", "model": "minilm"}, "embed"),
+        ({"query": "q", "texts": ["a"], "model": "ms-marco"}, "score"),
+        ({"query": "q", "texts": ["a"]}, "score"),  # no model: the default (the first) model's
+        ({"inputs": "a text", "model": ["not", "a", "name"]}, "score"),
+    ],
+)
+def test_post_root_follows_the_bodys_model(body: dict[str, object], task: str) -> None:
+    """Faults IV: `POST /` with several models took the first model's task whatever the body
+    named; a TEI embed body for the embedder landed in the reranker's parser."""
+    from types import SimpleNamespace
+
+    from embedserve.gateway.dropin import DropInRoutes
+
+    routed: list[str] = []
+
+    async def handler(name: str, body: bytes) -> tuple[int, str, bytes]:
+        routed.append(name)
+        return 200, "application/json", b"{}"
+
+    reranker_first = served(("ms-marco", "score"), ("minilm", "embed"))
+    app = SimpleNamespace(served=reranker_first, max_json_strings=100, max_json_values=1000)
+    routes = DropInRoutes(app, lambda b: handler("score", b))  # type: ignore[arg-type]
+    routes.root_tasks = {t: (lambda b, t=t: handler(t, b)) for t in ("embed", "score")}  # type: ignore[misc]
+    asyncio.run(routes.root(json.dumps(body).encode()))
+    assert routed == [task]

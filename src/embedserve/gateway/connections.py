@@ -43,6 +43,38 @@ class ConnectionLimits:
     max_connections: int = 1024  # open per worker (`--max-connections`)
 
 
+# descriptors a worker keeps for what is not a client: its listening socket, its channels to the
+# replicas, the metrics files, the event loop's own, imported libraries' files
+FD_RESERVE = 128
+# the soft limit asked for where the hard one is unlimited
+FD_WANTED = 1 << 20
+
+
+def fit_to_fd_limit(max_connections: int) -> tuple[int, str | None]:
+    """The open-file limit raised to its hard limit (the workers inherit it), and the connection
+    bound that fits below it with `FD_RESERVE` to spare; with a warning when the bound had to
+    shrink. NOTE: past the limit `accept()` fails with EMFILE before eviction (past the bound)
+    can close an idle connection, and new clients and /health are locked out: the flood eviction
+    was built for, under the usual limit of 1,024."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = FD_WANTED if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass  # kept as it was: the bound below follows it
+    if soft == resource.RLIM_INFINITY or max_connections <= soft - FD_RESERVE:
+        return max_connections, None
+    fitted = max(1, soft - FD_RESERVE)
+    return fitted, (
+        f"--max-connections {max_connections} is over what the open-file limit ({soft}) leaves; "
+        f"each worker holds at most {fitted} (raise it with `ulimit -n`)"
+    )
+
+
 def _refusal(status: int, why: str) -> bytes:
     body = (
         b'{"error": {"message": "' + why.encode() + b'", "type": "invalid_request_error", '

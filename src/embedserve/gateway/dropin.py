@@ -73,7 +73,14 @@ class DropInRoutes:
         return parse_json(body, self.app.max_json_strings, self.app.max_json_values)
 
     async def root(self, body: bytes) -> Answer:
-        task = self.app.served.first.limits.task  # the default model's (`--default-model`)
+        served = self.app.served
+        # the body's model where it names one served here (several models: an embed body for an
+        # embedder must not land in the reranker's parser); else the default model's
+        data = self._json(body) if served.several else None
+        asked = data.get("model") if isinstance(data, dict) else None
+        named = served.by_name.get(asked) if isinstance(asked, str) else None
+        task = named.limits.task if named is not None else None
+        task = task or served.first.limits.task  # `--default-model`'s
         handler = self.root_tasks.get(task)
         if handler is None:
             raise bad_request(

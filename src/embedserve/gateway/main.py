@@ -30,7 +30,7 @@ from embedserve.core.pairs import PairPreparer
 from embedserve.gateway.app import BODY_TIMEOUT, MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
 from embedserve.gateway.coalescing import CALLS_IN_FLIGHT
-from embedserve.gateway.connections import ConnectionLimits, bounded_protocol
+from embedserve.gateway.connections import ConnectionLimits, bounded_protocol, fit_to_fd_limit
 from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import IN_PROCESS_ADDRESS, ReplicaPool, check_replica
@@ -41,7 +41,7 @@ from embedserve.gateway.tei_grpc import TeiGrpc
 from embedserve.loading.bundled import DEFAULT_MODEL
 from embedserve.memory import TOKENIZER_POOL, tokenizer_threads
 from embedserve.options import Options, drain_option, model_option, option
-from embedserve.processes import set_parent_death_signal
+from embedserve.processes import say, set_parent_death_signal
 from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
 
 # Tokens per server call of a gateway started on its own (`serve` passes its servers' budget).
@@ -414,6 +414,10 @@ def run(
     # NOTE: 0 is the default, resolved here and not in the flag's default: `serve --one-process`
     # tells a count the user gave from the one the cores chose (a container reports the host's)
     config = replace(config, workers=config.workers or DEFAULT_WORKERS)
+    connections, warning = fit_to_fd_limit(config.max_connections)
+    if warning is not None:
+        say(f"embedserve gateway: warning: {warning}", err=True)
+    config = replace(config, max_connections=connections)
     build_app(config)  # fail fast, in the launcher, on a bad model or flag
     metrics_dir = None
     if config.workers > 1:  # /metrics must add up the workers: prometheus multiprocess mode

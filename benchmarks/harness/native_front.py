@@ -3,8 +3,8 @@
 called through pyo3, in one process.
 
 `serve_native(model, port, engine, threads)`: `engine` "null" answers every sequence at once with
-a fixed vector (`null_engine.NullEngine`: the request path alone), "cpu" runs the real engine on
-the CPU. Prints `native: ready on 127.0.0.1:PORT` once it takes requests. Started by a benchmark
+a fixed vector (`null_engine.NullEngine`: the request path alone); a device ("cpu", "cuda") runs
+the real engine there. Prints `native: ready on 127.0.0.1:PORT` once it takes requests. Started by a benchmark
 as `harness_call("native_front:serve_native", MODEL, PORT, ENGINE, THREADS)`.
 """
 
@@ -38,7 +38,7 @@ def serve_native(
     from embedserve.loading.bundled import resolve_model
 
     folder = resolve_model(model)
-    real = Engine.from_folder(folder, device="cpu")
+    real = Engine.from_folder(folder, device="cpu" if engine == "null" else engine)
     if engine == "null":
         from harness.null_engine import NullEngine
 

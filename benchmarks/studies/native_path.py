@@ -8,13 +8,16 @@ first"), both in front of the null engine, in one run.
   token-budget queue) calling the same null engine's `step()` through pyo3, one process
   (`harness/native_front.py`), its runtime on `--threads` threads.
 
-Every server-side process is pinned to core 0 and the load generator, wrk, to core 1, so each
-side's requests per core is requests over the CPU seconds its processes used in the window
-(`*_cores`). Loads: short queries (3-12 words) at 1 and 16 connections, and requests of 100
-passages (8-180 words, those within MiniLM's 256 tokens; base64 answers) at 4 connections; tokens counted with the model's own
-tokenizer.
+On a 2-core machine every server-side process is pinned to core 0 and the load generator, wrk,
+to core 1; elsewhere nothing is pinned. Each side's requests per core is requests over the CPU
+seconds its processes used in the window (`server_side_cores`). Loads: short queries (3-12
+words) at each of `--connections`, and requests of 100 passages (8-180 words, those within
+MiniLM's 256 tokens; base64 answers) at 4 connections; tokens counted with the model's own
+tokenizer. `--engine real` puts the real engine behind both instead (python: `embedserve
+serve --device D`; native: the prototype with the engine on D in its process).
 
     PYTHONPATH=src python3 benchmarks/studies/native_path.py [--seconds 5] [--out DIR]
+        [--model FOLDER] [--connections 1,16,64] [--engine null|real --device cuda]
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
 from harness.machine import cpu_seconds, load1
-from harness.servers import ROOT, harness_call, start, wait_http
+from harness.servers import CLI, ROOT, SERVING, harness_call, start, wait_http
 from studies.null_path import NAME, start_pair
 
 from embedserve.processes import Child, descendants
@@ -42,12 +45,15 @@ READY_NATIVE = r"native: ready on 127\.0\.0\.1:(\d+)"
 LIMIT = 256  # MiniLM's tokens per text: the prototype refuses longer ones (no truncation yet)
 
 
+MODEL = "minilm"  # `--model`: the folder both sides serve (as NAME)
+
+
 def _tokenizer() -> Any:
     from tokenizers import Tokenizer
 
     from embedserve.loading.bundled import resolve_model
 
-    tok = Tokenizer.from_file(str(resolve_model("minilm") / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(resolve_model(MODEL) / "tokenizer.json"))
     tok.no_padding()  # the file pads to 128: the server does not
     tok.no_truncation()
     return tok
@@ -91,7 +97,9 @@ def lua_script(bodies: list[bytes], folder: Path) -> Path:
 
 
 def pin(pid: int, core: int) -> None:
-    """Every thread of `pid` and of the processes below it onto `core`."""
+    """Every thread of `pid` and of the processes below it onto `core` (2-core machines only)."""
+    if os.cpu_count() != 2:
+        return
     for p in {pid, *descendants(pid)}:
         subprocess.run(["taskset", "-a", "-p", "-c", str(core), str(p)], capture_output=True)
 
@@ -101,9 +109,14 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 
 
+WRK = "wrk"  # `--wrk`: its path
+
+
 def wrk(port: int, script: Path, connections: int, seconds: float) -> dict[str, float]:
-    argv = ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
-            "-s", str(script), f"http://127.0.0.1:{port}/v1/embeddings"]  # fmt: skip
+    threads = 1 if os.cpu_count() == 2 else min(4, connections)
+    pinned = ["taskset", "-c", "1"] if os.cpu_count() == 2 else []
+    argv = [*pinned, WRK, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
+            "--latency", "-s", str(script), f"http://127.0.0.1:{port}/v1/embeddings"]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)
@@ -118,7 +131,7 @@ def wrk(port: int, script: Path, connections: int, seconds: float) -> dict[str, 
 
 
 def measure(side: str, port: int, pids: list[int], loads: list[tuple[str, int, Path, float]],
-            seconds: float) -> list[dict[str, Any]]:  # fmt: skip
+            seconds: float, engine: str) -> list[dict[str, Any]]:  # fmt: skip
     records = []
     for load, connections, script, tokens in loads:
         wrk(port, script, connections, 1.0)  # warm-up
@@ -133,9 +146,11 @@ def measure(side: str, port: int, pids: list[int], loads: list[tuple[str, int, P
         out["tokens_per_core_s"] = out["requests_per_core"] * tokens
         for metric, value in out.items():
             records.append({
-                "system": f"embedserve {side} request path (null engine)",
-                "model": "all-MiniLM-L6-v2 (tokenizer and spec; no forward)",
-                "weights": "none", "dtype": "none",
+                "system": f"embedserve {side} request path ({engine} engine)",
+                "model": "all-MiniLM-L6-v2" + (" (tokenizer and spec; no forward)"
+                                               if engine == "null" else ""),
+                "weights": "none" if engine == "null" else "real", "dtype": "none"
+                if engine == "null" else "engine default",
                 "batch": 1 if load == "queries" else 100,
                 "tokens": f"{tokens:.0f} per request",
                 "concurrency": connections, "metric": metric, "value": round(value, 3),
@@ -144,51 +159,94 @@ def measure(side: str, port: int, pids: list[int], loads: list[tuple[str, int, P
     return records
 
 
+def python_side(args: argparse.Namespace) -> tuple[list[Child], int]:
+    """The Python path: the null server and a gateway, or `embedserve serve` with the engine."""
+    if args.engine == "null":
+        server, gateway, _, port = start_pair(str(ROOT / "src"), MODEL, 1, [])
+        return [server, gateway], port
+    child, ready = start([*CLI, "serve", "--port", "0", "--model", f"{NAME}={MODEL}", "--device",
+                          args.device], SERVING)  # fmt: skip
+    port = int(ready.group(1))
+    wait_http(child, port)
+    return [child], port
+
+
 def main() -> None:
+    global MODEL, WRK
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--threads", default="1", help="the native runtime's threads")
+    ap.add_argument("--model", default="minilm", help="a folder, or minilm (bundled)")
+    ap.add_argument("--connections", default="1,16", help="of short queries, e.g. 1,16,64")
+    ap.add_argument("--engine", choices=("null", "real"), default="null")
+    ap.add_argument("--device", default="cpu", help="the real engine's device")
+    ap.add_argument("--wrk", default="wrk", help="wrk's path")
     ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
+    ap.add_argument("--table", action="store_true", help="print every record, not the summary")
     args = ap.parse_args()
+    MODEL, WRK = args.model, args.wrk
     all_bodies = bodies()
     folder = Path(tempfile.mkdtemp(prefix="native-path-"))
     tokens = {name: mean_tokens(b) for name, b in all_bodies.items()}
     scripts = {name: lua_script(b, folder) for name, b in all_bodies.items()}
-    loads = [("queries", 1, scripts["queries"], tokens["queries"]),
-             ("queries", 16, scripts["queries"], tokens["queries"]),
-             ("passages", 4, scripts["passages"], tokens["passages"])]  # fmt: skip
+    loads = [("queries", int(c), scripts["queries"], tokens["queries"])
+             for c in args.connections.split(",")]  # fmt: skip
+    loads.append(("passages", 4, scripts["passages"], tokens["passages"]))
     records: list[dict[str, Any]] = []
-    src = str(ROOT / "src")
-    server, gateway, _, port = start_pair(src, "minilm", 1, [])
-    children: list[Child] = [server, gateway]
+    children, port = python_side(args)
     try:
         for c in children:
             pin(c.proc.pid, 0)
-        records += measure("python", port, [c.proc.pid for c in children], loads, args.seconds)
+        pids = [c.proc.pid for c in children]
+        records += measure("python", port, pids, loads, args.seconds, args.engine)
     finally:
         for c in children:
             c.stop()
-    native, ready = start(harness_call("native_front:serve_native", "minilm", "0", "null",
+    engine = "null" if args.engine == "null" else args.device
+    native, ready = start(harness_call("native_front:serve_native", MODEL, "0", engine,
                                        args.threads), READY_NATIVE)  # fmt: skip
     try:
         port = int(ready.group(1))
         wait_http(native, port)
         pin(native.proc.pid, 0)
-        records += measure("native", port, [native.proc.pid], loads, args.seconds)
+        records += measure("native", port, [native.proc.pid], loads, args.seconds, args.engine)
     finally:
         native.stop()
     notes = (
-        f"Null engine: every sequence answered at once with a fixed vector. Server side pinned "
-        f"to core 0, wrk 4.1 (one thread) to core 1 of {os.cpu_count()}. *_per_core: over the CPU "
-        f"seconds of the server side's processes in the window (python: gateway worker and "
-        f"server process; native: its one process). Load average at the end {load1():.2f}."
+        f"{'Null engine: every sequence answered at once with a fixed vector' if args.engine == 'null' else f'The real engine on {args.device}'}. "
+        f"{'Server side pinned to core 0, wrk 4.1 (one thread) to core 1' if os.cpu_count() == 2 else 'Nothing pinned'} "
+        f"of {os.cpu_count()} cores. *_per_core: over the CPU seconds of the server side's "
+        f"processes in the window (python: gateway and server processes; native: its one "
+        f"process). Load average at the end {load1():.2f}."
     )
+    if args.device.startswith("cuda"):
+        import torch
+
+        notes += f" GPU: {torch.cuda.get_device_name()}."
+    slug = "cpu2" if os.cpu_count() == 2 else f"host{os.cpu_count()}"
+    if args.engine == "real":
+        slug += f"-{args.device.split(':')[0]}"
     _, table = report.write(
-        "native-path", report.cpu_hardware(), "cpu2" if os.cpu_count() == 2 else "cpu",
+        "native-path", report.cpu_hardware(), slug,
         records, report.versions("uvicorn", "httptools", "grpcio", "orjson", "tokenizers"),
         notes, args.out,
     )  # fmt: skip
-    print(table)
+    print(table if args.table else summary(records))
+
+
+def summary(records: list[dict[str, Any]]) -> str:
+    """A short table: each side and load's rate, latency and rate per core."""
+    rows: dict[tuple[str, int, int], dict[str, float]] = {}
+    for r in records:
+        side = r["system"].split()[1]
+        rows.setdefault((side, r["batch"], r["concurrency"]), {})[r["metric"]] = r["value"]
+    lines = ["| side | batch | conns | req/s | p50 ms | p99 ms | req/s per core | tokens/s per core | errors |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (side, batch, conns), m in rows.items():
+        lines.append(f"| {side} | {batch} | {conns} | {m['requests_per_s']:,.0f} | {m['p50_ms']} "
+                     f"| {m['p99_ms']} | {m['requests_per_core']:,.0f} "
+                     f"| {m['tokens_per_core_s']:,.0f} | {m['errors']:.0f} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

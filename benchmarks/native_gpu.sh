@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 55's GPU-host rows in device calls (docs/native.md): the carried native extension and
+# the Python gateway's small wheels installed, then
+#   null: the GPU tests, the tokenizer's rate at 1 / 4 / 16 threads, and the prototype against
+#         the Python path on the null engine at 1 / 16 / 64 connections (wrk);
+#   real: the same two paths with the real engine on the GPU.
+# carry: .carry (native/_native.abi3.so, minilm-fp16, wrk/ with its libluajit) and .whl
+#   EMBEDSERVE_COMMIT=<hash> bash benchmarks/native_gpu.sh null|real
+set -uo pipefail
+cp .carry/native/_native.abi3.so src/embedserve/_native.abi3.so || exit 1
+bash benchmarks/gpu_run.sh || exit 1 # the carried wheels into /tmp/site
+export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export LD_LIBRARY_PATH=$PWD/.carry/wrk${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+M=.carry/minilm-fp16
+nvidia-smi -L
+python3 -c "import embedserve._native as n; print('native extension', n.__file__)" || exit 1
+case "${1:-null}" in
+  null)
+    EMBEDSERVE_MINILM=$M timeout 240 python3 -m pytest -q -m gpu tests/engine/test_graphs_gpu.py \
+      -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/gpu-tests.txt"
+    timeout 150 python3 benchmarks/studies/tokenizer_rate.py --model $M --threads 1,4,16 \
+      --rounds 7 --machine h100host --out "$OUT" | tail -7
+    timeout 200 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
+      --wrk .carry/wrk/wrk --out "$OUT"
+    ;;
+  real)
+    timeout 500 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
+      --engine real --device cuda --wrk .carry/wrk/wrk --out "$OUT"
+    ;;
+esac

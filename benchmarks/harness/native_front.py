@@ -39,6 +39,9 @@ def serve_native(
 
     folder = resolve_model(model)
     real = Engine.from_folder(folder, device="cpu" if engine == "null" else engine)
+    from embedserve.server.warmup import WARMUP_QUERIES, warm_up_graphs
+
+    warm_up_graphs(real, WARMUP_QUERIES)  # on a GPU, as the Python server does at start-up
     if engine == "null":
         from harness.null_engine import NullEngine
 

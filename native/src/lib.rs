@@ -8,7 +8,7 @@
 pub mod ivy;
 pub mod tulip;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -86,9 +86,10 @@ impl Tokenizer {
 
 /// The native front: `POST /v1/embeddings` and `GET /health` on `host:port`, each request's
 /// ids queued for `step(ids, cu_seqlens) -> handle` (`handle.wait()`: float32 rows).
-#[pyclass(module = "embedserve._native")]
+#[pyclass(frozen, module = "embedserve._native")]
 struct Gateway {
-    runtime: Option<tokio::runtime::Runtime>,
+    // taken by the first shutdown; other threads read `port` and call `stop()` meanwhile
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
     stop: watch::Sender<bool>,
     #[pyo3(get)]
     port: u16,
@@ -147,14 +148,14 @@ impl Gateway {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         runtime.spawn(serve(front, listener, stopped));
         Ok(Gateway {
-            runtime: Some(runtime),
+            runtime: Mutex::new(Some(runtime)),
             stop,
             port,
         })
     }
 
     /// Serves until `stop()` or a signal (KeyboardInterrupt and the like are raised here).
-    fn serve(&mut self, py: Python<'_>) -> PyResult<()> {
+    fn serve(&self, py: Python<'_>) -> PyResult<()> {
         let mut stopped = self.stop.subscribe();
         loop {
             if *stopped.borrow_and_update() {
@@ -177,9 +178,10 @@ impl Gateway {
 }
 
 impl Gateway {
-    fn shutdown(&mut self) {
+    fn shutdown(&self) {
         let _ = self.stop.send(true);
-        if let Some(runtime) = self.runtime.take() {
+        let taken = self.runtime.lock().ok().and_then(|mut r| r.take());
+        if let Some(runtime) = taken {
             runtime.shutdown_timeout(Duration::from_secs(1));
         }
     }

@@ -37,7 +37,7 @@ impl Tulip {
     pub fn start(step: Py<PyAny>, batch_tokens: usize, max_queued_tokens: usize) -> Self {
         let (queue, jobs) = mpsc::channel::<Job>();
         // one batch waiting on its results at most: the engine thread blocks on the next
-        let (in_flight, resolve) = mpsc::sync_channel::<InFlight>(1);
+        let (in_flight, to_resolve) = mpsc::sync_channel::<InFlight>(1);
         let queued_tokens = Arc::new(AtomicUsize::new(0));
         let counter = queued_tokens.clone();
         thread::Builder::new()
@@ -46,7 +46,7 @@ impl Tulip {
             .expect("the engine thread starts");
         thread::Builder::new()
             .name("tulip-results".into())
-            .spawn(move || results_loop(resolve))
+            .spawn(move || results_loop(to_resolve))
             .expect("the results thread starts");
         Tulip {
             queue,
@@ -113,45 +113,63 @@ fn engine_loop(
             step.call1(py, (PyBytes::new(py, &ids), PyBytes::new(py, &cu)))
                 .map_err(|e| e.to_string())
         });
-        match handle {
-            Ok(handle) => {
-                if in_flight
-                    .send(InFlight {
-                        handle,
-                        jobs: batch,
-                    })
-                    .is_err()
-                {
+        let handle = match handle {
+            Ok(handle) => handle,
+            Err(message) => {
+                fail(batch, &message);
+                continue;
+            }
+        };
+        // NOTE: with nothing queued behind it there is no next batch to prepare: the batch is
+        // resolved here, one thread hand-off fewer for a lone request; otherwise the results
+        // thread resolves it while this one prepares the next
+        match jobs.try_recv() {
+            Ok(next) => {
+                held = Some(next);
+                let batch = InFlight {
+                    handle,
+                    jobs: batch,
+                };
+                if in_flight.send(batch).is_err() {
                     return;
                 }
             }
-            Err(message) => fail(batch, &message),
+            Err(mpsc::TryRecvError::Empty) => resolve(handle, batch),
+            Err(mpsc::TryRecvError::Disconnected) => {
+                resolve(handle, batch);
+                return;
+            }
         }
     }
 }
 
-fn results_loop(resolve: mpsc::Receiver<InFlight>) {
-    for InFlight { handle, jobs } in resolve {
-        let rows = Python::attach(|py| -> PyResult<(Vec<f32>, usize)> {
-            let array = handle.call_method0(py, "wait")?;
-            let buffer = PyBuffer::<f32>::get(array.bind(py))?;
-            let width = buffer.shape().get(1).copied().unwrap_or(0);
-            Ok((buffer.to_vec(py)?, width))
-        });
-        match rows {
-            Ok((rows, width)) => {
-                let mut start = 0;
-                for job in jobs {
-                    let end = start + job.packed.num_seqs() * width;
-                    let own = rows.get(start..end).map(|r| (r.to_vec(), width));
-                    let _ = job
-                        .reply
-                        .send(own.ok_or_else(|| "the engine answered too few rows".to_string()));
-                    start = end;
-                }
+fn results_loop(in_flight: mpsc::Receiver<InFlight>) {
+    for InFlight { handle, jobs } in in_flight {
+        resolve(handle, jobs);
+    }
+}
+
+/// Waits for `handle` (the GIL held for the call) and answers each job with its rows.
+fn resolve(handle: Py<PyAny>, jobs: Vec<Job>) {
+    let rows = Python::attach(|py| -> PyResult<(Vec<f32>, usize)> {
+        let array = handle.call_method0(py, "wait")?;
+        let buffer = PyBuffer::<f32>::get(array.bind(py))?;
+        let width = buffer.shape().get(1).copied().unwrap_or(0);
+        Ok((buffer.to_vec(py)?, width))
+    });
+    match rows {
+        Ok((rows, width)) => {
+            let mut start = 0;
+            for job in jobs {
+                let end = start + job.packed.num_seqs() * width;
+                let own = rows.get(start..end).map(|r| (r.to_vec(), width));
+                let _ = job
+                    .reply
+                    .send(own.ok_or_else(|| "the engine answered too few rows".to_string()));
+                start = end;
             }
-            Err(e) => fail(jobs, &e.to_string()),
         }
+        Err(e) => fail(jobs, &e.to_string()),
     }
 }
 

@@ -141,6 +141,7 @@ impl Gateway {
             tulip: Tulip::start(step, batch_tokens, max_queued_tokens),
             max_body_bytes,
             max_inputs,
+            part_tokens: batch_tokens,
             normalize,
         });
         let (stop, stopped) = watch::channel(false);

@@ -121,3 +121,29 @@ def test_concurrent_clients_each_get_their_own_rows(gateway: Gateway, embedder: 
     assert all(status == 200 for status, _ in answers)
     got = np.concatenate([vectors(a) for _, a in answers])
     assert row_cosines(got, expected).min() >= 0.99999
+
+
+def test_a_large_request_is_cut_into_parts_and_answered_in_order(
+    embedder: Embedder, minilm_path: Path
+) -> None:
+    """Parts of at most `batch_tokens` (a text over it alone in its part), queued at once and
+    re-assembled in order: the same vectors as one batch."""
+    engine = embedder.engine
+    small = Gateway(
+        str(minilm_path / "tokenizer.json"),
+        packed_step(engine),
+        model="minilm",
+        max_length=engine.spec.max_seq_length,
+        batch_tokens=32,
+        normalize=engine.spec.normalize,
+    )
+    serving = threading.Thread(target=small.serve, daemon=True)
+    serving.start()
+    try:
+        texts = [*TEXTS, *(f"text {i} " * (1 + i % 5) for i in range(20))]
+        status, answer = post(small.port, {"input": texts})
+        assert status == 200 and [d["index"] for d in answer["data"]] == list(range(len(texts)))
+        assert row_cosines(vectors(answer), embedder.encode(texts)).min() >= 0.99999
+    finally:
+        small.stop()
+        serving.join(5)

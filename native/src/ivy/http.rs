@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::api::{self, ApiError, EncodingFormat};
-use super::tokenize::{TextTokenizer, TokenizeError};
+use super::tokenize::{Packed, TextTokenizer, TokenizeError};
 use crate::tulip::Tulip;
 
 /// What every connection shares: the model's name and tokenizer, the queue, the bounds.
@@ -24,6 +24,8 @@ pub struct Front {
     pub tulip: Tulip,
     pub max_body_bytes: usize,
     pub max_inputs: usize,
+    /// a request's tokens per part (`Packed::split`): the engine's batch budget
+    pub part_tokens: usize,
     /// rows leave as unit vectors (the folder ends in a Normalize module)
     pub normalize: bool,
 }
@@ -129,45 +131,65 @@ async fn embeddings(front: &Front, request: Request<Incoming>) -> Response<Body>
         }
     };
     let tokens = packed.num_tokens();
-    let Some(answer) = front.tulip.submit(packed) else {
-        return error(ApiError {
-            status: 503,
-            kind: "server_error",
-            code: "overloaded",
-            param: None,
-            message: "the queue is full: retry after a moment".into(),
-        });
+    let rows = match embed(front, packed).await {
+        Ok(rows) => rows,
+        Err(e) => return error(e),
     };
-    match answer.await {
-        Ok(Ok((mut rows, width))) => {
-            if front.normalize {
-                api::normalize(&mut rows, width);
-            }
-            let base64 = matches!(parsed.encoding_format, Some(EncodingFormat::Base64));
-            let model = parsed.model.as_deref().unwrap_or(&front.model);
-            json(
-                StatusCode::OK,
-                api::answer(&rows, width, model, tokens, base64),
-            )
-        }
-        Ok(Err(message)) => {
-            eprintln!("embedserve native: a batch failed: {message}");
-            error(ApiError {
-                status: 500,
-                kind: "server_error",
-                code: "engine_failed",
-                param: None,
-                message: "the engine failed this request's batch".into(),
-            })
-        }
-        Err(_) => error(ApiError {
-            status: 503,
-            kind: "server_error",
-            code: "stopping",
-            param: None,
-            message: "the server is stopping".into(),
-        }),
+    let (mut rows, width) = rows;
+    if front.normalize {
+        api::normalize(&mut rows, width);
     }
+    let base64 = matches!(parsed.encoding_format, Some(EncodingFormat::Base64));
+    let model = parsed.model.as_deref().unwrap_or(&front.model);
+    json(
+        StatusCode::OK,
+        api::answer(&rows, width, model, tokens, base64),
+    )
+}
+
+/// The rows of `packed`'s sequences, in order: its parts queued at once, answered in turn.
+async fn embed(front: &Front, packed: Packed) -> Result<(Vec<f32>, usize), ApiError> {
+    let overloaded = || ApiError {
+        status: 503,
+        kind: "server_error",
+        code: "overloaded",
+        param: None,
+        message: "the queue is full: retry after a moment".into(),
+    };
+    let parts = packed.split(front.part_tokens);
+    let mut answers = Vec::with_capacity(parts.len());
+    for part in parts {
+        answers.push(front.tulip.submit(part).ok_or_else(overloaded)?);
+    }
+    let (mut rows, mut width) = (Vec::new(), 0);
+    for answer in answers {
+        match answer.await {
+            Ok(Ok((part, w))) => {
+                rows.extend_from_slice(&part);
+                width = w;
+            }
+            Ok(Err(message)) => {
+                eprintln!("embedserve native: a batch failed: {message}");
+                return Err(ApiError {
+                    status: 500,
+                    kind: "server_error",
+                    code: "engine_failed",
+                    param: None,
+                    message: "the engine failed this request's batch".into(),
+                });
+            }
+            Err(_) => {
+                return Err(ApiError {
+                    status: 503,
+                    kind: "server_error",
+                    code: "stopping",
+                    param: None,
+                    message: "the server is stopping".into(),
+                })
+            }
+        }
+    }
+    Ok((rows, width))
 }
 
 /// Serves `front` on `listener` until `stop` turns true; each connection on a task of its own.

@@ -41,6 +41,24 @@ impl Packed {
         self.cu_seqlens.push(self.ids.len() as i32);
     }
 
+    /// The sequences in order, cut into parts of at most `budget` tokens each (a sequence over
+    /// it alone in its part): a large request's parts share the queue with everyone else's
+    /// requests instead of holding the engine for one long batch.
+    pub fn split(&self, budget: usize) -> Vec<Packed> {
+        let mut parts = vec![Packed::new()];
+        for w in self.cu_seqlens.windows(2) {
+            let seq = &self.ids[w[0] as usize..w[1] as usize];
+            let last = parts.last_mut().expect("one part at least");
+            if last.num_seqs() > 0 && last.num_tokens() + seq.len() > budget {
+                parts.push(Packed::new());
+            }
+            let part = parts.last_mut().expect("one part at least");
+            part.ids.extend_from_slice(seq);
+            part.cu_seqlens.push(part.ids.len() as i32);
+        }
+        parts
+    }
+
     /// Appends every sequence of `other` after this one's.
     pub fn extend(&mut self, other: &Packed) {
         let base = self.ids.len() as i32;
@@ -186,6 +204,23 @@ mod tests {
         assert_eq!(a.ids, vec![1, 2, 3, 4, 5, 6]);
         assert_eq!(a.cu_seqlens, vec![0, 3, 4, 6]);
         assert_eq!((a.num_seqs(), a.num_tokens()), (3, 6));
+    }
+
+    #[test]
+    fn a_split_keeps_the_order_and_the_budget() {
+        let mut all = Packed::new();
+        for n in [3u32, 5, 2, 9, 1, 1] {
+            all.push(&(0..n).collect::<Vec<_>>());
+        }
+        let parts = all.split(8);
+        let sizes: Vec<usize> = parts.iter().map(Packed::num_tokens).collect();
+        assert_eq!(sizes, vec![8, 2, 9, 2]); // the 9-token sequence alone, over the budget
+        let mut back = Packed::new();
+        for p in &parts {
+            back.extend(p);
+        }
+        assert_eq!(back, all);
+        assert_eq!(all.split(100), vec![all.clone()]);
     }
 
     #[test]

@@ -123,22 +123,25 @@ fn engine_loop(
         // NOTE: with nothing queued behind it there is no next batch to prepare: the batch is
         // resolved here, one thread hand-off fewer for a lone request; otherwise the results
         // thread resolves it while this one prepares the next
-        match jobs.try_recv() {
-            Ok(next) => {
-                held = Some(next);
-                let batch = InFlight {
-                    handle,
-                    jobs: batch,
-                };
-                if in_flight.send(batch).is_err() {
+        if held.is_none() {
+            match jobs.try_recv() {
+                Ok(next) => held = Some(next),
+                Err(mpsc::TryRecvError::Empty) => {
+                    resolve(handle, batch);
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    resolve(handle, batch);
                     return;
                 }
             }
-            Err(mpsc::TryRecvError::Empty) => resolve(handle, batch),
-            Err(mpsc::TryRecvError::Disconnected) => {
-                resolve(handle, batch);
-                return;
-            }
+        }
+        let batch = InFlight {
+            handle,
+            jobs: batch,
+        };
+        if in_flight.send(batch).is_err() {
+            return;
         }
     }
 }

@@ -210,6 +210,8 @@ def main() -> None:
         wait_http(native, port)
         pin(native.proc.pid, 0)
         records += measure("native", port, [native.proc.pid], loads, args.seconds, args.engine)
+        if any(r["metric"] == "errors" and r["value"] for r in records):
+            print("".join(native.lines[-20:]), file=sys.stderr)  # what the failures said
     finally:
         native.stop()
     notes = (

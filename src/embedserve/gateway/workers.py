@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from embedserve.gateway.metrics import MULTIPROCESS_DIR
 from embedserve.processes import say
 
 MAX_RESTARTS_PER_MINUTE = 5  # worker restarts, all workers together
@@ -49,6 +50,7 @@ class Workers:
             if process.is_alive() or process.exitcode is None:
                 continue
             if i not in self.due:
+                _forget_live_metrics(process.pid)
                 self.recent = [t for t in self.recent if now - t < 60] + [now]
                 if len(self.recent) > MAX_RESTARTS_PER_MINUTE:
                     return False
@@ -80,3 +82,14 @@ class Workers:
 
     def exited_cleanly(self) -> bool:
         return all(p.exitcode == 0 for p in self.processes)
+
+
+def _forget_live_metrics(pid: int | None) -> None:
+    """A dead worker's "live" gauges out of /metrics (prometheus multiprocess mode keeps its
+    last value otherwise: `replica_outstanding_tokens` summed a dead worker's tokens for ever)."""
+    directory = os.environ.get(MULTIPROCESS_DIR)
+    if pid is None or not directory:
+        return
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid, directory)

@@ -61,7 +61,8 @@ def test_every_line_is_one_row_and_jsonl_ids_are_kept(
     txt.write_text("first\n   \nthird\n", encoding="utf-8")
     out = tmp_path / "v.npy"
     assert main(["embed", *FP32, "--input", str(txt), "--output", str(out)]) == 2
-    assert "input[1] is empty after the tokenizer's normalization" in capsys.readouterr().err
+    said = capsys.readouterr().err  # the file and line, then the position (faults IV)
+    assert f"{txt}:2 (input[1]) is empty after the tokenizer's normalization" in said
     txt.write_text("first\nsecond\nthird\n", encoding="utf-8")
     assert main(["embed", *FP32, "--input", str(txt), "--output", str(out)]) == 0
     np.testing.assert_allclose(np.load(out), minilm.encode(["first", "second", "third"]), atol=1e-6)

@@ -53,3 +53,34 @@ def test_index_lines_split_the_same_way() -> None:
 )
 def test_split_lines(text: str, lines: list[str]) -> None:
     assert split_lines(text) == lines
+
+
+def test_skip_empty_leaves_out_whitespace_and_a_lone_md_is_one_document(tmp_path: Path) -> None:
+    from embedserve.cli.embed import read_inputs
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("# Title\n\nbody line\n")
+    (notes / "blank.md").write_text("  \n\t\n")
+    folder = read_inputs(notes, skip_empty=True)
+    assert folder.ids == ["a.md"] and folder.skipped == ["blank.md"]
+    lone = read_inputs(notes / "a.md")
+    assert lone.texts == ["# Title\n\nbody line\n"] and len(lone.ids) == 1
+    by_line = read_inputs(notes / "a.md", skip_empty=True, lines=True)
+    assert by_line.texts == ["# Title", "body line"]
+    txt = tmp_path / "t.txt"
+    txt.write_text("one\n   \ntwo\n")
+    records = read_records(txt, skip_empty=True)
+    assert records.texts == ["one", "two"] and records.skipped == [2]
+
+
+def test_an_error_names_the_file_and_line_not_the_position(tmp_path: Path) -> None:
+    import argparse
+
+    from embedserve.cli.embed import Records, _where
+
+    records = Records(ids=["a.md", "b.jsonl:7"], texts=["x", "y"])
+    args = argparse.Namespace(input=tmp_path)
+    said = _where("input[1] is empty after the tokenizer's normalization", records, args)
+    assert said.startswith(f"{tmp_path}/b.jsonl:7 (input[1])")
+    assert _where("input[1] x", records, argparse.Namespace(input=None)) == "input[1] x"

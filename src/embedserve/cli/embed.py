@@ -7,6 +7,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from functools import partial
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from embedserve.core.head import OUTPUT_DTYPES
-from embedserve.errors import InputTooLong
+from embedserve.errors import InputError, InputTooLong
 from embedserve.options import EngineOptions
 from embedserve.processes import say
 from embedserve.retrieval.results import DEFAULT_OUTPUTS_RULE
@@ -55,8 +56,8 @@ def _add_embed_io(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--skip-empty",
         action="store_true",
-        help="leave out empty lines of --input (reported) instead of failing; every other line "
-        "is one row",
+        help="leave out empty and whitespace-only lines and documents of --input (reported) "
+        "instead of failing; every other line is one row",
     )
 
 
@@ -113,8 +114,8 @@ class Records:
 
 
 def read_records(path: Path, *, skip_empty: bool = False) -> Records:
-    """A .txt file (every line one text: whitespace-only text is embedded, an empty line is an
-    error naming it unless `skip_empty`) or a .jsonl file (a string or an object with a 'text'
+    """A .txt file (every line one text: an empty line is an error naming it unless
+    `skip_empty`, which leaves out lines of whitespace alone too) or a .jsonl file (a string or an object with a 'text'
     string and an optional 'id' per line; blank lines are not records)."""
     from embedserve.indexing.files import split_lines
 
@@ -137,7 +138,8 @@ def read_records(path: Path, *, skip_empty: bool = False) -> Records:
             record_id = record.get("id", n) if isinstance(record, dict) else n
         else:
             text, record_id = line, n
-        if not text:
+        if not text or (skip_empty and text.isspace()):
+            # whitespace alone has no token of its own for most tokenizers: the core refuses it
             if not skip_empty:
                 raise ValueError(
                     f"{path}:{n}: an empty text; remove the line, or pass --skip-empty to leave "
@@ -233,7 +235,8 @@ def read_inputs(spec: Path, *, skip_empty: bool = False, lines: bool = False) ->
     error unless `skip_empty`) or with `lines` one text per line, and each .jsonl's records;
     their ids and skipped lines are `FILE:ID` / `FILE:LINE`."""
     paths = input_paths(spec)
-    if spec.is_file():
+    # a lone .md is one document, as it is in a folder and in `index` (a .txt: one text a line)
+    if spec.is_file() and (spec.suffix != ".md" or lines):
         return read_records(spec, skip_empty=skip_empty)
     out = Records()
     for path in paths:
@@ -248,7 +251,7 @@ def read_inputs(spec: Path, *, skip_empty: bool = False, lines: bool = False) ->
                     f"{path}: an empty document; remove the file, or pass --skip-empty to leave "
                     "it out (the skipped files are reported)"
                 )
-            if text:
+            if text and not (skip_empty and text.isspace()):
                 out.ids.append(name)
                 out.texts.append(text)
             else:
@@ -335,10 +338,12 @@ def _run_embed(args: argparse.Namespace) -> int:
         vectors = embed_texts(embedder, texts, args)
     except InputTooLong as e:  # the advice in this command's terms
         raise ValueError(
-            f"{e.where} has {e.num_tokens} tokens, over this model's limit of {e.max_length}; "
-            "shorten it or pass --truncate end (keep the beginning) or --truncate start (keep "
-            "the end)"
+            f"{_where(e.where, records, args)} has {e.num_tokens} tokens, over this model's "
+            f"limit of {e.max_length}; shorten it or pass --truncate end (keep the beginning) or "
+            "--truncate start (keep the end)"
         ) from None
+    except InputError as e:  # the file and line, not the position among every file's texts
+        raise ValueError(_where(e.message, records, args)) from None
     _write_or_print(vectors, records, args)
     return 0
 
@@ -397,6 +402,23 @@ def _run_rerank(args: argparse.Namespace) -> int:
     json.dump({"model": str(options.model), "scoring": scorer.kind, "results": results}, sys.stdout)
     sys.stdout.write("\n")
     return 0
+
+
+def _where(message: str, records: Records, args: argparse.Namespace) -> str:
+    """`message` with its `input[N]` named as the record it is: `FILE:LINE` (or `FILE:ID`), a
+    folder's file name (faults IV: "input[812]" of a folder of notes named nothing)."""
+    if args.input is None:
+        return message
+
+    def named(match: re.Match[str]) -> str:
+        n = int(match.group(1))
+        if n >= len(records.ids):
+            return match.group(0)
+        record = records.ids[n]
+        where = f"{args.input}:{record}" if args.input.is_file() else f"{args.input}/{record}"
+        return f"{where} ({match.group(0)})"
+
+    return re.sub(r"input\[(\d+)\]", named, message, count=1)
 
 
 def encode_options(args: argparse.Namespace) -> dict[str, Any]:

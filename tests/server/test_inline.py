@@ -206,3 +206,31 @@ def test_a_gpu_engine_is_refused() -> None:
             await service.start()
 
     asyncio.run(main())
+
+
+def test_a_request_that_never_queues_neither_holds_batches_nor_spins_the_loop() -> None:
+    """Faults IV: a slow upload or /health in flight counted as on its way: every batch waited
+    to the batch wait's deadline, the loop spinning with call_soon meanwhile."""
+    from embedserve.server import inline
+
+    engine = FakeEngine()
+    looks = [0]
+
+    async def body(service: InlineService) -> None:
+        service.in_process = lambda: 3  # two that never queue, beside each request
+        run_due = service._run_due
+
+        def counted() -> None:
+            looks[0] += 1
+            run_due()
+
+        service._run_due = counted  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        for i in (1, 2, 3):
+            start = loop.time()
+            await service.answer(req([i]))
+            assert loop.time() - start < 0.2  # far below the 1 s wait
+        assert engine.batches == [[1], [2], [3]]
+
+    run(engine, body, batch_wait=1.0)
+    assert looks[0] <= 3 * (inline.PATIENT_TURNS + 4)

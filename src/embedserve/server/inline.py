@@ -30,6 +30,12 @@ from embedserve.server.engine_thread import EngineThread
 from embedserve.server.service import EmbedService
 from embedserve.server.trim import TRIM_AFTER_TOKENS, release_free_memory
 
+# loop turns a batch waits, looking each turn, for requests this process holds that have not
+# queued, while none queues: a request read in this process queues within a few turns (its body,
+# its tokens); one that does not (a slow upload, /health, a slow reader) must neither hold every
+# batch to the batch wait's deadline nor spin the loop until it (faults IV)
+PATIENT_TURNS = 16
+
 
 class InlineService(EmbedService):
     """`EmbedService` stepping its engine on the event loop's thread (see the module)."""
@@ -41,6 +47,7 @@ class InlineService(EmbedService):
         # requests in this process that may still queue (`serve --one-process`: the gateway's in
         # flight, set by the process that holds both); none by default
         self.in_process: Callable[[], int] = lambda: 0
+        self._patience = (0, 0)  # (requests queued when last looked, turns looked since then)
 
     async def start(self, engine_thread: EngineThread | None = None) -> None:
         """Start answering on this loop: the engine must have been built on its thread (one
@@ -102,8 +109,13 @@ class InlineService(EmbedService):
         left = self._wait_left()
         if left <= 0 or self.scheduler.num_queued_tokens >= self.scheduler.config.max_batch_tokens:
             return 0.0
-        if self.in_process() > len(self.scheduler):
-            return None
+        queued = len(self.scheduler)
+        if self.in_process() > queued:
+            seen, turns = self._patience
+            turns = turns + 1 if queued == seen else 1
+            self._patience = (queued, turns)
+            if turns <= PATIENT_TURNS:
+                return None
         return 0.0 if self._batch_full() else left
 
     @staticmethod

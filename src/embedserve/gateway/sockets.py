@@ -11,7 +11,7 @@ import multiprocessing.process
 import socket
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from embedserve.processes import START_TIMEOUT_S
 
@@ -77,11 +77,18 @@ def _grpc_port_error(host: str, port: int, e: OSError) -> ValueError:
     )
 
 
-def wait_until_up(url: str, processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
-    """Until `url` answers 200 (the workers are up); a RuntimeError if a worker dies first or
-    after `START_TIMEOUT_S` (a `--one-process` worker builds its engine first)."""
+def wait_until_up(
+    url: str,
+    processes: Sequence[multiprocessing.process.BaseProcess],
+    stopped: Callable[[], bool] = lambda: False,
+) -> None:
+    """Until `url` answers 200 (the workers are up); a RuntimeError if a worker dies first, a
+    stop is asked (`stopped`) or after `START_TIMEOUT_S` (a `--one-process` worker builds its
+    engine first)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
+        if stopped():
+            raise RuntimeError("stopped before the workers were up")
         if not all(p.is_alive() for p in processes):
             raise RuntimeError("a gateway worker exited during startup")
         try:

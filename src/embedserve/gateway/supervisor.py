@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from embedserve.gateway.sockets import bind, reserve_port, wait_until_up
-from embedserve.gateway.workers import Workers
+from embedserve.gateway.workers import Stop, Workers
 from embedserve.processes import say, write_ready
 
 
@@ -29,24 +29,18 @@ def supervise(
     if grpc_sock is not None:
         config = dataclasses.replace(config, tei_grpc_port=grpc_sock.getsockname()[1])
     workers = Workers(config, sock, worker)
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        if not stopping:
-            stopping = True
-            say("embedserve gateway: draining")
-            workers.signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # the workers drain for --drain-seconds, and kill themselves 10 s after it (`run_worker`)
+    stop = Stop(workers, config.drain_seconds + 10)
+    signal.signal(signal.SIGTERM, stop.ask)
+    signal.signal(signal.SIGINT, stop.ask)
     signal.signal(signal.SIGHUP, lambda signum, frame: workers.signal(signal.SIGHUP))
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"http://{host}:{port}"
     try:
-        wait_until_up(f"{url}/health", workers.processes)
+        wait_until_up(f"{url}/health", workers.processes, lambda: stop.asked > 0)
     except RuntimeError as e:
-        stop(signal.SIGTERM, None)
+        stop.ask(signal.SIGTERM, None)
+        stop.carry_out()
         workers.join(10)
         say(f"embedserve gateway: error: {e}", err=True)
         return 1
@@ -64,9 +58,11 @@ def supervise(
     # NOTE: `keep` before `alive`: the one worker of `--workers 1` found dead must be given its
     # restart (which `alive` then counts), not taken for the end of the gateway
     while True:
+        stopping = stop.carry_out()
         if not stopping and not workers.keep():
             say("embedserve gateway: a worker keeps exiting; stopping", err=True)
-            stop(signal.SIGTERM, None)
+            stop.ask(signal.SIGTERM, None)
+            continue
         if not workers.alive():
             break
         time.sleep(0.2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.process
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -71,7 +72,7 @@ class Workers:
         return any(p.is_alive() for p in self.processes) or bool(self.due)
 
     def signal(self, signum: int) -> None:
-        self.due.clear()  # a worker waiting for its restart is not started again
+        """`signum` to each live worker (SIGHUP: reopen logs); a stop goes through `Stop`."""
         for p in self.processes:
             if p.pid is not None and p.is_alive():
                 os.kill(p.pid, signum)
@@ -93,3 +94,48 @@ def _forget_live_metrics(pid: int | None) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(pid, directory)
+
+
+class Stop:
+    """SIGTERM / Ctrl-C as a request the supervisor's loop finishes (`carry_out`, each turn).
+    The handler (`ask`) counts it and signals the live workers at once (the drain starts with
+    the signal), touching nothing of the restarts. NOTE: a handler that also cleared the
+    restarts could run while a worker was being started again: the new one was never signalled
+    (the supervisor then waited for ever, a second signal ignored) or the restart's bookkeeping
+    raised KeyError; the loop now clears them and signals a worker started meanwhile. Each live
+    worker is sent SIGTERM once; past `grace` seconds, or at a second signal, what is left is
+    killed."""
+
+    def __init__(self, workers: Workers, grace: float) -> None:
+        self.workers, self.grace = workers, grace
+        self.asked = 0
+        self.deadline: float | None = None  # the grace's end, from the first signal
+        self.signalled: set[int] = set()
+        self._restarts_cleared = False
+
+    def ask(self, signum: int, frame: object) -> None:
+        self.asked += 1
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.grace
+        self._signal(kill=self.asked > 1)
+
+    def carry_out(self) -> bool:
+        """Signal what the requests so far call for; True once a stop has been asked."""
+        if not self.asked or self.deadline is None:
+            return False
+        if not self._restarts_cleared:
+            say("embedserve gateway: draining")
+            self._restarts_cleared = True
+            self.workers.due.clear()  # a worker waiting for its restart is not started again
+        self._signal(kill=self.asked > 1 or time.monotonic() > self.deadline)
+        return True
+
+    def _signal(self, kill: bool) -> None:
+        for p in self.workers.processes:
+            if p.pid is None or not p.is_alive():
+                continue
+            if kill:
+                os.kill(p.pid, signal.SIGKILL)
+            elif p.pid not in self.signalled:
+                os.kill(p.pid, signal.SIGTERM)
+                self.signalled.add(p.pid)

@@ -134,7 +134,11 @@ def test_models_and_the_wrong_task(reranker_url: str) -> None:
             {"query": QUERY, "documents": DOCS, "top": 1},
             "unrecognized request argument",
         ),
-        ("/v1/rerank", {"query": QUERY, "documents": ["x " * 600]}, "documents[0]"),
+        (
+            "/v1/rerank",
+            {"query": QUERY, "documents": ["x " * 600], "truncate": False},
+            "documents[0]",
+        ),
         ("/v1/rerank", {"query": QUERY, "documents": DOCS, "model": "other"}, "not served here"),
         (
             "/rerank",
@@ -154,6 +158,21 @@ def test_an_over_long_pair_with_truncate_is_answered(reranker_url: str) -> None:
     body = {"query": QUERY, "documents": ["x " * 600, DOCS[0]], "truncate": "end"}
     status, reply = post(reranker_url, "/v1/rerank", body)
     assert status == 200 and len(reply["results"]) == 2
+
+
+def test_v1_rerank_cuts_an_over_long_document_unless_told_not_to(reranker_url: str) -> None:
+    """Faults IV: Cohere's rerank API cuts long documents, and its v1 client raised on our 400;
+    `truncate: false` still refuses, naming the document."""
+    docs = ["x " * 600, DOCS[0]]
+    status, cut = post(reranker_url, "/v1/rerank", {"query": QUERY, "documents": docs})
+    assert status == 200, cut
+    _, asked = post(reranker_url, "/v1/rerank", {"query": QUERY, "documents": docs,
+                                                 "truncate": "end"})  # fmt: skip
+    assert cut["results"] == asked["results"]
+    status, refused = post(
+        reranker_url, "/v1/rerank", {"query": QUERY, "documents": docs, "truncate": False}
+    )
+    assert status == 400 and "documents[0]" in refused["error"]["message"]
 
 
 def test_an_embedding_model_reranks_by_cosine(served: str) -> None:

@@ -24,7 +24,7 @@ from embedserve.core.inputs import InputPreparer
 from embedserve.core.pairs import check_top_n, ranked
 from embedserve.gateway.errors import bad_request
 from embedserve.gateway.requests import EmbedJob, Limits, check_model, check_object
-from embedserve.gateway.scoring import ScoreJob, documents_of
+from embedserve.gateway.scoring import RERANK_TRUNCATE, ScoreJob, documents_of
 
 EMBED_FIELDS = frozenset(
     {"model", "texts", "inputs", "input_type", "embedding_types", "truncate",
@@ -194,7 +194,7 @@ def parse_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, int | None]:
             raise bad_request(f"{key!r} is required", param=key, code="missing_required_parameter")
     top_n = check_top_n(body.get("top_n"))
     docs = documents_of(body["documents"], "documents", limits)
-    return ScoreJob([(body["query"], docs)], "end", None), top_n
+    return ScoreJob([(body["query"], docs)], RERANK_TRUNCATE, None), top_n
 
 
 def rerank_body(scores: np.ndarray, top_n: int | None) -> dict[str, Any]:

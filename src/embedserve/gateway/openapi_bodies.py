@@ -20,6 +20,7 @@ from embedserve.gateway.openapi_types import (
     string,
 )
 from embedserve.gateway.requests import ENCODING_FORMATS, Limits
+from embedserve.gateway.scoring import RERANK_TRUNCATE
 
 # a string with something in it: blank queries, documents and chunks are refused
 NOT_BLANK = string(min_length=1, pattern=r"\S")
@@ -110,7 +111,7 @@ def rerank_request(limits: Limits) -> Schema:
         Field("documents", documents(limits), required=True),
         Field("top_n", integer(minimum=1)),
         Field("return_documents", boolean(default=False)),
-        Field("truncate", choice(*PAIR_TRUNCATE)),
+        Field("truncate", choice(*PAIR_TRUNCATE, default=RERANK_TRUNCATE)),
         Field("instruction", string(min_length=1)),
         Field("model", model_name(limits)),
         Field("weights", weights()),

@@ -88,6 +88,11 @@ def documents_of(value: Any, param: str, limits: Limits) -> list[str]:
     return docs
 
 
+# what `/v1/rerank` does with an over-long document when the body does not say (`/v2/rerank`
+# always cuts, as Cohere does)
+RERANK_TRUNCATE = "end"
+
+
 def parse_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, int | None, bool]:
     """`/v1/rerank`: the job, `top_n` (None: all) and `return_documents`."""
     body = check_object(body, RERANK_FIELDS)
@@ -100,10 +105,13 @@ def parse_rerank(body: Any, limits: Limits) -> tuple[ScoreJob, int | None, bool]
         )
     top_n = check_top_n(body.get("top_n"))
     docs = documents_of(body["documents"], "documents", limits)
+    # NOTE: Cohere's rerank API cuts long documents rather than refusing them, and its clients
+    # (v1 among them) expect an answer: an over-long document keeps its beginning unless the
+    # body says otherwise (`"truncate": false` refuses it, as before)
+    truncate = body.get("truncate", RERANK_TRUNCATE)
     job = ScoreJob(
-        [(body["query"], docs)], body.get("truncate"), body.get("instruction"),
-        weights=_weights(body, limits),
-    )  # fmt: skip
+        [(body["query"], docs)], truncate, body.get("instruction"), weights=_weights(body, limits)
+    )
     return job, top_n, flag(body, "return_documents")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedserve.cli.embed import read_texts
+from embedserve.cli.embed_inputs import read_texts
 from embedserve.cli.main import main
 from embedserve.embedder import Embedder
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedserve.cli.embed import read_records
+from embedserve.cli.embed_inputs import read_records
 from embedserve.indexing.files import split_lines, text_lines
 
 # U+2028 LINE SEPARATOR, U+0085 NEXT LINE, a form feed, U+2029: str.splitlines splits at each
@@ -56,7 +56,7 @@ def test_split_lines(text: str, lines: list[str]) -> None:
 
 
 def test_skip_empty_leaves_out_whitespace_and_a_lone_md_is_one_document(tmp_path: Path) -> None:
-    from embedserve.cli.embed import read_inputs
+    from embedserve.cli.embed_inputs import read_inputs
 
     notes = tmp_path / "notes"
     notes.mkdir()
@@ -77,10 +77,10 @@ def test_skip_empty_leaves_out_whitespace_and_a_lone_md_is_one_document(tmp_path
 def test_an_error_names_the_file_and_line_not_the_position(tmp_path: Path) -> None:
     import argparse
 
-    from embedserve.cli.embed import Records, _where
+    from embedserve.cli.embed_inputs import Records, named_where
 
     records = Records(ids=["a.md", "b.jsonl:7"], texts=["x", "y"])
     args = argparse.Namespace(input=tmp_path)
-    said = _where("input[1] is empty after the tokenizer's normalization", records, args)
+    said = named_where("input[1] is empty after the tokenizer's normalization", records, args)
     assert said.startswith(f"{tmp_path}/b.jsonl:7 (input[1])")
-    assert _where("input[1] x", records, argparse.Namespace(input=None)) == "input[1] x"
+    assert named_where("input[1] x", records, argparse.Namespace(input=None)) == "input[1] x"

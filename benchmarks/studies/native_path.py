@@ -96,9 +96,12 @@ def lua_script(bodies: list[bytes], folder: Path) -> Path:
     return path
 
 
+PIN = True  # null engine on 2 cores only: a real engine's threads take both cores, as users run it
+
+
 def pin(pid: int, core: int) -> None:
     """Every thread of `pid` and of the processes below it onto `core` (2-core machines only)."""
-    if os.cpu_count() != 2:
+    if os.cpu_count() != 2 or not PIN:
         return
     for p in {pid, *descendants(pid)}:
         subprocess.run(["taskset", "-a", "-p", "-c", str(core), str(p)], capture_output=True)
@@ -114,7 +117,7 @@ WRK = "wrk"  # `--wrk`: its path
 
 def wrk(port: int, script: Path, connections: int, seconds: float) -> dict[str, float]:
     threads = 1 if os.cpu_count() == 2 else min(4, connections)
-    pinned = ["taskset", "-c", "1"] if os.cpu_count() == 2 else []
+    pinned = ["taskset", "-c", "1"] if os.cpu_count() == 2 and PIN else []
     argv = [*pinned, WRK, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
             "--latency", "-s", str(script), f"http://127.0.0.1:{port}/v1/embeddings"]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
@@ -159,6 +162,28 @@ def measure(side: str, port: int, pids: list[int], loads: list[tuple[str, int, P
     return records
 
 
+def in_process(device: str, count: int = 400) -> list[dict[str, Any]]:
+    """One short query at a time through `Embedder.encode` in this process: the floor HTTP adds
+    to; p50 / p99 of `count` after 50 warm-up calls."""
+    import statistics
+
+    from embedserve.embedder import Embedder
+
+    embedder = Embedder(MODEL, device=device)
+    queries = corpus.queries(256)
+    times = []
+    for i in range(50 + count):
+        start = time.perf_counter()
+        embedder.encode([queries[i % len(queries)]])
+        times.append((time.perf_counter() - start) * 1e3)
+    times = sorted(times[50:])
+    base = {"system": "embedserve in process (Embedder.encode)", "model": "all-MiniLM-L6-v2",
+            "weights": "real", "dtype": "engine default", "batch": 1, "tokens": "short query",
+            "concurrency": 1, "scope": "in_process"}  # fmt: skip
+    return [{**base, "metric": "p50_ms", "value": round(statistics.median(times), 3)},
+            {**base, "metric": "p99_ms", "value": round(times[int(0.99 * len(times))], 3)}]  # fmt: skip
+
+
 def python_side(args: argparse.Namespace) -> tuple[list[Child], int]:
     """The Python path: the null server and a gateway, or `embedserve serve` with the engine."""
     if args.engine == "null":
@@ -172,7 +197,7 @@ def python_side(args: argparse.Namespace) -> tuple[list[Child], int]:
 
 
 def main() -> None:
-    global MODEL, WRK
+    global MODEL, WRK, PIN
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--threads", default="1", help="the native runtime's threads")
@@ -184,7 +209,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     ap.add_argument("--table", action="store_true", help="print every record, not the summary")
     args = ap.parse_args()
-    MODEL, WRK = args.model, args.wrk
+    MODEL, WRK, PIN = args.model, args.wrk, args.engine == "null"
     all_bodies = bodies()
     folder = Path(tempfile.mkdtemp(prefix="native-path-"))
     tokens = {name: mean_tokens(b) for name, b in all_bodies.items()}
@@ -192,7 +217,7 @@ def main() -> None:
     loads = [("queries", int(c), scripts["queries"], tokens["queries"])
              for c in args.connections.split(",")]  # fmt: skip
     loads.append(("passages", 4, scripts["passages"], tokens["passages"]))
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = in_process(args.device) if args.engine == "real" else []
     children, port = python_side(args)
     try:
         for c in children:
@@ -216,7 +241,7 @@ def main() -> None:
         native.stop()
     notes = (
         f"{'Null engine: every sequence answered at once with a fixed vector' if args.engine == 'null' else f'The real engine on {args.device}'}. "
-        f"{'Server side pinned to core 0, wrk 4.1 (one thread) to core 1' if os.cpu_count() == 2 else 'Nothing pinned'} "
+        f"{'Server side pinned to core 0, wrk 4.1 (one thread) to core 1' if os.cpu_count() == 2 and PIN else 'Nothing pinned'} "
         f"of {os.cpu_count()} cores. *_per_core: over the CPU seconds of the server side's "
         f"processes in the window (python: gateway and server processes; native: its one "
         f"process). Load average at the end {load1():.2f}."
@@ -239,7 +264,10 @@ def main() -> None:
 def summary(records: list[dict[str, Any]]) -> str:
     """A short table: each side and load's rate, latency and rate per core."""
     rows: dict[tuple[str, int, int], dict[str, float]] = {}
+    floor = {r["metric"]: r["value"] for r in records if r["scope"] == "in_process"}
     for r in records:
+        if r["scope"] == "in_process":
+            continue
         side = r["system"].split()[1]
         rows.setdefault((side, r["batch"], r["concurrency"]), {})[r["metric"]] = r["value"]
     lines = ["| side | batch | conns | req/s | p50 ms | p99 ms | req/s per core | tokens/s per core | errors |",
@@ -248,6 +276,9 @@ def summary(records: list[dict[str, Any]]) -> str:
         lines.append(f"| {side} | {batch} | {conns} | {m['requests_per_s']:,.0f} | {m['p50_ms']} "
                      f"| {m['p99_ms']} | {m['requests_per_core']:,.0f} "
                      f"| {m['tokens_per_core_s']:,.0f} | {m['errors']:.0f} |")  # fmt: skip
+    if floor:
+        lines.append(f"\nin process (Embedder.encode, one short query): p50 {floor['p50_ms']} ms, "
+                     f"p99 {floor['p99_ms']} ms")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -3,7 +3,7 @@
 PyLate 1.6 pins sentence-transformers 5.3.0 and transformers <= 5.3, and under the project's
 sentence-transformers 6 its folder loading is bypassed (markers and lengths fall back to the
 defaults), so it runs from its own reference environment, a `pip install --target` folder put
-first on PYTHONPATH (`PYLATE_ENV` in the test; README.md, "Tests", has the command).
+first on PYTHONPATH (`PYLATE_ENV` in the test; README.md, "Development", has the command).
 Usage: python pylate_reference.py IN.json OUT_DIR FOLDER..., IN holding {"queries": [...],
 "documents": [...]}; writes OUT_DIR/<folder name>.npz per folder (one process: PyLate's import
 is most of its time).

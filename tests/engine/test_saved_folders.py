@@ -222,7 +222,7 @@ def run_in_pylate_env(script: str, *args: str) -> None:
     if not (pylate_env / "pylate").exists():
         pytest.skip(
             f"PyLate's reference environment is missing ({pylate_env}): build it with "
-            "`python -m embedserve.devtools.pylate_env` (README.md, Tests)"
+            "`python -m embedserve.devtools.pylate_env` (README.md, Development)"
         )
     env = {**os.environ, "PYTHONPATH": str(pylate_env)}
     done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,

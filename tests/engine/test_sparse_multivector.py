@@ -316,7 +316,7 @@ def pylate_outputs(
     if not (PYLATE_ENV / "pylate").exists():
         pytest.skip(
             f"PyLate's reference environment is missing ({PYLATE_ENV}): build it with "
-            "`python -m embedserve.devtools.pylate_env` (README.md, Tests)"
+            "`python -m embedserve.devtools.pylate_env` (README.md, Development)"
         )
     work = tmp_path_factory.mktemp("pylate")
     texts = {"queries": COLBERT_QUERIES, "documents": COLBERT_DOCUMENTS}

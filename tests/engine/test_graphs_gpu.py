@@ -479,3 +479,20 @@ def test_qwen3_and_bert_with_and_without_epilogues_match_eager(
         chains = ("+silu", "+qkv-norm-rope", "+gelu-none")
         fused = [k for k in fast.stats.gemm_timings if k.endswith(chains)]
         assert bool(fused) == epilogues, fast.stats.gemm_timings
+
+
+def test_a_texts_vector_does_not_depend_on_its_batch_in_bf16(minilm_folder: Path) -> None:
+    """Faults IV: on the GPU (bf16, graphs) a text alone and beside short, long and many other
+    texts: cosine >= 0.9999 (duplicate collapsing and result caching rely on it)."""
+    from embedserve.embedder import Embedder
+
+    embedder = Embedder(minilm_folder, device="cuda")
+    text = "how do vector databases rank the documents they return?"
+    companions = [[], ["ok"], ["a long passage about search engines and indexes " * 8],
+                  [f"query {i} about topic {i % 5}" for i in range(40)]]  # fmt: skip
+    rows = []
+    for others in companions:
+        for _ in range(3):  # eager, capture, replay of each bucket
+            got = embedder.encode([*others[:1], text, *others[1:]])
+        rows.append(got[min(1, len(others))])
+    assert row_cosines(np.stack(rows[1:]), np.stack([rows[0]] * 3)).min() >= 0.9999

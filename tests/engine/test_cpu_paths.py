@@ -30,6 +30,7 @@ from embedserve.engine.onnx_encoder import (
     length_groups,
 )
 from embedserve.engine.placement import resolve_dtype
+from tests.engine.test_contention import Quiet
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -52,6 +53,9 @@ def onnx_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = Path(os.environ["XDG_CACHE_HOME"])
     monkeypatch.setattr(cpu_paths, "_choices_file", lambda: tmp_path / "cpu-paths.json")
     monkeypatch.setattr(cpu, "native_bf16", lambda: False)
+    # the machine seen as quiet: a choice timed beside other work is not remembered
+    # (tests/engine/test_contention.py), which these tests of remembering must not meet
+    monkeypatch.setattr(cpu_paths, "Neighbours", Quiet)
     return root
 
 

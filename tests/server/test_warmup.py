@@ -24,6 +24,16 @@ class TimedEngine:
         return SimpleNamespace(wait=lambda: None)
 
 
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine seen as quiet: the steps here sleep, and whatever else runs meanwhile would
+    read as contention and time them again (tests/engine/test_contention.py covers that)."""
+    from embedserve.engine import cpu_timing
+    from tests.engine.test_contention import Quiet
+
+    monkeypatch.setattr(cpu_timing, "Neighbours", Quiet)
+
+
 @pytest.mark.parametrize(
     ("rate", "budget"),
     [(40_000, 512), (10_000, 256), (1_000_000, 2048)],  # 1,000 -> 512; under 256 -> 256; cap

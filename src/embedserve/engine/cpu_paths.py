@@ -44,7 +44,13 @@ from torch import nn
 
 from embedserve.engine.batch import PackedBatch
 from embedserve.engine.cpu_executors import SizeSplit
-from embedserve.engine.cpu_timing import QUERY_TOKENS, TIMING_SHAPES, Run, measure
+from embedserve.engine.cpu_timing import (
+    QUERY_TOKENS,
+    TIMING_SHAPES,
+    Neighbours,
+    Run,
+    measure,
+)
 from embedserve.engine.fidelity import (
     FidelityError,
     Probe,
@@ -111,6 +117,9 @@ class CpuChoice:
     seconds: float = 0.0  # spent choosing (building, checking and timing the paths)
     # a split ("onnx+packed", "onnx+eager"): the most tokens of a batch ONNX Runtime runs
     split_tokens: int | None = None
+    # the cores other processes kept busy while the paths were timed, when over
+    # `cpu_timing.CONTENDED_CORES` (the choice is then not remembered)
+    contended_cores: float | None = None
 
     @property
     def name(self) -> str:
@@ -170,7 +179,14 @@ def choose(
             choice.remembered = True
             return served, choice
     served, choice = _choose(model, folder, run, probes, timing, None, outputs)
-    remember(key, choice.name)
+    if choice.contended_cores is None:
+        remember(key, choice.name)
+    else:  # not this machine's quiet figure: measured again at the next start
+        log.warning(
+            "cpu path %s measured while other processes kept %.1f cores busy: not remembered",
+            choice.name,
+            choice.contended_cores,
+        )
     return served, choice
 
 
@@ -281,7 +297,9 @@ def _choose(
     if asked:
         choice.path, choice.split_tokens = asked.partition("@")[0], plan(asked)[1]
     else:
-        ms = measure(built, run, timing, lambda path: _use_packed(model, path == "packed"))
+        with Neighbours() as neighbours:
+            ms = measure(built, run, timing, lambda path: _use_packed(model, path == "packed"))
+        choice.contended_cores = neighbours.cores if neighbours.contended else None
         choice.measured = [PathTiming(p, t[0], t[-1], cosines[p], t) for p, t in ms.items()]
         choice.path, choice.split_tokens = _fastest_plan(choice.measured)
     parts = choice.path.split("+")

@@ -6,6 +6,7 @@ batch after the first round is timed no more.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -43,6 +44,45 @@ DROP_MARGIN = 1.25
 # steps were 12 s of the choice's 37 s
 LONG_STEP = 0.5
 SEED = 39
+
+
+# other processes' cores during a timing past which it is contended: not kept as this machine's
+# quiet figure (two CPU servers starting at once settled on 512-token batches for 2,048, and a
+# path choice measured so was remembered)
+CONTENDED_CORES = 0.5
+
+
+class Neighbours:
+    """The cores other processes kept busy while the `with` block ran (`cores`): the machine's
+    busy time (/proc/stat) less this process's own CPU time, over the wall time."""
+
+    def __init__(self) -> None:
+        self.cores = 0.0
+
+    @staticmethod
+    def _busy() -> float:
+        """Seconds of busy CPU time of the whole machine (0 where /proc/stat cannot be read)."""
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return 0.0
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self) -> Neighbours:
+        self._start = (time.perf_counter(), self._busy(), sum(os.times()[:2]))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall, busy, own = self._start
+        wall = time.perf_counter() - wall
+        others = (self._busy() - busy) - (sum(os.times()[:2]) - own)
+        self.cores = max(0.0, others / wall) if wall > 0 and busy else 0.0
+
+    @property
+    def contended(self) -> bool:
+        return self.cores > CONTENDED_CORES
 
 
 def timing_batches(vocab_size: int, max_positions: int) -> tuple[PackedBatch, ...]:

@@ -142,6 +142,37 @@ def test_a_cancelled_member_leaves_the_others_their_answers() -> None:
     assert list(server.sent[0].seqlens) == [1, 1]
 
 
+def test_a_merged_call_whose_clients_all_left_is_cancelled_and_gives_its_slot_back() -> None:
+    """Faults IV: dead work ran to its end and held a calls-in-flight slot."""
+    started, cancelled = asyncio.Event(), []
+
+    async def slow_send(request: Any, num_tokens: int) -> Any:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(request)
+            raise
+
+    coalescer = Coalescer(slow_send, 100, max_in_flight=1)
+
+    async def calls() -> None:
+        members = [asyncio.ensure_future(coalescer.embed(encode_request([[i]], HEAD), 1))
+                   for i in (1, 2)]  # fmt: skip
+        await asyncio.wait_for(started.wait(), 5)
+        assert coalescer.in_flight == 1
+        for m in members:
+            m.cancel()  # both clients leave
+        await asyncio.gather(*members, return_exceptions=True)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        # while the loop still runs (it would cancel what is left when it ends)
+        assert len(cancelled) == 1 and list(cancelled[0].seqlens) == [1, 1]
+        assert coalescer.in_flight == 0
+
+    asyncio.run(calls())
+
+
 def test_each_member_learns_the_replicas_its_call_went_to() -> None:
     server = FakeServer()
     coalescer = Coalescer(server.send, 100)

@@ -20,7 +20,8 @@ large call nor rides in one: large calls go at once and apart, neither counted n
 that cannot merge (spans, outputs, a trace context) are neither merged nor bounded.
 
 Each request still gets its own answer or error as if it had gone alone: a merged call the
-server refuses for its content (a 4xx) is sent again call by call.
+server refuses for its content (a 4xx) is sent again call by call. A merged call whose members'
+clients have all gone is cancelled, as a lone call is (`transport.unless_disconnected`).
 """
 
 from __future__ import annotations
@@ -195,6 +196,15 @@ class Coalescer:
         task = asyncio.get_running_loop().create_task(self._together(part, counted))
         self._tasks.add(task)  # NOTE: a reference, or the loop may drop the task
         task.add_done_callback(self._tasks.discard)
+
+        def member_left(_: asyncio.Future[Any]) -> None:
+            # every member's client gone (their waits cancelled) before the answer: the merged
+            # call is cancelled too, so the server drops it and its slot is given back
+            if not task.done() and all(c.answer.cancelled() for c in part):
+                task.cancel()
+
+        for call in part:
+            call.answer.add_done_callback(member_left)
 
     def _parts(self, calls: list[_Waiting], limit: int | None = None) -> list[list[_Waiting]]:
         """`calls` in order, cut into parts of at most `limit` tokens (`max_tokens`)."""

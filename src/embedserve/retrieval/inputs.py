@@ -3,7 +3,9 @@ and filled up to it with the mask token (query expansion), documents cut to the 
 
 PyLate tokenizes with a limit one below the length (the marker is inserted after tokenizing), so
 do we. A query is always cut and expanded to exactly `query_length` tokens (that is the model's
-query); a document over `document_length` follows `truncate` (an error unless "end"/"start").
+query); a document over `document_length` is cut there too, keeping its beginning (PyLate's
+rule, how the model was trained: a 206-token document to a 179-token model was a 400 whose
+advice, truncate "chunk", was refused as well), or its end with `truncate="start"`.
 With `attend_to_expansion_tokens` off, the expansion tokens attend to the query but nothing
 attends to them: `visible` says how many leading tokens of each sequence are attended to.
 """
@@ -41,7 +43,8 @@ class ColbertInputs:
             raise InputError("a ColBERT model takes texts (strings), not token ids")
         spec = self.spec
         tokens = self.query_tokens if query else self.document_tokens
-        ids = tokens.encode(texts, truncate="end" if query else truncate)
+        cut: Cut = "start" if truncate == "start" and not query else "end"
+        ids = tokens.encode(texts, truncate=cut)
         refuse_empty(tokens, texts, ids)  # the markers alone are no text either
         marker = spec.query_prefix_id if query else spec.document_prefix_id
         seqs = [[*s[:1], marker, *s[1:]] if marker is not None else list(s) for s in ids]

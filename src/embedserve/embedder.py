@@ -16,6 +16,7 @@ import numpy as np
 import embedserve.cpu_threads  # noqa: F401  (how torch's CPU threads wait: before torch loads)
 from embedserve.core.budget import by_length_groups, in_input_order, split_in_input_order
 from embedserve.core.chunking import DEFAULT_SEPARATOR, MAX_CHUNKS_PER_DOCUMENT, packed_spans
+from embedserve.core.duplicates import unique_sequences
 from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs, Truncate
 from embedserve.core.tokenization import TextTokenizer
@@ -327,7 +328,12 @@ class Embedder:
                 progress.close()
 
     def _embed(self, ids: Sequence[Sequence[int]], batch_tokens: int, progress: Any) -> np.ndarray:
-        return run_batches(self.engine, ids, batch_tokens, progress)
+        unique, back = unique_sequences(ids)  # each distinct sequence once (`core.duplicates`)
+        if back is None:
+            return run_batches(self.engine, ids, batch_tokens, progress)
+        if progress is not None:  # the copies' tokens are done as their originals are
+            progress.update(sum(map(len, ids)) - sum(map(len, unique)))
+        return run_batches(self.engine, unique, batch_tokens, progress)[back]
 
 
 def run_batches(

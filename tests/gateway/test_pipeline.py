@@ -131,3 +131,25 @@ def test_a_server_s_failure_text_stays_in_the_log(
     assert "req-7" in e.value.message and "the gateway's log" in e.value.message
     assert "pid" not in e.value.message and "GiB" not in e.value.message
     assert "req-7" in caplog.text and "pid 4242; 3.20 GiB" in caplog.text
+
+
+def test_duplicate_inputs_are_sent_once_and_copied_in_order(inputs: InputPreparer) -> None:
+    """Issue 56: identical sequences of one request go to the servers once; every input gets its
+    row, in order, and the usage still counts every input's tokens."""
+    replicas = CountingReplicas()
+    limits = PipelineLimits(max_tokens_per_request=10_000, part_tokens=1_000, parts_in_flight=2)
+    pipeline = Pipeline(inputs, replicas, limits)  # type: ignore[arg-type]
+    ids = [[100 + i % 3, 7, 8] for i in range(9)]  # three distinct, each three times
+    sent: list[int] = []
+    embed = replicas.embed
+
+    async def recording(request: Any, num_tokens: int) -> Any:
+        sent.append(len(request.seqlens))
+        return await embed(request, num_tokens)
+
+    replicas.embed = recording  # type: ignore[method-assign]
+    rows, num_tokens = asyncio.run(
+        pipeline.embed(EmbedJob(ids, InputOptions(), Head(1, False, "float32"), "float"))
+    )
+    assert sum(sent) == 3 and num_tokens == 27
+    assert rows[:, 0].tolist() == [100 + i % 3 for i in range(9)]

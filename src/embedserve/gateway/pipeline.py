@@ -41,6 +41,7 @@ from embedserve.core.budget import (
     split_rows,
 )
 from embedserve.core.chunking import packed_spans
+from embedserve.core.duplicates import unique_sequences
 from embedserve.core.head import Head
 from embedserve.core.inputs import InputOptions, InputPreparer, PreparedInputs
 from embedserve.core.pairs import (
@@ -156,13 +157,14 @@ class Pipeline:
 
     async def _encode(self, prepared: PreparedInputs, head: Head) -> np.ndarray:
         """The prepared inputs' vectors, through the servers in token-budget parts."""
-        seqs = prepared.seqs
+        seqs, back = unique_sequences(prepared.seqs)  # each distinct one once (`core.duplicates`)
         model_head = prepared.model_side_head(head)
         groups = by_length_groups([len(s) for s in seqs], self.limits.part_tokens)
         rows = await self._fan_out(
             [functools.partial(self._embed_part, [seqs[i] for i in g], model_head) for g in groups]
         )
-        return prepared.finish(in_input_order(rows, groups), head)
+        rows = in_input_order(rows, groups)
+        return prepared.finish(rows if back is None else rows[back], head)
 
     async def score(self, job: ScoreJob) -> tuple[np.ndarray, int]:
         """One score per document [N] float32 in the job's order, and the prompt tokens."""

@@ -10,6 +10,7 @@ as `harness_call("native_front:serve_native", MODEL, PORT, ENGINE, THREADS)`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,10 +31,25 @@ def packed_step(engine: Any) -> Any:
     return step
 
 
+def gateway_for(engine: Any, folder: Path, served: Any = None, **settings: Any) -> Any:
+    """The native gateway of `engine`'s model (its tokenizer, limits and Normalize) in front of
+    `served`'s step (default: the engine's own); `settings`: the Gateway's other keywords."""
+    from embedserve._native import Gateway
+
+    return Gateway(
+        str(folder / "tokenizer.json"),
+        packed_step(engine if served is None else served),
+        model="minilm",
+        max_length=engine.spec.max_seq_length,
+        batch_tokens=settings.pop("batch_tokens", engine.batch_tokens),
+        normalize=engine.spec.normalize,
+        **settings,
+    )
+
+
 def serve_native(
     model: str = "minilm", port: str = "0", engine: str = "null", threads: str = "1"
 ) -> None:
-    from embedserve._native import Gateway
     from embedserve.engine.engine import Engine
     from embedserve.loading.bundled import resolve_model
 
@@ -48,15 +64,6 @@ def serve_native(
         served: Any = NullEngine(real)
     else:
         served = real
-    gateway = Gateway(
-        str(folder / "tokenizer.json"),
-        packed_step(served),
-        model="minilm",
-        max_length=real.spec.max_seq_length,
-        batch_tokens=real.batch_tokens,
-        port=int(port),
-        threads=int(threads),
-        normalize=real.spec.normalize,
-    )
+    gateway = gateway_for(real, folder, served, port=int(port), threads=int(threads))
     print(f"native: ready on 127.0.0.1:{gateway.port}", flush=True)
     gateway.serve()

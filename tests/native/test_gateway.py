@@ -22,7 +22,7 @@ from embedserve.embedder import Embedder
 from embedserve.engine.fidelity import row_cosines
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from harness.native_front import packed_step
+from harness.native_front import gateway_for
 
 TEXTS = ["what is the capital of france", "Café déjà vu — naïve", "ok", "word " * 60]
 
@@ -34,17 +34,7 @@ def embedder(minilm_path: Path) -> Embedder:
 
 @pytest.fixture(scope="module")
 def gateway(embedder: Embedder, minilm_path: Path) -> Iterator[Gateway]:
-    engine = embedder.engine
-    gw = Gateway(
-        str(minilm_path / "tokenizer.json"),
-        packed_step(engine),
-        model="minilm",
-        max_length=engine.spec.max_seq_length,
-        batch_tokens=engine.batch_tokens,
-        max_body_bytes=4096,
-        max_inputs=8,
-        normalize=engine.spec.normalize,
-    )
+    gw = gateway_for(embedder.engine, minilm_path, max_body_bytes=4096, max_inputs=8)
     serving = threading.Thread(target=gw.serve, daemon=True)
     serving.start()
     yield gw
@@ -128,15 +118,7 @@ def test_a_large_request_is_cut_into_parts_and_answered_in_order(
 ) -> None:
     """Parts of at most `batch_tokens` (a text over it alone in its part), queued at once and
     re-assembled in order: the same vectors as one batch."""
-    engine = embedder.engine
-    small = Gateway(
-        str(minilm_path / "tokenizer.json"),
-        packed_step(engine),
-        model="minilm",
-        max_length=engine.spec.max_seq_length,
-        batch_tokens=32,
-        normalize=engine.spec.normalize,
-    )
+    small = gateway_for(embedder.engine, minilm_path, batch_tokens=32)
     serving = threading.Thread(target=small.serve, daemon=True)
     serving.start()
     try:

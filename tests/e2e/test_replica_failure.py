@@ -220,7 +220,9 @@ def test_an_overloaded_server_gives_429_and_keeps_serving() -> None:
     )
     try:
         url = gateway.wait_for(r"embedserve gateway: listening on (\S+)").group(1)
-        body = {"input": ["a sentence of some length to fill the queue " * 5] * 12}  # ~620 tokens
+        # ~620 tokens of twelve distinct texts (identical ones are embedded once: issue 56)
+        body = {"input": [f"{i} " + "a sentence of some length to fill the queue " * 5
+                          for i in range(12)]}  # fmt: skip
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             replies = list(
                 pool.map(

@@ -39,7 +39,8 @@ def supervise(
     try:
         wait_until_up(f"{url}/health", workers.processes, lambda: stop.asked > 0)
     except RuntimeError as e:
-        stop.ask(signal.SIGTERM, None)
+        if not stop.asked:  # a second ask would kill at once: the stop asked already drains
+            stop.ask(signal.SIGTERM, None)
         stop.carry_out()
         workers.join(10)
         say(f"embedserve gateway: error: {e}", err=True)

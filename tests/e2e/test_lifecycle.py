@@ -34,7 +34,9 @@ def test_sigterm_answers_new_requests_503_at_once_while_in_flight_ones_finish() 
     url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
     try:
         results: list[int] = []
-        big = {"input": ["a somewhat longer sentence to embed " * 6] * 300}
+        # distinct texts: identical ones are embedded once (issue 56), and 300 copies of one
+        # were done before the signal came, the worker gone before the new request's 503
+        big = {"input": [f"{i} " + "a somewhat longer sentence to embed " * 6 for i in range(300)]}
         worker = threading.Thread(
             target=lambda: results.append(call(url, "POST", "/v1/embeddings", big)[0])
         )

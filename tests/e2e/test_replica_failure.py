@@ -114,7 +114,8 @@ def test_sigterm_drains_in_flight_requests(split_stack: tuple[list[Proc], str]) 
 
     procs, url = split_stack
     results: list[int] = []
-    big = {"input": ["a somewhat longer sentence to embed " * 6] * 150}  # one chunk
+    # one chunk of distinct texts (identical ones are embedded once: issue 56)
+    big = {"input": [f"{i} " + "a somewhat longer sentence to embed " * 6 for i in range(150)]}
     worker = threading.Thread(
         target=lambda: results.append(call(url, "POST", "/v1/embeddings", big)[0])
     )

@@ -58,7 +58,10 @@ def test_a_second_signal_or_the_grace_kills_what_is_left(sent: list[tuple[int, i
     workers: Any = FakeWorkers([FakeProcess(20)])
     stop = Stop(workers, grace=30)
     stop.ask(signal.SIGINT, None)
+    stop.ask(signal.SIGTERM, None)  # the same stop twice at once (group + forward): one ask
     stop.carry_out()
+    assert sent == [(20, signal.SIGTERM)]
+    stop._first -= workers_module.AGAIN_AFTER_S  # a second later: a second ask
     stop.ask(signal.SIGINT, None)
     assert sent == [(20, signal.SIGTERM), (20, signal.SIGKILL)]
     sent.clear()

@@ -96,6 +96,10 @@ def _forget_live_metrics(pid: int | None) -> None:
     multiprocess.mark_process_dead(pid, directory)
 
 
+# a stop signal this long after the first is a second ask (kill now); sooner, the same one
+AGAIN_AFTER_S = 1.0
+
+
 class Stop:
     """SIGTERM / Ctrl-C as a request the supervisor's loop finishes (`carry_out`, each turn).
     The handler (`ask`) counts it and signals the live workers at once (the drain starts with
@@ -112,11 +116,18 @@ class Stop:
         self.deadline: float | None = None  # the grace's end, from the first signal
         self.signalled: set[int] = set()
         self._restarts_cleared = False
+        self._first = 0.0  # when the first stop came
 
     def ask(self, signum: int, frame: object) -> None:
-        self.asked += 1
+        now = time.monotonic()
         if self.deadline is None:
-            self.deadline = time.monotonic() + self.grace
+            self.deadline = now + self.grace
+            self._first = now
+        # NOTE: one stop often arrives twice at once (Ctrl-C reaches the whole process group and
+        # `serve` forwards a SIGTERM too): only a signal `AGAIN_AFTER_S` later is a second ask
+        elif now - self._first < AGAIN_AFTER_S:
+            return
+        self.asked += 1
         self._signal(kill=self.asked > 1)
 
     def carry_out(self) -> bool:

@@ -35,7 +35,11 @@ def gateway_for(engine: Any, folder: Path, served: Any = None, **settings: Any) 
     """The native gateway of `engine`'s model (its tokenizer, limits and Normalize) in front of
     `served`'s step (default: the engine's own); `settings`: the Gateway's other keywords."""
     from embedserve._native import Gateway
+    from embedserve.gateway.main import GatewayConfig
 
+    # the bounds the Python gateway declares, unless the caller sets its own
+    settings.setdefault("max_body_bytes", GatewayConfig.max_body_bytes)
+    settings.setdefault("max_inputs", GatewayConfig.max_inputs)
     return Gateway(
         str(folder / "tokenizer.json"),
         packed_step(engine if served is None else served),

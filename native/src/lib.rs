@@ -20,10 +20,6 @@ use ivy::http::{serve, Front};
 use ivy::tokenize::TextTokenizer;
 use tulip::Tulip;
 
-fn le_bytes(values: &[i32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
 /// A model's `tokenizer.json` through the `tokenizers` crate: the Python package's ids.
 #[pyclass(frozen, module = "embedserve._native")]
 struct Tokenizer {
@@ -77,10 +73,8 @@ impl Tokenizer {
         let packed = py
             .detach(|| self.inner.pack(&texts))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok((
-            PyBytes::new(py, &le_bytes(&packed.ids)),
-            PyBytes::new(py, &le_bytes(&packed.cu_seqlens)),
-        ))
+        let (ids, cu) = packed.le_bytes();
+        Ok((PyBytes::new(py, &ids), PyBytes::new(py, &cu)))
     }
 }
 
@@ -99,8 +93,8 @@ struct Gateway {
 impl Gateway {
     #[new]
     #[pyo3(signature = (
-        tokenizer, step, *, model, max_length, batch_tokens, host = "127.0.0.1", port = 0,
-        threads = 1, max_body_bytes = 16 << 20, max_inputs = 2048, max_queued_tokens = 1 << 20,
+        tokenizer, step, *, model, max_length, batch_tokens, max_body_bytes, max_inputs,
+        host = "127.0.0.1", port = 0, threads = 1, max_queued_tokens = 1 << 20,
         normalize = false,
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -110,11 +104,11 @@ impl Gateway {
         model: String,
         max_length: usize,
         batch_tokens: usize,
+        max_body_bytes: usize,
+        max_inputs: usize,
         host: &str,
         port: u16,
         threads: usize,
-        max_body_bytes: usize,
-        max_inputs: usize,
         max_queued_tokens: usize,
         normalize: bool,
     ) -> PyResult<Self> {

@@ -26,11 +26,11 @@ class Gateway:
         model: str,
         max_length: int,
         batch_tokens: int,
+        max_body_bytes: int,
+        max_inputs: int,
         host: str = ...,
         port: int = ...,
         threads: int = ...,
-        max_body_bytes: int = ...,
-        max_inputs: int = ...,
         max_queued_tokens: int = ...,
         normalize: bool = ...,
     ) -> None: ...

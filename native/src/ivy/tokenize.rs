@@ -59,6 +59,13 @@ impl Packed {
         parts
     }
 
+    /// `ids` and `cu_seqlens` as little-endian int32 bytes: what Python's `step` and
+    /// `Tokenizer.encode_packed` hand over (NumPy reads them with `frombuffer`).
+    pub fn le_bytes(&self) -> (Vec<u8>, Vec<u8>) {
+        let bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        (bytes(&self.ids), bytes(&self.cu_seqlens))
+    }
+
     /// Appends every sequence of `other` after this one's.
     pub fn extend(&mut self, other: &Packed) {
         let base = self.ids.len() as i32;

@@ -103,12 +103,7 @@ fn engine_loop(
         for job in &batch {
             packed.extend(&job.packed);
         }
-        let ids: Vec<u8> = packed.ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let cu: Vec<u8> = packed
-            .cu_seqlens
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+        let (ids, cu) = packed.le_bytes();
         let handle = Python::attach(|py| {
             step.call1(py, (PyBytes::new(py, &ids), PyBytes::new(py, &cu)))
                 .map_err(|e| e.to_string())

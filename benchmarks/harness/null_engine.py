@@ -7,7 +7,9 @@ What a benchmark measures through it is the ceiling of everything but the model:
 (HTTP, JSON, tokenization, splitting), the hop, and the server's per-request Python.
 
 Started by a benchmark as `harness_call("null_engine:serve_null", MODEL, PORT)`; it prints the
-server's own ready line.
+server's own ready line. `serve_native_null(model, port)` is `embedserve serve --native` (Ivy,
+Tulip and the engine in one process) in front of the same `NullEngine`; it prints `serve`'s ready
+line.
 """
 
 from __future__ import annotations
@@ -51,3 +53,14 @@ def serve_null(model: str = "minilm", port: str = "0") -> None:
     server_main.load_engine = lambda options: NullEngine(load(options))
     config = server_main.ServerConfig(EngineOptions(model=model), port=int(port))
     sys.exit(server_main.run(config))
+
+
+def serve_native_null(model: str = "minilm", port: str = "0", name: str = "minilm") -> None:
+    """`embedserve serve --native --device cpu` of `model` (as `name`) behind a `NullEngine`."""
+    from embedserve.cli.main import main
+    from embedserve.server import main as server_main
+
+    load = server_main.load_engine
+    server_main.load_engine = lambda options: NullEngine(load(options))
+    sys.exit(main(["serve", "--native", "--model", f"{name}={model}", "--port", port,
+                   "--device", "cpu"]))  # fmt: skip

@@ -1,20 +1,20 @@
-"""The native request path's prototype beside the Python path it replaces (issue 55, "measure
-first"), both in front of the null engine, in one run.
+"""The native request path (`embedserve serve --native`) beside the Python path it replaces
+(issue 55), both in front of the null engine, in one run.
 
 - python: the real `embedserve gateway` (1 worker: uvicorn, JSON, tokenization, the hop) and the
   real server process (queue, scheduler, engine and results threads) behind it
   (`harness/null_engine.py`);
-- native: `embedserve._native.Gateway` (Rust: hyper, serde, the `tokenizers` crate, the FCFS
+- native: `embedserve serve --native` (Rust: hyper, serde, the `tokenizers` crate, Tulip's FCFS
   token-budget queue) calling the same null engine's `step()` through pyo3, one process
-  (`harness/native_front.py`), its runtime on `--threads` threads.
+  (`harness/null_engine.py`'s `serve_native_null`).
 
 On a 2-core machine every server-side process is pinned to core 0 and the load generator, wrk,
 to core 1; elsewhere nothing is pinned. Each side's requests per core is requests over the CPU
 seconds its processes used in the window (`server_side_cores`). Loads: short queries (3-12
 words) at each of `--connections`, and requests of 100 passages (8-180 words, those within
 MiniLM's 256 tokens; base64 answers) at 4 connections; tokens counted with the model's own
-tokenizer. `--engine real` puts the real engine behind both instead (python: `embedserve
-serve --device D`; native: the prototype with the engine on D in its process).
+tokenizer. `--engine real` puts the real engine behind both instead (`embedserve serve
+--device D`, without and with `--native`), and times `Embedder.encode` in process as the floor.
 
     PYTHONPATH=src python3 benchmarks/studies/native_path.py [--seconds 5] [--out DIR]
         [--model FOLDER] [--connections 1,16,64] [--engine null|real --device cuda]
@@ -41,8 +41,7 @@ from studies.null_path import NAME, start_pair
 
 from embedserve.processes import Child, descendants
 
-READY_NATIVE = r"native: ready on 127\.0\.0\.1:(\d+)"
-LIMIT = 256  # MiniLM's tokens per text: the prototype refuses longer ones (no truncation yet)
+LIMIT = 256  # MiniLM's tokens per text: longer ones would be cut (the Python front's rule)
 
 
 MODEL = "minilm"  # `--model`: the folder both sides serve (as NAME)
@@ -200,7 +199,6 @@ def main() -> None:
     global MODEL, WRK, PIN
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--threads", default="1", help="the native runtime's threads")
     ap.add_argument("--model", default="minilm", help="a folder, or minilm (bundled)")
     ap.add_argument("--connections", default="1,16", help="of short queries, e.g. 1,16,64")
     ap.add_argument("--engine", choices=("null", "real"), default="null")
@@ -227,9 +225,12 @@ def main() -> None:
     finally:
         for c in children:
             c.stop()
-    engine = "null" if args.engine == "null" else args.device
-    native, ready = start(harness_call("native_front:serve_native", MODEL, "0", engine,
-                                       args.threads), READY_NATIVE)  # fmt: skip
+    if args.engine == "null":
+        argv = harness_call("null_engine:serve_native_null", MODEL, "0", NAME)
+    else:
+        argv = [*CLI, "serve", "--native", "--port", "0", "--model", f"{NAME}={MODEL}",
+                "--device", args.device]  # fmt: skip
+    native, ready = start(argv, SERVING)
     try:
         port = int(ready.group(1))
         wait_http(native, port)

@@ -11,14 +11,18 @@ pub mod tulip;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::sync::watch;
 
-use ivy::http::{serve, Front};
-use ivy::tokenize::TextTokenizer;
-use tulip::Tulip;
+use std::sync::atomic::Ordering;
+
+use ivy::admission::Admission;
+use ivy::http::{serve, Bounds, Front};
+use ivy::stats::{Stats, Taken};
+use ivy::tokenize::{Packed, TextTokenizer};
+use tulip::{Reply, Tulip};
 
 /// A model's `tokenizer.json` through the `tokenizers` crate: the Python package's ids.
 #[pyclass(frozen, module = "embedserve._native")]
@@ -78,13 +82,17 @@ impl Tokenizer {
     }
 }
 
-/// The native front: `POST /v1/embeddings` and `GET /health` on `host:port`, each request's
-/// ids queued for `step(ids, cu_seqlens) -> handle` (`handle.wait()`: float32 rows).
+/// The native front on `host:port`: the plain shape of `POST /v1/embeddings` answered here
+/// (its ids queued on Tulip, which calls `build()`'s `step(ids, cu_seqlens) -> handle` on its
+/// engine thread), every other request handed to the Python `front` (`ivy::fallback`).
 #[pyclass(frozen, module = "embedserve._native")]
 struct Gateway {
     // taken by the first shutdown; other threads read `port` and call `stop()` meanwhile
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    // the bound socket until `serve()` starts accepting on it
+    listener: Mutex<Option<std::net::TcpListener>>,
     stop: watch::Sender<bool>,
+    front: Arc<Front>,
     #[pyo3(get)]
     port: u16,
 }
@@ -93,32 +101,45 @@ struct Gateway {
 impl Gateway {
     #[new]
     #[pyo3(signature = (
-        tokenizer, step, *, model, max_length, batch_tokens, max_body_bytes, max_inputs,
-        host = "127.0.0.1", port = 0, threads = 1, max_queued_tokens = 1 << 20,
-        normalize = false,
+        tokenizer_json, build, front, *, names, max_length, fast, normalize, max_body_bytes,
+        max_inputs, max_tokens, part_tokens, body_timeout, header_timeout,
+        max_header_bytes, max_connections, hosts, keys, latency_buckets, host = "127.0.0.1",
+        port = 0, threads = 1,
+        max_queued_tokens = 1 << 20,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        tokenizer: &str,
-        step: Py<PyAny>,
-        model: String,
+        py: Python<'_>,
+        tokenizer_json: &str,
+        build: Py<PyAny>,
+        front: Py<PyAny>,
+        names: Vec<String>,
         max_length: usize,
-        batch_tokens: usize,
+        fast: bool,
+        normalize: bool,
         max_body_bytes: usize,
         max_inputs: usize,
+        max_tokens: usize,
+        part_tokens: usize,
+        body_timeout: f64,
+        header_timeout: f64,
+        max_header_bytes: usize,
+        max_connections: usize,
+        hosts: Vec<String>,
+        keys: Vec<Vec<u8>>,
+        latency_buckets: Vec<f64>,
         host: &str,
         port: u16,
         threads: usize,
         max_queued_tokens: usize,
-        normalize: bool,
     ) -> PyResult<Self> {
-        if threads == 0 || batch_tokens == 0 {
+        if threads == 0 || names.is_empty() {
             return Err(PyValueError::new_err(
-                "threads and batch_tokens must be positive",
+                "threads must be positive, and a name given",
             ));
         }
         let tokenizer =
-            TextTokenizer::from_file(tokenizer, max_length).map_err(PyValueError::new_err)?;
+            TextTokenizer::from_json(tokenizer_json, max_length).map_err(PyValueError::new_err)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("ivy")
@@ -129,29 +150,72 @@ impl Gateway {
             .map_err(|e| PyOSError::new_err(format!("cannot listen on {host}:{port}: {e}")))?;
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
-        let front = Arc::new(Front {
-            model,
-            tokenizer,
-            tulip: Tulip::start(step, batch_tokens, max_queued_tokens),
+        let seconds = |s: f64| Duration::from_secs_f64(s.max(0.001));
+        let tulip = Tulip::start(py, build, max_queued_tokens)?;
+        let bounds = Bounds {
             max_body_bytes,
             max_inputs,
-            part_tokens: batch_tokens,
+            max_tokens,
+            // 0: a part of a request is one batch of the engine's
+            part_tokens: if part_tokens == 0 {
+                tulip.batch_tokens
+            } else {
+                part_tokens
+            },
+            body_timeout: seconds(body_timeout),
+            header_timeout: seconds(header_timeout),
+            max_header_bytes,
+            max_connections,
+        };
+        let admission = Admission { hosts, keys };
+        let front = Arc::new(Front::new(
+            names,
+            tokenizer,
+            tulip,
+            front,
+            fast,
             normalize,
-        });
-        let (stop, stopped) = watch::channel(false);
-        let _guard = runtime.enter();
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        runtime.spawn(serve(front, listener, stopped));
+            bounds,
+            admission,
+            Stats::new(latency_buckets),
+        ));
+        let (stop, _) = watch::channel(false);
         Ok(Gateway {
             runtime: Mutex::new(Some(runtime)),
+            listener: Mutex::new(Some(listener)),
             stop,
+            front,
             port,
         })
     }
 
-    /// Serves until `stop()` or a signal (KeyboardInterrupt and the like are raised here).
+    /// The engine's tokens per batch (`build()`'s).
+    #[getter]
+    fn batch_tokens(&self) -> usize {
+        self.front.tulip.batch_tokens
+    }
+
+    /// Accepts and serves until `stop()` (the socket is bound at construction: connections made
+    /// before wait in its backlog); signals are handled meanwhile (Python's handlers run here,
+    /// and KeyboardInterrupt and the like are raised from here).
     fn serve(&self, py: Python<'_>) -> PyResult<()> {
+        let listener = self.listener.lock().ok().and_then(|mut l| l.take());
+        let Some(listener) = listener else {
+            return Err(PyRuntimeError::new_err("serve() was called already"));
+        };
         let mut stopped = self.stop.subscribe();
+        {
+            let runtime = self
+                .runtime
+                .lock()
+                .map_err(|_| PyRuntimeError::new_err("poisoned"))?;
+            let Some(runtime) = runtime.as_ref() else {
+                return Err(PyRuntimeError::new_err("the gateway has stopped"));
+            };
+            let _guard = runtime.enter();
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            runtime.spawn(serve(self.front.clone(), listener, self.stop.subscribe()));
+        }
         loop {
             if *stopped.borrow_and_update() {
                 break;
@@ -168,13 +232,47 @@ impl Gateway {
 
     /// Stops accepting; `serve()` returns.
     fn stop(&self) {
-        let _ = self.stop.send(true);
+        self.stop.send_replace(true);
+    }
+
+    /// Every request from now on is handed to the Python front (which answers 503 while it
+    /// drains); those in flight finish.
+    fn drain(&self) {
+        self.front.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Requests read and not yet answered.
+    #[getter]
+    fn in_flight(&self) -> usize {
+        self.front.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// What the requests answered here (not handed over) add to the metrics since the last
+    /// call: (requests, latency counts per bucket of `latency_buckets` and one over them,
+    /// latency seconds in all, tokens, inputs).
+    fn take_counts(&self) -> Taken {
+        self.front.stats.take()
+    }
+
+    /// The API keys in force from now on (the key file read again on SIGHUP).
+    fn set_api_keys(&self, keys: Vec<Vec<u8>>) {
+        if let Ok(mut admission) = self.front.admission.write() {
+            admission.keys = keys;
+        }
+    }
+
+    /// Queues a Python request's packed sequences (little-endian int32 bytes) on Tulip beside
+    /// the native ones; `callback(rows, width, queue_s, inference_s, error)` is called on the
+    /// thread that resolves its batch. False when the queue is full.
+    fn submit(&self, ids: &[u8], cu_seqlens: &[u8], callback: Py<PyAny>) -> PyResult<bool> {
+        let packed = Packed::from_le_bytes(ids, cu_seqlens).map_err(PyValueError::new_err)?;
+        Ok(self.front.tulip.queue(packed, Reply::Python(callback)))
     }
 }
 
 impl Gateway {
     fn shutdown(&self) {
-        let _ = self.stop.send(true);
+        self.stop.send_replace(true);
         let taken = self.runtime.lock().ok().and_then(|mut r| r.take());
         if let Some(runtime) = taken {
             runtime.shutdown_timeout(Duration::from_secs(1));
@@ -186,5 +284,6 @@ impl Gateway {
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Tokenizer>()?;
     module.add_class::<Gateway>()?;
+    module.add_class::<ivy::fallback::Reply>()?;
     Ok(())
 }

@@ -15,24 +15,52 @@ class Tokenizer:
     def encode_packed(self, texts: list[str]) -> tuple[bytes, bytes]: ...
 
 class Gateway:
-    """`POST /v1/embeddings` and `GET /health` in front of `step(ids, cu_seqlens) -> handle`."""
+    """`serve --native`'s front (native/src/lib.rs): Ivy answers the plain `POST /v1/embeddings`
+    itself, queued on Tulip, whose engine thread calls `build() -> (step, batch_tokens)` first and
+    then `step(ids, cu_seqlens) -> handle` per batch; every other request goes to `front`."""
 
     port: int
+    batch_tokens: int
+    in_flight: int
     def __init__(
         self,
-        tokenizer: str,
-        step: Callable[[bytes, bytes], Any],
+        tokenizer_json: str,
+        build: Callable[[], tuple[Callable[[bytes, bytes], Any], int]],
+        front: Callable[[str, str, list[tuple[bytes, bytes]], Reply], Any],
         *,
-        model: str,
+        names: list[str],
         max_length: int,
-        batch_tokens: int,
+        fast: bool,
+        normalize: bool,
         max_body_bytes: int,
         max_inputs: int,
+        max_tokens: int,
+        part_tokens: int,
+        body_timeout: float,
+        header_timeout: float,
+        max_header_bytes: int,
+        max_connections: int,
+        hosts: list[str],
+        keys: list[bytes],
+        latency_buckets: list[float],
         host: str = ...,
         port: int = ...,
         threads: int = ...,
         max_queued_tokens: int = ...,
-        normalize: bool = ...,
     ) -> None: ...
     def serve(self) -> None: ...
     def stop(self) -> None: ...
+    def drain(self) -> None: ...
+    def take_counts(self) -> tuple[int, list[int], float, int, int]: ...
+    def set_api_keys(self, keys: list[bytes]) -> None: ...
+    def submit(
+        self,
+        ids: bytes,
+        cu_seqlens: bytes,
+        callback: Callable[[bytes | None, int, float, float, str | None], None],
+    ) -> bool: ...
+
+class Reply:
+    """A handed-over request's answer: `send(status, headers, body)`, once."""
+
+    def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None: ...

@@ -66,6 +66,28 @@ impl Packed {
         (bytes(&self.ids), bytes(&self.cu_seqlens))
     }
 
+    /// The inverse of `le_bytes`: an error unless `cu_seqlens` starts at 0, never falls and
+    /// ends at the number of ids.
+    pub fn from_le_bytes(ids: &[u8], cu_seqlens: &[u8]) -> Result<Self, String> {
+        let ints = |b: &[u8]| -> Vec<i32> {
+            b.chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let (ids_, cu) = (ints(ids), ints(cu_seqlens));
+        let whole = ids.len().is_multiple_of(4) && cu_seqlens.len().is_multiple_of(4);
+        let ordered = cu.first() == Some(&0) && cu.windows(2).all(|w| w[0] <= w[1]);
+        if !whole || !ordered || cu.last().copied() != Some(ids_.len() as i32) {
+            return Err(
+                "not a packed batch: cu_seqlens must run from 0 to the number of ids".into(),
+            );
+        }
+        Ok(Packed {
+            ids: ids_,
+            cu_seqlens: cu,
+        })
+    }
+
     /// Appends every sequence of `other` after this one's.
     pub fn extend(&mut self, other: &Packed) {
         let base = self.ids.len() as i32;

@@ -6,4 +6,4 @@
 
 mod engine;
 
-pub use engine::{Answer, Job, Tulip};
+pub use engine::{Answer, Job, Reply, Rows, Tulip};

@@ -63,8 +63,17 @@ class ServeConfig(Options):
         '2-core Zen 5 (docs/serving.md, "One process")',
     )
 
+    native: bool = option(
+        False,
+        "one process with the native front (Rust: HTTP, JSON, tokenization, the FCFS queue) "
+        "before the engine, on a GPU or the CPU; one dense embedding model "
+        '(docs/native.md, "serve --native")',
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.one_process and self.native:
+            raise ValueError("--one-process and --native are two shapes of one process: give one")
         if self.num_replicas < 0:
             raise ValueError(
                 f"--replicas must be 0 (one per GPU) or positive, got {self.num_replicas}"
@@ -203,13 +212,28 @@ def _with(section: ModelSection, config: Any) -> Any:
         raise ValueError(f"{section.where}: {e}") from None
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    configs, gateway = serve_configs(args)
-    if ServeConfig.from_args(args).one_process:
+def _in_one_process(args: argparse.Namespace) -> Any:
+    """`run(server, gateway)` of `--native` or `--one-process`, once `check(...)` passes on
+    `serve`'s configs; None for the usual processes."""
+    serve = ServeConfig.from_args(args)
+    if serve.native:
+        from embedserve.cli.native import check_native, run_native
+
+        return check_native, run_native
+    if serve.one_process:
         from embedserve.cli.one_process import check_one_process, run_one_process
 
-        check_one_process(configs, gateway, ServeConfig.from_args(args).num_replicas)
-        return run_one_process(configs[0], gateway)
+        return check_one_process, run_one_process
+    return None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    configs, gateway = serve_configs(args)
+    one_process = _in_one_process(args)
+    if one_process is not None:
+        check, run = one_process
+        check(configs, gateway, ServeConfig.from_args(args).num_replicas)
+        return int(run(configs[0], gateway))
     if gateway.port:  # the HTTP port, before any model loads: a taken port fails in a second
         from embedserve.gateway.sockets import bind
 

@@ -115,6 +115,12 @@ class TextTokenizer:
         self.max_piece_chars = max(WHOLE_CHARS, self.window_chars << PIECE_DOUBLINGS)
 
     @property
+    def json(self) -> str:
+        """The tokenizer of a whole text as its JSON (no cut: the limit is checked, not
+        applied), for the native front's tokenizer of plain requests (`cli/native.py`)."""
+        return str(self._full.to_str())
+
+    @property
     def vocab_size(self) -> int:
         return int(self._full.get_vocab_size(with_added_tokens=True))
 

@@ -34,6 +34,8 @@ _REQUEST_MODEL: contextvars.ContextVar[str] = contextvars.ContextVar(
 )
 # NOTE: prometheus_client reads this when it is imported; the gateway launcher sets it for workers.
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+# seconds: the request latency histogram's bounds (the native front counts in the same ones)
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
 
 class Metrics:
@@ -45,6 +47,9 @@ class Metrics:
         self._add_replica_metrics(by_model)
         self._add_stall_metrics()
         self._route_children: dict[tuple[str, int, str], tuple[Any, Any]] = {}
+        # `serve --native`: the counts of the requests answered natively since the last scrape
+        # (`native/src/ivy/stats.rs`), taken at each export
+        self.native_counts: Callable[[], tuple[int, list[int], float, int, int]] | None = None
         # the replica series there are: (address,) or, by model, (address, model)
         self._labelled: set[tuple[str, ...]] = set()
 
@@ -60,7 +65,7 @@ class Metrics:
             "embedserve_gateway_request_seconds",
             "HTTP request latency by route",
             ["route", *by_model],
-            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.prompt_tokens = prom.Counter(
@@ -194,7 +199,26 @@ class Metrics:
             self.healthy.labels(*labels).set(float(r.healthy))
             self.outstanding.labels(*labels).set(r.outstanding_tokens)
 
+    def add_native(self, route: str, counts: tuple[int, list[int], float, int, int]) -> None:
+        """The native front's answers on `route` since the last scrape into the same series:
+        (requests, latency counts per bucket, seconds in all, tokens, inputs); all 200s (it
+        hands every other answer to this front)."""
+        requests, buckets, seconds, tokens, inputs = counts
+        if not requests:
+            return
+        count, latency = self.route(route, 200)
+        count.inc(requests)
+        # NOTE: prometheus_client observes one value at a time; tens of thousands a second are
+        # added to the child's own per-bucket counters (not cumulative, as `observe` keeps them)
+        for bucket, n in zip(latency._buckets, buckets, strict=True):
+            bucket.inc(n)
+        latency._sum.inc(seconds)
+        self.prompt_tokens.inc(tokens)  # one model: no model label
+        self.inputs.inc(inputs)
+
     def _export(self, replicas: dict[tuple[str, ...], Replica]) -> bytes:
+        if self.native_counts is not None:
+            self.add_native("/v1/embeddings", self.native_counts())
         self.refresh(replicas)
         registry = self.registry
         if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files

@@ -1,0 +1,195 @@
+"""`serve --native`: the native front (Ivy and Tulip, `native/`) and the engine in one process.
+
+Ivy reads every HTTP request. The plain shape of `POST /v1/embeddings` (text input, `model`,
+`encoding_format` float or base64) is answered there: tokenized in Rust, queued on Tulip, whose
+engine thread builds the engine and then calls its `step()` with the GIL held for that call
+alone, and written in Rust. Every other request (the other routes, the other options, every
+refusal) is handed to the gateway's ASGI app, run here on an event loop of its own thread
+(`gateway/native_front.py`), whose pipeline queues on the same Tulip (`server/tulip_calls.py`):
+one queue, one engine, each rule and each error message written once, in Python.
+
+One model, one engine (a GPU or the CPU), dense embedding models only for now (issue 55: the
+scoring, sparse and multi-vector routes are next); `serve` without `--native` serves the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from embedserve.gateway.connections import fit_to_fd_limit
+from embedserve.gateway.main import GatewayConfig
+from embedserve.gateway.metrics import LATENCY_BUCKETS
+from embedserve.gateway.replicas import IN_PROCESS, IN_PROCESS_ADDRESS
+from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
+from embedserve.gateway.workers import AGAIN_AFTER_S
+from embedserve.processes import say
+from embedserve.server.main import ServerConfig
+
+
+def ivy_threads(cores: int | None) -> int:
+    """Ivy's worker threads: one per 4 cores, 1 to 4 (the engine and results threads, and the
+    Python front's loop, need the rest)."""
+    return max(1, min(4, (cores or 1) // 4))
+
+
+def check_native(servers: list[ServerConfig], gateway: GatewayConfig, replicas: int) -> None:
+    """A ValueError unless `serve`'s configs are one model on one engine, one worker."""
+    if len(gateway.entries) != 1:
+        raise ValueError(
+            f"--native serves one model; these flags ask {len(gateway.entries)} (give one --model)"
+        )
+    if replicas > 1:
+        raise ValueError(f"--native serves from one engine; --replicas {replicas} was given")
+    if gateway.workers > 1:  # 0: the default
+        raise ValueError(f"--native runs one process; --workers {gateway.workers} was given")
+
+
+def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
+    """Serve until SIGTERM / Ctrl-C (0); a model the native front cannot serve is a ValueError
+    before the engine loads."""
+    from embedserve.gateway.auth import KeyRing
+    from embedserve.gateway.main import build_app
+    from embedserve.gateway.native_front import Lifespan, PythonFront
+    from embedserve.server.tulip_calls import TulipCalls
+
+    limits, inputs, plain = _served_model(gateway)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="python-front", daemon=True).start()
+    calls = TulipCalls(loop, limits.hidden_size, inputs.spec.output_rules)
+    IN_PROCESS[IN_PROCESS_ADDRESS] = (calls.embed, calls.check)
+    keys = KeyRing(gateway.api_keys, gateway.api_key_file)
+    front = PythonFront(loop, gateway.host, gateway.port)
+    native = _native_gateway(server, gateway, inputs, plain, front, sorted(keys()))
+    calls.gateway = native
+    config = dataclasses.replace(
+        gateway,
+        replicas=(IN_PROCESS_ADDRESS,),
+        workers=1,
+        calls_in_flight=0,
+        part_tokens=gateway.entries[0].limits["part_tokens"] or native.batch_tokens,
+    )
+    app = build_app(config, keys)
+    app.metrics.native_counts = native.take_counts
+    front.app = app
+    lifespan = Lifespan(app, loop)
+    lifespan.startup()
+    _on_signals(native, app, loop, keys, config.drain_seconds)
+    url = f"http://{gateway.host}:{native.port}"
+    say(
+        f"embedserve: serving {gateway.entries[0].names[0]} at {url} (native front: plain "
+        f"embeddings {'answered natively' if plain else 'through the Python front'}; batch "
+        f"tokens {native.batch_tokens})"
+    )
+    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while draining
+        native.serve()
+    lifespan.shutdown()
+    loop.call_soon_threadsafe(loop.stop)
+    return 0
+
+
+def _served_model(gateway: GatewayConfig) -> tuple[Any, Any, bool]:
+    """The one model's (limits, inputs, plain): `plain`, a request with no options asks nothing
+    the request core would add (no prompt, float32, every dimension), so Ivy answers it."""
+    from embedserve.gateway.served import load_model
+
+    entry = gateway.entries[0]
+    own = entry.limits
+    limits, inputs, _ = load_model(
+        entry, own["max_inputs"], own["max_chunks_per_document"], gateway.max_multivector_values
+    )
+    if limits.task != "embed" or limits.retrieval is not None:
+        raise ValueError(
+            f"--native serves dense embedding models for now; {entry.names[0]} is a "
+            f"{limits.retrieval or limits.scoring} model (serve it without --native)"
+        )
+    head = inputs.head()
+    plain = (
+        inputs.options().prompt == ""
+        and head.output_dtype == "float32"
+        and head.dimensions == limits.hidden_size
+    )
+    return limits, inputs, plain
+
+
+def _native_gateway(
+    server: ServerConfig, gateway: GatewayConfig, inputs: Any, plain: bool, front: Any,
+    keys: list[bytes],
+) -> Any:  # fmt: skip
+    """Ivy and Tulip, bound to the port; Tulip's engine thread builds the engine first."""
+    from embedserve._native import Gateway
+    from embedserve.server import main as server_main
+    from embedserve.server.tulip_calls import packed_step
+
+    def build() -> tuple[Any, int]:  # on Tulip's engine thread, which then runs every step
+        engine, measured = server_main._build_engine(server)
+        return packed_step(engine), measured or engine.batch_tokens
+
+    connections, warning = fit_to_fd_limit(gateway.max_connections)
+    if warning is not None:
+        say(f"embedserve: warning: {warning}", err=True)
+    entry = gateway.entries[0]
+    own = entry.limits
+    return Gateway(
+        inputs.tokenizer.json,
+        build,
+        front,
+        names=list(entry.names),
+        max_length=inputs.tokenizer.max_length,
+        fast=plain,
+        normalize=inputs.head().normalize,
+        max_body_bytes=gateway.max_body_bytes,
+        max_inputs=own["max_inputs"],
+        max_tokens=own["max_tokens_per_request"] or MAX_TOKENS_PER_REQUEST,
+        part_tokens=own["part_tokens"] or 0,
+        body_timeout=gateway.body_timeout,
+        header_timeout=gateway.header_timeout,
+        max_header_bytes=gateway.max_header_bytes,
+        max_connections=connections,
+        hosts=sorted(gateway.host_names),
+        keys=keys,
+        latency_buckets=list(LATENCY_BUCKETS),
+        host=gateway.host,
+        port=gateway.port,
+        threads=ivy_threads(os.cpu_count()),
+    )
+
+
+def _on_signals(native: Any, app: Any, loop: Any, keys: Any, drain_seconds: float) -> None:
+    """SIGTERM / Ctrl-C: every new request is answered 503 while those in flight finish, for at
+    most `drain_seconds`; a second signal over AGAIN_AFTER_S later stops at once (one within it
+    is the same ask: Ctrl-C reaches a process group and its launcher may forward a SIGTERM).
+    SIGHUP: the API key file is read again."""
+    asked: list[float] = []
+
+    def drained() -> None:
+        deadline = time.monotonic() + drain_seconds
+        while native.in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        native.stop()
+
+    def stop(signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if asked and now - asked[0] > AGAIN_AFTER_S:
+            native.stop()
+        if asked:
+            return
+        asked.append(now)
+        say("embedserve: stopping: draining the requests in flight")
+        native.drain()
+        loop.call_soon_threadsafe(setattr, app, "draining", True)
+        threading.Thread(target=drained, name="drain", daemon=True).start()
+
+    def reload(signum: int, frame: Any) -> None:
+        keys.reload()
+        native.set_api_keys(sorted(keys()))
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload)

@@ -1,0 +1,198 @@
+"""`embedserve serve --native` (Ivy and Tulip in Rust, the CPU engine in the same process): the
+vectors of `Embedder.encode` for the same texts, a text alone as in a batch, the natively answered
+request and the one handed to the Python front agreeing, clear errors from the one place that owns
+them, bounds before the work, concurrent clients each answered with their own rows, requests cut
+into parts, the TEI timing headers and request ids, `/metrics` counting native answers, admission
+(keys, hosts), and SIGTERM draining the requests in flight."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from embedserve.embedder import Embedder
+from embedserve.engine.fidelity import row_cosines
+from tests.e2e.conftest import Proc
+
+TEXTS = ["what is the capital of france", "Café déjà vu — naïve", "ok", "word " * 60]
+READY = r"embedserve: serving minilm at http://127\.0\.0\.1:(\d+)"
+
+
+@pytest.fixture(scope="module")
+def embedder(minilm_path: Path) -> Embedder:
+    return Embedder(minilm_path, device="cpu", dtype="float32")
+
+
+def serve_native(*flags: str) -> tuple[Proc, int]:
+    proc = Proc("serve", "--native", "--port", "0", "--device", "cpu", "--dtype", "float32", *flags)
+    return proc, int(proc.wait_for(READY).group(1))
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    proc, port = serve_native("--max-body-bytes", "4096", "--max-inputs", "8")
+    try:
+        yield port
+    finally:
+        proc.stop()
+
+
+def post(
+    port: int, body: Any, path: str = "/v1/embeddings", headers: dict[str, str] | None = None
+) -> tuple[int, Any, dict[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request("POST", path, raw, {"Content-Type": "application/json", **(headers or {})})
+    reply = conn.getresponse()
+    out = reply.status, json.loads(reply.read()), {k.lower(): v for k, v in reply.getheaders()}
+    conn.close()
+    return out
+
+
+def vectors(answer: dict[str, Any]) -> np.ndarray:
+    return np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
+
+
+def test_the_vectors_are_the_embedders(port: int, embedder: Embedder) -> None:
+    status, answer, _ = post(port, {"input": TEXTS, "model": "minilm"})
+    assert status == 200 and [d["index"] for d in answer["data"]] == [0, 1, 2, 3]
+    expected = embedder.encode(TEXTS)
+    assert row_cosines(vectors(answer), expected).min() >= 0.99999
+    assert answer["usage"]["prompt_tokens"] == sum(
+        len(ids) for ids in embedder.inputs.tokenizer.encode(TEXTS)
+    )
+    alone = np.concatenate([vectors(post(port, {"input": t})[1]) for t in TEXTS])
+    np.testing.assert_allclose(alone, vectors(answer), atol=1e-5)
+
+
+def test_base64_answers_the_same_floats(port: int) -> None:
+    _, floats, _ = post(port, {"input": ["a b c"]})
+    _, b64, _ = post(port, {"input": ["a b c"], "encoding_format": "base64"})
+    raw = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), "<f4")
+    np.testing.assert_allclose(raw, vectors(floats)[0], rtol=1e-6)
+
+
+def test_the_python_front_answers_what_ivy_hands_over_the_same(port: int) -> None:
+    """`dimensions` is not the plain shape: the Python front answers it, through the same
+    queue and engine; its full-width answer equals Ivy's own, field for field."""
+    status, native, _ = post(port, {"input": TEXTS, "model": "minilm"})
+    status_py, python, _ = post(port, {"input": TEXTS, "model": "minilm", "dimensions": 384})
+    assert status == status_py == 200
+    assert python["model"] == native["model"] and python["usage"] == native["usage"]
+    np.testing.assert_allclose(vectors(python), vectors(native), atol=1e-6)
+    assert [d["index"] for d in python["data"]] == [d["index"] for d in native["data"]]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        ({"input": 3}, 400, "invalid_type"),
+        ({"input": []}, 400, "invalid_value"),
+        ({"input": ["a", ""]}, 400, "invalid_value"),
+        ({"input": ["a"] * 9}, 400, "too_many_inputs"),
+        ({"input": "x" * 5000}, 413, "body_too_large"),
+        ({"input": "a", "model": "nope"}, 404, "model_not_found"),
+    ],
+)
+def test_bad_requests_say_what_and_where(port: int, body: Any, status: int, code: str) -> None:
+    got, answer, _ = post(port, body)
+    assert got == status, answer
+    assert answer["error"]["code"] == code and answer["error"]["message"], answer
+
+
+def test_an_unknown_route_is_a_404(port: int) -> None:
+    status, answer, _ = post(port, {"input": "a"}, "/v2/nothing")
+    assert status == 404 and answer["error"]["message"]
+
+
+def test_concurrent_clients_each_get_their_own_rows(port: int, embedder: Embedder) -> None:
+    texts = [f"query number {i} about topic {i % 7}" for i in range(48)]
+    expected = embedder.encode(texts)
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda t: post(port, {"input": t}), texts))
+    assert all(status == 200 for status, _, _ in answers)
+    got = np.concatenate([vectors(a) for _, a, _ in answers])
+    assert row_cosines(got, expected).min() >= 0.99999
+
+
+def test_timing_headers_and_request_ids(port: int) -> None:
+    _, _, headers = post(port, {"input": "hello"})
+    assert re.fullmatch(r"[0-9a-f]{32}", headers["x-request-id"])
+    for name in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
+        assert int(headers[name]) >= 0, name
+    _, _, echoed = post(port, {"input": "hello"}, headers={"X-Request-Id": "trace-42"})
+    assert echoed["x-request-id"] == "trace-42"
+
+
+def test_metrics_count_the_native_answers(port: int) -> None:
+    def embeddings_count() -> float:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        found = re.search(
+            r'^embedserve_gateway_request_seconds_count\{route="/v1/embeddings"\} (\S+)',
+            text,
+            re.M,
+        )
+        return float(found.group(1)) if found else 0.0
+
+    before = embeddings_count()
+    for _ in range(3):
+        assert post(port, {"input": "counted"})[0] == 200
+    assert embeddings_count() - before >= 3
+
+
+def test_a_large_request_is_cut_into_parts_and_answered_in_order(embedder: Embedder) -> None:
+    """Parts of at most `--part-tokens` (a text over it alone in its part), queued at once and
+    re-assembled in order: the same vectors as one batch."""
+    proc, small = serve_native("--part-tokens", "32")
+    try:
+        texts = [*TEXTS, *(f"text {i} " * (1 + i % 5) for i in range(20))]
+        status, answer, _ = post(small, {"input": texts})
+        assert status == 200 and [d["index"] for d in answer["data"]] == list(range(len(texts)))
+        assert row_cosines(vectors(answer), embedder.encode(texts)).min() >= 0.99999
+    finally:
+        proc.stop()
+
+
+def test_keys_and_hosts_are_checked_before_the_work(tmp_path: Path) -> None:
+    proc, guarded = serve_native("--api-key", "sekret", "--allowed-host", "127.0.0.1")
+    try:
+        status, answer, _ = post(guarded, {"input": "a"})
+        assert status == 401 and answer["error"]["message"]
+        status, answer, _ = post(guarded, {"input": "a"}, headers={"Authorization": "Bearer no"})
+        assert status == 401
+        ok = {"Authorization": "Bearer sekret"}
+        assert post(guarded, {"input": "a"}, headers=ok)[0] == 200
+        status, answer, _ = post(guarded, {"input": "a"}, headers={**ok, "Host": "evil.example"})
+        assert status in (400, 421) and answer["error"]["message"]
+    finally:
+        proc.stop()
+
+
+def test_sigterm_drains_the_requests_in_flight() -> None:
+    """A request in flight when SIGTERM comes is answered; the process then exits 0."""
+    proc, live = serve_native()
+    texts = [f"passage {i} " + "words in it " * 40 for i in range(300)]
+    answers: list[int] = []
+    asking = threading.Thread(target=lambda: answers.append(post(live, {"input": texts})[0]))
+    asking.start()
+    time.sleep(0.3)
+    proc.proc.send_signal(signal.SIGTERM)
+    asking.join(120)
+    assert answers == [200]
+    assert proc.proc.wait(60) == 0

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 55's GPU-host rows in device calls (docs/native.md): the carried native extension and
 # the Python gateway's small wheels installed, then
-#   null: the GPU tests, the tokenizer's rate at 1 / 4 / 16 threads, and the prototype against
-#         the Python path on the null engine at 1 / 16 / 64 connections (wrk);
-#   real: the same two paths with the real engine on the GPU.
+#   null: the GPU tests (every `gpu`-marked one), and `serve --native` against the Python path
+#         on the null engine at 1 / 16 / 64 connections (wrk);
+#   real: `serve` and `serve --native` with the real engine on the GPU (studies/native_path.py);
+#   tokenizer: the tokenizer's rate at 1 / 4 / 16 threads.
 # carry: .carry (native/_native.abi3.so, minilm-fp16, wrk/ with its libluajit) and .whl
 #   EMBEDSERVE_COMMIT=<hash> bash benchmarks/native_gpu.sh null|real
 set -uo pipefail
@@ -16,12 +17,15 @@ nvidia-smi -L
 python3 -c "import embedserve._native as n; print('native extension', n.__file__)" || exit 1
 case "${1:-null}" in
   null)
-    EMBEDSERVE_MINILM=$M timeout 240 python3 -m pytest -q -m gpu tests/engine/test_graphs_gpu.py \
-      -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/gpu-tests.txt"
-    timeout 150 python3 benchmarks/studies/tokenizer_rate.py --model $M --threads 1,4,16 \
-      --rounds 7 --machine h100host --out "$OUT" | tail -7
+    EMBEDSERVE_MINILM=$M timeout 330 python3 -m pytest -q -m gpu tests/engine \
+      -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt"
     timeout 200 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
       --wrk .carry/wrk/wrk --out "$OUT"
+    ;;
+  tokenizer)
+    timeout 150 python3 benchmarks/studies/tokenizer_rate.py --model $M --threads 1,4,16 \
+      --rounds 7 --machine "$(python3 -c 'import torch; print(torch.cuda.get_device_name().split()[1].lower())')host" \
+      --out "$OUT" | tail -7
     ;;
   real)
     timeout 500 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \

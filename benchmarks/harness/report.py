@@ -93,6 +93,15 @@ def cpu_hardware() -> str:
     return f"{model}, {os.cpu_count()} cores{cpu_flags()}"
 
 
+def card_slug() -> str:
+    """This machine's GPU in a result file's name ("h100", "h200"): a run names the card it ran
+    on, not the one it was planned for (one rule, `peers/vllm_suites.gpu_slug`)."""
+    import torch
+    from peers.vllm_suites import gpu_slug
+
+    return gpu_slug(torch.cuda.get_device_name())
+
+
 # The flags that decide which CPU path is fast (float32 AVX2, AVX-512, bf16, AMX, int8 VNNI).
 SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16")
 

@@ -307,7 +307,7 @@ def write(args: argparse.Namespace, hardware: str, lengths: str,
     _, table = report.write(
         "concurrency",
         name,
-        ("h200" if "H200" in name else hardware) + "-breakdown" + args.tag,
+        (report.card_slug() if hardware == "cuda" else hardware) + "-breakdown" + args.tag,
         records,
         report.versions("torch", "grpcio", "uvicorn"),
         notes,

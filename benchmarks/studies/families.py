@@ -171,7 +171,7 @@ def main() -> None:
         ]
     )
     hw = torch.cuda.get_device_name()
-    slug = ("h200" if "H200" in hw else "gpu") + "-families"
+    slug = report.card_slug() + "-families"
     path, _ = report.write("latency", hw, slug, records, software, body, args.out)
     print("\n".join(table))
     print(path)

@@ -229,7 +229,7 @@ def main() -> None:
         f"requests_per_*_core: requests / those CPU seconds. Hop rows: p50 µs of {HOP_REQUESTS} "
         f"sequential short queries (first 50 left out); gateway_adds_us = whole - server - floor."
     )
-    slug = "h200host" if _has_gpu() else "cpu2" if cores == 2 else f"cpu{cores}"
+    slug = f"{report.card_slug()}host" if _has_gpu() else "cpu2" if cores == 2 else f"cpu{cores}"
     _, table = report.write(
         "null-path", report.cpu_hardware(), slug, records,
         report.versions("uvicorn", "httptools", "grpcio", "orjson"), notes, args.out,

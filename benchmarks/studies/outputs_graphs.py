@@ -81,7 +81,7 @@ def main() -> None:
     _, table = report.write(
         "retrieval",
         torch.cuda.get_device_name() if torch.cuda.is_available() else report.cpu_hardware(),
-        "h200-outputs-graphs",
+        report.card_slug() + "-outputs-graphs",
         records,
         report.versions("torch"),
         "encode_outputs with the encoder through the CUDA graphs vs eager, same engine settings",

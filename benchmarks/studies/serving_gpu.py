@@ -253,7 +253,7 @@ def write(args: argparse.Namespace, st_dtype: str, records: list[dict[str, Any]]
     _, table = report.write(
         "concurrency",
         torch.cuda.get_device_name() if args.device == "cuda" else report.cpu_hardware(),
-        ("h200" if args.device == "cuda" else "cpu-trial") + args.tag,
+        (report.card_slug() if args.device == "cuda" else "cpu-trial") + args.tag,
         records,
         software,
         notes,

@@ -79,7 +79,7 @@ def main() -> None:
 
     hardware = torch.cuda.get_device_name() if args.device == "cuda" else report.cpu_hardware()
     _, table = report.write(
-        "workers", hardware, "h200" if args.device == "cuda" else "cpu-trial", records,
+        "workers", hardware, report.card_slug() if args.device == "cuda" else "cpu-trial", records,
         report.versions("torch", "uvicorn"), notes, args.out,
     )  # fmt: skip
     print(table)

@@ -301,7 +301,7 @@ def main() -> None:
     on_gpu = DEVICE == "cuda"
     _, table = report.write(
         "scoring-order" if args.order_only else "scoring", torch.cuda.get_device_name() if on_gpu else report.cpu_hardware(),
-        "h200" if on_gpu else "cpu-trial", records,
+        report.card_slug() if on_gpu else "cpu-trial", records,
         report.versions("torch", "transformers", "sentence-transformers"), notes, args.out,
     )  # fmt: skip
     print(table)

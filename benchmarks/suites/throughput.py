@@ -214,7 +214,7 @@ def main() -> int:
     texts = corpus.passages(count) if gpu else corpus.passages(count, max_words=180)
     records, notes = (on_gpu if gpu else on_cpu)(args, texts)
     hardware = torch.cuda.get_device_name() if gpu else report.cpu_hardware()
-    slug = ("h200" if "H200" in hardware else "gpu") if gpu else f"cpu{torch.get_num_threads()}"
+    slug = report.card_slug() if gpu else f"cpu{torch.get_num_threads()}"
     path, table = report.write(
         "throughput", hardware, slug, records,
         report.versions("torch", "transformers", "sentence-transformers", "tokenizers"), notes,

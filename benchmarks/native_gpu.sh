@@ -17,9 +17,9 @@ nvidia-smi -L
 python3 -c "import embedserve._native as n; print('native extension', n.__file__)" || exit 1
 case "${1:-null}" in
   null)
-    EMBEDSERVE_MINILM=$M timeout 330 python3 -m pytest -q -m gpu tests/engine \
+    EMBEDSERVE_MINILM=$M timeout 150 python3 -m pytest -q -m gpu tests/engine \
       -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt"
-    timeout 200 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
+    timeout 130 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
       --wrk .carry/wrk/wrk --out "$OUT"
     ;;
   tokenizer)
@@ -28,7 +28,7 @@ case "${1:-null}" in
       --out "$OUT" | tail -7
     ;;
   real)
-    timeout 500 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
+    timeout 290 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
       --engine real --device cuda --wrk .carry/wrk/wrk --out "$OUT"
     ;;
 esac

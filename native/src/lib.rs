@@ -268,6 +268,15 @@ impl Gateway {
         let packed = Packed::from_le_bytes(ids, cu_seqlens).map_err(PyValueError::new_err)?;
         Ok(self.front.tulip.queue(packed, Reply::Python(callback)))
     }
+
+    /// Queues `work()`, a Python request's batch of its own (spans, a retrieval model's
+    /// outputs), counted as `tokens` against the queue's bound: run alone on the engine thread
+    /// in its turn, it answers its request itself. False when the queue is full.
+    fn call(&self, work: Py<PyAny>, tokens: usize) -> bool {
+        self.front
+            .tulip
+            .queue_tokens(Packed::new(), Reply::Call(work), tokens)
+    }
 }
 
 impl Gateway {

@@ -59,6 +59,7 @@ class Gateway:
         cu_seqlens: bytes,
         callback: Callable[[bytes | None, int, float, float, str | None], None],
     ) -> bool: ...
+    def call(self, work: Callable[[], None], tokens: int) -> bool: ...
 
 class Reply:
     """A handed-over request's answer: `send(status, headers, body)`, once."""

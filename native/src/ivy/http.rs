@@ -211,7 +211,9 @@ async fn embeddings(
     }
     let packed = front.tokenizer.pack(texts).ok()?;
     let tokens = packed.num_tokens();
-    if tokens > front.bounds.max_tokens {
+    let special = front.tokenizer.num_special as i32;
+    let no_own_token = packed.cu_seqlens.windows(2).any(|w| w[1] - w[0] <= special);
+    if tokens > front.bounds.max_tokens || no_own_token {
         return None;
     }
     let tokenized = start.elapsed();

@@ -133,6 +133,9 @@ pub struct TextTokenizer {
     inner: Tokenizer,
     twin: Option<AsciiWordPiece>, // a BERT tokenizer's clean ASCII texts: the same ids, faster
     pub max_length: usize,
+    /// The template's special tokens (the ids of ""): a text with no more has no token of its
+    /// own (whitespace or control characters only), which the request core refuses.
+    pub num_special: usize,
 }
 
 impl TextTokenizer {
@@ -154,10 +157,16 @@ impl TextTokenizer {
         let inner: Tokenizer = json.parse().map_err(|e: tokenizers::Error| e.to_string())?;
         let spec: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
         let twin = AsciiWordPiece::of(&inner, &spec);
+        let num_special = inner
+            .encode_fast("", true)
+            .map_err(|e| e.to_string())?
+            .get_ids()
+            .len();
         Ok(TextTokenizer {
             inner,
             twin,
             max_length,
+            num_special,
         })
     }
 

@@ -28,16 +28,22 @@ pub type Answer = Result<Rows, String>;
 /// Where a request's answer goes: an Ivy connection's task, or a Python callable
 /// `(rows: bytes | None, width, queue_s, inference_s, error: str | None)` called on the thread
 /// that resolved the batch, with the GIL (the Python front's requests: `Gateway.submit`).
+/// `Call`: not rows of `step` but work of its own (`Gateway.call`: spans, a retrieval model's
+/// outputs), a Python callable run alone on the engine thread in its turn, which answers its
+/// request itself.
 pub enum Reply {
     Native(oneshot::Sender<Answer>),
     Python(Py<PyAny>),
+    Call(Py<PyAny>),
 }
 
-/// One request's sequences and where its answer goes.
+/// One request's sequences (none for a call) and where its answer goes; `tokens` count
+/// against the queue's bound.
 pub struct Job {
     pub packed: Packed,
     pub reply: Reply,
     pub queued: Instant,
+    pub tokens: usize,
 }
 
 impl Job {
@@ -46,6 +52,7 @@ impl Job {
             Reply::Native(sender) => {
                 let _ = sender.send(answer);
             }
+            Reply::Call(_) => {} // never batched: it answers its request itself
             Reply::Python(callback) => {
                 let called = match answer {
                     Ok(rows) => {
@@ -150,6 +157,11 @@ impl Tulip {
     /// Queues `packed` for `reply`; false when the queue is full or the engine thread has gone.
     pub fn queue(&self, packed: Packed, reply: Reply) -> bool {
         let tokens = packed.num_tokens();
+        self.queue_tokens(packed, reply, tokens)
+    }
+
+    /// `queue` with the tokens counted given (a call's: its `packed` is empty).
+    pub fn queue_tokens(&self, packed: Packed, reply: Reply, tokens: usize) -> bool {
         let before = self.queued_tokens.fetch_add(tokens, Ordering::Relaxed);
         if before > 0 && before + tokens > self.max_queued_tokens {
             self.queued_tokens.fetch_sub(tokens, Ordering::Relaxed);
@@ -159,6 +171,7 @@ impl Tulip {
             packed,
             reply,
             queued: Instant::now(),
+            tokens,
         };
         self.queue.send(job).is_ok()
     }
@@ -180,14 +193,24 @@ fn engine_loop(
                 Err(_) => return,
             },
         };
-        let mut tokens = first.packed.num_tokens();
+        if let Reply::Call(work) = &first.reply {
+            queued_tokens.fetch_sub(first.tokens, Ordering::Relaxed);
+            Python::attach(|py| {
+                if let Err(e) = work.call0(py) {
+                    e.print(py); // its own failure to answer: said, the queue goes on
+                }
+            });
+            continue;
+        }
+        let mut tokens = first.tokens;
         let mut batch = vec![first];
         while let Ok(job) = jobs.try_recv() {
-            if tokens + job.packed.num_tokens() > budget {
-                held = Some(job);
+            let call = matches!(job.reply, Reply::Call(_));
+            if call || tokens + job.tokens > budget {
+                held = Some(job); // a call runs alone, next
                 break;
             }
-            tokens += job.packed.num_tokens();
+            tokens += job.tokens;
             batch.push(job);
         }
         queued_tokens.fetch_sub(tokens, Ordering::Relaxed);

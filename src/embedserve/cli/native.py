@@ -59,14 +59,14 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     from embedserve.gateway.native_front import Lifespan, PythonFront
     from embedserve.server.tulip_calls import TulipCalls
 
-    limits, inputs, plain = _served_model(gateway)
+    inputs, plain = _served_model(gateway)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, name="python-front", daemon=True).start()
-    calls = TulipCalls(loop, limits.hidden_size, inputs.spec.output_rules)
+    calls = TulipCalls(loop)
     IN_PROCESS[IN_PROCESS_ADDRESS] = (calls.embed, calls.check)
     keys = KeyRing(gateway.api_keys, gateway.api_key_file)
     front = PythonFront(loop, gateway.host, gateway.port)
-    native = _native_gateway(server, gateway, inputs, plain, front, sorted(keys()))
+    native = _native_gateway(server, gateway, inputs, plain, front, sorted(keys()), calls)
     calls.gateway = native
     config = dataclasses.replace(
         gateway,
@@ -94,8 +94,8 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     return 0
 
 
-def _served_model(gateway: GatewayConfig) -> tuple[Any, Any, bool]:
-    """The one model's (limits, inputs, plain): `plain`, a request with no options asks nothing
+def _served_model(gateway: GatewayConfig) -> tuple[Any, bool]:
+    """The one model's (inputs, plain): `plain`, a request with no options asks nothing
     the request core would add (no prompt, float32, every dimension), so Ivy answers it."""
     from embedserve.gateway.served import load_model
 
@@ -115,20 +115,27 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, Any, bool]:
         and head.output_dtype == "float32"
         and head.dimensions == limits.hidden_size
     )
-    return limits, inputs, plain
+    return inputs, plain
 
 
 def _native_gateway(
     server: ServerConfig, gateway: GatewayConfig, inputs: Any, plain: bool, front: Any,
-    keys: list[bytes],
+    keys: list[bytes], calls: Any,
 ) -> Any:  # fmt: skip
-    """Ivy and Tulip, bound to the port; Tulip's engine thread builds the engine first."""
+    """Ivy and Tulip, bound to the port; Tulip's engine thread builds the engine first (and
+    gives `calls` its record)."""
     from embedserve._native import Gateway
     from embedserve.server import main as server_main
+    from embedserve.server.output_requests import MultivectorLimit
     from embedserve.server.tulip_calls import packed_step
 
     def build() -> tuple[Any, int]:  # on Tulip's engine thread, which then runs every step
         engine, measured = server_main._build_engine(server)
+        calls.seam = engine.seam()
+        if engine.retrieval is not None:
+            calls.multivector_limit = MultivectorLimit(
+                engine.retrieval, server.max_multivector_values
+            )
         return packed_step(engine), measured or engine.batch_tokens
 
     connections, warning = fit_to_fd_limit(gateway.max_connections)

@@ -95,6 +95,53 @@ def parse_request(
     return batch, wire.head, spans, asked
 
 
+def checked(
+    engine: EngineSeam,
+    request: Any,
+    result: asyncio.Future[Any],
+    multivector_limit: MultivectorLimit | None = None,
+) -> Pending:
+    """One EmbedRequest decoded and checked against `engine`, as it is queued (its answer goes
+    to `result`). Bad ids or over-long sequences are refused here, alone, so they never fail a
+    batch. Raises ValueError with a message for the client."""
+    batch, head, spans, asked = parse_request(request, engine.output_width, engine.output_rules)
+    if spans is not None and engine.span_pooler is None:
+        raise ValueError("this server does not pool spans (late chunking)")
+    if asked is not None:
+        check_asked(asked[0], engine.outputs_encoder is not None, engine.model_outputs)
+    engine.check(batch)
+    if asked is not None and "multivector" in asked[0] and multivector_limit:
+        multivector_limit.check(batch.input_ids, batch.seqlens, asked[1])
+    pending = Pending(batch, head, spans, result)
+    if asked is not None:
+        pending.outputs, pending.query, pending.visible = asked
+    return pending
+
+
+def launch(engine: EngineSeam, batch: list[Pending]) -> ResultHandle:
+    """A batch of one kind (`Pending.kind`) on `engine`: its handle, not waited on."""
+    packed, first = pack(batch), batch[0]
+    if first.outputs and engine.outputs_encoder is not None:
+        # eager and complete on return, as spans: one forward for every output asked
+        return Ready(
+            engine.outputs_encoder(
+                packed, first.outputs, query=first.query, visible_keys=pack_visible(batch)
+            )
+        )
+    if first.spans is not None and engine.span_pooler is not None:
+        # whole documents through the model once, then one mean per span (eager, see
+        # `engine.spans`): documents are long and few, so launches do not dominate
+        return Ready(engine.span_pooler(packed, pack_spans(batch)))
+    return engine.step(packed)
+
+
+def answers_of(pooled: Any, batch: list[Pending]) -> list[Any]:
+    """Each request's EmbedResponse from its batch's result (`launch`'s handle, waited on)."""
+    if batch[0].outputs:
+        return outputs_answers(pooled, batch)
+    return encode_responses(pooled, [r.head for r in batch], [r.num_rows for r in batch])
+
+
 # The answer of a request's pooled rows (`codec.encode_response`), by the name the host-path
 # benchmark (benchmarks/host_path_gpu.py) measures it under.
 build_response = encode_response
@@ -199,25 +246,11 @@ class EmbedService:
             return await self._answer(request)
 
     async def _answer(self, request: Any) -> Any:
-        engine = self.engine
+        future: asyncio.Future[Any] = self._loop.create_future()
         try:
-            batch, head, spans, asked = parse_request(
-                request, engine.output_width, engine.output_rules
-            )
-            if spans is not None and engine.span_pooler is None:
-                raise ValueError("this server does not pool spans (late chunking)")
-            if asked is not None:
-                check_asked(asked[0], engine.outputs_encoder is not None, engine.model_outputs)
-            # Bad ids or over-long sequences are refused here, alone, so they never fail a batch.
-            engine.check(batch)
-            if asked is not None and "multivector" in asked[0] and self.multivector_limit:
-                self.multivector_limit.check(batch.input_ids, batch.seqlens, asked[1])
+            pending = checked(self.engine, request, future, self.multivector_limit)
         except ValueError as e:
             raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        future: asyncio.Future[Any] = self._loop.create_future()
-        pending = Pending(batch, head, spans, future)
-        if asked is not None:
-            pending.outputs, pending.query, pending.visible = asked
         with self._work:
             if self._stopping:
                 raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
@@ -341,20 +374,7 @@ class EmbedService:
         )
 
     def _launch(self, batch: list[Pending]) -> ResultHandle:
-        packed, engine = pack(batch), self.engine
-        first = batch[0]
-        if first.outputs and engine.outputs_encoder is not None:
-            # eager and complete on return, as spans: one forward for every output asked
-            return Ready(
-                engine.outputs_encoder(
-                    packed, first.outputs, query=first.query, visible_keys=pack_visible(batch)
-                )
-            )
-        if batch[0].spans is not None and engine.span_pooler is not None:
-            # whole documents through the model once, then one mean per span (eager, see
-            # `engine.spans`): documents are long and few, so launches do not dominate
-            return Ready(engine.span_pooler(packed, pack_spans(batch)))
-        return engine.step(packed)
+        return launch(self.engine, batch)
 
     def _finish(
         self,
@@ -368,12 +388,7 @@ class EmbedService:
         try:
             pooled = handle.wait()
             ready = time.perf_counter()
-            if batch[0].outputs:
-                answers = outputs_answers(pooled, batch)
-            else:
-                answers = encode_responses(
-                    pooled, [r.head for r in batch], [r.num_rows for r in batch]
-                )
+            answers = answers_of(pooled, batch)
         except Exception as e:
             self._release_slot()
             self._batch_failed(batch, e, post)

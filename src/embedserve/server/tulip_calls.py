@@ -11,12 +11,12 @@ codec's messages, so the request core and the answers are the ones every replica
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import grpc
 import numpy as np
 
-from embedserve.contract.codec import decode_request, encode_response
 from embedserve.contract.local import rpc_error
 
 
@@ -37,52 +37,93 @@ def packed_step(engine: Any) -> Any:
 
 class TulipCalls:
     """The (embed, check) calls of a replica in this process whose queue is a native
-    `Gateway`'s (set as `gateway` once it is built): dense pooled rows only, the head applied
-    here as a server applies it."""
+    `Gateway`'s (set as `gateway` once it is built; `seam`, the engine's record, set on Tulip's
+    engine thread when it builds the engine). Each request is checked as a server checks it
+    (`service.checked`). Pooled rows of whole sequences go into Tulip's batches beside Ivy's own
+    requests; spans and a retrieval model's outputs are a call of their own (`Gateway.call`),
+    run alone on the engine thread as the server runs a batch of one kind (`service.launch`).
+    The answers are the server's (`service.answers_of`)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, width: int, output_rules: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.width = width  # the pooled rows' (the model's hidden size)
-        self.output_rules = output_rules
         self.gateway: Any = None
+        self.seam: Any = None
+        self.multivector_limit: Any = None
 
     async def embed(self, request: Any, timeout: float | None = None) -> Any:
+        from embedserve.server.service import checked
+
+        answer: asyncio.Future[Any] = self.loop.create_future()
         try:
-            wire = decode_request(request, self.width, self.output_rules)
+            pending = checked(self.seam, request, answer, self.multivector_limit)
         except ValueError as e:
             raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        if wire.spans is not None or wire.outputs or len(wire.second_segment):
-            raise rpc_error(
-                grpc.StatusCode.UNIMPLEMENTED,
-                "the native front's queue takes pooled rows of whole sequences; spans, pairs "
-                "and retrieval outputs are served without --native",
-            )
-        cu = np.zeros(len(wire.seqlens) + 1, dtype="<i4")
-        np.cumsum(wire.seqlens, out=cu[1:])
-        answer: asyncio.Future[Any] = self.loop.create_future()
-
-        def settle(*result: Any) -> None:  # on the loop's thread
-            if not answer.done():
-                answer.set_result(result)
-
-        def done(*result: Any) -> None:  # on the thread that resolved the batch
-            self.loop.call_soon_threadsafe(settle, *result)
-
-        if not self.gateway.submit(wire.input_ids.tobytes(), cu.tobytes(), done):
+        # pairs (token types) too: Tulip's packed batches carry ids alone
+        own_batch = pending.spans is not None or pending.batch.token_type_ids.any()
+        if pending.outputs or own_batch:
+            queued = self.gateway.call(self._work(pending), pending.num_tokens)
+        else:
+            queued = self._submit(pending)
+        if not queued:
             raise rpc_error(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "the queue is full: retry after a moment"
             )
         try:
             async with asyncio.timeout(timeout):
-                rows, width, queue_s, inference_s, error = await answer
+                response, error = await answer
         except TimeoutError:
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         if error is not None:
             raise rpc_error(grpc.StatusCode.INTERNAL, f"engine failure: {error}")
-        pooled = np.frombuffer(rows, dtype="<f4").reshape(-1, width)
-        response = encode_response(pooled, wire.head)
-        response.queue_seconds, response.inference_seconds = queue_s, inference_s
         return response
+
+    def _settle(self, pending: Any, response: Any, error: Any) -> None:
+        """From any thread: the request's (response, error), once."""
+
+        def settle() -> None:
+            if not pending.result.done():
+                pending.result.set_result((response, error))
+
+        self.loop.call_soon_threadsafe(settle)
+
+    def _submit(self, pending: Any) -> bool:
+        """Pooled rows: the packed ids into Tulip's batches; the rows answered here."""
+        from embedserve.server.service import answers_of
+
+        batch = pending.batch
+        cu = np.zeros(batch.num_seqs + 1, dtype="<i4")
+        np.cumsum(batch.seqlens, out=cu[1:])
+
+        def done(rows: Any, width: int, queue_s: float, inference_s: float, error: Any) -> None:
+            if error is not None:
+                self._settle(pending, None, error)
+                return
+            try:
+                response = answers_of(np.frombuffer(rows, "<f4").reshape(-1, width), [pending])[0]
+            except Exception as e:  # an answer that cannot be encoded fails this request alone
+                self._settle(pending, None, repr(e))
+                return
+            response.queue_seconds, response.inference_seconds = queue_s, inference_s
+            self._settle(pending, response, None)
+
+        ids = batch.input_ids.astype("<i4", copy=False)
+        return bool(self.gateway.submit(ids.tobytes(), cu.tobytes(), done))
+
+    def _work(self, pending: Any) -> Any:
+        """What the engine thread runs for a batch of its own: launched, waited on, answered."""
+        from embedserve.server.service import answers_of, launch, stamp_timings
+
+        def work() -> None:
+            pending.taken = time.perf_counter()
+            try:
+                answers = answers_of(launch(self.seam, [pending]).wait(), [pending])
+            except Exception as e:  # said to this request's client; the queue goes on
+                self._settle(pending, None, repr(e))
+                return
+            stamp_timings([pending], answers, time.perf_counter())
+            self._settle(pending, answers[0], None)
+
+        return work
 
     async def check(self, request: Any, timeout: float | None = None) -> Any:
         """Always SERVING: the process serves while it runs."""

@@ -30,35 +30,54 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def served() -> Iterator[str]:
-    """`embedserve serve` on the bundled model, two gateway workers; yields the base URL."""
-    # fp32 asked for: held to the fp32 `minilm` fixture at 0.99999 (the CPU default is bf16)
-    proc = Proc("serve", "--port", "0", "--workers", "2", "--device", "cpu", "--dtype", "float32")
-    try:
-        url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
-        yield url
-    finally:
-        proc.stop()
+# `serve` fp32 on the CPU: held to the fp32 `minilm` fixture at 0.99999 (the CPU default is bf16)
+SERVE = ("serve", "--port", "0", "--device", "cpu", "--dtype", "float32")
+# the battery's small request limits (body 2 MB, 20k tokens)
+LIMITS = ("--max-body-bytes", "2000000", "--max-tokens-per-request", "20000")
 
 
-@pytest.fixture(scope="session")
-def limited() -> Iterator[str]:
-    """`embedserve serve` with small request limits (body 2 MB, 20k tokens), for the battery."""
-    proc = Proc(
-        "serve",
-        "--port",
-        "0",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--max-body-bytes",
-        "2000000",
-        "--max-tokens-per-request",
-        "20000",
-    )
+def _serving(*args: str) -> Iterator[str]:
+    proc = Proc(*args)
     try:
         yield proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def served() -> Iterator[str]:
+    """`embedserve serve` on the bundled model, two gateway workers; yields the base URL."""
+    yield from _serving(*SERVE, "--workers", "2")
+
+
+@pytest.fixture(scope="session")
+def limited() -> Iterator[str]:
+    """`embedserve serve` with small request limits, for the battery."""
+    yield from _serving(*SERVE, *LIMITS)
+
+
+@pytest.fixture(scope="session")
+def native_served() -> Iterator[str]:
+    """`embedserve serve --native`: Ivy answers the plain embeddings, the Python front the rest."""
+    yield from _serving(*SERVE, "--native")
+
+
+@pytest.fixture(scope="session")
+def native_limited() -> Iterator[str]:
+    yield from _serving(*SERVE, "--native", *LIMITS)
+
+
+# A module that holds every front to its tests asks for `each_served` / `each_limited` instead of
+# `served` / `limited`: each test runs against `serve` and against `serve --native`, which must
+# give the same answers, statuses and error bodies (one set of routes and rules, docs/native.md).
+FRONTS = {"python": ("served", "limited"), "native": ("native_served", "native_limited")}
+
+
+@pytest.fixture(scope="session", params=list(FRONTS))
+def each_served(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue(FRONTS[request.param][0]))
+
+
+@pytest.fixture(scope="session", params=list(FRONTS))
+def each_limited(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue(FRONTS[request.param][1]))

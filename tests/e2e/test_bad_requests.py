@@ -449,7 +449,7 @@ def test_the_battery_is_large_enough() -> None:
     "name, method, path, body, status, code, param", BATTERY, ids=[b[0] for b in BATTERY]
 )
 def test_bad_request_gets_documented_status_and_openai_error(
-    limited: str,
+    each_limited: str,
     name: str,
     method: str,
     path: str,
@@ -458,7 +458,7 @@ def test_bad_request_gets_documented_status_and_openai_error(
     code: str | None,
     param: str | None,
 ) -> None:
-    got_status, reply = send(limited, method, path, body)
+    got_status, reply = send(each_limited, method, path, body)
     assert got_status == status, reply
     assert set(reply) == {"error"}
     error = reply["error"]
@@ -475,10 +475,10 @@ def test_bad_request_gets_documented_status_and_openai_error(
     assert error["param"] == param
 
 
-def test_after_the_battery_a_valid_request_is_still_correct(limited: str, minilm: Any) -> None:
+def test_after_the_battery_a_valid_request_is_still_correct(each_limited: str, minilm: Any) -> None:
     for _name, method, path, body, *_ in BATTERY:  # the whole battery again, back to back
-        send(limited, method, path, body)
-    status, reply = send(limited, "POST", "/v1/embeddings", j({"input": ["hello", "world"]}))
+        send(each_limited, method, path, body)
+    status, reply = send(each_limited, "POST", "/v1/embeddings", j({"input": ["hello", "world"]}))
     assert status == 200, reply
     got = np.array([d["embedding"] for d in reply["data"]])
     want = minilm.encode(["hello", "world"])

@@ -21,17 +21,17 @@ def marked_blocks() -> dict[str, str]:
     return dict(re.findall(r"<!-- tested: (\w+) -->\n```python\n(.*?)```", text, flags=re.S))
 
 
-def run_block(name: str, served: str) -> dict[str, Any]:
+def run_block(name: str, url: str) -> dict[str, Any]:
     """Exec the block marked `<!-- tested: NAME -->` with BASE_URL set; return its namespace."""
     blocks = marked_blocks()
     assert name in blocks, f"docs/clients.md lost its tested {name} block"
-    namespace: dict[str, Any] = {"BASE_URL": f"{served}/v1"}
+    namespace: dict[str, Any] = {"BASE_URL": f"{url}/v1"}
     exec(compile(blocks[name], str(DOC), "exec"), namespace)
     return namespace
 
 
-def assert_same_as_openai(served: str, got: Any, texts: list[str], **options: Any) -> None:
-    client = openai.OpenAI(base_url=f"{served}/v1", api_key="not-needed", max_retries=0)
+def assert_same_as_openai(url: str, got: Any, texts: list[str], **options: Any) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="not-needed", max_retries=0)
     reply = client.embeddings.create(model="minilm", input=texts, **options)
     want = np.array([d.embedding for d in reply.data], dtype=np.float64)
     got = np.asarray(got, dtype=np.float64)
@@ -40,33 +40,35 @@ def assert_same_as_openai(served: str, got: Any, texts: list[str], **options: An
     assert cosine.min() > 0.9999
 
 
-def test_the_openai_snippet_runs_as_written(served: str) -> None:
-    run_block("openai", served)
+def test_the_openai_snippet_runs_as_written(each_served: str) -> None:
+    run_block("openai", each_served)
 
 
-def test_the_langchain_snippet_runs_as_written(served: str) -> None:
+def test_the_langchain_snippet_runs_as_written(each_served: str) -> None:
     pytest.importorskip(
         "langchain_openai", reason="langchain-openai is not installed (pip install -e '.[test]')"
     )
-    namespace = run_block("langchain", served)
-    assert_same_as_openai(served, namespace["vectors"], TEXTS)
+    namespace = run_block("langchain", each_served)
+    assert_same_as_openai(each_served, namespace["vectors"], TEXTS)
 
 
-def test_the_llamaindex_snippet_runs_as_written(served: str) -> None:
+def test_the_llamaindex_snippet_runs_as_written(each_served: str) -> None:
     pytest.importorskip(
         "llama_index.embeddings.openai",
         reason="llama-index-embeddings-openai is not installed (pip install -e '.[test]')",
     )
-    namespace = run_block("llamaindex", served)
-    assert_same_as_openai(served, [namespace["vector"]], TEXTS[:1])
-    assert_same_as_openai(served, namespace["vectors"], TEXTS)
+    namespace = run_block("llamaindex", each_served)
+    assert_same_as_openai(each_served, [namespace["vector"]], TEXTS[:1])
+    assert_same_as_openai(each_served, namespace["vectors"], TEXTS)
 
 
 @pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning")  # litellm's own types
-def test_the_litellm_snippet_runs_as_written(served: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_litellm_snippet_runs_as_written(
+    each_served: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # read when litellm is imported: its bundled price map, not a fetch from GitHub (no network)
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     pytest.importorskip("litellm", reason="litellm is not installed (pip install -e '.[test]')")
-    namespace = run_block("litellm", served)
+    namespace = run_block("litellm", each_served)
     got = [d["embedding"] for d in namespace["reply"].data]
-    assert_same_as_openai(served, got, TEXTS, dimensions=128)
+    assert_same_as_openai(each_served, got, TEXTS, dimensions=128)

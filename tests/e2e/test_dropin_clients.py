@@ -53,39 +53,41 @@ def v1_scores(url: str, query: str, docs: list[str]) -> dict[int, float]:
     return {r["index"]: r["relevance_score"] for r in reply["results"]}
 
 
-def test_inference_client_feature_extraction_posts_to_the_root(served: str) -> None:
-    client = hub.InferenceClient(model=served)
+def test_inference_client_feature_extraction_posts_to_the_root(each_served: str) -> None:
+    client = hub.InferenceClient(model=each_served)
     got = client.feature_extraction(TEXTS)
-    want = openai_vectors(served, TEXTS)
+    want = openai_vectors(each_served, TEXTS)
     assert got.shape == want.shape == (len(TEXTS), 384)
     assert cosine(got, want).min() >= 0.99999
     one = client.feature_extraction(TEXTS[0])
     assert one.shape == (1, 384) and cosine(one[0], want[0]) >= 0.99999
     raw = client.feature_extraction(TEXTS[:2], normalize=False)
-    np.testing.assert_allclose(raw, openai_vectors(served, TEXTS[:2], normalize=False), atol=1e-5)
+    np.testing.assert_allclose(
+        raw, openai_vectors(each_served, TEXTS[:2], normalize=False), atol=1e-5
+    )
     long_text = "word " * 1000
     cut = client.feature_extraction(long_text, truncate=True, truncation_direction="right")
-    assert cosine(cut[0], openai_vectors(served, [long_text], truncate="end")[0]) >= 0.99999
+    assert cosine(cut[0], openai_vectors(each_served, [long_text], truncate="end")[0]) >= 0.99999
 
 
-def test_inference_client_sentence_similarity(served: str) -> None:
-    got = hub.InferenceClient(model=served).sentence_similarity(TEXTS[0], TEXTS[1:])
-    vectors = openai_vectors(served, TEXTS)
+def test_inference_client_sentence_similarity(each_served: str) -> None:
+    got = hub.InferenceClient(model=each_served).sentence_similarity(TEXTS[0], TEXTS[1:])
+    vectors = openai_vectors(each_served, TEXTS)
     assert got == pytest.approx(cosine(vectors[:1], vectors[1:]).tolist(), abs=1e-5)
 
 
-def test_tei_client_embed_embed_all_decode_info(served: str) -> None:
-    client = tei_client.HttpClient(served)
+def test_tei_client_embed_embed_all_decode_info(each_served: str) -> None:
+    client = tei_client.HttpClient(each_served)
     info = client.info()
     assert info.server_model_id == "minilm"
     assert info.server_model_type == tei_client.ModelType.Embedding
     assert info.max_input_length == 256 and info.max_client_batch_size == 2048
     got = np.array(client.embed(TEXTS))
-    assert cosine(got, openai_vectors(served, TEXTS)).min() >= 0.99999
+    assert cosine(got, openai_vectors(each_served, TEXTS)).min() >= 0.99999
     # every token's final hidden state: their mean is the (un-normalized) mean-pooled vector
     states = client.embed_all(TEXTS[:2])
-    pooled = openai_vectors(served, TEXTS[:2], normalize=False)
-    ids = post(served, "/tokenize", {"input": TEXTS[:2]})[1]["tokens"]
+    pooled = openai_vectors(each_served, TEXTS[:2], normalize=False)
+    ids = post(each_served, "/tokenize", {"input": TEXTS[:2]})[1]["tokens"]
     for rows, vector, seq in zip(states, pooled, ids, strict=True):
         rows = np.array(rows)
         assert rows.shape == (len(seq), 384)
@@ -94,32 +96,32 @@ def test_tei_client_embed_embed_all_decode_info(served: str) -> None:
     assert client.decode(ids, skip_special_tokens=False)[1].startswith("[CLS] paris")
 
 
-def test_tei_routes_answer_tei_errors(served: str) -> None:
-    status, reply = post(served, "/embed", {"inputs": ""})
+def test_tei_routes_answer_tei_errors(each_served: str) -> None:
+    status, reply = post(each_served, "/embed", {"inputs": ""})
     assert status == 400 and reply["error_type"] == "validation"
     assert "empty string" in reply["error"]
-    status, reply = post(served, "/embed", {"inputs": "x", "dimension": 8})
+    status, reply = post(each_served, "/embed", {"inputs": "x", "dimension": 8})
     assert status == 400 and "dimension" in reply["error"]
-    status, reply = post(served, "/decode", {"ids": [10**7]})
+    status, reply = post(each_served, "/decode", {"ids": [10**7]})
     assert status == 400 and "vocabulary" in reply["error"]
 
 
-def test_cohere_client_embed_by_types(served: str) -> None:
-    client = cohere.ClientV2(base_url=served, api_key="x", max_retries=0)
+def test_cohere_client_embed_by_types(each_served: str) -> None:
+    client = cohere.ClientV2(base_url=each_served, api_key="x", max_retries=0)
     response = client.embed(
         model="minilm",
         texts=TEXTS,
         input_type="search_document",
         embedding_types=["float", "int8", "ubinary", "base64"],
     )
-    want = openai_vectors(served, TEXTS)
+    want = openai_vectors(each_served, TEXTS)
     got = np.array(response.embeddings.float_)
     assert cosine(got, want).min() >= 0.99999
     np.testing.assert_array_equal(
-        response.embeddings.int8, openai_vectors(served, TEXTS, output_dtype="int8")
+        response.embeddings.int8, openai_vectors(each_served, TEXTS, output_dtype="int8")
     )
     np.testing.assert_array_equal(
-        response.embeddings.ubinary, openai_vectors(served, TEXTS, output_dtype="ubinary")
+        response.embeddings.ubinary, openai_vectors(each_served, TEXTS, output_dtype="ubinary")
     )
     decoded = [np.frombuffer(base64.b64decode(b), "<f4") for b in response.embeddings.base64]
     np.testing.assert_array_equal(np.stack(decoded), got.astype(np.float32))
@@ -127,16 +129,16 @@ def test_cohere_client_embed_by_types(served: str) -> None:
     short = client.embed(
         model="minilm", texts=TEXTS[:1], input_type="search_query", output_dimension=64
     )
-    want64 = openai_vectors(served, TEXTS[:1], dimensions=64)
+    want64 = openai_vectors(each_served, TEXTS[:1], dimensions=64)
     assert cosine(np.array(short.embeddings.float_), want64).min() >= 0.99999
     with pytest.raises(cohere.errors.BadRequestError):
         client.embed(model="minilm", texts=["x"], input_type="image")
 
 
-def test_cohere_client_rerank_scores_equal_v1_rerank(served: str) -> None:
-    client = cohere.ClientV2(base_url=served, api_key="x", max_retries=0)
+def test_cohere_client_rerank_scores_equal_v1_rerank(each_served: str) -> None:
+    client = cohere.ClientV2(base_url=each_served, api_key="x", max_retries=0)
     response = client.rerank(model="minilm", query=QUERY, documents=TEXTS, top_n=3)
-    want = v1_scores(served, QUERY, TEXTS)
+    want = v1_scores(each_served, QUERY, TEXTS)
     assert [r.index for r in response.results] == sorted(want, key=lambda i: -want[i])[:3]
     for r in response.results:
         assert r.relevance_score == pytest.approx(want[r.index], abs=1e-6)
@@ -179,7 +181,7 @@ def test_a_reranker_through_tei_client_cohere_and_the_root(reranker: str) -> Non
 
 
 @pytest.mark.parametrize("name", ["huggingface_hub", "tei_client", "cohere"])
-def test_the_clients_doc_snippets_run_as_written(served: str, name: str) -> None:
+def test_the_clients_doc_snippets_run_as_written(each_served: str, name: str) -> None:
     text = (Path(__file__).parents[2] / "docs" / "clients.md").read_text(encoding="utf-8")
     blocks = dict(re.findall(r"<!-- tested-root: (\w+) -->\n```python\n(.*?)```", text, re.S))
-    exec(compile(blocks[name], f"clients.md:{name}", "exec"), {"SERVER_URL": served})
+    exec(compile(blocks[name], f"clients.md:{name}", "exec"), {"SERVER_URL": each_served})

@@ -87,9 +87,9 @@ def as_array(data: list[dict[str, Any]]) -> np.ndarray:
 
 @pytest.mark.parametrize(("name", "inputs", "options"), GOOD, ids=[c[0] for c in GOOD])
 def test_same_vectors(
-    served: str, minilm: Embedder, name: str, inputs: Any, options: dict[str, Any]
+    each_served: str, minilm: Embedder, name: str, inputs: Any, options: dict[str, Any]
 ) -> None:
-    status, body = post(served, "/v1/embeddings", {"input": inputs, **options})
+    status, body = post(each_served, "/v1/embeddings", {"input": inputs, **options})
     assert status == 200, body
     expected = minilm.encode(inputs, **options)
     got = as_array(body["data"])
@@ -113,37 +113,39 @@ PROMPTS = ("prompt", "prompt_name", "input_type", "instruction", "truncate")
     ids=[c[0] for c in GOOD if isinstance(c[1], str) or isinstance(c[1][0], str)],
 )
 def test_same_token_ids(
-    served: str, minilm: Embedder, name: str, inputs: Any, options: dict[str, Any]
+    each_served: str, minilm: Embedder, name: str, inputs: Any, options: dict[str, Any]
 ) -> None:
     prompts = {k: v for k, v in options.items() if k in PROMPTS}
     if prompts.get("truncate") == "chunk":
         pytest.skip("/tokenize answers texts as the model takes them whole, not windows")
-    status, body = post(served, "/tokenize", {"input": inputs, **prompts})
+    status, body = post(each_served, "/tokenize", {"input": inputs, **prompts})
     assert status == 200, body
     assert body["tokens"] == minilm.tokenize(inputs, **prompts)
 
 
 @pytest.mark.parametrize(("name", "inputs", "options"), BAD, ids=[c[0] for c in BAD])
 def test_same_errors(
-    served: str, minilm: Embedder, name: str, inputs: Any, options: dict[str, Any]
+    each_served: str, minilm: Embedder, name: str, inputs: Any, options: dict[str, Any]
 ) -> None:
-    status, body = post(served, "/v1/embeddings", {"input": inputs, **options})
+    status, body = post(each_served, "/v1/embeddings", {"input": inputs, **options})
     with pytest.raises(ValueError) as offline:
         minilm.encode(inputs, **options)
     assert status == 400, body
     assert body["error"]["message"] == str(offline.value)
 
 
-def test_same_late_chunking(served: str, minilm: Embedder) -> None:
+def test_same_late_chunking(each_served: str, minilm: Embedder) -> None:
     documents = [["The Eiffel Tower is in Paris.", "It is 330 metres tall."], ["one chunk"]]
     for options in ({}, {"separator": "\n", "dimensions": 64, "output_dtype": "int8"}):
-        status, body = post(served, "/v1/contextualizedembeddings", {"input": documents, **options})
+        status, body = post(
+            each_served, "/v1/contextualizedembeddings", {"input": documents, **options}
+        )
         assert status == 200, body
         expected = minilm.encode_contextual(documents, **options)
         for got, want in zip(body["data"], expected, strict=True):
             np.testing.assert_allclose(as_array(got["data"]), want, rtol=1e-5, atol=1e-6)
     bad = [["a", " "]]
-    status, body = post(served, "/v1/contextualizedembeddings", {"input": bad})
+    status, body = post(each_served, "/v1/contextualizedembeddings", {"input": bad})
     with pytest.raises(ValueError) as offline:
         minilm.encode_contextual(bad)
     assert status == 400 and body["error"]["message"] == str(offline.value)

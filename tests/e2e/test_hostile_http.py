@@ -46,37 +46,37 @@ def raw_post(url: str, path: str, body: bytes, headers: dict[str, str]) -> tuple
     ],
     ids=["none", "text-plain", "form", "multipart"],
 )
-def test_a_body_a_cross_site_page_could_send_gets_415(served: str, headers: dict) -> None:  # type: ignore[type-arg]
-    status, reply = raw_post(served, "/v1/embeddings", BODY, headers)
+def test_a_body_a_cross_site_page_could_send_gets_415(each_served: str, headers: dict) -> None:  # type: ignore[type-arg]
+    status, reply = raw_post(each_served, "/v1/embeddings", BODY, headers)
     assert status == 415, reply
     error = reply["error"]
     assert error["code"] == "unsupported_media_type" and error["param"] == "Content-Type"
     assert "Content-Type: application/json" in error["message"]
 
 
-def test_the_clients_people_use_send_json_and_are_served(served: str) -> None:
+def test_the_clients_people_use_send_json_and_are_served(each_served: str) -> None:
     import httpx
     import requests
 
     embed, tei_rerank = {"input": "hello"}, {"query": "a query", "texts": ["a doc", "another"]}
-    assert httpx.post(f"{served}/v1/embeddings", json=embed, timeout=30).status_code == 200
-    assert requests.post(f"{served}/v1/embeddings", json=embed, timeout=30).status_code == 200
-    assert requests.post(f"{served}/rerank", json=tei_rerank, timeout=30).status_code == 200
+    assert httpx.post(f"{each_served}/v1/embeddings", json=embed, timeout=30).status_code == 200
+    assert requests.post(f"{each_served}/v1/embeddings", json=embed, timeout=30).status_code == 200
+    assert requests.post(f"{each_served}/rerank", json=tei_rerank, timeout=30).status_code == 200
     # urllib's default for a body is a form: a 415 that names the header to send
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(f"{served}/v1/embeddings", data=BODY, timeout=30)
+        urllib.request.urlopen(f"{each_served}/v1/embeddings", data=BODY, timeout=30)
     assert refused.value.code == 415
     request = urllib.request.Request(
-        f"{served}/v1/embeddings", BODY, {"Content-Type": "application/json; charset=utf-8"}
+        f"{each_served}/v1/embeddings", BODY, {"Content-Type": "application/json; charset=utf-8"}
     )
     with urllib.request.urlopen(request, timeout=30) as reply:
         assert reply.status == 200
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
-def test_curl_needs_the_json_header_the_docs_send(served: str) -> None:
+def test_curl_needs_the_json_header_the_docs_send(each_served: str) -> None:
     def curl(*args: str) -> dict:  # type: ignore[type-arg]
-        out = subprocess.run(["curl", "-s", f"{served}/v1/embeddings", *args, "-d", BODY.decode()],
+        out = subprocess.run(["curl", "-s", f"{each_served}/v1/embeddings", *args, "-d", BODY.decode()],
                              capture_output=True, check=True, timeout=60)  # fmt: skip
         return json.loads(out.stdout)  # type: ignore[no-any-return]
 

@@ -32,8 +32,8 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def client(served: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served}/v1", api_key="unused", max_retries=0)
+def client(each_served: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{each_served}/v1", api_key="unused", max_retries=0)
 
 
 def vectors(response: Any) -> np.ndarray:
@@ -126,7 +126,7 @@ def test_extensions_output_dtype_normalize_truncate(client: openai.OpenAI, minil
 
 
 def test_200_concurrent_mixed_size_requests_come_back_correct_and_in_order(
-    served: str, minilm: Any
+    each_served: str, minilm: Any
 ) -> None:
     rng = random.Random(0)
     words = " ".join(TEXTS).split()
@@ -138,7 +138,7 @@ def test_200_concurrent_mixed_size_requests_come_back_correct_and_in_order(
     reference = dict(zip(unique, minilm.encode(unique), strict=True))
 
     async def run_all() -> list[Any]:
-        client = openai.AsyncOpenAI(base_url=f"{served}/v1", api_key="unused", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=f"{each_served}/v1", api_key="unused", max_retries=0)
         async with client:
             return await asyncio.gather(
                 *(
@@ -154,14 +154,14 @@ def test_200_concurrent_mixed_size_requests_come_back_correct_and_in_order(
         assert cosine(got, want).min() >= 0.99999
 
 
-def test_models_and_tokenize(served: str, client: openai.OpenAI, minilm: Any) -> None:
+def test_models_and_tokenize(each_served: str, client: openai.OpenAI, minilm: Any) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == ["minilm"]
     import json
     import urllib.request
 
     request = urllib.request.Request(
-        f"{served}/tokenize",
+        f"{each_served}/tokenize",
         data=json.dumps({"input": TEXTS[:2]}).encode(),
         method="POST",
         headers={"Content-Type": "application/json"},  # urllib's default (a form) is a 415
@@ -172,12 +172,12 @@ def test_models_and_tokenize(served: str, client: openai.OpenAI, minilm: Any) ->
     assert body["num_tokens"] == [len(t) for t in body["tokens"]]
 
 
-def test_health_ready_metrics_openapi(served: str, client: openai.OpenAI) -> None:
+def test_health_ready_metrics_openapi(each_served: str, client: openai.OpenAI) -> None:
     import json
     import urllib.request
 
     def get(path: str) -> tuple[int, bytes, str]:
-        with urllib.request.urlopen(f"{served}{path}", timeout=10) as reply:
+        with urllib.request.urlopen(f"{each_served}{path}", timeout=10) as reply:
             return reply.status, reply.read(), reply.headers["content-type"]
 
     client.embeddings.create(model="minilm", input="count me")

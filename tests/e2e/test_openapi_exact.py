@@ -164,8 +164,8 @@ def cases(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], bool]]:
 
 
 @pytest.fixture(scope="module")
-def document(served: str) -> dict[str, Any]:
-    return get_json(served, "/openapi.json")
+def document(each_served: str) -> dict[str, Any]:
+    return get_json(each_served, "/openapi.json")
 
 
 def get_json(url: str, path: str) -> Any:
@@ -187,7 +187,7 @@ def post(url: str, path: str, body: Any) -> tuple[int, Any]:
 
 
 def test_the_server_does_what_its_openapi_document_says(
-    served: str, document: dict[str, Any]
+    each_served: str, document: dict[str, Any]
 ) -> None:
     all_cases = cases(document)
     assert len(all_cases) > 150, len(all_cases)
@@ -196,7 +196,7 @@ def test_the_server_does_what_its_openapi_document_says(
         # the generator's own view must agree with the validator's
         schema = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
         assert (not validate(body, schema["schema"])) == accepted, (path, label, body)
-        status, reply = post(served, path, body)
+        status, reply = post(each_served, path, body)
         if accepted and status != 200:
             wrong.append(f"{path} {label}: the schema accepts it, the server said {status} {reply}")
         elif not accepted and not (400 <= status < 500 and "error" in reply):

@@ -39,8 +39,8 @@ def response_checks() -> list:  # type: ignore[type-arg]
     ]
 
 
-def test_every_response_conforms_to_the_schema(served: str) -> None:
-    schema = schemathesis.openapi.from_url(f"{served}/openapi.json")
+def test_every_response_conforms_to_the_schema(each_served: str) -> None:
+    schema = schemathesis.openapi.from_url(f"{each_served}/openapi.json")
     every_response = response_checks()
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 8, [f"{op.method} {op.path}" for op in operations]

@@ -35,15 +35,15 @@ def timings(url: str, path: str, body: object | None) -> dict[str, int]:
     ],
 )
 def test_embedding_and_scoring_answers_carry_the_stage_times(
-    served: str, path: str, body: object
+    each_served: str, path: str, body: object
 ) -> None:
-    got = timings(served, path, body)
+    got = timings(each_served, path, body)
     assert set(got) == set(HEADERS), got
     # 64 passages of ~120 tokens on the CPU: the engine's run is milliseconds, not zero
     assert got["x-inference-time"] >= 1
     assert got["x-total-time"] >= max(got[h] for h in HEADERS[1:])
 
 
-def test_answers_without_a_server_call_carry_none(served: str) -> None:
-    assert timings(served, "/v1/models", None) == {}
-    assert timings(served, "/tokenize", {"input": "a text"}) == {}
+def test_answers_without_a_server_call_carry_none(each_served: str) -> None:
+    assert timings(each_served, "/v1/models", None) == {}
+    assert timings(each_served, "/tokenize", {"input": "a text"}) == {}

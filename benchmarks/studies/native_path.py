@@ -117,8 +117,10 @@ WRK = "wrk"  # `--wrk`: its path
 def wrk(port: int, script: Path, connections: int, seconds: float) -> dict[str, float]:
     threads = 1 if os.cpu_count() == 2 else min(4, connections)
     pinned = ["taskset", "-c", "1"] if os.cpu_count() == 2 and PIN else []
+    # --timeout: wrk's own 2 s drops a 100-passage request to the real engine on a 2-core CPU
     argv = [*pinned, WRK, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-            "--latency", "-s", str(script), f"http://127.0.0.1:{port}/v1/embeddings"]  # fmt: skip
+            "--latency", "--timeout", "60s", "-s", str(script),
+            f"http://127.0.0.1:{port}/v1/embeddings"]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)

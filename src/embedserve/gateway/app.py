@@ -53,6 +53,7 @@ from embedserve.gateway.requests import (
     parse_tokenize,
     tokenize_body,
 )
+from embedserve.gateway.result_cache import set_tenant
 from embedserve.gateway.scoring import (
     parse_rerank,
     parse_score,
@@ -211,6 +212,8 @@ class GatewayApp:
                     for m in self.served.models:
                         m.pipeline = m.make_pipeline()
                         m.pipeline.calls.on_merged = self.metrics.merged(m.name)
+                        if m.pipeline.cache.enabled:
+                            m.pipeline.cache.stats = self.metrics.cache(m.name)
                         await m.pipeline.replicas.start()
                     for service in self.services:
                         await service.start()
@@ -361,12 +364,12 @@ class GatewayApp:
         try:
             if self.allowed_hosts:
                 check_host(headers, self.allowed_hosts)
-            if path not in self.open_paths:
-                authenticate(headers, self.api_keys())
+            key = b"" if path in self.open_paths else authenticate(headers, self.api_keys())
         except ApiError:
             if path in PROBE_PATHS:
                 return False
             raise
+        set_tenant(key)  # whose results the result cache may answer with
         return True
 
     def served_for(

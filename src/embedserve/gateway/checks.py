@@ -46,10 +46,11 @@ def check_host(headers: dict[bytes, bytes], allowed_hosts: frozenset[str]) -> No
         )
 
 
-def authenticate(headers: dict[bytes, bytes], keys: frozenset[bytes]) -> None:
-    """`Authorization: Bearer <key>` with one of `keys`; no keys: anyone."""
+def authenticate(headers: dict[bytes, bytes], keys: frozenset[bytes]) -> bytes:
+    """`Authorization: Bearer <key>` with one of `keys`; no keys: anyone. The key it matched
+    (b"": no keys), whose digest is the request's tenant (`gateway.result_cache`)."""
     if not keys:
-        return
+        return b""
     scheme, _, sent = headers.get(b"authorization", b"").partition(b" ")
     if scheme.lower() != b"bearer":
         sent = b""
@@ -67,6 +68,7 @@ def authenticate(headers: dict[bytes, bytes], keys: frozenset[bytes]) -> None:
             code="invalid_api_key",
             headers=((b"www-authenticate", b"Bearer"),),
         )
+    return sent.strip()  # equal to the key it matched
 
 
 def check_content_type(headers: dict[bytes, bytes]) -> None:

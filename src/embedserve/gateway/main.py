@@ -27,6 +27,7 @@ from embedserve.contract.secret import read_secret
 from embedserve.core.chunking import MAX_CHUNKS_PER_DOCUMENT
 from embedserve.core.inputs import InputPreparer
 from embedserve.core.pairs import PairPreparer
+from embedserve.gateway import result_cache
 from embedserve.gateway.app import BODY_TIMEOUT, MULTIPROCESS_DIR, GatewayApp
 from embedserve.gateway.auth import KeyRing
 from embedserve.gateway.coalescing import CALLS_IN_FLIGHT
@@ -35,6 +36,7 @@ from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
 from embedserve.gateway.replicas import IN_PROCESS_ADDRESS, ReplicaPool, check_replica
 from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
+from embedserve.gateway.result_cache import ResultCache
 from embedserve.gateway.served import PER_MODEL_LIMITS, ModelEntry, load_model, model_entries
 from embedserve.gateway.supervisor import supervise
 from embedserve.gateway.tei_grpc import TeiGrpc
@@ -124,6 +126,13 @@ class GatewayConfig(Options):
         None,
         "small server calls (queries) a worker keeps out per model; more wait and go merged "
         f"when one returns (0: no bound; default {CALLS_IN_FLIGHT}, with serve on CPUs 0)",
+    )
+    cache_size: int = option(
+        result_cache.OFF,
+        "bytes of dense embeddings kept per model to answer repeated inputs (an LRU, per API "
+        "key; docs/serving.md#result-cache); with --workers N each worker keeps BYTES/N, so "
+        "the gateway's total is BYTES (default 0: off)",
+        metavar="BYTES",
     )
     api_keys: tuple[str, ...] = option(
         (),
@@ -215,7 +224,7 @@ class GatewayConfig(Options):
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("workers", "drain_seconds", "calls_in_flight"):
+        for name in ("workers", "drain_seconds", "calls_in_flight", "cache_size"):
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.part_tokens is not None and self.part_tokens <= 0:
@@ -284,18 +293,21 @@ def make_pipeline(
     """One model's pipeline over its own replicas, under its own limits; inside the worker's
     event loop (grpc.aio channels)."""
     own = entry.limits
+    # each worker its share, so the workers' caches add up to --cache-size
+    cache = ResultCache(config.cache_size // max(1, config.workers))
     pool = ReplicaPool(
         entry.replicas,
         secret=secret,
         timeout=config.request_timeout,
         health_interval=config.health_interval,
         resolve_interval=config.resolve_interval,
+        on_change=cache.clear,  # a replica back or new: the model may have changed
     )
     part = own["part_tokens"] or DEFAULT_PART_TOKENS
     limits = PipelineLimits(
         own["max_tokens_per_request"], part, calls_in_flight=config.calls_in_flight
     )
-    return Pipeline(inputs, pool, limits, pairs)
+    return Pipeline(inputs, pool, limits, pairs, cache)
 
 
 def _log_requests_to_stderr() -> None:

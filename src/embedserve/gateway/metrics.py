@@ -52,6 +52,7 @@ class Metrics:
         self.native_counts: Callable[[], tuple[int, list[int], float, int, int]] | None = None
         # the replica series there are: (address,) or, by model, (address, model)
         self._labelled: set[tuple[str, ...]] = set()
+        self._cache: list[Any] | None = None  # the result cache's series, once one reports
 
     def _add_request_metrics(self, by_model: list[str]) -> None:
         """Requests, their latency, tokens and inputs, and how many went to the servers merged."""
@@ -178,6 +179,16 @@ class Metrics:
 
         return count
 
+    def cache(self, model: str) -> CacheCounts:
+        """Where a model's result cache reports (`gateway.result_cache`). Its series are
+        registered at the first call: a gateway without `--cache-size` exports none of them."""
+        if self._cache is None:
+            self._cache = _cache_metrics(self.registry, ["model"] if self.model_label else [])
+        series = self._cache
+        if self.model_label:
+            series = [m.labels(model) for m in series]
+        return CacheCounts(*series)
+
     def export(self, replicas: Sequence[Replica] | None) -> bytes:
         """The text exposition of /metrics, with the replicas' state as of now."""
         return self._export({(r.address,): r for r in replicas or ()})
@@ -225,6 +236,53 @@ class Metrics:
             registry = prom.CollectorRegistry()
             MultiProcessCollector(registry)
         return prom.generate_latest(registry)
+
+
+def _cache_metrics(registry: prom.CollectorRegistry, by_model: list[str]) -> list[Any]:
+    """The result cache's series: hits, misses and evictions (per sequence), its bytes and
+    entries (with several workers, the sum of theirs: each holds its share of the size)."""
+    counters = [
+        prom.Counter(f"embedserve_gateway_cache_{name}", text, by_model, registry=registry)
+        for name, text in (
+            ("hits", "Sequences answered from the result cache"),
+            ("misses", "Sequences looked up in the result cache and not found there"),
+            ("evictions", "Result cache entries dropped to stay under --cache-size"),
+        )
+    ]
+    gauges = [
+        prom.Gauge(
+            f"embedserve_gateway_cache_{name}",
+            text,
+            by_model,
+            registry=registry,
+            multiprocess_mode="livesum",  # each worker's share, added up
+        )
+        for name, text in (
+            ("bytes", "Bytes the result cache holds (rows, keys and per-entry overhead)"),
+            ("entries", "Rows the result cache holds"),
+        )
+    ]
+    return counters + gauges
+
+
+class CacheCounts:
+    """A model's result cache's series (`result_cache.CacheStats`)."""
+
+    def __init__(self, hits: Any, misses: Any, evictions: Any, nbytes: Any, entries: Any) -> None:
+        self.hits, self.misses, self.evictions = hits, misses, evictions
+        self.nbytes, self.entries = nbytes, entries
+
+    def looked_up(self, hits: int, misses: int) -> None:
+        if hits:
+            self.hits.inc(hits)
+        if misses:
+            self.misses.inc(misses)
+
+    def changed(self, nbytes: int, entries: int, evictions: int) -> None:
+        self.nbytes.set(nbytes)
+        self.entries.set(entries)
+        if evictions:
+            self.evictions.inc(evictions)
 
 
 def set_request_model(name: str) -> None:

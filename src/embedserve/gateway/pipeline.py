@@ -58,6 +58,7 @@ from embedserve.gateway.errors import ApiError, bad_request, server_failure
 from embedserve.gateway.output_bodies import OutputsJob, check_size
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.requests import ContextualJob, EmbedJob, Limits
+from embedserve.gateway.result_cache import ResultCache
 from embedserve.gateway.scoring import ScoreJob
 from embedserve.gateway.timing import add_server_answer, add_tokenization
 from embedserve.loading.labels import sigmoid
@@ -86,9 +87,12 @@ class Pipeline:
         replicas: ReplicaPool,
         limits: PipelineLimits,
         pairs: PairPreparer | None = None,
+        cache: ResultCache | None = None,
     ) -> None:
-        """`pairs`: a scoring model's request core (None: an embedding model, scoring by cosine)."""
+        """`pairs`: a scoring model's request core (None: an embedding model, scoring by cosine);
+        `cache`: this model's own result cache (None: off)."""
         self.inputs = inputs
+        self.cache = ResultCache() if cache is None else cache
         self.pairs = pairs
         self.replicas = replicas
         self.limits = limits
@@ -159,12 +163,19 @@ class Pipeline:
         """The prepared inputs' vectors, through the servers in token-budget parts."""
         seqs, back = unique_sequences(prepared.seqs)  # each distinct one once (`core.duplicates`)
         model_head = prepared.model_side_head(head)
+        # the rows the result cache holds, the servers' for the others (off: all the servers')
+        rows = await self.cache.rows(
+            seqs, functools.partial(self._rows, head=model_head), model_head
+        )
+        return prepared.finish(rows if back is None else rows[back], head)
+
+    async def _rows(self, seqs: Sequence[Sequence[int]], head: Head | None) -> np.ndarray:
+        """Distinct sequences' model-side rows, in order: token-budget parts to the servers."""
         groups = by_length_groups([len(s) for s in seqs], self.limits.part_tokens)
         rows = await self._fan_out(
-            [functools.partial(self._embed_part, [seqs[i] for i in g], model_head) for g in groups]
+            [functools.partial(self._embed_part, [seqs[i] for i in g], head) for g in groups]
         )
-        rows = in_input_order(rows, groups)
-        return prepared.finish(rows if back is None else rows[back], head)
+        return in_input_order(rows, groups)
 
     async def score(self, job: ScoreJob) -> tuple[np.ndarray, int]:
         """One score per document [N] float32 in the job's order, and the prompt tokens."""
@@ -286,7 +297,7 @@ class Pipeline:
 
     async def _embed_part(
         self,
-        seqs: list[list[int]],
+        seqs: Sequence[Sequence[int]],
         head: Head | None,
         spans: np.ndarray | None = None,
         second_segment: list[int] | None = None,

@@ -30,7 +30,7 @@ import itertools
 import logging
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -193,7 +193,10 @@ class ReplicaPool:
         timeout: float = 30.0,
         health_interval: float = 0.5,
         resolve_interval: float = 5.0,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
+        """`on_change()`: a replica turned healthy or was added: the model behind the pool may
+        have changed (a restart, a new version), so what was kept of its answers goes."""
         if not addresses:
             raise ValueError("a gateway needs at least one --replica HOST:PORT")
         self.sources = tuple(addresses)
@@ -204,6 +207,7 @@ class ReplicaPool:
         self.timeout = timeout
         self.health_interval = health_interval
         self.resolve_interval = resolve_interval
+        self.on_change = on_change
         self._poller: asyncio.Task[None] | None = None
         self._resolver: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
@@ -235,6 +239,7 @@ class ReplicaPool:
                 replica.open()
                 self.replicas.append(replica)
                 log.warning("replica %d (%s) added", replica.id, address)
+                self.on_change()
         if failed:  # a lookup without an answer removes nothing
             return
         for replica in [r for r in self.replicas if r.address not in wanted]:
@@ -289,7 +294,9 @@ class ReplicaPool:
             healthy = False
         if healthy != replica.healthy:
             log.warning("replica %s is %s", replica.address, "healthy" if healthy else "DOWN")
-        replica.healthy = healthy
+        was, replica.healthy = replica.healthy, healthy
+        if healthy and not was:
+            self.on_change()
 
     async def _poll_forever(self) -> None:
         while True:

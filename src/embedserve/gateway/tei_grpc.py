@@ -32,6 +32,7 @@ from embedserve.gateway.classify import parse_predict
 from embedserve.gateway.errors import REQUEST_ID, ApiError, bad_request, from_input_error
 from embedserve.gateway.models import ANY, CLASSIFY, EMBED, SCORE, ServedModel
 from embedserve.gateway.replicas import REPLICAS_CALLED
+from embedserve.gateway.result_cache import set_tenant
 from embedserve.gateway.scoring import parse_tei_rerank, tei_rerank_body
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ class TeiGrpc:
         }
         REQUEST_ID.set(request_id(headers).decode("ascii"))
         REPLICAS_CALLED.set(set())
-        authenticate(headers, self.app.api_keys())
+        set_tenant(authenticate(headers, self.app.api_keys()))
         if self.app.draining:
             raise ApiError(503, "the gateway is shutting down", code="shutting_down")
 

@@ -8,8 +8,9 @@ refusal) is handed to the gateway's ASGI app, run here on an event loop of its o
 (`gateway/native_front.py`), whose pipeline queues on the same Tulip (`server/tulip_calls.py`):
 one queue, one engine, each rule and each error message written once, in Python.
 
-One model, one engine (a GPU or the CPU), dense embedding models only for now (issue 55: the
-scoring, sparse and multi-vector routes are next); `serve` without `--native` serves the rest.
+One model, one engine (a GPU or the CPU). A reranker's, a classifier's or a sparse or
+multi-vector model's requests all go through the Python front (Ivy answers plain dense
+embeddings only); `serve` without `--native` serves several models.
 """
 
 from __future__ import annotations
@@ -104,14 +105,11 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, bool]:
     limits, inputs, _ = load_model(
         entry, own["max_inputs"], own["max_chunks_per_document"], gateway.max_multivector_values
     )
-    if limits.task != "embed" or limits.retrieval is not None:
-        raise ValueError(
-            f"--native serves dense embedding models for now; {entry.names[0]} is a "
-            f"{limits.retrieval or limits.scoring} model (serve it without --native)"
-        )
     head = inputs.head()
-    plain = (
-        inputs.options().prompt == ""
+    plain = (  # a reranker's or a retrieval model's every request goes to the Python front
+        limits.task == "embed"
+        and limits.retrieval is None
+        and inputs.options().prompt == ""
         and head.output_dtype == "float32"
         and head.dimensions == limits.hidden_size
     )
@@ -131,11 +129,10 @@ def _native_gateway(
 
     def build() -> tuple[Any, int]:  # on Tulip's engine thread, which then runs every step
         engine, measured = server_main._build_engine(server)
-        calls.seam = engine.seam()
-        if engine.retrieval is not None:
-            calls.multivector_limit = MultivectorLimit(
-                engine.retrieval, server.max_multivector_values
-            )
+        calls.seam = engine.seam()  # its `retrieval` is the spec (the engine's, the heads)
+        calls.multivector_limit = MultivectorLimit.of(
+            calls.seam.retrieval, server.max_multivector_values
+        )
         return packed_step(engine), measured or engine.batch_tokens
 
     connections, warning = fit_to_fd_limit(gateway.max_connections)

@@ -285,9 +285,7 @@ def _service(
     batch_wait_ms = config.batch_wait_ms
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
         batch_wait_ms = 3.0 if engine.on_cpu else 0.0
-    limit = None
-    if engine.retrieval is not None:
-        limit = MultivectorLimit(engine.retrieval, config.max_multivector_values)
+    limit = MultivectorLimit.of(engine.retrieval, config.max_multivector_values)
     return kind(
         engine,
         config.scheduler(batch_tokens),

@@ -43,6 +43,12 @@ class MultivectorLimit:
     spec: RetrievalSpec
     max_values: int
 
+    @classmethod
+    def of(cls, retrieval: RetrievalSpec | None, max_values: int) -> MultivectorLimit | None:
+        """The bound for an engine whose record (`EngineSeam.retrieval`) is `retrieval`; None
+        for a model without sparse or multi-vector outputs."""
+        return None if retrieval is None else cls(retrieval, max_values)
+
     def check(self, input_ids: np.ndarray, seqlens: np.ndarray, query: bool) -> None:
         """An InputError (a ValueError: INVALID_ARGUMENT) naming the size and the bound."""
         rows = multivector_rows(self.spec, input_ids, seqlens, query=query)

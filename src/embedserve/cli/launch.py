@@ -17,16 +17,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from embedserve.cli.models_file import ModelSection, read_models_file
+from embedserve.cli.serve_options import ServeConfig
 from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.models import split_named
 from embedserve.gateway.served import default_names
 from embedserve.gpus import visible_gpus
 from embedserve.memory import ModelMemory, check_fits, cpu_thread_shares
-from embedserve.options import EngineOptions, Options, option
+from embedserve.options import EngineOptions
 from embedserve.processes import (
     START_TIMEOUT_S,
     Child,
@@ -38,46 +39,6 @@ from embedserve.processes import (
 from embedserve.server.main import ServerConfig
 
 MAX_RESTARTS_PER_MINUTE = 3
-
-
-@dataclass(frozen=True)
-class ServeConfig(Options):
-    """What `serve` adds to a server's and a gateway's flags."""
-
-    num_replicas: int = option(
-        0,
-        "server processes; 0: one per visible GPU with --device auto (one on the CPU); more "
-        "than the GPUs share them round-robin",
-        flag="replicas",
-    )
-    config: str | None = option(
-        None,
-        "a TOML file of the models to serve, each with its own name, device, dtype, replicas "
-        'and limits (docs/serving.md, "Several models"); instead of --model',
-        metavar="PATH",
-    )
-    one_process: bool = option(
-        False,
-        "one process on the CPU: the gateway and the engine together, each step on the HTTP "
-        "event loop's thread (one model, one worker): a lone short query 0.5-0.7 ms sooner on a "
-        '2-core Zen 5 (docs/serving.md, "One process")',
-    )
-
-    native: bool = option(
-        False,
-        "one process with the native front (Rust: HTTP, JSON, tokenization, the FCFS queue) "
-        "before the engine, on a GPU or the CPU; one dense embedding model "
-        '(docs/native.md, "serve --native")',
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.one_process and self.native:
-            raise ValueError("--one-process and --native are two shapes of one process: give one")
-        if self.num_replicas < 0:
-            raise ValueError(
-                f"--replicas must be 0 (one per GPU) or positive, got {self.num_replicas}"
-            )
 
 
 # `serve`'s servers listen on 127.0.0.1, any free port; its --host / --port are the gateway's;

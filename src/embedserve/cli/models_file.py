@@ -26,21 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embedserve.cli.serve_options import ServeConfig
 from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.served import PER_MODEL_LIMITS, default_names
 from embedserve.options import EngineOptions, option_key
 from embedserve.server.main import ServerConfig
 
-# The configs whose fields a model may set for itself, and those fields. `serve` owns
-# --replicas (ServeConfig, imported late: it lives in cli.launch, which imports this module).
+# The configs whose fields a model may set for itself, and those fields (`serve`'s own:
+# --replicas).
 PER_MODEL_SERVER = ("max_batch_tokens", "max_queued_tokens", "batch_wait_ms", "cpu_threads")
 PER_MODEL_SERVE = ("num_replicas",)
 
 
 def _per_model() -> dict[str, tuple[type, str, type]]:
     """key -> (config class, field name, value type), every key a model may have but `name`."""
-    from embedserve.cli.launch import ServeConfig
-
     groups: list[tuple[type, tuple[str, ...]]] = [
         (EngineOptions, tuple(EngineOptions.__dataclass_fields__)),
         (ServerConfig, PER_MODEL_SERVER),

@@ -12,14 +12,23 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from embedserve.engine.batch import PackedBatch
 
-if TYPE_CHECKING:
-    from embedserve.engine.graphs import GraphConfig
+
+class BucketBounds(Protocol):
+    """The largest buckets (`graphs.GraphConfig` has them): read here, owned there, so the
+    arithmetic needs nothing of the device side."""
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    @property
+    def max_seqs(self) -> int: ...
+
 
 SMALL_TOKENS = 1024  # up to here token buckets step by 64, above by 256
 MIN_SEQLEN_BUCKET = 64
@@ -72,7 +81,7 @@ class BucketPlan:
 
 
 def plan_bucket(
-    seqlens: Sequence[int] | np.ndarray, config: GraphConfig, max_positions: int
+    seqlens: Sequence[int] | np.ndarray, config: BucketBounds, max_positions: int
 ) -> BucketPlan | None:
     """Where a batch with these sequence lengths is padded to, or None if no bucket holds it."""
     num_tokens = int(np.sum(seqlens))
@@ -92,7 +101,7 @@ def plan_bucket(
 
 
 def short_query_batches(
-    max_queries: int, config: GraphConfig, max_positions: int
+    max_queries: int, config: BucketBounds, max_positions: int
 ) -> list[np.ndarray]:
     """Sequence lengths of one batch per bucket that batches of 1 to `max_queries` short queries
     (`SHORT_QUERY_TOKENS` each) fall into, in order of first appearance: what a server captures
@@ -111,7 +120,7 @@ def short_query_batches(
 
 
 def grid_parts(
-    seqlens: np.ndarray, config: GraphConfig, max_positions: int
+    seqlens: np.ndarray, config: BucketBounds, max_positions: int
 ) -> list[tuple[int, int]]:
     """[start, stop) runs of sequences, in order, each held by a bucket (a sequence longer than
     the largest bucket alone in its run): how a batch above the grid is split, so no batch runs

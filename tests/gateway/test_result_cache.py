@@ -163,9 +163,14 @@ def test_off_by_default_nothing_is_kept_or_looked_up(inputs: InputPreparer) -> N
     assert GatewayConfig(replicas=("a:1",)).cache_size == 0
 
 
-def test_a_negative_cache_size_is_refused() -> None:
-    with pytest.raises(ValueError, match="cache_size must be >= 0, got -1"):
-        GatewayConfig(replicas=("a:1",), cache_size=-1)
+@pytest.mark.parametrize("command", [["gateway", "--replica", "127.0.0.1:1"], ["serve"]])
+def test_a_negative_cache_size_is_refused(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from embedserve.cli.main import main
+
+    assert main([*command, "--cache-size", "-1"]) == 2  # before any process starts
+    assert "error: cache_size must be >= 0, got -1" in capsys.readouterr().err
 
 
 def test_each_worker_holds_its_share(inputs: InputPreparer) -> None:

@@ -82,7 +82,8 @@ impl Tokenizer {
     }
 }
 
-/// The native front on `host:port`: the plain shape of `POST /v1/embeddings` answered here
+/// The native front on `host:port`: the plain shapes of `POST /v1/embeddings` and `/embed`
+/// answered here
 /// (its ids queued on Tulip, which calls `build()`'s `step(ids, cu_seqlens) -> handle` on its
 /// engine thread), every other request handed to the Python `front` (`ivy::fallback`).
 #[pyclass(frozen, module = "embedserve._native")]
@@ -177,7 +178,10 @@ impl Gateway {
             normalize,
             bounds,
             admission,
-            Stats::new(latency_buckets),
+            ivy::api::ROUTES
+                .iter()
+                .map(|_| Stats::new(latency_buckets.clone()))
+                .collect(),
         ));
         let (stop, _) = watch::channel(false);
         Ok(Gateway {
@@ -248,10 +252,14 @@ impl Gateway {
     }
 
     /// What the requests answered here (not handed over) add to the metrics since the last
-    /// call: (requests, latency counts per bucket of `latency_buckets` and one over them,
-    /// latency seconds in all, tokens, inputs).
-    fn take_counts(&self) -> Taken {
-        self.front.stats.take()
+    /// call, by route: (route, (requests, latency counts per bucket of `latency_buckets` and
+    /// one over them, latency seconds in all, tokens, inputs)).
+    fn take_counts(&self) -> Vec<(&'static str, Taken)> {
+        ivy::api::ROUTES
+            .iter()
+            .zip(&self.front.stats)
+            .map(|(&route, stats)| (route, stats.take()))
+            .collect()
     }
 
     /// The API keys in force from now on (the key file read again on SIGHUP).

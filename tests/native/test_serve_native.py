@@ -95,6 +95,22 @@ def test_the_python_front_answers_what_ivy_hands_over_the_same(port: int) -> Non
     assert [d["index"] for d in python["data"]] == [d["index"] for d in native["data"]]
 
 
+def test_teis_embed_answers_as_the_python_front(port: int) -> None:
+    """TEI's plain `/embed` is answered here too: the rows of `/v1/embeddings`, and with
+    `normalize: false` the raw rows the Python front gives (`dimensions` hands it over)."""
+    status, rows, _ = post(port, {"inputs": TEXTS}, "/embed")
+    assert status == 200 and len(rows) == len(TEXTS)
+    _, openai, _ = post(port, {"input": TEXTS})
+    np.testing.assert_allclose(np.array(rows), vectors(openai), atol=1e-6)
+    raw_native = post(port, {"inputs": TEXTS, "normalize": False, "truncate": False}, "/embed")
+    raw_python = post(port, {"inputs": TEXTS, "normalize": False, "dimensions": 384}, "/embed")
+    assert raw_native[0] == raw_python[0] == 200
+    np.testing.assert_allclose(np.array(raw_native[1]), np.array(raw_python[1]), atol=1e-5)
+    assert np.abs(np.linalg.norm(np.array(raw_native[1]), axis=1) - 1).max() > 0.01
+    (one,) = post(port, {"inputs": TEXTS[0]}, "/embed")[1]
+    np.testing.assert_allclose(one, rows[0], atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
@@ -137,22 +153,21 @@ def test_timing_headers_and_request_ids(port: int) -> None:
     assert echoed["x-request-id"] == "trace-42"
 
 
-def test_metrics_count_the_native_answers(port: int) -> None:
+@pytest.mark.parametrize(("route", "body"), [("/v1/embeddings", "input"), ("/embed", "inputs")])
+def test_metrics_count_the_native_answers(port: int, route: str, body: str) -> None:
     def embeddings_count() -> float:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()
         conn.close()
         found = re.search(
-            r'^embedserve_gateway_request_seconds_count\{route="/v1/embeddings"\} (\S+)',
-            text,
-            re.M,
+            rf'^embedserve_gateway_request_seconds_count\{{route="{route}"\}} (\S+)', text, re.M
         )
         return float(found.group(1)) if found else 0.0
 
     before = embeddings_count()
     for _ in range(3):
-        assert post(port, {"input": "counted"})[0] == 200
+        assert post(port, {body: "counted"}, route)[0] == 200
     assert embeddings_count() - before >= 3
 
 
@@ -196,3 +211,21 @@ def test_sigterm_drains_the_requests_in_flight() -> None:
     asking.join(120)
     assert answers == [200]
     assert proc.proc.wait(60) == 0
+
+
+def test_with_a_result_cache_every_request_goes_through_it() -> None:
+    """`--cache-size`: the cache is the Python front's pipeline's, so the plain requests go
+    there too (a repeated one is a hit) and get the same rows."""
+    proc, port = serve_native("--cache-size", "1000000")
+    try:
+        first = vectors(post(port, {"input": ["cached once", "and again"]})[1])
+        second = vectors(post(port, {"input": ["cached once", "and again"]})[1])
+        np.testing.assert_array_equal(first, second)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        hits = re.search(r"^embedserve_gateway_cache_hits_total (\S+)", text, re.M)
+        assert hits is not None and float(hits.group(1)) == 2.0, text
+    finally:
+        proc.stop()

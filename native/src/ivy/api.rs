@@ -1,10 +1,15 @@
-//! The OpenAI embeddings shape answered natively: the plain body (`input` as text, `model`,
-//! `encoding_format` float or base64, `user`) parsed with serde, and the answer written by hand
-//! (floats by `ryu`, base64 of little-endian float32). Any other body is not parsed here: the
-//! Python front reads it and says what is wrong with it.
+//! The embedding routes' plain bodies answered natively: OpenAI's `POST /v1/embeddings`
+//! (`input` as text, `model`, `encoding_format` float or base64, `user`) and TEI's `POST /embed`
+//! (`inputs` as text, `normalize`, `truncate`), parsed with serde, and their answers written by
+//! hand (floats by `ryu`, base64 of little-endian float32). Any other body is not parsed here:
+//! the Python front reads it and says what is wrong with it.
 
 use base64::Engine as _;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
+
+/// The routes answered here, in the order of their counts (`Gateway.take_counts`).
+pub const ROUTES: [&str; 2] = ["/v1/embeddings", "/embed"];
 
 /// `input`: one text or a list of them.
 #[derive(Debug, Deserialize)]
@@ -37,18 +42,83 @@ pub struct EmbeddingsRequest {
     pub user: Option<String>,
 }
 
-impl EmbeddingsRequest {
+impl Input {
     pub fn texts(&self) -> &[String] {
-        match &self.input {
+        match self {
             Input::One(text) => std::slice::from_ref(text),
             Input::Many(texts) => texts,
         }
     }
 }
 
+/// TEI's `POST /embed` plain body: `normalize` (null: the model's own) and `truncate` (a text
+/// too long to be answered here is handed over, which cuts it when asked: so any value will
+/// do); `dimensions`, `prompt_name` or `truncation_direction` send it to the Python front.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeiEmbedRequest {
+    pub inputs: Input,
+    #[serde(default)]
+    pub normalize: Option<bool>,
+    #[serde(default)]
+    #[allow(dead_code)] // read for its type only (see above)
+    pub truncate: Option<bool>,
+}
+
+/// A plain body of one of `ROUTES`.
+#[derive(Debug)]
+pub enum Plain {
+    OpenAi(EmbeddingsRequest),
+    Tei(TeiEmbedRequest),
+}
+
+impl Plain {
+    /// The body of a request to `ROUTES[route]`, if it is that route's plain shape.
+    pub fn parse(route: usize, body: &[u8]) -> Result<Plain, serde_json::Error> {
+        match route {
+            0 => parse(body).map(Plain::OpenAi),
+            _ => parse(body).map(Plain::Tei),
+        }
+    }
+
+    pub fn texts(&self) -> &[String] {
+        match self {
+            Plain::OpenAi(request) => request.input.texts(),
+            Plain::Tei(request) => request.inputs.texts(),
+        }
+    }
+
+    /// The model the body names, if any (TEI's route names none).
+    pub fn model(&self) -> Option<&str> {
+        match self {
+            Plain::OpenAi(request) => request.model.as_deref(),
+            Plain::Tei(_) => None,
+        }
+    }
+
+    /// Whether the rows leave as unit vectors: the body's `normalize`, else the model's.
+    pub fn normalize(&self, model_default: bool) -> bool {
+        match self {
+            Plain::OpenAi(_) => model_default,
+            Plain::Tei(request) => request.normalize.unwrap_or(model_default),
+        }
+    }
+
+    /// The answer's body, in the route's shape.
+    pub fn answer(&self, rows: &[f32], width: usize, model: &str, tokens: usize) -> Vec<u8> {
+        match self {
+            Plain::OpenAi(request) => {
+                let base64 = matches!(request.encoding_format, Some(EncodingFormat::Base64));
+                answer(rows, width, model, tokens, base64)
+            }
+            Plain::Tei(_) => tei_answer(rows, width),
+        }
+    }
+}
+
 /// The body parsed, if it is the plain shape: a JSON object (serde's derived struct would take
 /// an array of the fields' values in order too, which the Python front refuses).
-pub fn parse(body: &[u8]) -> Result<EmbeddingsRequest, serde_json::Error> {
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => serde_json::from_slice(body),
         _ => Err(serde::de::Error::custom("the body is not a JSON object")),
@@ -87,23 +157,7 @@ pub fn answer(rows: &[f32], width: usize, model: &str, tokens: usize, base64: bo
             );
             out.push(b'"');
         } else {
-            out.push(b'[');
-            for (j, v) in row.iter().enumerate() {
-                if j > 0 {
-                    out.push(b',');
-                }
-                // NOTE: JSON has no NaN or infinity; the engine's guard keeps them out, and a 0
-                // is written rather than an unparsable body if one slips through
-                out.extend_from_slice(
-                    if v.is_finite() {
-                        floats.format_finite(*v)
-                    } else {
-                        "0"
-                    }
-                    .as_bytes(),
-                );
-            }
-            out.push(b']');
+            float_row(&mut out, row, &mut floats);
         }
         out.push(b'}');
     }
@@ -117,18 +171,57 @@ pub fn answer(rows: &[f32], width: usize, model: &str, tokens: usize, base64: bo
     out
 }
 
+/// TEI's answer: a JSON array of rows of floats.
+pub fn tei_answer(rows: &[f32], width: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + rows.len() * 12);
+    let mut floats = ryu::Buffer::new();
+    out.push(b'[');
+    for (i, row) in rows.chunks_exact(width.max(1)).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        float_row(&mut out, row, &mut floats);
+    }
+    out.push(b']');
+    out
+}
+
+/// One row as a JSON array of floats, each the shortest text that reads back as its float32.
+fn float_row(out: &mut Vec<u8>, row: &[f32], floats: &mut ryu::Buffer) {
+    out.push(b'[');
+    for (j, v) in row.iter().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        // NOTE: JSON has no NaN or infinity; the engine's guard keeps them out, and a 0 is
+        // written rather than an unparsable body if one slips through
+        out.extend_from_slice(
+            if v.is_finite() {
+                floats.format_finite(*v)
+            } else {
+                "0"
+            }
+            .as_bytes(),
+        );
+    }
+    out.push(b']');
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn one_text_or_many() {
-        let one = parse(br#"{"input": "a", "model": "m", "user": "u"}"#).unwrap();
-        assert_eq!(one.texts(), ["a"]);
-        let many = parse(br#"{"input": ["a", "b"], "encoding_format": "base64"}"#).unwrap();
-        assert_eq!(many.texts(), ["a", "b"]);
+        let one: EmbeddingsRequest =
+            parse(br#"{"input": "a", "model": "m", "user": "u"}"#).unwrap();
+        assert_eq!(one.input.texts(), ["a"]);
+        let many: EmbeddingsRequest =
+            parse(br#"{"input": ["a", "b"], "encoding_format": "base64"}"#).unwrap();
+        assert_eq!(many.input.texts(), ["a", "b"]);
         assert!(matches!(many.encoding_format, Some(EncodingFormat::Base64)));
-        let nulls = parse(br#"{"input": "a", "model": null, "encoding_format": null}"#).unwrap();
+        let nulls: EmbeddingsRequest =
+            parse(br#"{"input": "a", "model": null, "encoding_format": null}"#).unwrap();
         assert!(nulls.model.is_none() && nulls.encoding_format.is_none());
     }
 
@@ -148,7 +241,8 @@ mod tests {
             b"{\"input\": \"a\"",
             b"{\"input\": \"\\ud800\"}",
         ] {
-            assert!(parse(body).is_err(), "{}", String::from_utf8_lossy(body));
+            let parsed = Plain::parse(0, body);
+            assert!(parsed.is_err(), "{}", String::from_utf8_lossy(body));
         }
     }
 
@@ -164,17 +258,18 @@ mod tests {
             state ^= state << 17;
             state
         };
-        let seeds: [&[u8]; 4] = [
+        let seeds: [&[u8]; 5] = [
             br#"{"input": ["a text", "another"], "model": "m", "encoding_format": "base64"}"#,
             br#"{"input": "one", "user": {"nested": [1, 2, {"x": null}]}}"#,
             "{\"input\": [\"caf\u{e9}\", \"\\ud83d\\ude00\"]}".as_bytes(),
             b"[]",
+            br#"{"inputs": ["x", "y"], "normalize": true, "truncate": false}"#,
         ];
         for round in 0..20_000 {
             let body: Vec<u8> = if round % 4 == 0 {
                 (0..next() % 64).map(|_| next() as u8).collect()
             } else {
-                let mut body = seeds[(next() % 4) as usize].to_vec();
+                let mut body = seeds[(next() % 5) as usize].to_vec();
                 for _ in 0..=(next() % 4) {
                     let at = (next() as usize) % body.len().max(1);
                     match next() % 3 {
@@ -188,10 +283,44 @@ mod tests {
                 }
                 body
             };
-            if let Ok(request) = parse(&body) {
-                let _ = request.texts(); // parsed or refused; either way no panic
+            for route in 0..ROUTES.len() {
+                if let Ok(request) = Plain::parse(route, &body) {
+                    let _ = request.texts(); // parsed or refused; either way no panic
+                }
             }
         }
+    }
+
+    #[test]
+    fn teis_plain_body_and_answer() {
+        let one = Plain::parse(
+            1,
+            br#"{"inputs": "a", "normalize": false, "truncate": true}"#,
+        );
+        let one = one.unwrap();
+        assert_eq!(one.texts(), ["a"]);
+        assert!(!one.normalize(true) && one.model().is_none());
+        let many = Plain::parse(1, br#"{"inputs": ["a", "b"], "normalize": null}"#).unwrap();
+        assert_eq!(many.texts(), ["a", "b"]);
+        assert!(many.normalize(true));
+        for body in [
+            &br#"{"input": "a"}"#[..],
+            br#"{"inputs": "a", "dimensions": 8}"#,
+            br#"{"inputs": "a", "prompt_name": "query"}"#,
+            br#"{"inputs": "a", "truncation_direction": "Left"}"#,
+            br#"{"inputs": "a", "normalize": "yes"}"#,
+            br#"{"inputs": "a", "model": "m"}"#,
+            br#"["a"]"#,
+        ] {
+            let parsed = Plain::parse(1, body);
+            assert!(parsed.is_err(), "{}", String::from_utf8_lossy(body));
+        }
+        assert_eq!(
+            tei_answer(&[0.5, -1.0, 0.25, 2.0], 2),
+            b"[[0.5,-1.0],[0.25,2.0]]"
+        );
+        let answer = one.answer(&[1.0, 0.0], 2, "m", 3);
+        assert_eq!(answer, b"[[1.0,0.0]]");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The HTTP front: every request is read here; the common shape of `POST /v1/embeddings` is
-//! answered here (tokenized, queued on Tulip, written), and every other request, or one this
-//! front may not answer, is handed over to the Python front in this process (`fallback`).
+//! The HTTP front: every request is read here; the plain shapes of `POST /v1/embeddings` and
+//! TEI's `POST /embed` are answered here (tokenized, queued on Tulip, written), and every other
+//! request, or one this front may not answer, is handed over to the Python front in this
+//! process (`fallback`).
 
 use std::collections::hash_map::RandomState;
 use std::convert::Infallible;
@@ -23,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
 use super::admission::Admission;
-use super::api::{self, EncodingFormat};
+use super::api::{self, Plain, ROUTES};
 use super::fallback::{hand_over, Answered};
 use super::stats::Stats;
 use super::tokenize::{Packed, TextTokenizer};
@@ -63,7 +64,8 @@ pub struct Front {
     /// set on SIGTERM: every request is handed over (the Python front answers 503)
     pub draining: AtomicBool,
     pub in_flight: AtomicUsize,
-    pub stats: Stats,
+    /// one per route of `api::ROUTES`
+    pub stats: Vec<Stats>,
     ids: RandomState,
     next_id: AtomicU64,
 }
@@ -79,7 +81,7 @@ impl Front {
         normalize: bool,
         bounds: Bounds,
         admission: Admission,
-        stats: Stats,
+        stats: Vec<Stats>,
     ) -> Self {
         Front {
             names,
@@ -137,19 +139,20 @@ async fn route(
     let _counted = Counted::new(&front.in_flight);
     let start = Instant::now();
     let (parts, body) = request.into_parts();
+    let route = ROUTES.iter().position(|&r| r == parts.uri.path());
     let here = front.fast
         && parts.method == Method::POST
-        && parts.uri.path() == "/v1/embeddings"
+        && route.is_some()
         && !front.draining.load(Ordering::Relaxed)
         && front
             .admission
             .read()
             .is_ok_and(|a| a.admits(&parts.headers));
-    if !here {
+    let (true, Some(route)) = (here, route) else {
         return Ok(handed(&front, &parts, Bytes::new(), Some(body)).await);
-    }
+    };
     match read_whole(&front.bounds, &parts, body).await {
-        Ok(bytes) => match embeddings(&front, &parts, &bytes, start).await {
+        Ok(bytes) => match embeddings(&front, route, &parts, &bytes, start).await {
             Some(reply) => Ok(reply),
             None => Ok(handed(&front, &parts, bytes, None).await),
         },
@@ -188,17 +191,19 @@ async fn read_whole(
     }
 }
 
-/// A plain embeddings request answered here, or None: the Python front answers it (another
-/// shape, a refusal, a full queue, a failed batch: each rule and message is written there).
+/// A plain embeddings request to `ROUTES[route]` answered here, or None: the Python front
+/// answers it (another shape, a refusal, a full queue, a failed batch: each rule and message
+/// is written there).
 async fn embeddings(
     front: &Front,
+    route: usize,
     parts: &Parts,
     body: &[u8],
     start: Instant,
 ) -> Option<Response<Body>> {
-    let parsed = api::parse(body).ok()?;
-    if let Some(model) = &parsed.model {
-        if !front.names.contains(model) {
+    let parsed = Plain::parse(route, body).ok()?;
+    if let Some(model) = parsed.model() {
+        if !front.names.iter().any(|name| name == model) {
             return None;
         }
     }
@@ -218,11 +223,10 @@ async fn embeddings(
     }
     let tokenized = start.elapsed();
     let mut rows = embed(front, packed).await?;
-    if front.normalize {
+    if parsed.normalize(front.normalize) {
         api::normalize(&mut rows.values, rows.width);
     }
-    let base64 = matches!(parsed.encoding_format, Some(EncodingFormat::Base64));
-    let payload = api::answer(&rows.values, rows.width, &front.names[0], tokens, base64);
+    let payload = parsed.answer(&rows.values, rows.width, &front.names[0], tokens);
     let mut reply = Response::new(Full::new(Bytes::from(payload)));
     let headers = reply.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -235,9 +239,7 @@ async fn embeddings(
     headers.insert("x-tokenization-time", ms(tokenized.as_secs_f64()));
     headers.insert("x-queue-time", ms(rows.queue));
     headers.insert("x-inference-time", ms(rows.inference));
-    front
-        .stats
-        .record(start.elapsed().as_secs_f64(), tokens, texts.len());
+    front.stats[route].record(start.elapsed().as_secs_f64(), tokens, texts.len());
     Some(reply)
 }
 

@@ -1,7 +1,8 @@
 """`serve --native`: the native front (Ivy and Tulip, `native/`) and the engine in one process.
 
-Ivy reads every HTTP request. The plain shape of `POST /v1/embeddings` (text input, `model`,
-`encoding_format` float or base64) is answered there: tokenized in Rust, queued on Tulip, whose
+Ivy reads every HTTP request. The plain shapes of `POST /v1/embeddings` (text input, `model`,
+`encoding_format` float or base64) and of TEI's `POST /embed` (text input, `normalize`,
+`truncate`) are answered there: tokenized in Rust, queued on Tulip, whose
 engine thread builds the engine and then calls its `step()` with the GIL held for that call
 alone, and written in Rust. Every other request (the other routes, the other options, every
 refusal) is handed to the gateway's ASGI app, run here on an event loop of its own thread
@@ -107,7 +108,8 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, bool]:
     )
     head = inputs.head()
     plain = (  # a reranker's or a retrieval model's every request goes to the Python front
-        limits.task == "embed"
+        not gateway.cache_size  # the result cache is the pipeline's: every request through it
+        and limits.task == "embed"
         and limits.retrieval is None
         and inputs.options().prompt == ""
         and head.output_dtype == "float32"

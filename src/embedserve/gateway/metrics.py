@@ -34,6 +34,9 @@ _REQUEST_MODEL: contextvars.ContextVar[str] = contextvars.ContextVar(
 )
 # NOTE: prometheus_client reads this when it is imported; the gateway launcher sets it for workers.
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+# the native front's answers on one route since the last scrape (`Gateway.take_counts`):
+# requests, latency counts per bucket (and one over the last), seconds in all, tokens, inputs
+NativeCounts = tuple[int, list[int], float, int, int]
 # seconds: the request latency histogram's bounds (the native front counts in the same ones)
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
@@ -49,7 +52,7 @@ class Metrics:
         self._route_children: dict[tuple[str, int, str], tuple[Any, Any]] = {}
         # `serve --native`: the counts of the requests answered natively since the last scrape
         # (`native/src/ivy/stats.rs`), taken at each export
-        self.native_counts: Callable[[], tuple[int, list[int], float, int, int]] | None = None
+        self.native_counts: Callable[[], list[tuple[str, NativeCounts]]] | None = None
         # the replica series there are: (address,) or, by model, (address, model)
         self._labelled: set[tuple[str, ...]] = set()
         self._cache: list[Any] | None = None  # the result cache's series, once one reports
@@ -210,7 +213,7 @@ class Metrics:
             self.healthy.labels(*labels).set(float(r.healthy))
             self.outstanding.labels(*labels).set(r.outstanding_tokens)
 
-    def add_native(self, route: str, counts: tuple[int, list[int], float, int, int]) -> None:
+    def add_native(self, route: str, counts: NativeCounts) -> None:
         """The native front's answers on `route` since the last scrape into the same series:
         (requests, latency counts per bucket, seconds in all, tokens, inputs); all 200s (it
         hands every other answer to this front)."""
@@ -229,7 +232,8 @@ class Metrics:
 
     def _export(self, replicas: dict[tuple[str, ...], Replica]) -> bytes:
         if self.native_counts is not None:
-            self.add_native("/v1/embeddings", self.native_counts())
+            for route, counts in self.native_counts():
+                self.add_native(route, counts)
         self.refresh(replicas)
         registry = self.registry
         if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from embedserve.engine import cpu_paths, cpu_timing
+from embedserve.engine import cpu_paths, cpu_timing, prefix_fold
 from embedserve.engine.attention import (
     CAPTURE_SAFE,
     AttentionFn,
@@ -98,6 +98,7 @@ class Engine:
         self.attend: AttentionFn = model_backend(
             spec.family_row, attention_backend, self.device, self.choices
         )
+        self.fold_prefixes = False  # decided below; the start-up checks run the plain forward
         fused = on_cuda if fuse is None else fuse
         self._build_ops(fused, epilogues)  # the ops first: the model calls them for every chain
         # a CPU's bf16 chosen by default (not asked for) is checked, and may fall back to fp32
@@ -116,6 +117,14 @@ class Engine:
         chosen = dtype_name == "float32" and (dtype is None or cpu_path == "auto")
         if not (on_cuda or fused) and (asked_path or chosen):
             self._choose_cpu_path(cpu_path if asked_path else None)
+        # a batch's shared prefixes computed once (`prefix_fold`): a causal model pooled by its
+        # last token, whose forward is torch's (ONNX Runtime's graph has its own attention)
+        self.fold_prefixes = (
+            spec.attention == "causal"
+            and spec.pooling == "last"
+            and self.retrieval is None
+            and "onnx" not in (self.cpu_path or "").split("+")
+        )
 
     def _build_ops(self, fused: bool, epilogues: bool) -> None:
         """The ops table the model computes through (compiled with `fused`, else eager), and
@@ -343,6 +352,10 @@ class Engine:
         self.check(batch)
         pooling, attend = self.spec.pooling, self.attend
         with self._lock:
+            fold = prefix_fold.plan(batch) if self.fold_prefixes else None
+            if fold is not None:  # eagerly: a folded packing is no bucket's
+                with torch.inference_mode():
+                    return LazyTensor.from_device(self._folded(fold))
             if self.runner is None:  # ONNX Runtime's rows pooled on the host: no torch at all
                 rows = host_pooled(self.model, batch, pooling, attend, self.after_pooling)
                 if rows is not None:
@@ -355,6 +368,17 @@ class Engine:
                 else:
                     out = run_parts(batch, self.runner, self._forward, attend)
                 return LazyTensor.from_device(out)
+
+    def _folded(self, fold: prefix_fold.Fold) -> torch.Tensor:  # [S, H] float32 (or scores)
+        """The forward of a folded batch: each sequence's last token's row, in batch order."""
+        ids, positions, last = (
+            torch.from_numpy(a).to(self.device) for a in (fold.input_ids, fold.positions, fold.last)
+        )
+        layout, attend = prefix_fold.layout(fold, self.device), prefix_fold.attend(fold)
+        with self._around_forward, self._threads_for(len(ids)):
+            hidden = self.model(ids, positions, torch.zeros_like(ids), layout, attend)
+            pooled = hidden[last].float()
+            return pooled if self.after_pooling is None else self.after_pooling(pooled)
 
     @torch.inference_mode()
     def embed_spans(self, batch: PackedBatch, spans: np.ndarray) -> np.ndarray:

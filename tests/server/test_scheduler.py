@@ -11,6 +11,7 @@ from embedserve.core.budget import split_rows
 from embedserve.core.head import Head
 from embedserve.engine.batch import PackedBatch
 from embedserve.server.scheduler import (
+    BULK_EVERY,
     Overloaded,
     Pending,
     Scheduler,
@@ -134,3 +135,75 @@ def test_only_small_requests_pass_and_a_small_front_keeps_arrival_order() -> Non
     sched.submit(half)
     sched.submit(query)
     assert sched.next_batch() == [half, query]
+
+
+def lane(*seqlens: int, bulk: bool = False, cancelled: bool = False) -> Pending:
+    r = request(*seqlens, cancelled=cancelled)
+    r.bulk = bulk
+    return r
+
+
+def test_interactive_work_goes_first_at_a_batch_boundary() -> None:
+    sched = Scheduler(SchedulerConfig(max_batch_tokens=100, max_queued_tokens=10_000))
+    bulk = [lane(90, bulk=True) for _ in range(3)]
+    for r in bulk:
+        sched.submit(r)
+    assert sched.next_batch() == [bulk[0]]  # alone: bulk runs
+    query = lane(8)
+    sched.submit(query)  # arrives while bulk[0] runs: next at the boundary, before bulk[1]
+    assert sched.next_batch() == [query]
+    assert sched.next_batch() == [bulk[1]]
+    assert sched.next_batch() == [bulk[2]]
+    assert sched.num_queued_tokens == 0 and sched.num_bulk_batches == 3
+
+
+def test_bulk_keeps_one_batch_in_bulk_every_under_a_constant_interactive_stream() -> None:
+    sched = Scheduler(SchedulerConfig(max_batch_tokens=100, max_queued_tokens=100_000))
+    for _ in range(10):
+        sched.submit(lane(90, bulk=True))
+    taken = []
+    for _ in range(40):
+        sched.submit(lane(60))  # a query per batch, each filling most of one
+        taken.append(sched.next_batch()[0].bulk)
+    # one batch in BULK_EVERY is bulk's, on the dot, while both lanes wait
+    assert taken == ([False] * (BULK_EVERY - 1) + [True]) * (40 // BULK_EVERY)
+
+
+def test_each_lane_is_first_come_first_served() -> None:
+    sched = Scheduler(SchedulerConfig(max_batch_tokens=10, max_queued_tokens=10_000))
+    reqs = [lane(10, bulk=i % 2 == 1) for i in range(8)]
+    for r in reqs:
+        sched.submit(r)
+    order = [sched.next_batch()[0] for _ in range(8)]
+    assert [r for r in order if not r.bulk] == reqs[0::2]
+    assert [r for r in order if r.bulk] == reqs[1::2]
+
+
+def test_cancelled_requests_are_dropped_in_both_lanes() -> None:
+    sched = Scheduler(SchedulerConfig(max_batch_tokens=100, max_queued_tokens=10_000))
+    gone_q, gone_b, kept = lane(10, cancelled=True), lane(10, bulk=True, cancelled=True), lane(5)
+    kept_b = lane(10, bulk=True)
+    for r in (gone_q, gone_b, kept_b, kept):
+        sched.submit(r)
+    queued = lane(20, bulk=True)
+    sched.submit(queued)
+    queued.result.cancel()
+    sched.cancel(queued)  # its tokens leave at once, before it reaches its lane's front
+    assert sched.num_queued_tokens == 35
+    assert sched.next_batch() == [kept]
+    assert sched.next_batch() == [kept_b]  # queued (behind it, cancelled) dropped in the batch
+    assert sched.next_batch() == []
+    assert sched.num_dropped == 3 and sched.num_queued_tokens == 0 and len(sched) == 0
+
+
+def test_with_lanes_off_every_request_is_in_one_fcfs_queue() -> None:
+    config = SchedulerConfig(max_batch_tokens=100, max_queued_tokens=10_000, lanes=False)
+    sched = Scheduler(config)
+    first, query = lane(90, bulk=True), lane(8)
+    second = lane(90, bulk=True)
+    for r in (first, second, query):
+        sched.submit(r)
+    # FCFS, the small-passes-large-once rule as before: the query passes `first` once
+    assert sched.next_batch() == [query]
+    assert sched.next_batch() == [first]
+    assert sched.next_batch() == [second]

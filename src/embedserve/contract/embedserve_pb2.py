@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$embedserve/contract/embedserve.proto\x12\rembedserve.v1\"\x8a\x02\n\x0c\x45mbedRequest\x12\x11\n\tinput_ids\x18\x01 \x01(\x0c\x12\x0f\n\x07seqlens\x18\x02 \x03(\r\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12\x11\n\tnormalize\x18\x04 \x01(\x08\x12\x14\n\x0coutput_dtype\x18\x05 \x01(\t\x12\x13\n\x0bspan_bounds\x18\x06 \x03(\r\x12\x16\n\x0esecond_segment\x18\x07 \x03(\r\x12\x0b\n\x03raw\x18\x08 \x01(\x08\x12\x13\n\x0btraceparent\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x0f\n\x07outputs\x18\x0b \x03(\t\x12\r\n\x05query\x18\x0c \x01(\x08\x12\x16\n\x0evisible_tokens\x18\r \x03(\r\"\xf6\x01\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\r\n\x05shape\x18\x02 \x03(\r\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x15\n\rsparse_counts\x18\x04 \x03(\r\x12\x16\n\x0esparse_indices\x18\x05 \x01(\x0c\x12\x15\n\rsparse_values\x18\x06 \x01(\x0c\x12\x15\n\rvector_counts\x18\x07 \x03(\r\x12\x0f\n\x07vectors\x18\x08 \x01(\x0c\x12\x13\n\x0bvector_dims\x18\t \x01(\r\x12\x15\n\rqueue_seconds\x18\n \x01(\x01\x12\x19\n\x11inference_seconds\x18\x0b \x01(\x01\x32N\n\x08\x45mbedder\x12\x42\n\x05\x45mbed\x12\x1b.embedserve.v1.EmbedRequest\x1a\x1c.embedserve.v1.EmbedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$embedserve/contract/embedserve.proto\x12\rembedserve.v1\"\x98\x02\n\x0c\x45mbedRequest\x12\x11\n\tinput_ids\x18\x01 \x01(\x0c\x12\x0f\n\x07seqlens\x18\x02 \x03(\r\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12\x11\n\tnormalize\x18\x04 \x01(\x08\x12\x14\n\x0coutput_dtype\x18\x05 \x01(\t\x12\x13\n\x0bspan_bounds\x18\x06 \x03(\r\x12\x16\n\x0esecond_segment\x18\x07 \x03(\r\x12\x0b\n\x03raw\x18\x08 \x01(\x08\x12\x13\n\x0btraceparent\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x0f\n\x07outputs\x18\x0b \x03(\t\x12\r\n\x05query\x18\x0c \x01(\x08\x12\x16\n\x0evisible_tokens\x18\r \x03(\r\x12\x0c\n\x04lane\x18\x0e \x01(\r\"\xf6\x01\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\r\n\x05shape\x18\x02 \x03(\r\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x15\n\rsparse_counts\x18\x04 \x03(\r\x12\x16\n\x0esparse_indices\x18\x05 \x01(\x0c\x12\x15\n\rsparse_values\x18\x06 \x01(\x0c\x12\x15\n\rvector_counts\x18\x07 \x03(\r\x12\x0f\n\x07vectors\x18\x08 \x01(\x0c\x12\x13\n\x0bvector_dims\x18\t \x01(\r\x12\x15\n\rqueue_seconds\x18\n \x01(\x01\x12\x19\n\x11inference_seconds\x18\x0b \x01(\x01\x32N\n\x08\x45mbedder\x12\x42\n\x05\x45mbed\x12\x1b.embedserve.v1.EmbedRequest\x1a\x1c.embedserve.v1.EmbedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,9 +32,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'embedserve.contract.embedse
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EMBEDREQUEST']._serialized_start=56
-  _globals['_EMBEDREQUEST']._serialized_end=322
-  _globals['_EMBEDRESPONSE']._serialized_start=325
-  _globals['_EMBEDRESPONSE']._serialized_end=571
-  _globals['_EMBEDDER']._serialized_start=573
-  _globals['_EMBEDDER']._serialized_end=651
+  _globals['_EMBEDREQUEST']._serialized_end=336
+  _globals['_EMBEDRESPONSE']._serialized_start=339
+  _globals['_EMBEDRESPONSE']._serialized_end=585
+  _globals['_EMBEDDER']._serialized_start=587
+  _globals['_EMBEDDER']._serialized_end=665
 # @@protoc_insertion_point(module_scope)

@@ -26,6 +26,7 @@ MESSAGES: dict[str, list[tuple[str, str, bool]]] = {
         ("outputs", "string", True),
         ("query", "bool", False),
         ("visible_tokens", "uint32", True),
+        ("lane", "uint32", False),
     ],
     "EmbedResponse": [
         ("embeddings", "bytes", False),

@@ -64,7 +64,7 @@ def merge_key(request: Any) -> tuple[Any, ...] | None:
     """What calls must share to go as one message (None: this one goes alone)."""
     if request.span_bounds or request.outputs or request.visible_tokens or request.traceparent:
         return None
-    return (request.raw, request.dimensions, request.normalize, request.output_dtype)
+    return (request.raw, request.dimensions, request.normalize, request.output_dtype, request.lane)
 
 
 def merge(requests: list[Any]) -> Any:
@@ -82,6 +82,7 @@ def merge(requests: list[Any]) -> Any:
         normalize=first.normalize,
         output_dtype=first.output_dtype,
         raw=first.raw,
+        lane=first.lane,
     )
 
 

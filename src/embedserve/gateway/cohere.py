@@ -9,6 +9,8 @@ answers, in the shapes the `cohere` client (`cohere.ClientV2`) sends and parses.
   encoded from the same rows by the output rules `/v1/embeddings` uses.
 - `/v2/rerank`: `query`, `documents`, `top_n`; documents over the model's limit are cut at their
   end, as Cohere cuts them.
+- both: `priority`, Cohere's (lower is handled earlier): 1 or more puts the request in the bulk
+  lane (`core.lanes`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.core import lanes
 from embedserve.core.head import Head, to_base64
 from embedserve.core.inputs import InputPreparer
 from embedserve.core.pairs import check_top_n, ranked
@@ -61,10 +64,11 @@ def _check_supported(body: Any) -> None:
 
 
 def _priority(body: dict[str, Any]) -> None:
-    """Accepted and ignored: requests are served first come, first served."""
-    value = body.get("priority")
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-        raise bad_request("'priority' must be an integer", param="priority", code="invalid_type")
+    """The request's lane by its `priority` (`core.lanes`: 1 or more is bulk)."""
+    try:
+        lanes.mark(body.get("priority"))
+    except ValueError as e:
+        raise bad_request(str(e), param="priority", code="invalid_value") from None
 
 
 def _texts(body: dict[str, Any], limits: Limits) -> list[Any]:

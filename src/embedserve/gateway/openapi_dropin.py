@@ -43,7 +43,10 @@ SPARSE_VALUE = {
     "required": ["index", "value"],
     "properties": {"index": integer(minimum=0), "value": number()},
 }
-PRIORITY = Field("priority", integer(description="accepted, ignored"))
+PRIORITY = Field(
+    "priority",
+    integer(minimum=0, description="0 (default): the lane by route and size; 1 or more: bulk"),
+)
 
 
 def api_document(model: str, limits: Limits, routes: Iterable[Route]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from embedserve.contract.codec import (
     decode_response,
     encode_request,
 )
+from embedserve.core import lanes
 from embedserve.core.bounds import check_chars, document_chars, pair_chars, text_chars
 from embedserve.core.budget import (
     by_length_groups,
@@ -68,7 +69,6 @@ from embedserve.retrieval.scores import late_plan
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
 TOKENIZE_THREADS = 2  # the pool large requests are prepared on
-
 T = TypeVar("T")
 
 
@@ -134,7 +134,8 @@ class Pipeline:
         )
         return prepared.seqs
 
-    def _check_size(self, num_tokens: int) -> None:
+    def _check_size(self, num_tokens: int, num_inputs: int = 1) -> None:
+        lanes.settle(num_tokens, num_inputs)  # its lane, when its size decides (`core.lanes`)
         if num_tokens > self.limits.max_tokens_per_request:
             raise bad_request(
                 f"the request has {num_tokens} tokens, over the limit of "
@@ -147,7 +148,7 @@ class Pipeline:
         """Encoded vectors [num_inputs, width] in input order, and the number of prompt tokens."""
         prepared = await self._prepare(job)
         num_tokens = sum(map(len, prepared.seqs))
-        self._check_size(num_tokens)
+        self._check_size(num_tokens, len(prepared.seqs))
         return await self._encode(prepared, job.head), num_tokens
 
     async def _prepare(self, job: EmbedJob) -> PreparedInputs:
@@ -179,6 +180,7 @@ class Pipeline:
 
     async def score(self, job: ScoreJob) -> tuple[np.ndarray, int]:
         """One score per document [N] float32 in the job's order, and the prompt tokens."""
+        lanes.interactive_route()
         if self.inputs.spec.retrieval is not None:
             return await self._late(job)
         if self.pairs is None:
@@ -212,7 +214,7 @@ class Pipeline:
         parts across the replicas. `second_segment`: per sequence, where token type 1 begins."""
         lengths = [len(s) for s in seqs]
         num_tokens = sum(lengths)
-        self._check_size(num_tokens)
+        self._check_size(num_tokens, len(seqs))
         groups = by_length_groups(lengths, self.limits.part_tokens)
         rows = await self._fan_out(
             [
@@ -267,14 +269,11 @@ class Pipeline:
 
     async def _fan_out(self, calls: Sequence[Callable[[], Awaitable[np.ndarray]]]) -> np.ndarray:
         """The calls' rows concatenated in order (`_fan_out_parts`)."""
-        if len(calls) == 1:
-            return await calls[0]()
-        return np.concatenate(await self._fan_out_parts(calls))
+        one = len(calls) == 1
+        return await calls[0]() if one else np.concatenate(await self._fan_out_parts(calls))
 
     async def _fan_out_parts(self, calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
-        """The calls' answers in order, at most `parts_in_flight` outstanding at once.
-
-        A large request enters the servers' queues a few parts at a time, so smaller requests
+        """The calls' answers in order, at most `parts_in_flight` outstanding at once. A large request enters the servers' queues a few parts at a time, so smaller requests
         sent meanwhile interleave with it instead of waiting behind all of it (and an idle
         server's queue never overflows with one request that is within the limits). When one
         part fails, or the client leaves, the parts still outstanding are cancelled (the servers
@@ -302,12 +301,11 @@ class Pipeline:
         spans: np.ndarray | None = None,
         second_segment: list[int] | None = None,
     ) -> np.ndarray:
-        """One server call: rows [num_seqs, width], or [num_spans, width] with `spans` (token
-        offsets into these sequences packed back to back); `head` None: raw float32 rows;
-        `second_segment`: pairs' token types (see the contract)."""
+        """One server call's rows; `spans`: token offsets into these sequences packed back to
+        back; `head` None: raw float32 rows; `second_segment`: pairs' token types."""
         request = encode_request(seqs, head, spans=spans, second_segment=second_segment)
         response = await self._call(request, sum(map(len, seqs)))
-        try:
+        try:  # one row per sequence, or per span
             return decode_response(response, len(seqs) if spans is None else len(spans))
         except WireError as e:
             raise ApiError(500, str(e)) from None
@@ -315,6 +313,7 @@ class Pipeline:
     async def _call(self, request: Any, num_tokens: int) -> Any:
         """One server call's answer, traced when tracing; a server's 500 without its text."""
         tracing.stamp(request)  # the request's trace context, when tracing
+        request.lane = lanes.current()
         try:
             response = await self.calls.embed(request, num_tokens)
             add_server_answer(response)
@@ -337,7 +336,7 @@ class Pipeline:
             ),
         )  # fmt: skip
         num_tokens = sum(map(len, prepared.seqs))
-        self._check_size(num_tokens)
+        self._check_size(num_tokens, len(prepared.seqs))
         check_size(prepared.vectors, limits, job.outputs)
         return await self._encode_outputs(prepared, job.outputs, job.head), num_tokens
 

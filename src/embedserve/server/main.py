@@ -44,7 +44,7 @@ from embedserve.server.guard import MAX_FAILED_STEPS, STEP_TIMEOUT_SECONDS, Engi
 from embedserve.server.inline import InlineService
 from embedserve.server.local import serve_local
 from embedserve.server.output_requests import MultivectorLimit
-from embedserve.server.scheduler import SchedulerConfig
+from embedserve.server.scheduler import BULK_EVERY, SchedulerConfig
 from embedserve.server.service import EmbedService
 from embedserve.server.warmup import WARMUP_QUERIES, measured_batch_tokens, warm_up_graphs
 
@@ -74,6 +74,12 @@ class ServerConfig(Options):
     max_queued_tokens: int = option(
         SchedulerConfig.max_queued_tokens,
         "refuse new requests (RESOURCE_EXHAUSTED / HTTP 429) beyond this many queued tokens",
+    )
+    lanes: str = option(
+        "on",
+        f"on: interactive work first at each batch boundary, bulk 1 batch in {BULK_EVERY} at "
+        'least (docs/serving.md, "Priority lanes"); off: one FCFS queue',
+        choices=("on", "off"),
     )
     batch_wait_ms: float | None = option(
         None,
@@ -119,14 +125,12 @@ class ServerConfig(Options):
         "NOT_SERVING and the server exits (serve restarts it)",
         metavar="SECONDS",
     )
-
     max_multivector_values: int = option(
         MAX_MULTIVECTOR_VALUES,
         "floats of multi-vector output (token vectors x dims) per call of a ColBERT or bge-m3 "
         "model; a larger call gets INVALID_ARGUMENT before it is queued (serve: the gateway's "
         "--max-multivector-values)",
     )
-
     cpu_threads: int | None = option(
         None,
         "torch's CPU threads (torch.set_num_threads); serve with several models gives each "
@@ -172,7 +176,7 @@ class ServerConfig(Options):
     def scheduler(self, engine_batch_tokens: int) -> SchedulerConfig:
         """The queue's budgets; a batch budget left unset is the engine's own."""
         budget = engine_batch_tokens if self.max_batch_tokens is None else self.max_batch_tokens
-        return SchedulerConfig(budget, self.max_queued_tokens)
+        return SchedulerConfig(budget, self.max_queued_tokens, lanes=self.lanes == "on")
 
 
 def load_engine(options: EngineOptions):  # type: ignore[no-untyped-def]

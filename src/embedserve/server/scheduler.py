@@ -1,5 +1,11 @@
-"""The server's queue: first come, first served, batches of whole requests under a token budget,
-with one exception for fairness: small requests may pass a large one once (`next_batch`).
+"""The server's queue: two lanes, each first come, first served, cut into batches of whole
+requests under a token budget (small requests may pass a large one of their lane once).
+
+Priority lanes (issue 56): a request is interactive or bulk as its gateway marked it
+(`EmbedRequest.lane`, the rule in `core.lanes`). At every batch boundary the interactive lane
+goes first; the bulk lane keeps a minimum share: while both wait, at least one batch in
+`BULK_EVERY` is bulk's, so a constant stream of queries never starves an index job. With lanes
+off (`--lanes off`) every request queues in the one lane, as before.
 
 Pure bookkeeping (no event loop, no torch), so it is unit-tested on its own. The service puts each
 request in with `submit`, and the batch loop takes batches out with `next_batch`; requests whose
@@ -27,6 +33,8 @@ from embedserve.engine.batch import PackedBatch
 # a whole budget each), small by `core.budget.is_small`.
 # how far behind a large request small ones are looked for (a scan of the deque per batch)
 BYPASS_SCAN = 256
+# the bulk lane's minimum share: while interactive work waits too, one batch in this many is bulk
+BULK_EVERY = 4
 
 
 class Overloaded(Exception):
@@ -55,6 +63,7 @@ class Pending:
     outputs: tuple[str, ...] = ()
     query: bool = False
     visible: tuple[int, ...] | None = None
+    bulk: bool = False  # its lane (`EmbedRequest.lane`): bulk, else interactive
 
     @property
     def kind(self) -> tuple[object, ...]:
@@ -81,6 +90,7 @@ class Pending:
 class SchedulerConfig:
     max_batch_tokens: int = 16384
     max_queued_tokens: int = 262144
+    lanes: bool = True  # False: one FCFS lane for every request (`--lanes off`)
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens <= 0:
@@ -89,19 +99,29 @@ class SchedulerConfig:
             raise ValueError(f"max_queued_tokens must be positive, got {self.max_queued_tokens}")
 
 
+@dataclass(eq=False)
+class _Lane:
+    """One lane's requests in arrival order."""
+
+    queue: deque[Pending] = field(default_factory=deque)
+    passed: bool = False  # its last batch passed the large request at its front
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self._queue: deque[Pending] = deque()
+        self._interactive, self._bulk = _Lane(), _Lane()
         self.num_queued_tokens = 0
         self.num_dropped = 0
-        self._passed = False  # the last batch passed the large request at the front
+        self.num_bulk_batches = 0  # batches taken from the bulk lane
+        self._bulk_skipped = 0  # batches given to the interactive lane while bulk waited
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._interactive.queue) + len(self._bulk.queue)
 
     def submit(self, request: Pending) -> None:
-        """Queue a request, or raise Overloaded when it would push the queue over its budget.
+        """Queue a request in its lane, or raise Overloaded when it would push the queue (both
+        lanes) over its budget.
 
         A request alone in an empty queue is always taken, however large: otherwise it could
         never run (the gateway bounds request sizes).
@@ -112,7 +132,8 @@ class Scheduler:
                 f"server queue is full ({queued} tokens waiting, limit "
                 f"{self.config.max_queued_tokens}); retry later"
             )
-        self._queue.append(request)
+        lane = self._bulk if request.bulk and self.config.lanes else self._interactive
+        lane.queue.append(request)
         self.num_queued_tokens += request.num_tokens
         request.counted = True
 
@@ -128,7 +149,30 @@ class Scheduler:
             self.num_queued_tokens -= request.num_tokens
 
     def next_batch(self) -> list[Pending]:
-        """Whole requests in arrival order until the next one would pass `max_batch_tokens`.
+        """The next batch: the interactive lane's, unless it is empty or the bulk lane has waited
+        `BULK_EVERY - 1` batches (then the bulk lane's). Returns an empty list when nothing is
+        waiting."""
+        interactive, bulk = self._live(self._interactive), self._live(self._bulk)
+        if interactive and not (bulk and self._bulk_skipped >= BULK_EVERY - 1):
+            self._bulk_skipped = self._bulk_skipped + 1 if bulk else 0
+            return self._lane_batch(self._interactive)
+        if bulk:
+            self._bulk_skipped = 0
+            self.num_bulk_batches += 1
+            return self._lane_batch(self._bulk)
+        return []
+
+    def _live(self, lane: _Lane) -> bool:
+        """Whether `lane` holds a request whose client is still there (cancelled ones at its
+        front are dropped)."""
+        while lane.queue and lane.queue[0].cancelled():
+            self._pop(lane)
+            self.num_dropped += 1
+        return bool(lane.queue)
+
+    def _lane_batch(self, lane: _Lane) -> list[Pending]:
+        """Whole requests of `lane` in arrival order until the next one would pass
+        `max_batch_tokens`.
 
         One exception: when a large request is at the front and small ones wait behind it, the
         small ones (of one kind, under the budget) go first, once: the batch after is the large
@@ -138,40 +182,35 @@ class Scheduler:
 
         A request larger than the budget runs alone. Requests of different kinds (plain, span
         (late-chunking), outputs: `Pending.kind`) never share a batch: a batch ends where the
-        kind changes. Cancelled requests are dropped. Returns an empty list when nothing is
-        waiting.
+        kind changes. Cancelled requests are dropped.
         """
-        while self._queue and self._queue[0].cancelled():
-            self._pop()
-            self.num_dropped += 1
-        if not self._queue:
-            return []
-        small = [] if self._passed else self._small_behind()
-        self._passed = bool(small)
+        small = [] if lane.passed else self._small_behind(lane)
+        lane.passed = bool(small)
         if small:
             return small
-        kind = self._queue[0].kind
+        kind = lane.queue[0].kind
 
         def sizes() -> Iterator[int]:
-            for request in self._queue:
+            for request in lane.queue:
                 if request.kind != kind:
                     return
                 yield request.num_tokens
 
-        taken = [self._pop() for _ in next(budget_groups(sizes(), self.config.max_batch_tokens))]
+        groups = budget_groups(sizes(), self.config.max_batch_tokens)
+        taken = [self._pop(lane) for _ in next(groups)]
         batch = [r for r in taken if not r.cancelled()]
         self.num_dropped += len(taken) - len(batch)
         return batch
 
-    def _small_behind(self) -> list[Pending]:
-        """The small requests waiting behind a large one at the front, taken out of the queue
+    def _small_behind(self, lane: _Lane) -> list[Pending]:
+        """The small requests waiting behind a large one at the lane's front, taken out of it
         (none when the front is small)."""
         budget = self.config.max_batch_tokens
-        if self._queue[0].num_tokens * 2 <= budget:
+        if lane.queue[0].num_tokens * 2 <= budget:
             return []
         taken: list[Pending] = []
         tokens, kind = 0, None
-        for request in itertools.islice(self._queue, 1, BYPASS_SCAN):
+        for request in itertools.islice(lane.queue, 1, BYPASS_SCAN):
             if request.cancelled() or not is_small(request.num_tokens, budget):
                 continue
             if kind is None:
@@ -181,21 +220,22 @@ class Scheduler:
             taken.append(request)
             tokens += request.num_tokens
         for request in taken:
-            self._queue.remove(request)
+            lane.queue.remove(request)
             self.cancel(request)  # out of the queue: its tokens leave the budget (once)
         return taken
 
     def drain(self) -> list[Pending]:
         """Empty the queue; the requests that were in it."""
-        left = list(self._queue)
-        self._queue.clear()
+        left = [*self._interactive.queue, *self._bulk.queue]
+        for lane in (self._interactive, self._bulk):
+            lane.queue.clear()
         self.num_queued_tokens = 0
         for request in left:
             request.counted = False
         return left
 
-    def _pop(self) -> Pending:
-        request = self._queue.popleft()
+    def _pop(self, lane: _Lane) -> Pending:
+        request = lane.queue.popleft()
         self.cancel(request)  # out of the queue: its tokens leave the budget (once)
         return request
 

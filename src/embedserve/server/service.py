@@ -112,7 +112,7 @@ def checked(
     engine.check(batch)
     if asked is not None and "multivector" in asked[0] and multivector_limit:
         multivector_limit.check(batch.input_ids, batch.seqlens, asked[1])
-    pending = Pending(batch, head, spans, result)
+    pending = Pending(batch, head, spans, result, bulk=bool(request.lane))
     if asked is not None:
         pending.outputs, pending.query, pending.visible = asked
     return pending

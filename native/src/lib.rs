@@ -22,7 +22,7 @@ use ivy::admission::Admission;
 use ivy::http::{serve, Bounds, Front};
 use ivy::stats::{Stats, Taken};
 use ivy::tokenize::{Packed, TextTokenizer};
-use tulip::{Reply, Tulip};
+use tulip::{Lanes, Reply, Tulip};
 
 /// A model's `tokenizer.json` through the `tokenizers` crate: the Python package's ids.
 #[pyclass(frozen, module = "embedserve._native")]
@@ -106,7 +106,7 @@ impl Gateway {
         max_inputs, max_tokens, part_tokens, body_timeout, header_timeout,
         max_header_bytes, max_connections, hosts, keys, latency_buckets, host = "127.0.0.1",
         port = 0, threads = 1,
-        max_queued_tokens = 1 << 20,
+        max_queued_tokens = 1 << 20, lanes = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -133,6 +133,7 @@ impl Gateway {
         port: u16,
         threads: usize,
         max_queued_tokens: usize,
+        lanes: Option<(usize, usize, usize)>,
     ) -> PyResult<Self> {
         if threads == 0 || names.is_empty() {
             return Err(PyValueError::new_err(
@@ -152,7 +153,16 @@ impl Gateway {
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let seconds = |s: f64| Duration::from_secs_f64(s.max(0.001));
-        let tulip = Tulip::start(py, build, max_queued_tokens)?;
+        // (bulk_every, bulk_inputs, bulk_tokens): the Python package's rule; None: lanes off
+        let lanes = match lanes {
+            Some((bulk_every, bulk_inputs, bulk_tokens)) if bulk_every > 0 => Lanes {
+                bulk_every,
+                bulk_inputs,
+                bulk_tokens,
+            },
+            _ => Lanes::OFF,
+        };
+        let tulip = Tulip::start(py, build, max_queued_tokens, lanes)?;
         let bounds = Bounds {
             max_body_bytes,
             max_inputs,
@@ -270,20 +280,33 @@ impl Gateway {
     }
 
     /// Queues a Python request's packed sequences (little-endian int32 bytes) on Tulip beside
-    /// the native ones; `callback(rows, width, queue_s, inference_s, error)` is called on the
-    /// thread that resolves its batch. False when the queue is full.
-    fn submit(&self, ids: &[u8], cu_seqlens: &[u8], callback: Py<PyAny>) -> PyResult<bool> {
+    /// the native ones, in the bulk lane when `bulk` (the request's lane, the Python front's
+    /// rule); `callback(rows, width, queue_s, inference_s, error)` is called on the thread that
+    /// resolves its batch. False when the queue is full.
+    #[pyo3(signature = (ids, cu_seqlens, callback, bulk = false))]
+    fn submit(
+        &self,
+        ids: &[u8],
+        cu_seqlens: &[u8],
+        callback: Py<PyAny>,
+        bulk: bool,
+    ) -> PyResult<bool> {
         let packed = Packed::from_le_bytes(ids, cu_seqlens).map_err(PyValueError::new_err)?;
-        Ok(self.front.tulip.queue(packed, Reply::Python(callback)))
+        Ok(self
+            .front
+            .tulip
+            .queue(packed, Reply::Python(callback), bulk))
     }
 
     /// Queues `work()`, a Python request's batch of its own (spans, a retrieval model's
-    /// outputs), counted as `tokens` against the queue's bound: run alone on the engine thread
-    /// in its turn, it answers its request itself. False when the queue is full.
-    fn call(&self, work: Py<PyAny>, tokens: usize) -> bool {
+    /// outputs), counted as `tokens` against the queue's bound, in the bulk lane when `bulk`:
+    /// run alone on the engine thread in its turn, it answers its request itself. False when
+    /// the queue is full.
+    #[pyo3(signature = (work, tokens, bulk = false))]
+    fn call(&self, work: Py<PyAny>, tokens: usize, bulk: bool) -> bool {
         self.front
             .tulip
-            .queue_tokens(Packed::new(), Reply::Call(work), tokens)
+            .queue_tokens(Packed::new(), Reply::Call(work), tokens, bulk)
     }
 }
 

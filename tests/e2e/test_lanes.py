@@ -1,6 +1,7 @@
-"""Priority lanes through a real `embedserve serve` on the CPU: a short query sent while large
-bulk requests are in flight is answered before they finish (the interactive lane goes first at
-the server's next batch boundary)."""
+"""Priority lanes through a real `embedserve serve` on the CPU, the Python front and the native
+one: a short query sent while large bulk requests are in flight (one bulk by its Cohere
+`priority`, one by its size) is answered before they finish (the interactive lane goes first at
+the next batch boundary: the server's scheduler, or Tulip's)."""
 
 from __future__ import annotations
 
@@ -31,17 +32,22 @@ def post(url: str, path: str, body: Any) -> tuple[int, float]:
         conn.close()
 
 
-def test_a_query_is_answered_while_bulk_requests_are_in_flight() -> None:
-    proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "1")
+@pytest.mark.parametrize("front", [(), ("--native",)], ids=["python", "native"])
+def test_a_query_is_answered_while_bulk_requests_are_in_flight(front: tuple[str, ...]) -> None:
+    proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "1", *front)
     url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
     try:
         bulk_done: list[tuple[int, float]] = []
 
         def bulk(n: int) -> None:
-            # distinct texts (duplicates are embedded once): about 40k tokens, marked bulk
+            # distinct texts (duplicates are embedded once): about 40k tokens, bulk by their
+            # priority (Cohere's route: the Python front) or their size (`serve --native`: Ivy's)
             texts = [f"{n} {i} " + "a somewhat longer passage to embed in bulk " * 8
                      for i in range(400)]  # fmt: skip
-            bulk_done.append(post(url, "/v2/embed", {"texts": texts, "priority": 1}))
+            if n == 0:
+                bulk_done.append(post(url, "/v2/embed", {"texts": texts, "priority": 1}))
+            else:
+                bulk_done.append(post(url, "/v1/embeddings", {"input": texts}))
 
         workers = [threading.Thread(target=bulk, args=(n,)) for n in range(2)]
         for w in workers:

@@ -246,10 +246,15 @@ async fn embeddings(
 /// The rows of `packed`'s sequences, in order: its parts queued at once, answered in turn;
 /// None when the queue is full or a batch failed.
 async fn embed(front: &Front, packed: Packed) -> Option<crate::tulip::Rows> {
+    // its lane, by its size: every part of a bulk request is bulk
+    let bulk = front
+        .tulip
+        .lanes
+        .is_bulk(packed.num_seqs(), packed.num_tokens());
     let parts = packed.split(front.bounds.part_tokens);
     let mut answers = Vec::with_capacity(parts.len());
     for part in parts {
-        answers.push(front.tulip.submit(part)?);
+        answers.push(front.tulip.submit(part, bulk)?);
     }
     let mut rows = crate::tulip::Rows::default();
     for answer in answers {

@@ -1,3 +1,4 @@
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -38,12 +39,13 @@ pub enum Reply {
 }
 
 /// One request's sequences (none for a call) and where its answer goes; `tokens` count
-/// against the queue's bound.
+/// against the queue's bound; `bulk`: its lane (else interactive).
 pub struct Job {
     pub packed: Packed,
     pub reply: Reply,
     pub queued: Instant,
     pub tokens: usize,
+    pub bulk: bool,
 }
 
 impl Job {
@@ -80,10 +82,106 @@ struct InFlight {
     taken: Instant,
 }
 
+/// Priority lanes (the Python package's rule, `core/lanes.py`, passed in once): a request of
+/// more than `bulk_inputs` sequences or `bulk_tokens` tokens is bulk; at every batch boundary
+/// the interactive lane goes first unless bulk work has waited `bulk_every - 1` batches.
+/// `bulk_every` 0: lanes off, one FCFS queue.
+#[derive(Clone, Copy, Debug)]
+pub struct Lanes {
+    pub bulk_every: usize,
+    pub bulk_inputs: usize,
+    pub bulk_tokens: usize,
+}
+
+impl Lanes {
+    pub const OFF: Lanes = Lanes {
+        bulk_every: 0,
+        bulk_inputs: usize::MAX,
+        bulk_tokens: usize::MAX,
+    };
+
+    /// Whether a request of `seqs` sequences, `tokens` tokens in all, is bulk.
+    pub fn is_bulk(&self, seqs: usize, tokens: usize) -> bool {
+        self.bulk_every > 0 && (seqs > self.bulk_inputs || tokens > self.bulk_tokens)
+    }
+}
+
+/// The engine thread's two lanes, each first come, first served.
+struct Queues {
+    interactive: VecDeque<Job>,
+    bulk: VecDeque<Job>,
+    lanes: Lanes,
+    bulk_skipped: usize, // batches the interactive lane took while bulk work waited
+}
+
+impl Queues {
+    fn new(lanes: Lanes) -> Self {
+        Queues {
+            interactive: VecDeque::new(),
+            bulk: VecDeque::new(),
+            lanes,
+            bulk_skipped: 0,
+        }
+    }
+
+    fn push(&mut self, job: Job) {
+        if job.bulk && self.lanes.bulk_every > 0 {
+            self.bulk.push_back(job);
+        } else {
+            self.interactive.push_back(job);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.interactive.is_empty() && self.bulk.is_empty()
+    }
+
+    /// The lane the next batch comes from: the interactive one unless it is empty or bulk work
+    /// has waited `bulk_every - 1` batches. None when both are empty.
+    fn next_lane(&mut self) -> Option<&mut VecDeque<Job>> {
+        let bulk_waits = !self.bulk.is_empty();
+        let bulk_due = bulk_waits && self.bulk_skipped + 1 >= self.lanes.bulk_every;
+        if !self.interactive.is_empty() && !bulk_due {
+            self.bulk_skipped = if bulk_waits { self.bulk_skipped + 1 } else { 0 };
+            return Some(&mut self.interactive);
+        }
+        if bulk_waits {
+            self.bulk_skipped = 0;
+            return Some(&mut self.bulk);
+        }
+        None
+    }
+
+    /// The next batch: a call alone, or whole jobs of one lane in order under `budget` (a job
+    /// larger than it alone). Empty when nothing waits.
+    fn next_batch(&mut self, budget: usize) -> Vec<Job> {
+        let Some(lane) = self.next_lane() else {
+            return Vec::new();
+        };
+        let Some(first) = lane.pop_front() else {
+            return Vec::new();
+        };
+        if matches!(first.reply, Reply::Call(_)) {
+            return vec![first];
+        }
+        let mut tokens = first.tokens;
+        let mut batch = vec![first];
+        while let Some(job) = lane.front() {
+            if matches!(job.reply, Reply::Call(_)) || tokens + job.tokens > budget {
+                break; // a call runs alone, next
+            }
+            tokens += job.tokens;
+            batch.extend(lane.pop_front());
+        }
+        batch
+    }
+}
+
 /// The queue's sending end, shared by every connection.
 pub struct Tulip {
     /// tokens per batch: the engine's, from `build`
     pub batch_tokens: usize,
+    pub lanes: Lanes,
     queue: mpsc::Sender<Job>,
     queued_tokens: Arc<AtomicUsize>,
     max_queued_tokens: usize,
@@ -101,6 +199,7 @@ impl Tulip {
         py: Python<'_>,
         build: Py<PyAny>,
         max_queued_tokens: usize,
+        lanes: Lanes,
     ) -> Result<Self, PyErr> {
         let (queue, jobs) = mpsc::channel::<Job>();
         let (built, ready) = mpsc::channel::<Result<usize, PyErr>>();
@@ -127,7 +226,8 @@ impl Tulip {
                         return;
                     }
                 };
-                engine_loop(jobs, step, batch_tokens, in_flight, counter)
+                let queues = Queues::new(lanes);
+                engine_loop(jobs, queues, step, batch_tokens, in_flight, counter)
             })
             .expect("the engine thread starts");
         thread::Builder::new()
@@ -141,27 +241,30 @@ impl Tulip {
         })?;
         Ok(Tulip {
             batch_tokens,
+            lanes,
             queue,
             queued_tokens,
             max_queued_tokens,
         })
     }
 
-    /// Queues `packed`; its rows come back on the receiver. None when the queue already holds
-    /// `max_queued_tokens` (the caller answers 503: the server keeps serving what it took).
-    pub fn submit(&self, packed: Packed) -> Option<oneshot::Receiver<Answer>> {
+    /// Queues `packed` in the lane `bulk` says; its rows come back on the receiver. None when
+    /// the queue already holds `max_queued_tokens` (the caller answers 503: the server keeps
+    /// serving what it took).
+    pub fn submit(&self, packed: Packed, bulk: bool) -> Option<oneshot::Receiver<Answer>> {
         let (reply, answer) = oneshot::channel();
-        self.queue(packed, Reply::Native(reply)).then_some(answer)
+        self.queue(packed, Reply::Native(reply), bulk)
+            .then_some(answer)
     }
 
     /// Queues `packed` for `reply`; false when the queue is full or the engine thread has gone.
-    pub fn queue(&self, packed: Packed, reply: Reply) -> bool {
+    pub fn queue(&self, packed: Packed, reply: Reply, bulk: bool) -> bool {
         let tokens = packed.num_tokens();
-        self.queue_tokens(packed, reply, tokens)
+        self.queue_tokens(packed, reply, tokens, bulk)
     }
 
     /// `queue` with the tokens counted given (a call's: its `packed` is empty).
-    pub fn queue_tokens(&self, packed: Packed, reply: Reply, tokens: usize) -> bool {
+    pub fn queue_tokens(&self, packed: Packed, reply: Reply, tokens: usize, bulk: bool) -> bool {
         let before = self.queued_tokens.fetch_add(tokens, Ordering::Relaxed);
         if before > 0 && before + tokens > self.max_queued_tokens {
             self.queued_tokens.fetch_sub(tokens, Ordering::Relaxed);
@@ -172,29 +275,43 @@ impl Tulip {
             reply,
             queued: Instant::now(),
             tokens,
+            bulk,
         };
         self.queue.send(job).is_ok()
     }
 }
 
+/// Moves every job sent so far into its lane.
+fn take_sent(jobs: &mpsc::Receiver<Job>, queues: &mut Queues) {
+    while let Ok(job) = jobs.try_recv() {
+        queues.push(job);
+    }
+}
+
 fn engine_loop(
     jobs: mpsc::Receiver<Job>,
+    mut queues: Queues,
     step: Py<PyAny>,
     budget: usize,
     in_flight: mpsc::SyncSender<InFlight>,
     queued_tokens: Arc<AtomicUsize>,
 ) {
-    let mut held: Option<Job> = None; // the first job of the next batch: it did not fit
     loop {
-        let first = match held.take() {
-            Some(job) => job,
-            None => match jobs.recv() {
-                Ok(job) => job,
+        if queues.is_empty() {
+            match jobs.recv() {
+                Ok(job) => queues.push(job),
                 Err(_) => return,
-            },
-        };
-        if let Reply::Call(work) = &first.reply {
-            queued_tokens.fetch_sub(first.tokens, Ordering::Relaxed);
+            }
+        }
+        take_sent(&jobs, &mut queues);
+        let batch = queues.next_batch(budget);
+        let tokens: usize = batch.iter().map(|job| job.tokens).sum();
+        queued_tokens.fetch_sub(tokens, Ordering::Relaxed);
+        if let [Job {
+            reply: Reply::Call(work),
+            ..
+        }] = batch.as_slice()
+        {
             Python::attach(|py| {
                 if let Err(e) = work.call0(py) {
                     e.print(py); // its own failure to answer: said, the queue goes on
@@ -202,18 +319,6 @@ fn engine_loop(
             });
             continue;
         }
-        let mut tokens = first.tokens;
-        let mut batch = vec![first];
-        while let Ok(job) = jobs.try_recv() {
-            let call = matches!(job.reply, Reply::Call(_));
-            if call || tokens + job.tokens > budget {
-                held = Some(job); // a call runs alone, next
-                break;
-            }
-            tokens += job.tokens;
-            batch.push(job);
-        }
-        queued_tokens.fetch_sub(tokens, Ordering::Relaxed);
         let taken = Instant::now();
         let mut packed = Packed::new();
         for job in &batch {
@@ -234,18 +339,10 @@ fn engine_loop(
         // NOTE: with nothing queued behind it there is no next batch to prepare: the batch is
         // resolved here, one thread hand-off fewer for a lone request; otherwise the results
         // thread resolves it while this one prepares the next
-        if held.is_none() {
-            match jobs.try_recv() {
-                Ok(next) => held = Some(next),
-                Err(mpsc::TryRecvError::Empty) => {
-                    resolve(handle, batch, taken);
-                    continue;
-                }
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    resolve(handle, batch, taken);
-                    return;
-                }
-            }
+        take_sent(&jobs, &mut queues);
+        if queues.is_empty() {
+            resolve(handle, batch, taken); // the next loop's recv ends it once senders are gone
+            continue;
         }
         let batch = InFlight {
             handle,
@@ -312,4 +409,92 @@ fn fail(jobs: Vec<Job>, message: &str) {
         jobs.into_iter()
             .for_each(|job| job.answer(py, Err(message.to_string())));
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LANES: Lanes = Lanes {
+        bulk_every: 4,
+        bulk_inputs: 16,
+        bulk_tokens: 2048,
+    };
+
+    fn job(tokens: usize, bulk: bool) -> Job {
+        let (reply, _) = oneshot::channel();
+        Job {
+            packed: Packed::new(),
+            reply: Reply::Native(reply),
+            queued: Instant::now(),
+            tokens,
+            bulk,
+        }
+    }
+
+    fn taken(queues: &mut Queues, budget: usize) -> Vec<(usize, bool)> {
+        let batch = queues.next_batch(budget);
+        batch.iter().map(|j| (j.tokens, j.bulk)).collect()
+    }
+
+    #[test]
+    fn the_lane_rule_is_the_python_one() {
+        assert!(!LANES.is_bulk(16, 2048));
+        assert!(LANES.is_bulk(17, 10));
+        assert!(LANES.is_bulk(1, 2049));
+        assert!(!Lanes::OFF.is_bulk(1_000, 1 << 20));
+    }
+
+    #[test]
+    fn interactive_work_goes_first_at_a_batch_boundary() {
+        let mut queues = Queues::new(LANES);
+        queues.push(job(90, true));
+        queues.push(job(91, true));
+        assert_eq!(taken(&mut queues, 100), vec![(90, true)]);
+        queues.push(job(8, false)); // arrives behind bulk work: goes first
+        assert_eq!(taken(&mut queues, 100), vec![(8, false)]);
+        assert_eq!(taken(&mut queues, 100), vec![(91, true)]);
+        assert!(queues.is_empty());
+    }
+
+    #[test]
+    fn bulk_keeps_one_batch_in_bulk_every_under_a_constant_interactive_stream() {
+        let mut queues = Queues::new(LANES);
+        for _ in 0..10 {
+            queues.push(job(90, true));
+        }
+        let mut lanes = Vec::new();
+        for _ in 0..40 {
+            queues.push(job(60, false));
+            lanes.push(taken(&mut queues, 100)[0].1);
+        }
+        let mut expected = Vec::new();
+        for _ in 0..10 {
+            expected.extend([false, false, false, true]);
+        }
+        assert_eq!(lanes, expected);
+    }
+
+    #[test]
+    fn each_lane_is_first_come_first_served_and_batches_fill_its_budget() {
+        let mut queues = Queues::new(LANES);
+        for i in 1..=6 {
+            queues.push(job(i * 10, i % 2 == 0));
+        }
+        // interactive 10, 30, 50 under 100: 10 + 30 + 50 = 90
+        assert_eq!(
+            taken(&mut queues, 100),
+            vec![(10, false), (30, false), (50, false)]
+        );
+        assert_eq!(taken(&mut queues, 100), vec![(20, true), (40, true)]);
+        assert_eq!(taken(&mut queues, 100), vec![(60, true)]);
+    }
+
+    #[test]
+    fn with_lanes_off_every_job_is_in_one_fcfs_queue() {
+        let mut queues = Queues::new(Lanes::OFF);
+        queues.push(job(90, true));
+        queues.push(job(8, false));
+        assert_eq!(taken(&mut queues, 100), vec![(90, true), (8, false)]);
+    }
 }

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from embedserve.core.lanes import BULK_INPUTS, BULK_TOKENS
 from embedserve.gateway.connections import fit_to_fd_limit
 from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.metrics import LATENCY_BUCKETS
@@ -33,6 +34,7 @@ from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
 from embedserve.gateway.workers import AGAIN_AFTER_S
 from embedserve.processes import say
 from embedserve.server.main import ServerConfig
+from embedserve.server.scheduler import BULK_EVERY
 
 
 def ivy_threads(cores: int | None) -> int:
@@ -164,6 +166,8 @@ def _native_gateway(
         host=gateway.host,
         port=gateway.port,
         threads=ivy_threads(os.cpu_count()),
+        # the lane rule, declared once (`core.lanes`, `server.scheduler`); None: --lanes off
+        lanes=(BULK_EVERY, BULK_INPUTS, BULK_TOKENS) if server.lanes == "on" else None,
     )
 
 

@@ -3,7 +3,8 @@
 `serve --native` (`cli/native.py`) has one queue and one engine thread, Tulip's: the requests
 Ivy answers natively are queued there in Rust, and so are the Python front's, whose pipeline
 calls this module's `TulipCalls` as its replica (`gateway.replicas.IN_PROCESS`), with the wire
-codec's messages, so the request core and the answers are the ones every replica gives.
+codec's messages, so the request core and the answers are the ones every replica gives; each
+call goes into Tulip's lane its request's (`EmbedRequest.lane`, `core.lanes`).
 
 `packed_step(engine)` is what Tulip calls: int32 bytes in, the engine's handle out, not waited on.
 """
@@ -61,7 +62,7 @@ class TulipCalls:
         # pairs (token types) too: Tulip's packed batches carry ids alone
         own_batch = pending.spans is not None or pending.batch.token_type_ids.any()
         if pending.outputs or own_batch:
-            queued = self.gateway.call(self._work(pending), pending.num_tokens)
+            queued = self.gateway.call(self._work(pending), pending.num_tokens, pending.bulk)
         else:
             queued = self._submit(pending)
         if not queued:
@@ -107,7 +108,7 @@ class TulipCalls:
             self._settle(pending, response, None)
 
         ids = batch.input_ids.astype("<i4", copy=False)
-        return bool(self.gateway.submit(ids.tobytes(), cu.tobytes(), done))
+        return bool(self.gateway.submit(ids.tobytes(), cu.tobytes(), done, pending.bulk))
 
     def _work(self, pending: Any) -> Any:
         """What the engine thread runs for a batch of its own: launched, waited on, answered."""

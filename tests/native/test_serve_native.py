@@ -229,3 +229,17 @@ def test_with_a_result_cache_every_request_goes_through_it() -> None:
         assert hits is not None and float(hits.group(1)) == 2.0, text
     finally:
         proc.stop()
+
+
+def test_with_the_request_log_every_request_has_its_line() -> None:
+    """`--log-requests`: the log is the Python front's, so the plain requests go there too."""
+    proc, port = serve_native("--log-requests")
+    try:
+        _, _, headers = post(port, {"input": "logged"}, headers={"X-Request-Id": "log-me-1"})
+        assert headers["x-request-id"] == "log-me-1"
+        line = proc.wait_for(r'(\{"request_id":"log-me-1".*\})').group(1)
+        logged = json.loads(line)
+        assert logged["route"] == "/v1/embeddings" and logged["status"] == 200
+        assert logged["inputs"] == 1 and logged["prompt_tokens"] > 0
+    finally:
+        proc.stop()

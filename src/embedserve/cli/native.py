@@ -59,11 +59,13 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     """Serve until SIGTERM / Ctrl-C (0); a model the native front cannot serve is a ValueError
     before the engine loads."""
     from embedserve.gateway.auth import KeyRing
-    from embedserve.gateway.main import build_app
+    from embedserve.gateway.main import build_app, log_requests_to_stderr
     from embedserve.gateway.native_front import Lifespan, PythonFront
     from embedserve.server.tulip_calls import TulipCalls
 
     inputs, plain = _served_model(gateway)
+    if gateway.log_requests:
+        log_requests_to_stderr()
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, name="python-front", daemon=True).start()
     calls = TulipCalls(loop)
@@ -110,7 +112,9 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, bool]:
     )
     head = inputs.head()
     plain = (  # a reranker's or a retrieval model's every request goes to the Python front
-        not gateway.cache_size  # the result cache is the pipeline's: every request through it
+        # the result cache and the request log are the Python front's: every request there
+        not gateway.cache_size
+        and not gateway.log_requests
         and limits.task == "embed"
         and limits.retrieval is None
         and inputs.options().prompt == ""

@@ -55,6 +55,9 @@ CPU_BATCH_TOKENS = 2048
 
 class Engine:
     _threads_for = staticmethod(forward_context(None))  # a forward's torch threads, by its tokens
+    # a batch's shared prefixes computed once (`prefix_fold`); off until the start-up checks,
+    # which run the plain forward, are done (`_can_fold`)
+    fold_prefixes = False
 
     def __init__(
         self,
@@ -69,17 +72,17 @@ class Engine:
         cpu_path: str | None = None,
         epilogues: bool = True,
     ) -> None:
-        """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU. With
-        `fuse`, `epilogues` lets a matrix product and the chain after it run as one kernel where
-        that measured faster (`ops.CHAINS`; off: the two kernels, for A/B measurements).
-        `graphs` may be a GraphConfig. `dtype` defaults to bf16 on CUDA and on a CPU with native
-        bf16 (`cpu.native_bf16`), else fp32; a CPU's default bf16 is held to the fidelity guard
+        """`graphs`, `fuse` and `fidelity` default to on with CUDA and off on the CPU. With `fuse`,
+        `epilogues` lets a product and the chain after it run as one kernel where that measured
+        faster (`ops.CHAINS`; off: two kernels, for A/B measurements). `graphs` may be a
+        GraphConfig. `dtype` defaults to bf16 on CUDA and on a CPU with native bf16
+        (`cpu.native_bf16`), else fp32; a CPU's default bf16 is held to the fidelity guard
         and falls back to fp32 if it fails. A CPU's default fp32 runs the fastest of the float32
         executors measured at start-up (`cpu_paths`); `cpu_path` names one ("onnx", "packed",
         "eager"; float32 only), an asked-for `dtype="float32"` alone runs the eager reference
-        path, and with `cpu_path="auto"` the measured choice (on a bf16 CPU too). `attention_backend` names the attention kernel
-        (`attention.BACKEND_NAMES`); by default the device's, and with graphs the fastest
-        candidate per bucket."""
+        path, and with `cpu_path="auto"` the measured choice (on a bf16 CPU too).
+        `attention_backend` names the attention kernel (`attention.BACKEND_NAMES`); by default
+        the device's, and with graphs the fastest candidate per bucket."""
         self.spec = spec
         self.device = resolve_device(device)
         dtype_name, asked_path = resolve_dtype(self.device, dtype, cpu_path)
@@ -95,10 +98,8 @@ class Engine:
         # whether cuDNN takes grouped heads; filled in as shapes are first seen
         self.choices = KernelChoices()
         # the named backend, else the family's own on CUDA (MPNet's padded), else the device's
-        self.attend: AttentionFn = model_backend(
-            spec.family_row, attention_backend, self.device, self.choices
-        )
-        self.fold_prefixes = False  # decided below; the start-up checks run the plain forward
+        self.attend: AttentionFn = model_backend(spec.family_row, attention_backend, self.device,
+                                                 self.choices)  # fmt: skip
         fused = on_cuda if fuse is None else fuse
         self._build_ops(fused, epilogues)  # the ops first: the model calls them for every chain
         # a CPU's bf16 chosen by default (not asked for) is checked, and may fall back to fp32
@@ -117,11 +118,14 @@ class Engine:
         chosen = dtype_name == "float32" and (dtype is None or cpu_path == "auto")
         if not (on_cuda or fused) and (asked_path or chosen):
             self._choose_cpu_path(cpu_path if asked_path else None)
-        # a batch's shared prefixes computed once (`prefix_fold`): a causal model pooled by its
-        # last token, whose forward is torch's (ONNX Runtime's graph has its own attention)
-        self.fold_prefixes = (
-            spec.attention == "causal"
-            and spec.pooling == "last"
+        self.fold_prefixes = self._can_fold()
+
+    def _can_fold(self) -> bool:
+        """A causal model pooled by its last token, whose forward is torch's (ONNX Runtime's
+        graph has its own attention)."""
+        return (
+            self.spec.attention == "causal"
+            and self.spec.pooling == "last"
             and self.retrieval is None
             and "onnx" not in (self.cpu_path or "").split("+")
         )
@@ -354,8 +358,10 @@ class Engine:
         with self._lock:
             fold = prefix_fold.plan(batch) if self.fold_prefixes else None
             if fold is not None:  # eagerly: a folded packing is no bucket's
-                with torch.inference_mode():
-                    return LazyTensor.from_device(self._folded(fold))
+                tokens = len(fold.input_ids)
+                with torch.inference_mode(), self._around_forward, self._threads_for(tokens):
+                    folded = prefix_fold.run(fold, self.model, self.device, self.after_pooling)
+                    return LazyTensor.from_device(folded)
             if self.runner is None:  # ONNX Runtime's rows pooled on the host: no torch at all
                 rows = host_pooled(self.model, batch, pooling, attend, self.after_pooling)
                 if rows is not None:
@@ -368,17 +374,6 @@ class Engine:
                 else:
                     out = run_parts(batch, self.runner, self._forward, attend)
                 return LazyTensor.from_device(out)
-
-    def _folded(self, fold: prefix_fold.Fold) -> torch.Tensor:  # [S, H] float32 (or scores)
-        """The forward of a folded batch: each sequence's last token's row, in batch order."""
-        ids, positions, last = (
-            torch.from_numpy(a).to(self.device) for a in (fold.input_ids, fold.positions, fold.last)
-        )
-        layout, attend = prefix_fold.layout(fold, self.device), prefix_fold.attend(fold)
-        with self._around_forward, self._threads_for(len(ids)):
-            hidden = self.model(ids, positions, torch.zeros_like(ids), layout, attend)
-            pooled = hidden[last].float()
-            return pooled if self.after_pooling is None else self.after_pooling(pooled)
 
     @torch.inference_mode()
     def embed_spans(self, batch: PackedBatch, spans: np.ndarray) -> np.ndarray:

@@ -176,3 +176,16 @@ def layout(fold: Fold, device: torch.device) -> RaggedLayout:
     cu[1:] = np.cumsum([s.length for s in fold.segments])
     lengths = tuple(s.length for s in fold.segments)
     return RaggedLayout(torch.from_numpy(cu).to(device), max(lengths), lengths)
+
+
+def run(
+    fold: Fold, model: Any, device: torch.device, after_pooling: Any
+) -> torch.Tensor:  # [S, H] float32 (or a scoring model's scores)
+    """The forward of a folded batch: each sequence's last token's row (then `after_pooling`,
+    the Dense modules or the score head, if any), in the batch's order."""
+    ids, positions, last = (
+        torch.from_numpy(a).to(device) for a in (fold.input_ids, fold.positions, fold.last)
+    )
+    hidden = model(ids, positions, torch.zeros_like(ids), layout(fold, device), attend(fold))
+    pooled = hidden[last].float()
+    return pooled if after_pooling is None else after_pooling(pooled)

@@ -310,7 +310,7 @@ def make_pipeline(
     return Pipeline(inputs, pool, limits, pairs, cache)
 
 
-def _log_requests_to_stderr() -> None:
+def log_requests_to_stderr() -> None:
     """`--log-requests`: one line per request on stderr, the message alone."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -352,7 +352,7 @@ def run_worker(
     keys = KeyRing(config.api_keys, config.api_key_file)
     signal.signal(signal.SIGHUP, lambda signum, frame: keys.reload())
     if config.log_requests:
-        _log_requests_to_stderr()
+        log_requests_to_stderr()
     app = build_app(config, keys)
     app.metrics.worker_restarts.set(restarts)
     app.services.extend(services(app))

@@ -12,7 +12,8 @@ against the batch's, and the largest difference between the ways' answers (score
 vectors: 1 - cosine).
 
     PYTHONPATH=src python3 benchmarks/studies/prefix_fold.py [--docs 5,25] [--doc-tokens 480]
-        [--queries 64] [--rounds 3] [--score-rounds 1] [--device cpu]
+        [--queries 64] [--rounds 3] [--score-rounds 1] [--score-batch-tokens N]
+        [--device cpu]
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="of the queries")
     ap.add_argument("--score-rounds", type=int, default=1, help="of each reranker shape")
+    # a fold is within one batch: the CPU's budget (~1,024 tokens) holds one 512-token pair
+    ap.add_argument(
+        "--score-batch-tokens",
+        type=int,
+        default=None,
+        help="the reranker's batch budget (default: the engine's)",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     args = ap.parse_args()
@@ -118,14 +126,16 @@ def main() -> None:
         words = round(args.doc_tokens / 1.3)  # English prose: about 1.3 tokens a word
         docs = corpus.passages(n, min_words=words, max_words=words + 1, seed=n)
         add("Scorer.score (1 query)", "Qwen3-Reranker-0.6B shape", scorer.engine,
-            lambda docs=docs: scorer.score(query, docs), "scores", n, args.score_rounds)  # fmt: skip
+            lambda docs=docs: scorer.score(query, docs, batch_tokens=args.score_batch_tokens),
+            "scores", n, args.score_rounds)  # fmt: skip
     embedder = Embedder(embedder_folder, device=args.device)
     texts = corpus.queries(args.queries)
     add("Embedder.encode (query prompt)", "Qwen3-Embedding-0.6B shape", embedder.engine,
         lambda: embedder.encode(texts, input_type="query"), "vectors", args.queries, args.rounds)  # fmt: skip
     text = (
         f"Median of {args.score_rounds} (reranker) and {args.rounds} (queries) alternating "
-        f"rounds after a warm-up, the same engine with "
+        f"rounds after a warm-up (reranker batch budget: "
+        f"{args.score_batch_tokens or 'the engine default'}), the same engine with "
         f"`fold_prefixes` on and off. " + "; ".join(notes) + f". {os.cpu_count()} cores."
     )
     if args.device == "cpu":

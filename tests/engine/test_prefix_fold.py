@@ -35,20 +35,20 @@ def queries(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def test_the_plan_packs_each_prefix_once_and_keeps_each_members_last_token() -> None:
-    seqs = [*queries(5), list(range(3000, 3010)), TEMPLATE[:20]]
+    seqs = [*queries(10), list(range(3000, 3010)), TEMPLATE[:20]]
     batch = packed(seqs)
     fold = prefix_fold.plan(batch)
     assert fold is not None
     # the 24-token template once (the 20-token member stops it at 19: its last token its own)
     shared = 19
-    assert len(fold.input_ids) == batch.num_tokens - 5 * shared
+    assert len(fold.input_ids) == batch.num_tokens - 10 * shared
     for i, seq in enumerate(seqs):  # each sequence's last token, at its own position
         assert fold.input_ids[fold.last[i]] == seq[-1]
         assert fold.positions[fold.last[i]] == len(seq) - 1
     prefixes = [s for s in fold.segments if s.prefix is None and s.length == shared]
     assert len(prefixes) == 1
     suffixes = [s for s in fold.segments if s.prefix is not None]
-    assert len(suffixes) == 6 and {s.prefix for s in suffixes} == {(prefixes[0].start, shared)}
+    assert len(suffixes) == 11 and {s.prefix for s in suffixes} == {(prefixes[0].start, shared)}
 
 
 def test_no_fold_without_a_long_enough_shared_prefix() -> None:
@@ -56,6 +56,7 @@ def test_no_fold_without_a_long_enough_shared_prefix() -> None:
     assert prefix_fold.plan(packed(queries(1))) is None
     short = [[*TEMPLATE[:10], i] for i in range(5)]  # 10 shared tokens: under MIN_PREFIX
     assert prefix_fold.plan(packed(short)) is None
+    assert prefix_fold.plan(packed(queries(3))) is None  # 48 tokens saved: under MIN_SAVED_TOKENS
 
 
 @pytest.fixture(scope="module")

@@ -56,8 +56,8 @@ def check_native(servers: list[ServerConfig], gateway: GatewayConfig, replicas: 
 
 
 def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
-    """Serve until SIGTERM / Ctrl-C (0); a model the native front cannot serve is a ValueError
-    before the engine loads."""
+    """Serve until SIGTERM / Ctrl-C (0); a folder that cannot be served is an error before
+    the engine loads (`load_model`'s)."""
     from embedserve.gateway.auth import KeyRing
     from embedserve.gateway.main import build_app, log_requests_to_stderr
     from embedserve.gateway.native_front import Lifespan, PythonFront
@@ -102,7 +102,9 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
 
 def _served_model(gateway: GatewayConfig) -> tuple[Any, bool]:
     """The one model's (inputs, plain): `plain`, a request with no options asks nothing
-    the request core would add (no prompt, float32, every dimension), so Ivy answers it."""
+    the request core would add (no prompt, float32, every dimension), so Ivy answers it. Not
+    for a reranker's or a retrieval model's, nor under `--cache-size` or `--log-requests`
+    (the cache and the request log are the Python front's): every request goes there."""
     from embedserve.gateway.served import load_model
 
     entry = gateway.entries[0]
@@ -111,8 +113,7 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, bool]:
         entry, own["max_inputs"], own["max_chunks_per_document"], gateway.max_multivector_values
     )
     head = inputs.head()
-    plain = (  # a reranker's or a retrieval model's every request goes to the Python front
-        # the result cache and the request log are the Python front's: every request there
+    plain = (
         not gateway.cache_size
         and not gateway.log_requests
         and limits.task == "embed"

@@ -112,10 +112,12 @@ def test_a_rerankers_scores_are_the_same_folded(
 
 @pytest.mark.gpu
 def test_on_the_gpu_a_folded_batch_equals_the_graphs_one(tmp_path: Path) -> None:
-    """CUDA, bf16: the folded batch runs eagerly (a folded packing is no graph's bucket); its
-    rows equal the unfolded batch's through the graphs within the guard."""
+    """CUDA, bf16, the fold asked for: the folded batch runs eagerly (a folded packing is no
+    graph's bucket); its rows equal the unfolded batch's through the graphs within the guard."""
     folder = make_checkpoint(tmp_path / "q", arch="qwen3-tiny", dtype="float32", seed=3)
     engine = Engine.from_folder(folder, device="cuda")
+    assert not engine.fold_prefixes  # off on a GPU until measured
+    engine.fold_prefixes = True
     batch = packed([*queries(32, seed=2), list(range(3000, 3100))])
     folded = engine.step(batch).wait().copy()
     engine.fold_prefixes = False

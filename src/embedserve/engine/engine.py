@@ -122,9 +122,12 @@ class Engine:
 
     def _can_fold(self) -> bool:
         """A causal model pooled by its last token, whose forward is torch's (ONNX Runtime's
-        graph has its own attention)."""
+        graph has its own attention), on the CPU: on a GPU a folded batch runs eagerly, not
+        through its bucket's graph, unmeasured yet (`benchmarks/fold_gpu.sh`; set
+        `fold_prefixes` to try it)."""
         return (
-            self.spec.attention == "causal"
+            self.device.type == "cpu"
+            and self.spec.attention == "causal"
             and self.spec.pooling == "last"
             and self.retrieval is None
             and "onnx" not in (self.cpu_path or "").split("+")

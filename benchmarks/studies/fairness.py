@@ -53,6 +53,33 @@ def probe(url: str, words: list[str], stop: threading.Event, out: list[tuple[int
         i += 1
 
 
+def started_serve(*flags: str) -> tuple[Child, str, str, str]:
+    """`embedserve serve --device cpu` started with `flags`: (process, base URL, the dtype it
+    serves as its ready line says (a native-bf16 CPU's default is bf16), its batch budget)."""
+    server = Child([*CLI, "serve", "--device", "cpu", "--port", "0", *flags])
+    try:
+        ready = server.wait_for(r"ready (?:on|in) .*(batch tokens \d+)", timeout=300)
+        dtype = re.search(r"\b(bfloat16|float16|float32)\b", ready.group(0))
+        url = server.wait_for(r"embedserve: serving \S+ at (\S+)", timeout=300).group(1)
+    except BaseException:
+        server.stop(30)
+        raise
+    server.forget_output()
+    return server, url, dtype.group(1) if dtype else "unknown", ready.group(1)
+
+
+def probed(url: str, words: list[str], seconds: float) -> list[tuple[int, float]]:
+    """One-word queries sent one after another for `seconds`: (status, seconds) of each."""
+    out: list[tuple[int, float]] = []
+    stop = threading.Event()
+    prober = threading.Thread(target=probe, args=(url, words, stop, out))
+    prober.start()
+    time.sleep(seconds)
+    stop.set()
+    prober.join()
+    return out
+
+
 def long_passages(count: int, num_tokens: int = 233) -> list[str]:
     """`count` passages of docstring text cut to `num_tokens` all-MiniLM-L6-v2 tokens each
     ([CLS] and [SEP] included), at a token's end."""
@@ -90,21 +117,9 @@ def main() -> int:
     args = parser.parse_args()
     words = [w.strip(".,:;()").lower() for w in " ".join(corpus.queries(200)).split()][:200]
     texts = long_passages(args.passages)
-    server = Child([*CLI, "serve", "--device", "cpu", "--port", "0", *args.serve_args.split()])
+    server, url, dtype, server_budget = started_serve(*args.serve_args.split())
     try:
-        budget_line = server.wait_for(r"ready (?:on|in) .*(batch tokens \d+)", timeout=300)
-        server_budget = budget_line.group(1)
-        # the dtype served, as the ready line says it (a native-bf16 CPU's default is bf16)
-        dtype = re.search(r"\b(bfloat16|float16|float32)\b", budget_line.group(0))
-        url = server.wait_for(r"embedserve: serving \S+ at (\S+)", timeout=300).group(1)
-        server.forget_output()
-        idle: list[tuple[int, float]] = []
-        stop = threading.Event()
-        prober = threading.Thread(target=probe, args=(url, words, stop, idle))
-        prober.start()
-        time.sleep(10)
-        stop.set()
-        prober.join()
+        idle = probed(url, words, 10)
 
         during: list[tuple[int, float]] = []
         stop = threading.Event()
@@ -122,7 +137,7 @@ def main() -> int:
         return 1
     num_tokens = body["usage"]["prompt_tokens"]
     records = fairness_records(args.passages, status, num_tokens, seconds, idle, during,
-                               dtype.group(1) if dtype else "unknown")  # fmt: skip
+                               dtype)  # fmt: skip
     notes = (
         f"One request of {args.passages} passages of 233 tokens ({num_tokens} tokens): HTTP "
         f"{status} in {seconds:.1f} s. Meanwhile {len(during)} one-word queries sent one after "

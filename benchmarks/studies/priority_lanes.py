@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import threading
 import time
@@ -32,9 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
-from studies.fairness import CLI, call, long_passages, ms, probe
-
-from embedserve.processes import Child
+from studies.fairness import call, long_passages, ms, probe, probed, started_serve
 
 COMMON = {"system": "embedserve", "model": "all-MiniLM-L6-v2", "weights": "real"}
 
@@ -83,26 +80,16 @@ def run_mode(
     lanes: str, args: argparse.Namespace, words: list[str], jobs: dict[str, list[list[str]]]
 ) -> dict[str, Any]:
     """One `serve --lanes <lanes>`: the idle reference, then each bulk job with the probe."""
-    server = Child([*CLI, "serve", "--device", "cpu", "--port", "0", "--lanes", lanes])
+    server, url, dtype, budget = started_serve("--lanes", lanes)
     try:
-        ready = server.wait_for(r"ready (?:on|in) .*(batch tokens \d+)", timeout=300)
-        dtype = re.search(r"\b(bfloat16|float16|float32)\b", ready.group(0))
-        url = server.wait_for(r"embedserve: serving \S+ at (\S+)", timeout=300).group(1)
-        server.forget_output()
-        idle: list[tuple[int, float]] = []
-        stop = threading.Event()
-        prober = threading.Thread(target=probe, args=(url, words, stop, idle))
-        prober.start()
-        time.sleep(args.idle_seconds)
-        stop.set()
-        prober.join()
+        idle = probed(url, words, args.idle_seconds)
         results = {name: run_job(url, texts, words, args.seconds) for name, texts in jobs.items()}
     finally:
         server.stop(30)
     return {
         "lanes": lanes,
-        "dtype": dtype.group(1) if dtype else "unknown",
-        "budget": ready.group(1),
+        "dtype": dtype,
+        "budget": budget,
         "idle": [t for s, t in idle if s == 200],
         "jobs": results,
     }

@@ -16,8 +16,9 @@ class Tokenizer:
 
 class Gateway:
     """`serve --native`'s front (native/src/lib.rs): Ivy answers the plain `POST /v1/embeddings`
-    and `POST /embed` itself, queued on Tulip, whose engine thread calls `build() -> (step, batch_tokens)` first and
-    then `step(ids, cu_seqlens) -> handle` per batch; every other request goes to `front`."""
+    and `POST /embed` itself, queued on Tulip, whose engine thread calls
+    `build() -> (step, batch_tokens)` first and then `step(ids, cu_seqlens) -> handle` per
+    batch; every other request goes to `front`."""
 
     port: int
     batch_tokens: int

@@ -1,6 +1,7 @@
-"""Priority lanes, the gateway's side (`core.lanes`): each server call carries its request's lane,
-by route (scores interactive), size (over `BULK_INPUTS` or `BULK_TOKENS` bulk) and an explicit `priority`
-(Cohere's: 1 or more bulk; a bad value a 400 naming the field); calls of two lanes never merge."""
+"""Priority lanes, the gateway's side (`core.lanes`): each server call carries its request's
+lane, by route (scores interactive), size (over `BULK_INPUTS` or `BULK_TOKENS` bulk) and an
+explicit `priority` (Cohere's: 1 or more bulk; a bad value a 400 naming the field); calls of two
+lanes never merge."""
 
 from __future__ import annotations
 

@@ -273,12 +273,12 @@ class Pipeline:
         return await calls[0]() if one else np.concatenate(await self._fan_out_parts(calls))
 
     async def _fan_out_parts(self, calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
-        """The calls' answers in order, at most `parts_in_flight` outstanding at once. A large request enters the servers' queues a few parts at a time, so smaller requests
-        sent meanwhile interleave with it instead of waiting behind all of it (and an idle
-        server's queue never overflows with one request that is within the limits). When one
-        part fails, or the client leaves, the parts still outstanding are cancelled (the servers
-        drop them) and the rest are never sent.
-        """
+        """The calls' answers in order, at most `parts_in_flight` outstanding at once: a large
+        request enters the servers' queues a few parts at a time, so smaller requests sent
+        meanwhile interleave with it instead of waiting behind all of it (and an idle server's
+        queue never overflows with one request within the limits). When one part fails, or the
+        client leaves, the parts still outstanding are cancelled (the servers drop them) and
+        the rest are never sent."""
         parts: list[T | None] = [None] * len(calls)
         in_flight = asyncio.Semaphore(self.limits.parts_in_flight)
 

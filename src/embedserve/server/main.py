@@ -76,7 +76,7 @@ class ServerConfig(Options):
         "refuse new requests (RESOURCE_EXHAUSTED / HTTP 429) beyond this many queued tokens",
     )
     lanes: str = option(
-        "on",
+        "on" if SchedulerConfig.lanes else "off",
         f"on: interactive work first at each batch boundary, bulk 1 batch in {BULK_EVERY} at "
         'least (docs/serving.md, "Priority lanes"); off: one FCFS queue',
         choices=("on", "off"),

@@ -21,8 +21,8 @@ use std::sync::atomic::Ordering;
 use ivy::admission::Admission;
 use ivy::http::{serve, Bounds, Front};
 use ivy::stats::{Stats, Taken};
-use ivy::tokenize::{Packed, TextTokenizer};
-use tulip::{Lanes, Reply, Tulip};
+use ivy::tokenize::TextTokenizer;
+use tulip::{Lanes, Packed, Reply, Tulip};
 
 /// A model's `tokenizer.json` through the `tokenizers` crate: the Python package's ids.
 #[pyclass(frozen, module = "embedserve._native")]
@@ -84,8 +84,9 @@ impl Tokenizer {
 
 /// The native front on `host:port`: the plain shapes of `POST /v1/embeddings` and `/embed`
 /// answered here
-/// (its ids queued on Tulip, which calls `build()`'s `step(ids, cu_seqlens) -> handle` on its
-/// engine thread), every other request handed to the Python `front` (`ivy::fallback`).
+/// (its ids queued on Tulip, which calls `build()`'s `step(*arrays) -> handle` on its engine
+/// thread: `tulip::BatchArrays`), every other request handed to the Python `front`
+/// (`ivy::fallback`).
 #[pyclass(frozen, module = "embedserve._native")]
 struct Gateway {
     // taken by the first shutdown; other threads read `port` and call `stop()` meanwhile
@@ -279,19 +280,22 @@ impl Gateway {
         }
     }
 
-    /// Queues a Python request's packed sequences (little-endian int32 bytes) on Tulip beside
-    /// the native ones, in the bulk lane when `bulk` (the request's lane, the Python front's
-    /// rule); `callback(rows, width, queue_s, inference_s, error)` is called on the thread that
+    /// Queues a Python request's packed sequences (little-endian int32 bytes; `token_types`
+    /// one per id for a cross-encoder's pairs) on Tulip beside the native ones, in the bulk lane
+    /// when `bulk` (the request's lane, the Python front's rule);
+    /// `callback(rows, width, queue_s, inference_s, error)` is called on the thread that
     /// resolves its batch. False when the queue is full.
-    #[pyo3(signature = (ids, cu_seqlens, callback, bulk = false))]
+    #[pyo3(signature = (ids, cu_seqlens, callback, bulk = false, token_types = None))]
     fn submit(
         &self,
         ids: &[u8],
         cu_seqlens: &[u8],
         callback: Py<PyAny>,
         bulk: bool,
+        token_types: Option<&[u8]>,
     ) -> PyResult<bool> {
-        let packed = Packed::from_le_bytes(ids, cu_seqlens).map_err(PyValueError::new_err)?;
+        let packed =
+            Packed::from_le_bytes(ids, cu_seqlens, token_types).map_err(PyValueError::new_err)?;
         Ok(self
             .front
             .tulip

@@ -17,8 +17,8 @@ class Tokenizer:
 class Gateway:
     """`serve --native`'s front (native/src/lib.rs): Ivy answers the plain `POST /v1/embeddings`
     and `POST /embed` itself, queued on Tulip, whose engine thread calls
-    `build() -> (step, batch_tokens)` first and then `step(ids, cu_seqlens) -> handle` per
-    batch; every other request goes to `front`."""
+    `build() -> (step, batch_tokens)` first and then `step(*arrays) -> handle` per batch
+    (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order); every other request goes to `front`."""
 
     port: int
     batch_tokens: int
@@ -26,7 +26,7 @@ class Gateway:
     def __init__(
         self,
         tokenizer_json: str,
-        build: Callable[[], tuple[Callable[[bytes, bytes], Any], int]],
+        build: Callable[[], tuple[Callable[..., Any], int]],
         front: Callable[[str, str, list[tuple[bytes, bytes]], Reply], Any],
         *,
         names: list[str],
@@ -61,6 +61,7 @@ class Gateway:
         cu_seqlens: bytes,
         callback: Callable[[bytes | None, int, float, float, str | None], None],
         bulk: bool = ...,
+        token_types: bytes | None = ...,
     ) -> bool: ...
     def call(self, work: Callable[[], None], tokens: int, bulk: bool = ...) -> bool: ...
 

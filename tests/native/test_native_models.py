@@ -1,12 +1,13 @@
 """`embedserve serve --native` on the models whose requests all go through the Python front (a
 reranker, a SPLADE and a ColBERT model; random weights in the published layouts): their answers
-equal the offline `Scorer` / `Embedder.encode_outputs` on the same folder, through Tulip's call
-jobs (pairs with segment ids, sparse and token-vector outputs), and a request the model cannot
-answer gets the same 400 as from `serve`."""
+equal the offline `Scorer` / `Embedder.encode_outputs` on the same folder, through Tulip (pairs
+with their segment ids in its batches; sparse and token-vector outputs as call jobs), and a
+request the model cannot answer gets the same 400 as from `serve`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,30 @@ def test_answers_equal_the_offline_ones(served: tuple[str, str, Path]) -> None:
     assert status == 200, reply
     got = sorted(reply["results"], key=lambda r: r["index"])
     np.testing.assert_allclose([r["relevance_score"] for r in got], want, rtol=1e-5, atol=1e-5)
+
+
+def test_concurrent_rerankings_keep_their_scores(
+    served: tuple[str, str, Path],
+) -> None:
+    """Pairs (with their segment ids) go into Tulip's batches beside other requests' pairs:
+    each of 8 concurrent requests' scores equal the offline ones of its pairs alone."""
+    name, url, folder = served
+    if name != "rr":
+        pytest.skip("a reranker's pairs")
+    scorer = Scorer(folder, device="cpu", dtype="float32")
+    queries = [f"{QUERY} {i}" for i in range(8)]
+    want = [scorer.score(q, TEXTS[: 1 + i % 3]) for i, q in enumerate(queries)]
+
+    def rerank(i: int) -> list[float]:
+        body = {"model": name, "query": queries[i], "documents": TEXTS[: 1 + i % 3]}
+        status, reply = post(url, "/v1/rerank", body)
+        assert status == 200, reply
+        return [r["relevance_score"] for r in sorted(reply["results"], key=lambda r: r["index"])]
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(rerank, range(8)))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5)
 
 
 def test_a_plain_embeddings_request_gets_the_servers_400(served: tuple[str, str, Path]) -> None:

@@ -27,7 +27,8 @@ use super::admission::Admission;
 use super::api::{self, Plain, ROUTES};
 use super::fallback::{hand_over, Answered};
 use super::stats::Stats;
-use super::tokenize::{Packed, TextTokenizer};
+use super::tokenize::TextTokenizer;
+use crate::tulip::Packed;
 use crate::tulip::Tulip;
 
 /// The bounds of a request answered here; each is the Python front's, passed in at start-up.

@@ -6,96 +6,11 @@ use std::fmt;
 use tokenizers::Tokenizer;
 
 use super::wordpiece::AsciiWordPiece;
+use crate::tulip::Packed;
 
 /// From this many texts a batch is tokenized on several threads (`TextTokenizer::batch`): a
 /// short query's few tokens cost less than a hand-off.
 pub const PARALLEL_TEXTS: usize = 64;
-
-/// Sequences back to back (`ids`) and where each starts and ends (`cu_seqlens`, one more entry
-/// than sequences): the engine's packed batch layout, no padding.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Packed {
-    pub ids: Vec<i32>,
-    pub cu_seqlens: Vec<i32>,
-}
-
-impl Packed {
-    pub fn new() -> Self {
-        Packed {
-            ids: Vec::new(),
-            cu_seqlens: vec![0],
-        }
-    }
-
-    pub fn num_seqs(&self) -> usize {
-        self.cu_seqlens.len() - 1
-    }
-
-    pub fn num_tokens(&self) -> usize {
-        self.ids.len()
-    }
-
-    /// Appends one sequence.
-    pub fn push(&mut self, ids: &[u32]) {
-        self.ids.extend(ids.iter().map(|&i| i as i32));
-        self.cu_seqlens.push(self.ids.len() as i32);
-    }
-
-    /// The sequences in order, cut into parts of at most `budget` tokens each (a sequence over
-    /// it alone in its part): a large request's parts share the queue with everyone else's
-    /// requests instead of holding the engine for one long batch.
-    pub fn split(&self, budget: usize) -> Vec<Packed> {
-        let mut parts = vec![Packed::new()];
-        for w in self.cu_seqlens.windows(2) {
-            let seq = &self.ids[w[0] as usize..w[1] as usize];
-            let last = parts.last_mut().expect("one part at least");
-            if last.num_seqs() > 0 && last.num_tokens() + seq.len() > budget {
-                parts.push(Packed::new());
-            }
-            let part = parts.last_mut().expect("one part at least");
-            part.ids.extend_from_slice(seq);
-            part.cu_seqlens.push(part.ids.len() as i32);
-        }
-        parts
-    }
-
-    /// `ids` and `cu_seqlens` as little-endian int32 bytes: what Python's `step` and
-    /// `Tokenizer.encode_packed` hand over (NumPy reads them with `frombuffer`).
-    pub fn le_bytes(&self) -> (Vec<u8>, Vec<u8>) {
-        let bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        (bytes(&self.ids), bytes(&self.cu_seqlens))
-    }
-
-    /// The inverse of `le_bytes`: an error unless `cu_seqlens` starts at 0, never falls and
-    /// ends at the number of ids.
-    pub fn from_le_bytes(ids: &[u8], cu_seqlens: &[u8]) -> Result<Self, String> {
-        let ints = |b: &[u8]| -> Vec<i32> {
-            b.chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
-        };
-        let (ids_, cu) = (ints(ids), ints(cu_seqlens));
-        let whole = ids.len().is_multiple_of(4) && cu_seqlens.len().is_multiple_of(4);
-        let ordered = cu.first() == Some(&0) && cu.windows(2).all(|w| w[0] <= w[1]);
-        if !whole || !ordered || cu.last().copied() != Some(ids_.len() as i32) {
-            return Err(
-                "not a packed batch: cu_seqlens must run from 0 to the number of ids".into(),
-            );
-        }
-        Ok(Packed {
-            ids: ids_,
-            cu_seqlens: cu,
-        })
-    }
-
-    /// Appends every sequence of `other` after this one's.
-    pub fn extend(&mut self, other: &Packed) {
-        let base = self.ids.len() as i32;
-        self.ids.extend_from_slice(&other.ids);
-        self.cu_seqlens
-            .extend(other.cu_seqlens[1..].iter().map(|c| c + base));
-    }
-}
 
 /// Why a text was not tokenized: the caller's error, said with where it was.
 #[derive(Debug, Clone, PartialEq)]
@@ -230,36 +145,6 @@ impl TextTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn packed_offsets_follow_the_sequences() {
-        let mut a = Packed::new();
-        a.push(&[1, 2, 3]);
-        a.push(&[4]);
-        let mut b = Packed::new();
-        b.push(&[5, 6]);
-        a.extend(&b);
-        assert_eq!(a.ids, vec![1, 2, 3, 4, 5, 6]);
-        assert_eq!(a.cu_seqlens, vec![0, 3, 4, 6]);
-        assert_eq!((a.num_seqs(), a.num_tokens()), (3, 6));
-    }
-
-    #[test]
-    fn a_split_keeps_the_order_and_the_budget() {
-        let mut all = Packed::new();
-        for n in [3u32, 5, 2, 9, 1, 1] {
-            all.push(&(0..n).collect::<Vec<_>>());
-        }
-        let parts = all.split(8);
-        let sizes: Vec<usize> = parts.iter().map(Packed::num_tokens).collect();
-        assert_eq!(sizes, vec![8, 2, 9, 2]); // the 9-token sequence alone, over the budget
-        let mut back = Packed::new();
-        for p in &parts {
-            back.extend(p);
-        }
-        assert_eq!(back, all);
-        assert_eq!(all.split(100), vec![all.clone()]);
-    }
 
     #[test]
     fn the_error_names_the_input_and_the_limit() {

@@ -8,10 +8,10 @@ use std::time::Instant;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyByteArray, PyBytes};
 use tokio::sync::oneshot;
 
-use crate::ivy::tokenize::Packed;
+use super::packed::Packed;
 
 /// A request's rows, `width` floats per sequence in order, and its stage times (seconds queued
 /// until a batch took it, then that batch's run until its rows were read): TEI's headers.
@@ -189,9 +189,9 @@ pub struct Tulip {
 
 impl Tulip {
     /// Starts the engine thread, which calls `build()` first and steps what it returns, and the
-    /// results thread. `build() -> (step, batch_tokens)`, `step(ids, cu_seqlens) -> handle`:
-    /// int32 bytes in,
-    /// `handle.wait()` a float32 [sequences, width] buffer. NOTE: the engine is built on the
+    /// results thread. `build() -> (step, batch_tokens)`, `step(input_ids, seqlens, cu_seqlens,
+    /// positions, seq_ids, token_type_ids) -> handle`: the engine's `PackedBatch` arrays as
+    /// bytearrays (`BatchArrays`), `handle.wait()` a float32 [sequences, width] buffer. NOTE: the engine is built on the
     /// thread that steps it, as the Python server does (`server/engine_thread.py`): on the CPU
     /// each thread running PyTorch leads an OpenMP team of its own. Waits for `build` (the GIL
     /// released) and returns its error, if it raised.
@@ -324,10 +324,19 @@ fn engine_loop(
         for job in &batch {
             packed.extend(&job.packed);
         }
-        let (ids, cu) = packed.le_bytes();
+        let a = packed.arrays();
         let handle = Python::attach(|py| {
-            step.call1(py, (PyBytes::new(py, &ids), PyBytes::new(py, &cu)))
-                .map_err(|e| e.to_string())
+            // bytearrays: NumPy's views of them are writable, as the engine's arrays are
+            let array = |bytes: &[u8]| PyByteArray::new(py, bytes);
+            let arrays = (
+                array(&a.input_ids),
+                array(&a.seqlens),
+                array(&a.cu_seqlens),
+                array(&a.positions),
+                array(&a.seq_ids),
+                array(&a.token_type_ids),
+            );
+            step.call1(py, arrays).map_err(|e| e.to_string())
         });
         let handle = match handle {
             Ok(handle) => handle,

@@ -6,5 +6,7 @@
 //! the engine's async results intend: under load batches grow instead of queueing calls.
 
 mod engine;
+mod packed;
 
 pub use engine::{Answer, Job, Lanes, Reply, Rows, Tulip};
+pub use packed::{BatchArrays, Packed};

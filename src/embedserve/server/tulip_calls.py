@@ -6,7 +6,8 @@ calls this module's `TulipCalls` as its replica (`gateway.replicas.IN_PROCESS`),
 codec's messages, so the request core and the answers are the ones every replica gives; each
 call goes into Tulip's lane its request's (`EmbedRequest.lane`, `core.lanes`).
 
-`packed_step(engine)` is what Tulip calls: int32 bytes in, the engine's handle out, not waited on.
+`packed_step(engine)` is what Tulip calls: the packed batch's arrays in, built in Rust
+(`tulip::BatchArrays`), the engine's handle out, not waited on.
 """
 
 from __future__ import annotations
@@ -20,16 +21,20 @@ import numpy as np
 
 from embedserve.contract.local import rpc_error
 
+# PackedBatch's fields in order, as Tulip builds them (little-endian bytearrays)
+ARRAY_TYPES = ("<i8", "<i4", "<i4", "<i8", "<i8", "<i8")
+
 
 def packed_step(engine: Any) -> Any:
-    """`step(ids, cu_seqlens)` over little-endian int32 bytes, as Tulip calls it: the engine's
-    packed batch built from them, its handle returned without waiting."""
+    """`step(*arrays)` as Tulip calls it: the engine's `PackedBatch` wrapped around the arrays
+    Rust built (views, no copy: the engine's `check` still reads them), its handle returned
+    without waiting. NOTE: the arrays are built in Rust because NumPy's dozen calls per batch
+    were ~40 us of the engine thread, a short request's whole share with no model."""
     from embedserve.engine.batch import PackedBatch
 
-    def step(ids: bytes, cu_seqlens: bytes) -> Any:
-        cu = np.frombuffer(cu_seqlens, "<i4")
-        batch = PackedBatch.from_packed(
-            np.frombuffer(ids, "<i4").astype(np.int64), np.diff(cu).astype(np.int32)
+    def step(*arrays: bytearray) -> Any:
+        batch = PackedBatch(
+            *(np.frombuffer(a, t) for a, t in zip(arrays, ARRAY_TYPES, strict=True))
         )
         return engine.step(batch)
 
@@ -59,9 +64,7 @@ class TulipCalls:
             pending = checked(self.seam, request, answer, self.multivector_limit)
         except ValueError as e:
             raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        # pairs (token types) too: Tulip's packed batches carry ids alone
-        own_batch = pending.spans is not None or pending.batch.token_type_ids.any()
-        if pending.outputs or own_batch:
+        if pending.outputs or pending.spans is not None:
             queued = self.gateway.call(self._work(pending), pending.num_tokens, pending.bulk)
         else:
             queued = self._submit(pending)
@@ -108,7 +111,9 @@ class TulipCalls:
             self._settle(pending, response, None)
 
         ids = batch.input_ids.astype("<i4", copy=False)
-        return bool(self.gateway.submit(ids.tobytes(), cu.tobytes(), done, pending.bulk))
+        types = batch.token_type_ids  # a cross-encoder's pairs: batched beside everyone else's
+        pairs = types.astype("<i4").tobytes() if types.any() else None
+        return bool(self.gateway.submit(ids.tobytes(), cu.tobytes(), done, pending.bulk, pairs))
 
     def _work(self, pending: Any) -> Any:
         """What the engine thread runs for a batch of its own: launched, waited on, answered."""

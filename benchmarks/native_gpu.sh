@@ -4,9 +4,10 @@
 #   null: the GPU tests (every `gpu`-marked one), and `serve --native` against the Python path
 #         on the null engine at 1 / 16 / 64 connections (wrk);
 #   real: `serve` and `serve --native` with the real engine on the GPU (studies/native_path.py);
-#   tokenizer: the tokenizer's rate at 1 / 4 / 16 threads.
+#   tokenizer: the tokenizer's rate at 1 / 4 / 16 threads;
+#   rerank: the scoring suite's ms-marco MiniLM rows, /v1/rerank under serve and serve --native.
 # carry: .carry (native/_native.abi3.so, minilm-fp16, wrk/ with its libluajit) and .whl
-#   EMBEDSERVE_COMMIT=<hash> bash benchmarks/native_gpu.sh null|real
+#   EMBEDSERVE_COMMIT=<hash> bash benchmarks/native_gpu.sh null|real|tokenizer|rerank
 set -uo pipefail
 cp .carry/native/_native.abi3.so src/embedserve/_native.abi3.so || exit 1
 bash benchmarks/gpu_run.sh || exit 1 # the carried wheels into /tmp/site
@@ -26,6 +27,10 @@ case "${1:-null}" in
     timeout 150 python3 benchmarks/studies/tokenizer_rate.py --model $M --threads 1,4,16 \
       --rounds 7 --machine "$(python3 -c 'import torch; print(torch.cuda.get_device_name().split()[1].lower())')host" \
       --out "$OUT" | tail -7
+    ;;
+  rerank)
+    timeout 330 python3 benchmarks/suites/scoring.py --device cuda --bert-tokenizer $M \
+      --archs ms-marco-minilm-l6 --counts 5,25,50 --out "$OUT" 2>&1 | grep -v Warning | tail -5
     ;;
   real)
     timeout 290 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \

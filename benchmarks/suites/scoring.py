@@ -6,7 +6,8 @@ weights from `embedserve make-checkpoint`, run in bf16), in one script run:
   tokens), as `Scorer` runs them (graph replays; median of 30);
 - embedding forward: the same pairs through the same weights as an embedding model (no score
   head): the per-token cost of scoring against embedding;
-- HTTP: `embedserve serve` on the folder, `POST /v1/rerank`, keep-alive client, p50 of 30;
+- HTTP: `embedserve serve` on the folder, `POST /v1/rerank`, keep-alive client, p50 of 30; and
+  the same against `embedserve serve --native` (`--fronts python` for the first alone);
 - transformers eager on the same weights in bf16 (`AutoModelForSequenceClassification`;
   `Qwen3ForCausalLM` with only the last position's logits), tokenization included;
 - sentence-transformers `CrossEncoder.predict` in bf16 (the cross-encoder), batch = all pairs;
@@ -41,6 +42,8 @@ MATRIX_FLOPS = 743e12  # measured bf16 matrix rate of the H200 (the project brie
 QUERY = "how do vector databases rank the documents they return for a search query?"
 PAIR_TOKENS = 512
 DEVICE = "cuda"  # --device cpu only to try the script out
+FRONTS = ("python", "native")  # `--fronts`: the servers whose /v1/rerank is timed
+HTTP_SYSTEMS = {"python": "embedserve HTTP /v1/rerank", "native": "embedserve serve --native HTTP /v1/rerank"}  # fmt: skip
 ARCHS = {"ms-marco-minilm-l6": "ms-marco-MiniLM-L-6-v2 shape", "qwen3-reranker-0.6b": "Qwen3-Reranker-0.6B shape"}  # fmt: skip
 
 
@@ -192,9 +195,13 @@ def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
     del hf_fp32
     _HF.clear()
     torch.cuda.empty_cache()
-    server, ready = start([*CLI, "serve", "--model", str(folder), "--device", DEVICE, "--port", "0"],
-                          r"serving \S+ at http://127\.0\.0\.1:(\d+)")  # fmt: skip
-    port = int(ready.group(1))
+    servers, ports = [], {}
+    for front in FRONTS:
+        native = ["--native"] if front == "native" else []
+        server, ready = start([*CLI, "serve", *native, "--model", str(folder), "--device", DEVICE,
+                               "--port", "0"], r"serving \S+ at http://127\.0\.0\.1:(\d+)")  # fmt: skip
+        servers.append(server)
+        ports[front] = int(ready.group(1))
     records: list[dict[str, Any]] = []
     try:
         for n in counts:
@@ -209,7 +216,7 @@ def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
             embed = median_ms(
                 lambda s=seqs, c=second: run_batches(embedder, s, budget, second_segment=c)
             )
-            end_to_end = http_ms(port, docs)
+            over_http = {front: http_ms(port, docs) for front, port in ports.items()}
             hf = hf_scores(folder, spec, scorer, docs, torch.bfloat16)
             hf_ms = median_ms(hf, reps=10)
             del hf
@@ -234,7 +241,10 @@ def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
                     "engine",
                     "bf16",
                 ),
-                "embedserve HTTP /v1/rerank": (end_to_end, "end_to_end", "bf16"),
+                **{
+                    HTTP_SYSTEMS[front]: (ms, "end_to_end", "bf16")
+                    for front, ms in over_http.items()
+                },
                 "transformers eager": (hf_ms, "end_to_end", "bf16"),
                 "compute floor (FLOPs / 743 TFLOP/s)": (floor, "floor", "bf16"),
             }
@@ -246,10 +256,11 @@ def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
             records[-len(row)]["logit_max_abs_diff_vs_transformers_fp32"] = round(guard, 5)
             records[-len(row)]["score_max_abs_diff_vs_transformers_fp32"] = round(guard_score, 5)
             print(f"{arch} x{n} ({sum(seqlens)} tok): engine {engine:.3f} ms, embed {embed:.3f}, "
-                  f"http {end_to_end:.3f}, hf {hf_ms:.3f}, st {st_ms}, floor {floor:.3f}; "
+                  f"http {over_http}, hf {hf_ms:.3f}, st {st_ms}, floor {floor:.3f}; "
                   f"guard logits {guard:.4f} scores {guard_score:.4f}", flush=True)  # fmt: skip
     finally:
-        server.stop(60)
+        for server in servers:
+            server.stop(60)
     return records
 
 
@@ -264,9 +275,10 @@ def main() -> None:
                     help="cpu only to try the script out")  # fmt: skip
     ap.add_argument("--order-only", action="store_true",
                     help="only the top-10 agreement with transformers (50 queries x 20 documents)")  # fmt: skip
+    ap.add_argument("--fronts", default="python,native", help="the servers of the HTTP rows")
     args = ap.parse_args()
-    global DEVICE
-    DEVICE = args.device
+    global DEVICE, FRONTS
+    DEVICE, FRONTS = args.device, tuple(args.fronts.split(","))
 
     import torch
 
@@ -292,7 +304,7 @@ def main() -> None:
         "standard-library docstrings), random weights in the published shapes "
         "(make-checkpoint), bf16. engine = the pairs in batches of at most 8,192 tokens (graph "
         "replays, as `Scorer` runs them), wall time to scores on the host; embedding forward = the same batch through the same weights with no "
-        "score head; HTTP = `embedserve serve`, POST /v1/rerank, keep-alive, p50 of 30; "
+        "score head; HTTP = `embedserve serve` (and `serve --native`), POST /v1/rerank, keep-alive, p50 of 30; "
         "transformers eager and sentence-transformers in process on the same GPU, tokenization "
         "included. The first record of each block carries the score guard: the largest "
         "difference of our bf16 logits, and of the served scores (after the activation), from "

@@ -187,34 +187,31 @@ class PairPreparer:
     def _cross_encoder(
         self, query: str, docs: list[str], truncate: Any, fields: Fields
     ) -> PreparedPairs:
-        limit = self.max_length
-        encodings = self.tokenizer.encode_pairs(query, docs)
+        """Each pair as the tokenizer's pair template joins the two texts tokenized apart (the
+        package's pair encoding, id for id: tests/native/test_tokenizer_parity.py)."""
+        limit, template = self.max_length, self.tokenizer.pair_template
+        first = self.tokenizer.encode_plain(query)
+        if not first:
+            raise _empty(fields.query_name)
         seqs, seconds = [], []
         # token type 1 from the document on, for models with segment embeddings (BERT); an
         # XLM-RoBERTa pair (`<s> q </s></s> d </s>`) is all type 0
         typed = self.spec.type_vocab_size > 1
-        for i, e in enumerate(encodings):
-            ids, which = list(e.ids), list(e.sequence_ids)
-            # a text's own tokens carry its sequence id (special tokens None): none, no text
-            if 0 not in which:
-                raise _empty(fields.query_name)
-            if 1 not in which:
-                if self.tokenizer.encode_plain(docs[i]):  # nothing marks the document
-                    raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
+        for i, body in enumerate(self.tokenizer.encode_plain_batch(docs)):
+            if not body:
                 raise _empty(fields.document(i))
-            second = which.index(1)
-            if len(ids) > limit:
-                self._too_long(fields.document(i), len(ids), truncate)
-                # the document's tokens sit between `second` and its closing special tokens
-                closing = sum(e.special_tokens_mask[second:])
-                room = limit - second - closing
+            if template is None:
+                raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
+            head, closing = template.before + first + template.between, template.after
+            n = len(head) + len(body) + len(closing)
+            if n > limit:
+                self._too_long(fields.document(i), n, truncate)
+                room = limit - len(head) - len(closing)
                 if room < 1:
-                    raise self._query_too_long(second + closing)
-                body = ids[second : len(ids) - closing]
+                    raise self._query_too_long(len(head) + len(closing))
                 body = body[:room] if truncate == "end" else body[-room:]
-                ids = ids[:second] + body + ids[len(ids) - closing :]
-            seqs.append(ids)
-            seconds.append(second if typed else 0)
+            seqs.append(head + body + closing)
+            seconds.append(len(head) if typed else 0)
         return PreparedPairs(seqs, seconds)
 
     def _yes_no(

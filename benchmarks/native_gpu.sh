@@ -29,8 +29,8 @@ case "${1:-null}" in
       --out "$OUT" | tail -7
     ;;
   rerank)
-    timeout 330 python3 benchmarks/suites/scoring.py --device cuda --bert-tokenizer $M \
-      --archs ms-marco-minilm-l6 --counts 5,25,50 --out "$OUT" 2>&1 | grep -v Warning | tail -5
+    timeout 250 python3 benchmarks/suites/scoring.py --device cuda --bert-tokenizer $M \
+      --archs ms-marco-minilm-l6 --counts 5,25 --out "$OUT" 2>&1 | grep -v Warning | tail -5
     ;;
   real)
     timeout 290 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \

@@ -191,10 +191,10 @@ impl Tulip {
     /// Starts the engine thread, which calls `build()` first and steps what it returns, and the
     /// results thread. `build() -> (step, batch_tokens)`, `step(input_ids, seqlens, cu_seqlens,
     /// positions, seq_ids, token_type_ids) -> handle`: the engine's `PackedBatch` arrays as
-    /// bytearrays (`BatchArrays`), `handle.wait()` a float32 [sequences, width] buffer. NOTE: the engine is built on the
-    /// thread that steps it, as the Python server does (`server/engine_thread.py`): on the CPU
-    /// each thread running PyTorch leads an OpenMP team of its own. Waits for `build` (the GIL
-    /// released) and returns its error, if it raised.
+    /// bytearrays (`BatchArrays`), `handle.wait()` a float32 [sequences, width] buffer. NOTE:
+    /// the engine is built on the thread that steps it, as the Python server does
+    /// (`server/engine_thread.py`): on the CPU each thread running PyTorch leads an OpenMP team
+    /// of its own. Waits for `build` (the GIL released) and returns its error, if it raised.
     pub fn start(
         py: Python<'_>,
         build: Py<PyAny>,

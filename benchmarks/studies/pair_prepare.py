@@ -40,9 +40,11 @@ def median_ms(fn: Any, reps: int) -> float:
 
 
 def package_pairs(scorer: Any, docs: list[str]) -> list[list[int]]:
-    """The package's pair encoding, each pair's ids and sequence ids read out."""
+    """The package's pair encoding, each pair's ids and sequence ids read out (as the request
+    core read them to find the document); the ids returned."""
     encodings = scorer.pairs.tokenizer._full.encode_batch_fast([(QUERY, d) for d in docs])
-    return [list(e.ids) for e in encodings if list(e.sequence_ids)]
+    read = [(list(e.ids), list(e.sequence_ids)) for e in encodings]
+    return [ids for ids, _ in read]
 
 
 def http_ms(port: int, docs: list[str], reps: int) -> float:

@@ -42,7 +42,7 @@ MATRIX_FLOPS = 743e12  # measured bf16 matrix rate of the H200 (the project brie
 QUERY = "how do vector databases rank the documents they return for a search query?"
 PAIR_TOKENS = 512
 DEVICE = "cuda"  # --device cpu only to try the script out
-FRONTS = ("python", "native")  # `--fronts`: the servers whose /v1/rerank is timed
+FRONTS = "python,native"  # `--fronts`: the servers whose /v1/rerank is timed
 HTTP_SYSTEMS = {"python": "embedserve HTTP /v1/rerank", "native": "embedserve serve --native HTTP /v1/rerank"}  # fmt: skip
 ARCHS = {"ms-marco-minilm-l6": "ms-marco-MiniLM-L-6-v2 shape", "qwen3-reranker-0.6b": "Qwen3-Reranker-0.6B shape"}  # fmt: skip
 
@@ -174,7 +174,7 @@ def top10_agreement(folder: Path, queries: int = 50, docs_per_query: int = 20) -
             "median_smallest_gap_in_reference_top10": round(timing.median(gaps), 6)}  # fmt: skip
 
 
-def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
+def bench(arch: str, folder: Path, counts: list[int], fronts: list[str]) -> list[dict[str, Any]]:
     import torch
 
     from embedserve import Scorer
@@ -196,7 +196,7 @@ def bench(arch: str, folder: Path, counts: list[int]) -> list[dict[str, Any]]:
     _HF.clear()
     torch.cuda.empty_cache()
     servers, ports = [], {}
-    for front in FRONTS:
+    for front in fronts:
         native = ["--native"] if front == "native" else []
         server, ready = start([*CLI, "serve", *native, "--model", str(folder), "--device", DEVICE,
                                "--port", "0"], r"serving \S+ at http://127\.0\.0\.1:(\d+)")  # fmt: skip
@@ -275,10 +275,10 @@ def main() -> None:
                     help="cpu only to try the script out")  # fmt: skip
     ap.add_argument("--order-only", action="store_true",
                     help="only the top-10 agreement with transformers (50 queries x 20 documents)")  # fmt: skip
-    ap.add_argument("--fronts", default="python,native", help="the servers of the HTTP rows")
+    ap.add_argument("--fronts", default=FRONTS, help="the servers of the HTTP rows")
     args = ap.parse_args()
-    global DEVICE, FRONTS
-    DEVICE, FRONTS = args.device, tuple(args.fronts.split(","))
+    global DEVICE
+    DEVICE = args.device
 
     import torch
 
@@ -298,7 +298,7 @@ def main() -> None:
                                 "concurrency": 1, "metric": "same_top10_order_of_50",
                                 "value": agreement["same_top10_order"], "scope": "scores", **agreement})  # fmt: skip
                 continue
-            records += bench(arch, folder, counts)
+            records += bench(arch, folder, counts, args.fronts.split(","))
     notes = (
         "One query against N documents, pairs of about 512 tokens (real text: Python "
         "standard-library docstrings), random weights in the published shapes "

@@ -18,7 +18,8 @@ class Gateway:
     """`serve --native`'s front (native/src/lib.rs): Ivy answers the plain `POST /v1/embeddings`
     and `POST /embed` itself, queued on Tulip, whose engine thread calls
     `build() -> (step, batch_tokens)` first and then `step(*arrays) -> handle` per batch
-    (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order); every other request goes to `front`."""
+    (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order); every
+    other request goes to `front`."""
 
     port: int
     batch_tokens: int

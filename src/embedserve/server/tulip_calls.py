@@ -95,8 +95,6 @@ class TulipCalls:
         from embedserve.server.service import answers_of
 
         batch = pending.batch
-        cu = np.zeros(batch.num_seqs + 1, dtype="<i4")
-        np.cumsum(batch.seqlens, out=cu[1:])
 
         def done(rows: Any, width: int, queue_s: float, inference_s: float, error: Any) -> None:
             if error is not None:
@@ -110,10 +108,12 @@ class TulipCalls:
             response.queue_seconds, response.inference_seconds = queue_s, inference_s
             self._settle(pending, response, None)
 
-        ids = batch.input_ids.astype("<i4", copy=False)
+        ids, cu = (
+            a.astype("<i4", copy=False).tobytes() for a in (batch.input_ids, batch.cu_seqlens)
+        )
         types = batch.token_type_ids  # a cross-encoder's pairs: batched beside everyone else's
         pairs = types.astype("<i4").tobytes() if types.any() else None
-        return bool(self.gateway.submit(ids.tobytes(), cu.tobytes(), done, pending.bulk, pairs))
+        return bool(self.gateway.submit(ids, cu, done, pending.bulk, pairs))
 
     def _work(self, pending: Any) -> Any:
         """What the engine thread runs for a batch of its own: launched, waited on, answered."""

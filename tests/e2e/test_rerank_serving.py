@@ -168,7 +168,13 @@ def test_v1_rerank_cuts_an_over_long_document_unless_told_not_to(reranker_url: s
     assert status == 200, cut
     _, asked = post(reranker_url, "/v1/rerank", {"query": QUERY, "documents": docs,
                                                  "truncate": "end"})  # fmt: skip
-    assert cut["results"] == asked["results"]
+    # The same cut: the same tokens billed and the same order. The scores are compared as the
+    # offline ones are above: the two requests' parts may meet other parts in different engine
+    # batches, and fp32 sums over other batch shapes differ in the last bits.
+    assert cut["usage"] == asked["usage"]
+    assert [r["index"] for r in cut["results"]] == [r["index"] for r in asked["results"]]
+    for c, a in zip(cut["results"], asked["results"], strict=True):
+        assert c["relevance_score"] == pytest.approx(a["relevance_score"], abs=1e-5)
     status, refused = post(
         reranker_url, "/v1/rerank", {"query": QUERY, "documents": docs, "truncate": False}
     )

@@ -3,12 +3,14 @@ documents of ~508-token pairs (the ms-marco MiniLM cross-encoder shape, the bund
 tokenizer), in one run:
 
 - native: `PairPreparer.prepare`, the pairs joined by the tokenizer's pair template from the
-  native tokenizer's ids of each text (`core.tokenization.PairTemplate`);
+  native tokenizer's ids of each text (`embedserve._native.PairTemplate`);
 - package: the Python `tokenizers` package's pair encoding (`encode_batch_fast` of the (query,
   document) pairs, each pair's ids and sequence ids read out), what the request core did before
   and what a Hugging Face fast tokenizer does; its ids are checked equal to ours;
 - HTTP: `embedserve serve --native` in front of the null engine (`harness/null_engine.py`: every
-  pair scored at once), `POST /v1/rerank`, keep-alive, p50: the request path alone.
+  pair scored at once), `POST /v1/rerank`, keep-alive, p50: the request path alone; the plain
+  body (documents as strings: answered by Ivy, natively) and the same documents as
+  `{"text": ...}` objects (handed to the Python front in the same process: its pipeline).
 
     PYTHONPATH=src python3 benchmarks/studies/pair_prepare.py [--counts 1,5,25,50] [--out DIR]
 """
@@ -47,9 +49,12 @@ def package_pairs(scorer: Any, docs: list[str]) -> list[list[int]]:
     return [ids for ids, _ in read]
 
 
-def http_ms(port: int, docs: list[str], reps: int) -> float:
+def http_ms(port: int, docs: list[str], reps: int, objects: bool = False) -> float:
+    """`/v1/rerank`'s p50; `objects`: the documents as `{"text": ...}` objects, a shape Ivy
+    hands to the Python front."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    body = json.dumps({"model": "rr", "query": QUERY, "documents": docs})
+    sent: list[Any] = [{"text": d} for d in docs] if objects else docs
+    body = json.dumps({"model": "rr", "query": QUERY, "documents": sent})
 
     def once() -> None:
         conn.request("POST", "/v1/rerank", body, {"Content-Type": "application/json"})
@@ -87,8 +92,11 @@ def main() -> None:
                 "tokenizers package encode_batch_fast of the pairs": median_ms(
                     lambda d=docs: package_pairs(scorer, d), args.reps
                 ),
-                "embedserve serve --native HTTP /v1/rerank, null engine": http_ms(
+                "embedserve serve --native HTTP /v1/rerank, null engine, Ivy": http_ms(
                     int(ready.group(1)), docs, args.reps
+                ),
+                "embedserve serve --native HTTP /v1/rerank, null engine, Python front": http_ms(
+                    int(ready.group(1)), docs, args.reps, objects=True
                 ),
             }
             for system, value in row.items():
@@ -96,7 +104,7 @@ def main() -> None:
                                 "weights": "random", "dtype": "none", "batch": n,
                                 "tokens": f"{tokens} in all", "concurrency": 1,
                                 "metric": "p50_ms", "value": round(value, 3), "scope": "host"})  # fmt: skip
-            print(n, tokens, {k.split(" ")[1]: round(v, 3) for k, v in row.items()}, flush=True)
+            print(n, tokens, [round(v, 3) for v in row.values()], flush=True)
     finally:
         server.stop()
     notes = (f"One query ({QUERY!r}) against N documents, pairs of about 508 tokens (real text); "

@@ -2,8 +2,9 @@
 //!
 //! Two layers, one direction of calls: `ivy` (HTTP, JSON, tokenization) hands packed token ids
 //! to `tulip` (the FCFS token-budget queue), which calls the Python engine's `step()` through
-//! pyo3. Python sees two classes: `Tokenizer` (packed ids of a batch of texts, the GIL released
-//! while it works) and `Gateway` (the HTTP front and the queue in front of a `step` callable).
+//! pyo3. Python sees three classes: `Tokenizer` (packed ids of a batch of texts, the GIL released
+//! while it works), its `PairTemplate` (a cross-encoder's pairs joined) and `Gateway` (the HTTP
+//! front and the queue in front of a `step` callable).
 
 pub mod ivy;
 pub mod tulip;
@@ -19,7 +20,9 @@ use tokio::sync::watch;
 use std::sync::atomic::Ordering;
 
 use ivy::admission::Admission;
-use ivy::http::{serve, Bounds, Front};
+use ivy::http::{routes, serve, Bounds, Front, Reranker};
+use ivy::pairs::{Cut, Joined};
+use ivy::scoring::Activation;
 use ivy::stats::{Stats, Taken};
 use ivy::tokenize::TextTokenizer;
 use tulip::{Lanes, Packed, Reply, Tulip};
@@ -55,6 +58,25 @@ impl Tokenizer {
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
+    /// Each text's own ids, no special tokens, never truncated (the ids less the single-text
+    /// template's), the GIL released while they are made.
+    fn encode_plain_batch(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<Vec<u32>>> {
+        py.detach(|| self.inner.plain(&texts))
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The single-text template's special tokens: (the ids before a text's own, those after).
+    #[getter]
+    fn template(&self) -> (Vec<u32>, Vec<u32>) {
+        (self.inner.lead.clone(), self.inner.trail.clone())
+    }
+
+    /// The pair template, or None when the tokenizer has none.
+    #[getter]
+    fn pair_template(&self) -> Option<PairTemplate> {
+        self.inner.pairs.clone().map(|inner| PairTemplate { inner })
+    }
+
     /// Whether clean ASCII texts take the WordPiece twin (a BERT tokenizer's; the same ids).
     #[getter]
     fn ascii_twin(&self) -> bool {
@@ -79,6 +101,51 @@ impl Tokenizer {
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let (ids, cu) = packed.le_bytes();
         Ok((PyBytes::new(py, &ids), PyBytes::new(py, &cu)))
+    }
+}
+
+/// A tokenizer's pair template (`ivy::pairs`): the one rule that joins a query and a document
+/// into a cross-encoder's sequence, for the request core's `PairPreparer`.
+#[pyclass(frozen, module = "embedserve._native")]
+struct PairTemplate {
+    inner: ivy::pairs::PairTemplate,
+}
+
+#[pymethods]
+impl PairTemplate {
+    #[getter]
+    fn before(&self) -> Vec<u32> {
+        self.inner.before.clone()
+    }
+
+    #[getter]
+    fn between(&self) -> Vec<u32> {
+        self.inner.between.clone()
+    }
+
+    #[getter]
+    fn after(&self) -> Vec<u32> {
+        self.inner.after.clone()
+    }
+
+    /// `query` and `doc` (each a text's own ids) as one sequence of at most `limit` tokens,
+    /// the document cut when over it if `truncate` is "end" or "start" (None: refused):
+    /// ("pair", ids, where the document begins), ("too_long", [], the pair's tokens) or
+    /// ("query_too_long", [], the tokens the query and the special tokens take).
+    #[pyo3(signature = (query, doc, limit, truncate = None))]
+    fn join(
+        &self,
+        query: Vec<u32>,
+        doc: Vec<u32>,
+        limit: usize,
+        truncate: Option<&str>,
+    ) -> PyResult<(&'static str, Vec<u32>, usize)> {
+        let cut = Cut::of(truncate).map_err(PyValueError::new_err)?;
+        Ok(match self.inner.join(&query, &doc, limit, cut) {
+            Joined::Pair { ids, second } => ("pair", ids, second),
+            Joined::TooLong(n) => ("too_long", Vec::new(), n),
+            Joined::QueryTooLong(n) => ("query_too_long", Vec::new(), n),
+        })
     }
 }
 
@@ -107,7 +174,7 @@ impl Gateway {
         max_inputs, max_tokens, part_tokens, body_timeout, header_timeout,
         max_header_bytes, max_connections, hosts, keys, latency_buckets, host = "127.0.0.1",
         port = 0, threads = 1,
-        max_queued_tokens = 1 << 20, lanes = None,
+        max_queued_tokens = 1 << 20, lanes = None, reranker = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -135,6 +202,7 @@ impl Gateway {
         threads: usize,
         max_queued_tokens: usize,
         lanes: Option<(usize, usize, usize)>,
+        reranker: Option<(String, bool, usize)>,
     ) -> PyResult<Self> {
         if threads == 0 || names.is_empty() {
             return Err(PyValueError::new_err(
@@ -143,6 +211,20 @@ impl Gateway {
         }
         let tokenizer =
             TextTokenizer::from_json(tokenizer_json, max_length).map_err(PyValueError::new_err)?;
+        // (activation, typed, max_chars): a cross-encoder's scoring routes answered here
+        let reranker = match reranker {
+            Some(_) if tokenizer.pairs.is_none() => {
+                return Err(PyValueError::new_err(
+                    "a reranker's tokenizer must have a pair template",
+                ))
+            }
+            Some((activation, typed, max_chars)) => Some(Reranker {
+                activation: Activation::of(&activation).map_err(PyValueError::new_err)?,
+                typed,
+                max_chars,
+            }),
+            None => None,
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("ivy")
@@ -187,10 +269,10 @@ impl Gateway {
             front,
             fast,
             normalize,
+            reranker,
             bounds,
             admission,
-            ivy::api::ROUTES
-                .iter()
+            routes()
                 .map(|_| Stats::new(latency_buckets.clone()))
                 .collect(),
         ));
@@ -266,10 +348,9 @@ impl Gateway {
     /// call, by route: (route, (requests, latency counts per bucket of `latency_buckets` and
     /// one over them, latency seconds in all, tokens, inputs)).
     fn take_counts(&self) -> Vec<(&'static str, Taken)> {
-        ivy::api::ROUTES
-            .iter()
+        routes()
             .zip(&self.front.stats)
-            .map(|(&route, stats)| (route, stats.take()))
+            .map(|(route, stats)| (route, stats.take()))
             .collect()
     }
 
@@ -327,6 +408,7 @@ impl Gateway {
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Tokenizer>()?;
+    module.add_class::<PairTemplate>()?;
     module.add_class::<Gateway>()?;
     module.add_class::<ivy::fallback::Reply>()?;
     Ok(())

@@ -13,10 +13,27 @@ class Tokenizer:
     def ids(self, text: str) -> list[int]: ...
     def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
     def encode_packed(self, texts: list[str]) -> tuple[bytes, bytes]: ...
+    def encode_plain_batch(self, texts: list[str]) -> list[list[int]]: ...
+    @property
+    def template(self) -> tuple[list[int], list[int]]: ...
+    @property
+    def pair_template(self) -> PairTemplate | None: ...
+
+class PairTemplate:
+    """A tokenizer's pair template: `before` + query + `between` + document + `after`; `join`
+    is the one rule that joins (and cuts) a cross-encoder's pair (native/src/ivy/pairs.rs)."""
+
+    before: list[int]
+    between: list[int]
+    after: list[int]
+    def join(
+        self, query: list[int], doc: list[int], limit: int, truncate: str | None = ...
+    ) -> tuple[str, list[int], int]: ...
 
 class Gateway:
     """`serve --native`'s front (native/src/lib.rs): Ivy answers the plain `POST /v1/embeddings`
-    and `POST /embed` itself, queued on Tulip, whose engine thread calls
+    and `POST /embed` itself (and a cross-encoder's plain `/v1/rerank`, `/rerank` and
+    `/v1/score` when `reranker` is given: (activation, typed, max_chars)), queued on Tulip, whose engine thread calls
     `build() -> (step, batch_tokens)` first and then `step(*arrays) -> handle` per batch
     (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order); every
     other request goes to `front`."""
@@ -50,6 +67,7 @@ class Gateway:
         threads: int = ...,
         max_queued_tokens: int = ...,
         lanes: tuple[int, int, int] | None = ...,
+        reranker: tuple[str, bool, int] | None = ...,
     ) -> None: ...
     def serve(self) -> None: ...
     def stop(self) -> None: ...

@@ -70,7 +70,7 @@ def test_a_text_over_the_limit_is_named(minilm_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["bert-uncased", "mpnet", "xlm-roberta", "gemma3", "qwen3"])
 def test_plain_ids_and_pairs_equal_the_python_packages(kind: str, tmp_path: Path) -> None:
     """The request core's native plain ids (no special tokens) and its pairs joined by the
-    tokenizer's pair template (`core.tokenization.PairTemplate`) are the package's, special
+    tokenizer's pair template (`embedserve._native.PairTemplate`) are the package's, special
     tokens written in the text included."""
     path, reference = _reference(kind, tmp_path)
     ours = TextTokenizer(path, 512)
@@ -82,7 +82,32 @@ def test_plain_ids_and_pairs_equal_the_python_packages(kind: str, tmp_path: Path
     assert template is not None
     for query, q in zip(texts[:3], plain[:3], strict=True):
         for pair, d in zip(reference.encode_batch([(query, t) for t in texts]), plain, strict=True):
+            joined, ids, second = template.join(q, d, 512)
+            assert joined == "pair" and ids == pair.ids, (query, d)
             head = template.before + q + template.between
-            assert head + d + template.after == pair.ids, (query, d)
+            assert ids == head + d + template.after and second == len(head)
             if d:  # the document's first token: where token type 1 begins
-                assert pair.sequence_ids.index(1) == len(head)
+                assert pair.sequence_ids.index(1) == second
+
+
+@pytest.mark.parametrize("kind", ["bert-uncased", "xlm-roberta"])
+def test_a_cut_pair_equals_the_packages_truncation_of_its_second_text(
+    kind: str, tmp_path: Path
+) -> None:
+    """`PairTemplate.join`'s cut (native/src/ivy/pairs.rs) keeps the document's beginning
+    ("end") or its end ("start") as the package's `only_second` truncation does; the query is
+    never cut, and a pair over the limit without a cut is refused with its length."""
+    path, reference = _reference(kind, tmp_path)
+    ours = TextTokenizer(path, 512)
+    template = ours.pair_template
+    assert template is not None
+    query, doc = TEXTS[0], " ".join(TEXTS) * 3
+    q, d = ours.encode_plain(query), ours.encode_plain(doc)
+    limit = len(template.before + q + template.between + template.after) + len(d) // 2
+    for truncate, direction in (("end", "right"), ("start", "left")):
+        reference.enable_truncation(limit, strategy="only_second", direction=direction)
+        joined, ids, _ = template.join(q, d, limit, truncate)
+        assert joined == "pair" and ids == reference.encode(query, doc).ids, truncate
+    assert template.join(q, d, limit) == ("too_long", [], limit + len(d) - len(d) // 2)
+    fixed = len(template.before + q + template.between + template.after)
+    assert template.join(q, d, fixed, "end") == ("query_too_long", [], fixed)

@@ -246,7 +246,7 @@ mod tests {
         }
     }
 
-    /// A fuzz of the body parser with a fixed seed (no crate: xorshift): random bytes and valid
+    /// A fuzz of the body parsers (the scoring routes' too) with a fixed seed (no crate: xorshift): random bytes and valid
     /// bodies with bytes flipped, cut or repeated. Every one is parsed or refused as a 400 with
     /// a message; none panics.
     #[test]
@@ -258,18 +258,20 @@ mod tests {
             state ^= state << 17;
             state
         };
-        let seeds: [&[u8]; 5] = [
+        let seeds: [&[u8]; 7] = [
             br#"{"input": ["a text", "another"], "model": "m", "encoding_format": "base64"}"#,
             br#"{"input": "one", "user": {"nested": [1, 2, {"x": null}]}}"#,
             "{\"input\": [\"caf\u{e9}\", \"\\ud83d\\ude00\"]}".as_bytes(),
             b"[]",
             br#"{"inputs": ["x", "y"], "normalize": true, "truncate": false}"#,
+            br#"{"query": "q", "documents": ["a", "b"], "top_n": 1, "return_documents": true}"#,
+            br#"{"text_1": "q", "text_2": ["a"], "truncate": "end", "texts": ["z"]}"#,
         ];
         for round in 0..20_000 {
             let body: Vec<u8> = if round % 4 == 0 {
                 (0..next() % 64).map(|_| next() as u8).collect()
             } else {
-                let mut body = seeds[(next() % 5) as usize].to_vec();
+                let mut body = seeds[(next() % seeds.len() as u64) as usize].to_vec();
                 for _ in 0..=(next() % 4) {
                     let at = (next() as usize) % body.len().max(1);
                     match next() % 3 {
@@ -286,6 +288,11 @@ mod tests {
             for route in 0..ROUTES.len() {
                 if let Ok(request) = Plain::parse(route, &body) {
                     let _ = request.texts(); // parsed or refused; either way no panic
+                }
+            }
+            for route in 0..super::super::scoring::ROUTES.len() {
+                if let Ok(request) = super::super::scoring::Scoring::parse(route, &body) {
+                    let _ = (request.documents(), request.cut());
                 }
             }
         }

@@ -1,14 +1,14 @@
-//! The HTTP front: every request is read here; the plain shapes of `POST /v1/embeddings` and
-//! TEI's `POST /embed` are answered here (tokenized, queued on Tulip, written), and every other
-//! request, or one this front may not answer, is handed over to the Python front in this
-//! process (`fallback`).
+//! The HTTP front: every request is read here; the plain shapes of the embedding routes
+//! (`api`) and, for a cross-encoder, of the scoring routes (`scoring`) are answered here
+//! (tokenized, queued on Tulip, written), and every other request, or one this front may not
+//! answer, is handed over to the Python front in this process (`fallback`).
 
 use std::collections::hash_map::RandomState;
 use std::convert::Infallible;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
@@ -24,8 +24,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
 use super::admission::Admission;
-use super::api::{self, Plain, ROUTES};
+use super::api::{self, Plain};
 use super::fallback::{hand_over, Answered};
+use super::pairs::Joined;
+use super::scoring::{self, blank, Activation, Scoring};
 use super::stats::Stats;
 use super::tokenize::TextTokenizer;
 use crate::tulip::Packed;
@@ -47,6 +49,47 @@ pub struct Bounds {
     pub max_connections: usize,
 }
 
+/// Every route answered here, in the order of `Front::stats`: the embedding routes, then the
+/// scoring ones.
+pub fn routes() -> impl Iterator<Item = &'static str> {
+    api::ROUTES.iter().chain(scoring::ROUTES.iter()).copied()
+}
+
+/// A route answered here: `api::ROUTES[i]` or `scoring::ROUTES[i]`.
+#[derive(Clone, Copy)]
+enum Here {
+    Embed(usize),
+    Score(usize),
+}
+
+impl Here {
+    fn of(path: &str) -> Option<Here> {
+        let at = |routes: &[&str]| routes.iter().position(|&r| r == path);
+        at(&api::ROUTES)
+            .map(Here::Embed)
+            .or_else(|| at(&scoring::ROUTES).map(Here::Score))
+    }
+
+    /// Its place in `Front::stats` (`routes()`).
+    fn stats(self) -> usize {
+        match self {
+            Here::Embed(i) => i,
+            Here::Score(i) => api::ROUTES.len() + i,
+        }
+    }
+}
+
+/// A cross-encoder's scoring, for the scoring routes answered here: its pairs joined by the
+/// tokenizer's pair template (`TextTokenizer::pairs`).
+pub struct Reranker {
+    /// the folder's activation of the logit
+    pub activation: Activation,
+    /// the model has segment embeddings: a pair's document is token type 1
+    pub typed: bool,
+    /// the characters a request may make the tokenizer read (`core/bounds.max_chars`)
+    pub max_chars: usize,
+}
+
 /// What every connection shares.
 pub struct Front {
     /// the served model's names; answers name the first
@@ -60,6 +103,8 @@ pub struct Front {
     /// whose folder names no default prompt) and its rows leave as unit vectors
     pub fast: bool,
     pub normalize: bool,
+    /// a cross-encoder's: its plain scoring requests are answered here
+    pub reranker: Option<Reranker>,
     pub bounds: Bounds,
     pub admission: RwLock<Admission>,
     /// set on SIGTERM: every request is handed over (the Python front answers 503)
@@ -80,6 +125,7 @@ impl Front {
         python: Py<PyAny>,
         fast: bool,
         normalize: bool,
+        reranker: Option<Reranker>,
         bounds: Bounds,
         admission: Admission,
         stats: Vec<Stats>,
@@ -91,6 +137,7 @@ impl Front {
             python,
             fast,
             normalize,
+            reranker,
             bounds,
             admission: RwLock::new(admission),
             draining: AtomicBool::new(false),
@@ -110,9 +157,19 @@ impl Front {
                 return sent.to_vec();
             }
         }
+        self.new_id().into_bytes()
+    }
+
+    /// A new id: 32 hex digits.
+    fn new_id(&self) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (a, b) = (self.ids.hash_one(n), self.ids.hash_one(!n));
-        format!("{a:016x}{b:016x}").into_bytes()
+        format!("{a:016x}{b:016x}")
+    }
+
+    /// Whether a body's `model` (if it names one) is served here.
+    fn serves(&self, model: Option<&str>) -> bool {
+        model.is_none_or(|model| self.names.iter().any(|name| name == model))
     }
 }
 
@@ -140,23 +197,30 @@ async fn route(
     let _counted = Counted::new(&front.in_flight);
     let start = Instant::now();
     let (parts, body) = request.into_parts();
-    let route = ROUTES.iter().position(|&r| r == parts.uri.path());
-    let here = front.fast
-        && parts.method == Method::POST
-        && route.is_some()
+    let route = Here::of(parts.uri.path()).filter(|&here| match here {
+        Here::Embed(_) => front.fast,
+        Here::Score(_) => front.reranker.is_some(),
+    });
+    let open = parts.method == Method::POST
         && !front.draining.load(Ordering::Relaxed)
         && front
             .admission
             .read()
             .is_ok_and(|a| a.admits(&parts.headers));
-    let (true, Some(route)) = (here, route) else {
+    let (true, Some(route)) = (open, route) else {
         return Ok(handed(&front, &parts, Bytes::new(), Some(body)).await);
     };
     match read_whole(&front.bounds, &parts, body).await {
-        Ok(bytes) => match embeddings(&front, route, &parts, &bytes, start).await {
-            Some(reply) => Ok(reply),
-            None => Ok(handed(&front, &parts, bytes, None).await),
-        },
+        Ok(bytes) => {
+            let answered = match route {
+                Here::Embed(i) => embeddings(&front, i, &parts, &bytes, start).await,
+                Here::Score(i) => scores(&front, i, &parts, &bytes, start).await,
+            };
+            match answered {
+                Some(reply) => Ok(reply),
+                None => Ok(handed(&front, &parts, bytes, None).await),
+            }
+        }
         Err((read, rest)) => Ok(handed(&front, &parts, read, rest).await),
     }
 }
@@ -203,10 +267,8 @@ async fn embeddings(
     start: Instant,
 ) -> Option<Response<Body>> {
     let parsed = Plain::parse(route, body).ok()?;
-    if let Some(model) = parsed.model() {
-        if !front.names.iter().any(|name| name == model) {
-            return None;
-        }
+    if !front.serves(parsed.model()) {
+        return None;
     }
     let texts = parsed.texts();
     if texts.is_empty()
@@ -223,11 +285,93 @@ async fn embeddings(
         return None;
     }
     let tokenized = start.elapsed();
-    let mut rows = embed(front, packed).await?;
+    // its lane, by its size: every part of a bulk request is bulk
+    let bulk = front
+        .tulip
+        .lanes
+        .is_bulk(packed.num_seqs(), packed.num_tokens());
+    let mut rows = rows(front, packed, bulk).await?;
     if parsed.normalize(front.normalize) {
         api::normalize(&mut rows.values, rows.width);
     }
     let payload = parsed.answer(&rows.values, rows.width, &front.names[0], tokens);
+    front.stats[Here::Embed(route).stats()].record(
+        start.elapsed().as_secs_f64(),
+        tokens,
+        texts.len(),
+    );
+    Some(reply(front, parts, payload, start, tokenized, &rows))
+}
+
+/// A cross-encoder's plain scoring request to `scoring::ROUTES[route]` answered here, or None:
+/// the Python front answers it (another shape or option, a text it refuses, a pair it would
+/// refuse, a full queue, a failed batch).
+async fn scores(
+    front: &Front,
+    route: usize,
+    parts: &Parts,
+    body: &[u8],
+    start: Instant,
+) -> Option<Response<Body>> {
+    let (reranker, template) = (front.reranker.as_ref()?, front.tokenizer.pairs.as_ref()?);
+    let parsed = Scoring::parse(route, body).ok()?;
+    let cut = parsed.cut()?;
+    let (query, docs) = (parsed.query(), parsed.documents());
+    // the request's characters as `core/bounds.pair_chars` counts them: the query per document
+    let chars =
+        query.chars().count() * docs.len() + docs.iter().map(|d| d.chars().count()).sum::<usize>();
+    if !front.serves(parsed.model())
+        || docs.is_empty()
+        || docs.len() > front.bounds.max_inputs
+        || chars > reranker.max_chars
+        || blank(query)
+        || docs.iter().any(|d| blank(d))
+    {
+        return None;
+    }
+    let first = front.tokenizer.plain(&[query]).ok()?.pop()?;
+    let bodies = front.tokenizer.plain(docs).ok()?;
+    if first.is_empty() || bodies.iter().any(Vec::is_empty) {
+        return None; // no token of its own: refused as "" is
+    }
+    let mut packed = Packed::new();
+    for body in &bodies {
+        let limit = front.tokenizer.max_length;
+        let Joined::Pair { ids, second } = template.join(&first, body, limit, cut) else {
+            return None;
+        };
+        packed.push_pair(&ids, if reranker.typed { second } else { 0 });
+    }
+    let tokens = packed.num_tokens();
+    if tokens > front.bounds.max_tokens {
+        return None;
+    }
+    let tokenized = start.elapsed();
+    // a scoring request is interactive, whatever its size (`core/lanes.interactive_route`)
+    let rows = rows(front, packed, false).await?;
+    let logits = rows.values.iter().step_by(rows.width.max(1)).copied();
+    let scores = parsed.scores(logits, reranker.activation);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let payload = parsed.answer(&scores, &front.names[0], tokens, &front.new_id(), now);
+    front.stats[Here::Score(route).stats()].record(
+        start.elapsed().as_secs_f64(),
+        tokens,
+        docs.len(),
+    );
+    Some(reply(front, parts, payload, start, tokenized, &rows))
+}
+
+/// An answer's response: its JSON body, the request id, TEI's timing headers.
+fn reply(
+    front: &Front,
+    parts: &Parts,
+    payload: Vec<u8>,
+    start: Instant,
+    tokenized: Duration,
+    rows: &crate::tulip::Rows,
+) -> Response<Body> {
     let mut reply = Response::new(Full::new(Bytes::from(payload)));
     let headers = reply.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -240,18 +384,12 @@ async fn embeddings(
     headers.insert("x-tokenization-time", ms(tokenized.as_secs_f64()));
     headers.insert("x-queue-time", ms(rows.queue));
     headers.insert("x-inference-time", ms(rows.inference));
-    front.stats[route].record(start.elapsed().as_secs_f64(), tokens, texts.len());
-    Some(reply)
+    reply
 }
 
-/// The rows of `packed`'s sequences, in order: its parts queued at once, answered in turn;
-/// None when the queue is full or a batch failed.
-async fn embed(front: &Front, packed: Packed) -> Option<crate::tulip::Rows> {
-    // its lane, by its size: every part of a bulk request is bulk
-    let bulk = front
-        .tulip
-        .lanes
-        .is_bulk(packed.num_seqs(), packed.num_tokens());
+/// The rows of `packed`'s sequences, in order: its parts queued at once in the lane asked,
+/// answered in turn; None when the queue is full or a batch failed.
+async fn rows(front: &Front, packed: Packed, bulk: bool) -> Option<crate::tulip::Rows> {
     let parts = packed.split(front.bounds.part_tokens);
     let mut answers = Vec::with_capacity(parts.len());
     for part in parts {

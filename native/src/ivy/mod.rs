@@ -6,6 +6,8 @@ pub mod admission;
 pub mod api;
 pub mod fallback;
 pub mod http;
+pub mod pairs;
+pub mod scoring;
 pub mod stats;
 pub mod tokenize;
 pub mod wordpiece;

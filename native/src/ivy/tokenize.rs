@@ -5,6 +5,7 @@ use std::fmt;
 
 use tokenizers::Tokenizer;
 
+use super::pairs::PairTemplate;
 use super::wordpiece::AsciiWordPiece;
 use crate::tulip::Packed;
 
@@ -51,6 +52,11 @@ pub struct TextTokenizer {
     /// The template's special tokens (the ids of ""): a text with no more has no token of its
     /// own (whitespace or control characters only), which the request core refuses.
     pub num_special: usize,
+    /// The single-text template's special tokens before and after a text's own ids.
+    pub lead: Vec<u32>,
+    pub trail: Vec<u32>,
+    /// The pair template, when the tokenizer has one (`pairs`).
+    pub pairs: Option<PairTemplate>,
 }
 
 impl TextTokenizer {
@@ -77,11 +83,26 @@ impl TextTokenizer {
             .map_err(|e| e.to_string())?
             .get_ids()
             .len();
+        // the single-text template: the special tokens around a one-token text
+        let probe = inner.encode_fast("a", true).map_err(|e| e.to_string())?;
+        let own: Vec<usize> = (0..probe.len())
+            .filter(|&k| probe.get_special_tokens_mask()[k] == 0)
+            .collect();
+        let (first, last) = match (own.first(), own.last()) {
+            (Some(&first), Some(&last)) => (first, last + 1),
+            _ => return Err("the tokenizer gives the text \"a\" no token of its own".into()),
+        };
+        let ids = probe.get_ids();
+        let (lead, trail) = (ids[..first].to_vec(), ids[last..].to_vec());
+        let pairs = PairTemplate::of(&inner)?;
         Ok(TextTokenizer {
             inner,
             twin,
             max_length,
             num_special,
+            lead,
+            trail,
+            pairs,
         })
     }
 
@@ -121,6 +142,18 @@ impl TextTokenizer {
             .enumerate()
             .map(|(i, t)| self.ids(i, t.as_ref()))
             .collect()
+    }
+
+    /// Each text's own ids, no special tokens, never truncated: its ids less the single-text
+    /// template's (the post-processor adds only those).
+    pub fn plain<S: AsRef<str> + Sync>(&self, texts: &[S]) -> Result<Vec<Vec<u32>>, TokenizeError> {
+        let (lead, trail) = (self.lead.len(), self.trail.len());
+        let mut all = self.batch(texts)?;
+        for ids in &mut all {
+            ids.truncate(ids.len().saturating_sub(trail));
+            ids.drain(..lead.min(ids.len()));
+        }
+        Ok(all)
     }
 
     /// Every text's ids, packed; an over-long text is an error (the truncation policy of the

@@ -65,6 +65,19 @@ impl Packed {
         self.cu_seqlens.push(self.ids.len() as i32);
     }
 
+    /// Appends one pair's sequence: type 0 up to `second`, 1 from it on (a cross-encoder's
+    /// document); `second` 0: every token type 0 (a model without segment embeddings).
+    pub fn push_pair(&mut self, ids: &[u32], second: usize) {
+        if second == 0 {
+            return self.push(ids);
+        }
+        self.types.resize(self.ids.len(), 0); // the zeros of the texts before, if none yet
+        self.types
+            .extend((0..ids.len()).map(|k| i32::from(k >= second)));
+        self.ids.extend(ids.iter().map(|&i| i as i32));
+        self.cu_seqlens.push(self.ids.len() as i32);
+    }
+
     /// Each token's type, zeros included.
     fn types_of(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = i32> + '_ {
         let zeros = self.types.is_empty();
@@ -241,6 +254,12 @@ mod tests {
         first.extend(&pair(1, 1));
         first.push(&[3]);
         assert_eq!(first.types, vec![0, 1, 0]);
+        let mut pushed = Packed::new(); // `push_pair`, as Ivy's scoring routes pack them
+        pushed.push(&[7, 8]);
+        pushed.push_pair(&[100, 101, 102, 103, 104], 2);
+        pushed.push_pair(&[5, 6], 0);
+        assert_eq!(pushed.types, vec![0, 0, 0, 0, 1, 1, 1, 0, 0]);
+        assert_eq!(pushed.cu_seqlens, vec![0, 2, 7, 9]);
         let a = batch.arrays();
         assert_eq!(i64s(&a.token_type_ids), vec![0, 0, 0, 0, 1, 1, 1, 0]);
         assert_eq!(i64s(&a.positions), vec![0, 1, 0, 1, 2, 3, 4, 0]);

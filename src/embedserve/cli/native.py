@@ -2,16 +2,18 @@
 
 Ivy reads every HTTP request. The plain shapes of `POST /v1/embeddings` (text input, `model`,
 `encoding_format` float or base64) and of TEI's `POST /embed` (text input, `normalize`,
-`truncate`) are answered there: tokenized in Rust, queued on Tulip, whose
+`truncate`), and a cross-encoder's plain `POST /v1/rerank`, `/rerank` and `/v1/score`, are
+answered there: tokenized (pairs joined) in Rust, queued on Tulip, whose
 engine thread builds the engine and then calls its `step()` with the GIL held for that call
 alone, and written in Rust. Every other request (the other routes, the other options, every
 refusal) is handed to the gateway's ASGI app, run here on an event loop of its own thread
 (`gateway/native_front.py`), whose pipeline queues on the same Tulip (`server/tulip_calls.py`):
 one queue, one engine, each rule and each error message written once, in Python.
 
-One model, one engine (a GPU or the CPU). A reranker's, a classifier's or a sparse or
+One model, one engine (a GPU or the CPU). An LLM reranker's, a classifier's or a sparse or
 multi-vector model's requests all go through the Python front (Ivy answers plain dense
-embeddings only); `serve` without `--native` serves several models.
+embeddings and a cross-encoder's plain scores only); `serve` without `--native` serves several
+models.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     from embedserve.gateway.native_front import Lifespan, PythonFront
     from embedserve.server.tulip_calls import TulipCalls
 
-    inputs, plain = _served_model(gateway)
+    inputs, plain, reranker = _served_model(gateway)
     if gateway.log_requests:
         log_requests_to_stderr()
     loop = asyncio.new_event_loop()
@@ -72,7 +74,9 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     IN_PROCESS[IN_PROCESS_ADDRESS] = (calls.embed, calls.check)
     keys = KeyRing(gateway.api_keys, gateway.api_key_file)
     front = PythonFront(loop, gateway.host, gateway.port)
-    native = _native_gateway(server, gateway, inputs, plain, front, sorted(keys()), calls)
+    native = _native_gateway(
+        server, gateway, inputs, (plain, reranker), front, sorted(keys()), calls
+    )
     calls.gateway = native
     config = dataclasses.replace(
         gateway,
@@ -90,7 +94,8 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     url = f"http://{gateway.host}:{native.port}"
     say(
         f"embedserve: serving {gateway.entries[0].names[0]} at {url} (native front: plain "
-        f"embeddings {'answered natively' if plain else 'through the Python front'}; batch "
+        f"{'scores' if reranker else 'embeddings'} "
+        f"{'answered natively' if plain or reranker else 'through the Python front'}; batch "
         f"tokens {native.batch_tokens})"
     )
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while draining
@@ -100,11 +105,14 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     return 0
 
 
-def _served_model(gateway: GatewayConfig) -> tuple[Any, bool]:
-    """The one model's (inputs, plain): `plain`, a request with no options asks nothing
-    the request core would add (no prompt, float32, every dimension), so Ivy answers it. Not
-    for a reranker's or a retrieval model's, nor under `--cache-size` or `--log-requests`
-    (the cache and the request log are the Python front's): every request goes there."""
+def _served_model(gateway: GatewayConfig) -> tuple[Any, bool, tuple[str, bool, int] | None]:
+    """The one model's (inputs, plain, reranker): `plain`, a request with no options asks
+    nothing the request core would add (no prompt, float32, every dimension), so Ivy answers
+    it; `reranker`, a cross-encoder's (activation, typed, the request's character bound), so
+    Ivy joins and scores its plain pairs. Neither for a retrieval model, nor under
+    `--cache-size` or `--log-requests` (the cache and the request log are the Python front's):
+    every request goes there."""
+    from embedserve.core.bounds import max_chars
     from embedserve.gateway.served import load_model
 
     entry = gateway.entries[0]
@@ -112,22 +120,32 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, bool]:
     limits, inputs, _ = load_model(
         entry, own["max_inputs"], own["max_chunks_per_document"], gateway.max_multivector_values
     )
-    head = inputs.head()
+    head, spec = inputs.head(), inputs.spec
+    python_only = gateway.cache_size or gateway.log_requests or limits.retrieval is not None
     plain = (
-        not gateway.cache_size
-        and not gateway.log_requests
+        not python_only
         and limits.task == "embed"
-        and limits.retrieval is None
         and inputs.options().prompt == ""
         and head.output_dtype == "float32"
         and head.dimensions == limits.hidden_size
     )
-    return inputs, plain
+    score, reranker = spec.score, None
+    paired = inputs.tokenizer.pair_template is not None
+    if not python_only and score is not None and score.kind == "classifier" and paired:
+        typed = spec.type_vocab_size > 1  # segment embeddings: the document is type 1
+        reranker = (score.activation, typed, max_chars(own_max_tokens(entry)))
+    return inputs, plain, reranker
+
+
+def own_max_tokens(entry: Any) -> int:
+    """A model's tokens per request (`--max-tokens-per-request`, else the default)."""
+    return int(entry.limits["max_tokens_per_request"] or MAX_TOKENS_PER_REQUEST)
 
 
 def _native_gateway(
-    server: ServerConfig, gateway: GatewayConfig, inputs: Any, plain: bool, front: Any,
-    keys: list[bytes], calls: Any,
+    server: ServerConfig, gateway: GatewayConfig, inputs: Any,
+    answered: tuple[bool, tuple[str, bool, int] | None], front: Any, keys: list[bytes],
+    calls: Any,
 ) -> Any:  # fmt: skip
     """Ivy and Tulip, bound to the port; Tulip's engine thread builds the engine first (and
     gives `calls` its record)."""
@@ -155,11 +173,11 @@ def _native_gateway(
         front,
         names=list(entry.names),
         max_length=inputs.tokenizer.max_length,
-        fast=plain,
+        fast=answered[0],
         normalize=inputs.head().normalize,
         max_body_bytes=gateway.max_body_bytes,
         max_inputs=own["max_inputs"],
-        max_tokens=own["max_tokens_per_request"] or MAX_TOKENS_PER_REQUEST,
+        max_tokens=own_max_tokens(entry),
         part_tokens=own["part_tokens"] or 0,
         body_timeout=gateway.body_timeout,
         header_timeout=gateway.header_timeout,
@@ -173,6 +191,7 @@ def _native_gateway(
         threads=ivy_threads(os.cpu_count()),
         # the lane rule, declared once (`core.lanes`, `server.scheduler`); None: --lanes off
         lanes=(BULK_EVERY, BULK_INPUTS, BULK_TOKENS) if server.lanes == "on" else None,
+        reranker=answered[1],
     )
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from tokenizers import Encoding, Tokenizer
 
+from embedserve._native import PairTemplate
 from embedserve._native import Tokenizer as NativeTokenizer
 from embedserve.errors import TRUNCATE_ADVICE, InputError, InputTooLong
 from embedserve.loading.spec import ModelLoadError
@@ -79,29 +79,6 @@ class UnsplittableText(InputError):
         )
 
 
-@dataclass(frozen=True)
-class PairTemplate:
-    """The special tokens of a tokenizer's pair template: a pair is `before` + the first text's
-    own ids + `between` + the second's + `after` (BERT: `[CLS] a [SEP] b [SEP]`; XLM-R:
-    `<s> a </s></s> b </s>`), as the tokenizer's post-processor joins two texts tokenized apart."""
-
-    before: list[int]
-    between: list[int]
-    after: list[int]
-
-    @staticmethod
-    def of(probe: Encoding) -> PairTemplate | None:
-        """From the encoding of a pair of one-token texts; None when the tokenizer does not
-        mark a second text (no pair template)."""
-        firsts = [k for k, s in enumerate(probe.sequence_ids) if s == 0]
-        seconds = [k for k, s in enumerate(probe.sequence_ids) if s == 1]
-        if not firsts or not seconds:
-            return None
-        ids = probe.ids
-        between = ids[firsts[-1] + 1 : seconds[0]]
-        return PairTemplate(ids[: firsts[0]], between, ids[seconds[-1] + 1 :])
-
-
 class TextTokenizer:
     def __init__(
         self, tokenizer_path: Path, max_length: int, *, window_chars: int | None = None
@@ -124,10 +101,11 @@ class TextTokenizer:
             for t in (self._full, self._keep_start, self._keep_end)
         }
         self.num_special = int(self._full.num_special_tokens_to_add(is_pair=False))
-        probe = self._full.encode("a")  # the single-text template: specials around the text
-        content = [t for t, special in enumerate(probe.special_tokens_mask) if not special]
-        self._lead, self._trail = probe.ids[: content[0]], probe.ids[content[-1] + 1 :]
-        self.pair_template = PairTemplate.of(self._full.encode("a", "b"))
+        full = self._native[id(self._full)]
+        # the single-text template (the special tokens around a text) and the pair template
+        # (`native/src/ivy/pairs.rs`: the one rule of a cross-encoder's pairs), read natively
+        self._lead, self._trail = full.template
+        self.pair_template: PairTemplate | None = full.pair_template
         # an added token cut by the piece's end tokenizes as other tokens: keep clear of it
         added = self._full.get_added_tokens_decoder().values()
         self._margin = max((len(t.content) for t in added), default=0) + 1
@@ -305,8 +283,7 @@ class TextTokenizer:
         """Each text's ids with no special tokens, never truncated: the native ids of the whole
         text less the single-text template's (the post-processor only adds those). NOTE: native
         because a reranker's 25 documents of ~500 tokens took 16 ms through the package."""
-        lead, trail = len(self._lead), len(self._trail)
-        return [ids[lead : len(ids) - trail] for ids in self._ids(self._full, list(texts))]
+        return self._native[id(self._full)].encode_plain_batch(list(texts))
 
     def encode_plain(self, text: str) -> list[int]:
         """A text's ids with no special tokens (a prompt on its own)."""

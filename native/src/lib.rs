@@ -77,6 +77,27 @@ impl Tokenizer {
         self.inner.pairs.clone().map(|inner| PairTemplate { inner })
     }
 
+    /// A cross-encoder's pairs of `query` with each of `docs` (`ivy::pairs`), each at most
+    /// `limit` tokens, the document cut when over it if `truncate` is "end" or "start" (None:
+    /// refused), the GIL released: None when the query has no token of its own, else per
+    /// document `PairTemplate.join`'s answer, or ("empty", [], 0) for a document with no token
+    /// of its own. A ValueError when the tokenizer has no pair template.
+    #[pyo3(signature = (query, docs, limit, truncate = None))]
+    fn pairs(
+        &self,
+        py: Python<'_>,
+        query: &str,
+        docs: Vec<String>,
+        limit: usize,
+        truncate: Option<&str>,
+    ) -> PyResult<Option<Vec<PyJoined>>> {
+        let cut = Cut::of(truncate).map_err(PyValueError::new_err)?;
+        let pairs = py
+            .detach(|| self.inner.pairs(query, &docs, limit, cut))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(pairs.map(|all| all.into_iter().map(joined).collect()))
+    }
+
     /// Whether clean ASCII texts take the WordPiece twin (a BERT tokenizer's; the same ids).
     #[getter]
     fn ascii_twin(&self) -> bool {
@@ -139,13 +160,21 @@ impl PairTemplate {
         doc: Vec<u32>,
         limit: usize,
         truncate: Option<&str>,
-    ) -> PyResult<(&'static str, Vec<u32>, usize)> {
+    ) -> PyResult<PyJoined> {
         let cut = Cut::of(truncate).map_err(PyValueError::new_err)?;
-        Ok(match self.inner.join(&query, &doc, limit, cut) {
-            Joined::Pair { ids, second } => ("pair", ids, second),
-            Joined::TooLong(n) => ("too_long", Vec::new(), n),
-            Joined::QueryTooLong(n) => ("query_too_long", Vec::new(), n),
-        })
+        Ok(joined(self.inner.join(&query, &doc, limit, cut)))
+    }
+}
+
+/// A joined pair as Python reads it: (what, ids, a number).
+type PyJoined = (&'static str, Vec<u32>, usize);
+
+fn joined(joined: Joined) -> PyJoined {
+    match joined {
+        Joined::Pair { ids, second } => ("pair", ids, second),
+        Joined::TooLong(n) => ("too_long", Vec::new(), n),
+        Joined::QueryTooLong(n) => ("query_too_long", Vec::new(), n),
+        Joined::Empty => ("empty", Vec::new(), 0),
     }
 }
 

@@ -81,7 +81,12 @@ def test_plain_ids_and_pairs_equal_the_python_packages(kind: str, tmp_path: Path
     template = ours.pair_template
     assert template is not None
     for query, q in zip(texts[:3], plain[:3], strict=True):
-        for pair, d in zip(reference.encode_batch([(query, t) for t in texts]), plain, strict=True):
+        batch = ours.pairs(query, texts, 512, None)  # the request core's: tokenized and joined
+        assert batch is not None
+        for pair, d, got in zip(
+            reference.encode_batch([(query, t) for t in texts]), plain, batch, strict=True
+        ):
+            assert got == (("pair", pair.ids, got[2]) if d else ("empty", [], 0)), (query, d)
             joined, ids, second = template.join(q, d, 512)
             assert joined == "pair" and ids == pair.ids, (query, d)
             head = template.before + q + template.between

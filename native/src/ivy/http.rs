@@ -313,7 +313,7 @@ async fn scores(
     body: &[u8],
     start: Instant,
 ) -> Option<Response<Body>> {
-    let (reranker, template) = (front.reranker.as_ref()?, front.tokenizer.pairs.as_ref()?);
+    let reranker = front.reranker.as_ref()?;
     let parsed = Scoring::parse(route, body).ok()?;
     let cut = parsed.cut()?;
     let (query, docs) = (parsed.query(), parsed.documents());
@@ -329,16 +329,13 @@ async fn scores(
     {
         return None;
     }
-    let first = front.tokenizer.plain(&[query]).ok()?.pop()?;
-    let bodies = front.tokenizer.plain(docs).ok()?;
-    if first.is_empty() || bodies.iter().any(Vec::is_empty) {
-        return None; // no token of its own: refused as "" is
-    }
+    let limit = front.tokenizer.max_length;
+    // None: the query has no token of its own; a document without one is `Joined::Empty`
+    let pairs = front.tokenizer.pairs(query, docs, limit, cut).ok()??;
     let mut packed = Packed::new();
-    for body in &bodies {
-        let limit = front.tokenizer.max_length;
-        let Joined::Pair { ids, second } = template.join(&first, body, limit, cut) else {
-            return None;
+    for joined in pairs {
+        let Joined::Pair { ids, second } = joined else {
+            return None; // refused there, with its message
         };
         packed.push_pair(&ids, if reranker.typed { second } else { 0 });
     }

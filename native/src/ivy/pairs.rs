@@ -46,6 +46,8 @@ pub enum Joined {
     TooLong(usize),
     /// the tokens of the query and the special tokens: no room is left for a document token
     QueryTooLong(usize),
+    /// the document has no token of its own (refused as "" is)
+    Empty,
 }
 
 impl PairTemplate {
@@ -80,6 +82,9 @@ impl PairTemplate {
 
     /// `query` and `doc` (each a text's own ids) as one sequence of at most `limit` tokens.
     pub fn join(&self, query: &[u32], doc: &[u32], limit: usize, cut: Cut) -> Joined {
+        if doc.is_empty() {
+            return Joined::Empty;
+        }
         let fixed = self.before.len() + query.len() + self.between.len() + self.after.len();
         let total = fixed + doc.len();
         let doc = if total <= limit {
@@ -162,6 +167,7 @@ mod tests {
             bert().join(&[7, 8, 9], &[1, 2], 6, Cut::Refuse),
             Joined::TooLong(8)
         );
+        assert_eq!(bert().join(&[7], &[], 6, Cut::End), Joined::Empty);
         assert!(Cut::of(Some("middle")).is_err());
         assert_eq!(Cut::of(None), Ok(Cut::Refuse));
     }

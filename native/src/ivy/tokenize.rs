@@ -5,7 +5,7 @@ use std::fmt;
 
 use tokenizers::Tokenizer;
 
-use super::pairs::PairTemplate;
+use super::pairs::{Cut, Joined, PairTemplate};
 use super::wordpiece::AsciiWordPiece;
 use crate::tulip::Packed;
 
@@ -154,6 +154,35 @@ impl TextTokenizer {
             ids.drain(..lead.min(ids.len()));
         }
         Ok(all)
+    }
+
+    /// A query's pair with each document (`PairTemplate::join`, each text's own ids), or None
+    /// when the query has no token of its own; an error when the tokenizer has no pair
+    /// template. The request core's pairs and Ivy's, one implementation.
+    pub fn pairs<S: AsRef<str> + Sync>(
+        &self,
+        query: &str,
+        docs: &[S],
+        limit: usize,
+        cut: Cut,
+    ) -> Result<Option<Vec<Joined>>, TokenizeError> {
+        let Some(template) = self.pairs.as_ref() else {
+            return Err(TokenizeError::Failed {
+                index: 0,
+                message: "the tokenizer has no pair template".into(),
+            });
+        };
+        let first = self.plain(&[query])?.pop().unwrap_or_default();
+        if first.is_empty() {
+            return Ok(None);
+        }
+        let bodies = self.plain(docs)?;
+        Ok(Some(
+            bodies
+                .iter()
+                .map(|body| template.join(&first, body, limit, cut))
+                .collect(),
+        ))
     }
 
     /// Every text's ids, packed; an over-long text is an error (the truncation policy of the

@@ -188,22 +188,21 @@ class PairPreparer:
         self, query: str, docs: list[str], truncate: Any, fields: Fields
     ) -> PreparedPairs:
         """Each pair as the tokenizer's pair template joins the two texts tokenized apart (the
-        package's pair encoding, id for id: tests/native/test_tokenizer_parity.py)."""
-        limit, template = self.max_length, self.tokenizer.pair_template
-        first = self.tokenizer.encode_plain(query)
-        if not first:
+        package's pair encoding, id for id: tests/native/test_tokenizer_parity.py), tokenized
+        and joined natively (`native/src/ivy/pairs.rs`: the one rule, Ivy's scoring routes'
+        too); the first problem in document order is the error."""
+        if self.tokenizer.pair_template is None:
+            raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
+        pairs = self.tokenizer.pairs(query, docs, self.max_length, truncate or None)
+        if pairs is None:
             raise _empty(fields.query_name)
         seqs, seconds = [], []
         # token type 1 from the document on, for models with segment embeddings (BERT); an
         # XLM-RoBERTa pair (`<s> q </s></s> d </s>`) is all type 0
         typed = self.spec.type_vocab_size > 1
-        for i, body in enumerate(self.tokenizer.encode_plain_batch(docs)):
-            if not body:
+        for i, (joined, ids, n) in enumerate(pairs):
+            if joined == "empty":
                 raise _empty(fields.document(i))
-            if template is None:
-                raise InputError(f"{self.spec.path}: the tokenizer has no pair template")
-            # joined (and cut) natively: the one rule, Ivy's scoring routes' too
-            joined, ids, n = template.join(first, body, limit, truncate or None)
             if joined == "too_long":
                 self._too_long(fields.document(i), n, truncate)
             if joined == "query_too_long":

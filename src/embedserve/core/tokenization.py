@@ -285,6 +285,13 @@ class TextTokenizer:
         because a reranker's 25 documents of ~500 tokens took 16 ms through the package."""
         return self._native[id(self._full)].encode_plain_batch(list(texts))
 
+    def pairs(
+        self, query: str, docs: list[str], limit: int, truncate: str | None
+    ) -> list[tuple[str, list[int], int]] | None:
+        """A cross-encoder's pairs, tokenized and joined natively (`_native.Tokenizer.pairs`):
+        None when the query has no token of its own."""
+        return self._native[id(self._full)].pairs(query, docs, limit, truncate)
+
     def encode_plain(self, text: str) -> list[int]:
         """A text's ids with no special tokens (a prompt on its own)."""
         return self.encode_plain_batch([text])[0]

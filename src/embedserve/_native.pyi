@@ -35,8 +35,8 @@ class PairTemplate:
 
 class Gateway:
     """`serve --native`'s front (native/src/lib.rs): Ivy answers the plain `POST /v1/embeddings`
-    and `POST /embed` itself (and a cross-encoder's plain `/v1/rerank`, `/rerank` and
-    `/v1/score` when `reranker` is given: (activation, typed, max_chars)), queued on Tulip, whose engine thread calls
+    and `POST /embed` itself (and a cross-encoder's plain `/v1/rerank`, `/rerank`,
+    `/v1/score` and `/v2/rerank` when `reranker` is given: (activation, typed, max_chars)), queued on Tulip, whose engine thread calls
     `build() -> (step, batch_tokens)` first and then `step(*arrays) -> handle` per batch
     (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order); every
     other request goes to `front`."""

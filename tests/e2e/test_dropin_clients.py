@@ -144,8 +144,12 @@ def test_cohere_client_rerank_scores_equal_v1_rerank(each_served: str) -> None:
         assert r.relevance_score == pytest.approx(want[r.index], abs=1e-6)
 
 
-@pytest.fixture(scope="module")
-def reranker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["python", "native"])
+def reranker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A cross-encoder under `serve`, then `serve --native` (Ivy answers its plain scoring
+    bodies: the clients' own requests)."""
     folder: Path = make_checkpoint(
         tmp_path_factory.mktemp("ms-marco-dropin"),
         arch="ms-marco-minilm-l6",
@@ -153,7 +157,8 @@ def reranker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         seed=5,
         overwrite=True,
     )
-    proc = Proc("serve", "--model", str(folder), "--port", "0", "--device", "cpu",
+    native = ["--native"] if request.param == "native" else []
+    proc = Proc("serve", *native, "--model", str(folder), "--port", "0", "--device", "cpu",
                 "--served-model-name", "ms-marco")  # fmt: skip
     try:
         yield proc.wait_for(r"embedserve: serving \S+ at (\S+)").group(1)

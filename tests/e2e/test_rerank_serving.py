@@ -41,11 +41,14 @@ def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_checkpoint(out, arch="ms-marco-minilm-l6", dtype="float32", seed=5, overwrite=True)
 
 
-@pytest.fixture(scope="module")
-def reranker_url(cross_encoder: Path) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["python", "native"])
+def reranker_url(request: pytest.FixtureRequest, cross_encoder: Path) -> Iterator[str]:
+    """`serve`, then `serve --native` (Ivy answers the plain scoring bodies itself, the Python
+    front the rest): every test of this module holds both to the same answers and errors."""
+    native = ["--native"] if request.param == "native" else []
     # small parts, so a query with many documents is split across server calls
-    proc = Proc("serve", "--model", str(cross_encoder), "--port", "0", "--device", "cpu", "--dtype", "float32",
-                "--served-model-name", "ms-marco", "--chunk-tokens", "256")  # fmt: skip
+    proc = Proc("serve", *native, "--model", str(cross_encoder), "--port", "0", "--device", "cpu",
+                "--dtype", "float32", "--served-model-name", "ms-marco", "--chunk-tokens", "256")  # fmt: skip
     try:
         yield proc.wait_for(r"embedserve: serving \S+ at (\S+)").group(1)
     finally:

@@ -1,5 +1,5 @@
-"""`embedserve serve --native` on a cross-encoder: Ivy answers the plain `/v1/rerank`, `/rerank`
-and `/v1/score` itself (pairs joined by `native/src/ivy/pairs.rs`, the rule the request core
+"""`embedserve serve --native` on a cross-encoder: Ivy answers the plain `/v1/rerank`, `/rerank`,
+`/v1/score` and `/v2/rerank` itself (pairs joined by `native/src/ivy/pairs.rs`, the rule the request core
 calls too), and its answers equal the Python front's answers to the same request in a shape
 Ivy hands over (documents as `{"text": ...}` objects, `text_1` as a list), field for field;
 whatever the Python front refuses is still refused there, with its message."""
@@ -82,6 +82,16 @@ def test_teis_rerank_answers_as_the_python_front(
     status_py, python = post(url, "/rerank", {"query": QUERY, "texts": _objects(docs), **extra})
     assert status == status_py == 200, (native, python)
     _same(native, python, "score")
+
+
+def test_cohere_v2_rerank_answers_as_the_python_front(reranker: tuple[str, Path]) -> None:
+    url, _ = reranker
+    body = {"model": "rr", "query": QUERY, "top_n": 2}
+    status, native = post(url, "/v2/rerank", {**body, "documents": DOCS})
+    status_py, python = post(url, "/v2/rerank", {**body, "documents": _objects(DOCS)})
+    assert status == status_py == 200, (native, python)
+    _same(native["results"], python["results"], "relevance_score")
+    assert native["meta"] == python["meta"] and len(native["id"]) == len(python["id"]) == 36
 
 
 def test_v1_score_answers_as_the_python_front(reranker: tuple[str, Path]) -> None:

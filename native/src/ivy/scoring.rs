@@ -1,6 +1,7 @@
 //! The scoring routes' plain bodies answered natively for a cross-encoder: Cohere's
 //! `POST /v1/rerank` (`query`, `documents` as strings, `model`, `top_n`, `return_documents`;
-//! an over-long document cut at its end, the route's default), TEI's `POST /rerank` (`query`,
+//! an over-long document cut at its end, the route's default) and `POST /v2/rerank` (`query`,
+//! `documents`, `model`, `top_n`; always cut, as Cohere cuts), TEI's `POST /rerank` (`query`,
 //! `texts`, `raw_scores`, `return_text`, `truncate`, `truncation_direction`) and vLLM's
 //! `POST /v1/score` (one `text_1` string, `text_2`, `model`, `truncate`, `user`). The shapes
 //! and rules are the Python front's (`gateway/scoring.py`); any other body, option or value is
@@ -15,7 +16,7 @@ use super::api::{parse, Input};
 use super::pairs::Cut;
 
 /// The scoring routes answered here (after `api::ROUTES` in the counts' order).
-pub const ROUTES: [&str; 3] = ["/v1/rerank", "/rerank", "/v1/score"];
+pub const ROUTES: [&str; 4] = ["/v1/rerank", "/rerank", "/v1/score", "/v2/rerank"];
 
 /// A reranker's activation of its logit (the folder's: sentence-transformers' CrossEncoder
 /// convention, `loading/spec.ScoreSpec.activate`).
@@ -62,6 +63,19 @@ pub struct RerankRequest {
     pub top_n: Option<NonZeroUsize>,
     #[serde(default)]
     pub return_documents: Option<bool>,
+}
+
+/// Cohere's `/v2/rerank` plain body (`cohere.ClientV2`'s); `priority` (a lane) goes to the
+/// Python front.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RerankV2Request {
+    pub query: String,
+    pub documents: Vec<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub top_n: Option<NonZeroUsize>,
 }
 
 /// TEI's `truncation_direction`, as TEI and `huggingface_hub` spell it.
@@ -122,6 +136,7 @@ pub enum Scoring {
     Cohere(RerankRequest),
     Tei(TeiRerankRequest),
     Score(ScoreRequest),
+    CohereV2(RerankV2Request),
 }
 
 impl Scoring {
@@ -130,7 +145,8 @@ impl Scoring {
         match route {
             0 => parse(body).map(Scoring::Cohere),
             1 => parse(body).map(Scoring::Tei),
-            _ => parse(body).map(Scoring::Score),
+            2 => parse(body).map(Scoring::Score),
+            _ => parse(body).map(Scoring::CohereV2),
         }
     }
 
@@ -139,6 +155,7 @@ impl Scoring {
             Scoring::Cohere(r) => &r.query,
             Scoring::Tei(r) => &r.query,
             Scoring::Score(r) => &r.text_1,
+            Scoring::CohereV2(r) => &r.query,
         }
     }
 
@@ -147,6 +164,7 @@ impl Scoring {
             Scoring::Cohere(r) => &r.documents,
             Scoring::Tei(r) => &r.texts,
             Scoring::Score(r) => r.text_2.texts(),
+            Scoring::CohereV2(r) => &r.documents,
         }
     }
 
@@ -155,6 +173,7 @@ impl Scoring {
             Scoring::Cohere(r) => r.model.as_deref(),
             Scoring::Tei(r) => r.model.as_deref(),
             Scoring::Score(r) => r.model.as_deref(),
+            Scoring::CohereV2(r) => r.model.as_deref(),
         }
     }
 
@@ -162,7 +181,7 @@ impl Scoring {
     pub fn cut(&self) -> Option<Cut> {
         match self {
             // `gateway/scoring.RERANK_TRUNCATE`: Cohere's rerank cuts a long document's end
-            Scoring::Cohere(_) => Some(Cut::End),
+            Scoring::Cohere(_) | Scoring::CohereV2(_) => Some(Cut::End),
             Scoring::Tei(r) => Some(match (r.truncate, r.truncation_direction) {
                 (Some(true), Some(Direction::Left)) => Cut::Start,
                 (Some(true), _) => Cut::End,
@@ -187,7 +206,8 @@ impl Scoring {
         logits.map(|x| activation.apply(x)).collect()
     }
 
-    /// The answer's body, in the route's shape; `id` a new 32-hex-digit id, `now` Unix seconds.
+    /// The answer's body, in the route's shape; `id` a new 32-hex-digit id (a UUID's digits),
+    /// `now` Unix seconds.
     pub fn answer(
         &self,
         scores: &[f32],
@@ -219,6 +239,29 @@ impl Scoring {
                 }
                 push(&mut out, "],");
                 push_usage(&mut out, tokens);
+            }
+            Scoring::CohereV2(r) => {
+                // `gateway/cohere.rerank_body`: a UUID's text, results, Cohere's meta
+                let uuid = format!(
+                    "{}-{}-{}-{}-{}",
+                    &id[..8],
+                    &id[8..12],
+                    &id[12..16],
+                    &id[16..20],
+                    &id[20..]
+                );
+                push(&mut out, &format!("{{\"id\":\"{uuid}\",\"results\":["));
+                for (k, &i) in ranked(scores, r.top_n.map(NonZeroUsize::get))
+                    .iter()
+                    .enumerate()
+                {
+                    push(&mut out, if k > 0 { ",{\"index\":" } else { "{\"index\":" });
+                    push(&mut out, &format!("{i},\"relevance_score\":"));
+                    push_float(&mut out, scores[i]);
+                    out.push(b'}');
+                }
+                push(&mut out, "],\"meta\":{\"api_version\":{\"version\":\"2\"},");
+                push(&mut out, "\"billed_units\":{\"search_units\":1}}}");
             }
             Scoring::Tei(r) => {
                 out.push(b'[');
@@ -365,6 +408,15 @@ mod tests {
                 br#"{"text_1": "q", "text_2": ["a"], "weights": [1, 0, 0]}"#,
             ),
             (2, br#"["q", "a"]"#),
+            (3, br#"{"query": "q", "documents": ["a"], "priority": 1}"#),
+            (
+                3,
+                br#"{"query": "q", "documents": ["a"], "max_tokens_per_doc": 4}"#,
+            ),
+            (
+                3,
+                br#"{"query": "q", "documents": ["a"], "return_documents": true}"#,
+            ),
         ] {
             let parsed = Scoring::parse(route, body);
             assert!(parsed.is_err(), "{}", String::from_utf8_lossy(body));
@@ -416,6 +468,17 @@ mod tests {
         );
         assert_eq!(v["data"][2]["score"].as_f64(), Some(f64::from(-0.1f32)));
         assert_eq!(v["model"], "m");
+        let v2 = Scoring::parse(
+            3,
+            br#"{"model": "m", "query": "q", "documents": ["a", "b", "c"]}"#,
+        );
+        let v2 = v2.unwrap();
+        assert_eq!(v2.cut(), Some(Cut::End));
+        let id = "0123456789abcdef0123456789abcdef";
+        let v = json(&v2.answer(&scores, "m", 9, id, 0));
+        assert_eq!(v["id"], "01234567-89ab-cdef-0123-456789abcdef");
+        assert_eq!(v["results"][0]["index"], 1);
+        assert_eq!(v["meta"]["billed_units"]["search_units"], 1);
     }
 
     #[test]

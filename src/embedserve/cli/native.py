@@ -2,8 +2,8 @@
 
 Ivy reads every HTTP request. The plain shapes of `POST /v1/embeddings` (text input, `model`,
 `encoding_format` float or base64) and of TEI's `POST /embed` (text input, `normalize`,
-`truncate`), and a cross-encoder's plain `POST /v1/rerank`, `/rerank` and `/v1/score`, are
-answered there: tokenized (pairs joined) in Rust, queued on Tulip, whose
+`truncate`), and a cross-encoder's plain `POST /v1/rerank`, `/rerank`, `/v1/score` and
+`/v2/rerank`, are answered there: tokenized (pairs joined) in Rust, queued on Tulip, whose
 engine thread builds the engine and then calls its `step()` with the GIL held for that call
 alone, and written in Rust. Every other request (the other routes, the other options, every
 refusal) is handed to the gateway's ASGI app, run here on an event loop of its own thread

@@ -20,8 +20,10 @@ use tokio::sync::watch;
 use std::sync::atomic::Ordering;
 
 use ivy::admission::Admission;
-use ivy::http::{routes, serve, Bounds, Front, Reranker};
+use ivy::front::{Bounds, Front, Reranker, Served};
+use ivy::http::serve;
 use ivy::pairs::{Cut, Joined};
+use ivy::routes::routes;
 use ivy::scoring::Activation;
 use ivy::stats::{Stats, Taken};
 use ivy::tokenize::TextTokenizer;
@@ -178,11 +180,11 @@ fn joined(joined: Joined) -> PyJoined {
     }
 }
 
-/// The native front on `host:port`: the plain shapes of `POST /v1/embeddings` and `/embed`
-/// answered here
-/// (its ids queued on Tulip, which calls `build()`'s `step(*arrays) -> handle` on its engine
-/// thread: `tulip::BatchArrays`), every other request handed to the Python `front`
-/// (`ivy::fallback`).
+/// The native front on `host:port`: the plain shapes of the routes of `ivy::routes` answered
+/// here (`fast`: the embedding routes; `sparse`: TEI's `/embed_sparse`; `reranker`: the scoring
+/// routes), their ids queued on Tulip, which calls `build()`'s `step(*arrays) -> handle` (and
+/// `sparse(*arrays)`) on its engine thread (`tulip::BatchArrays`); every other request handed
+/// to the Python `front` (`ivy::fallback`).
 #[pyclass(frozen, module = "embedserve._native")]
 struct Gateway {
     // taken by the first shutdown; other threads read `port` and call `stop()` meanwhile
@@ -199,7 +201,7 @@ struct Gateway {
 impl Gateway {
     #[new]
     #[pyo3(signature = (
-        tokenizer_json, build, front, *, names, max_length, fast, normalize, max_body_bytes,
+        tokenizer_json, build, front, *, names, max_length, fast, normalize, sparse, max_body_bytes,
         max_inputs, max_tokens, part_tokens, body_timeout, header_timeout,
         max_header_bytes, max_connections, hosts, keys, latency_buckets, host = "127.0.0.1",
         port = 0, threads = 1,
@@ -215,6 +217,7 @@ impl Gateway {
         max_length: usize,
         fast: bool,
         normalize: bool,
+        sparse: bool,
         max_body_bytes: usize,
         max_inputs: usize,
         max_tokens: usize,
@@ -296,9 +299,12 @@ impl Gateway {
             tokenizer,
             tulip,
             front,
-            fast,
-            normalize,
-            reranker,
+            Served {
+                embeddings: fast,
+                normalize,
+                sparse,
+                reranker,
+            },
             bounds,
             admission,
             routes()

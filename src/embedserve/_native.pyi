@@ -35,8 +35,9 @@ class PairTemplate:
 
 class Gateway:
     """`serve --native`'s front (native/src/lib.rs): Ivy answers the plain `POST /v1/embeddings`
-    and `POST /embed` itself (and a cross-encoder's plain `/v1/rerank`, `/rerank`,
-    `/v1/score` and `/v2/rerank` when `reranker` is given: (activation, typed, max_chars)), queued on Tulip, whose engine thread calls
+    and `POST /embed` itself when `fast` (TEI's `/embed_sparse` when `sparse`, through
+    `build()`'s third callable; a cross-encoder's plain `/v1/rerank`, `/rerank`, `/v1/score`
+    and `/v2/rerank` when `reranker` is given: (activation, typed, max_chars)), queued on Tulip, whose engine thread calls
     `build() -> (step, batch_tokens)` first and then `step(*arrays) -> handle` per batch
     (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order); every
     other request goes to `front`."""
@@ -47,13 +48,14 @@ class Gateway:
     def __init__(
         self,
         tokenizer_json: str,
-        build: Callable[[], tuple[Callable[..., Any], int]],
+        build: Callable[[], tuple[Callable[..., Any], int, Callable[..., Any] | None]],
         front: Callable[[str, str, list[tuple[bytes, bytes]], Reply], Any],
         *,
         names: list[str],
         max_length: int,
         fast: bool,
         normalize: bool,
+        sparse: bool,
         max_body_bytes: int,
         max_inputs: int,
         max_tokens: int,

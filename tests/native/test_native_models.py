@@ -36,10 +36,17 @@ def served(
     folder = make_checkpoint(
         tmp_path_factory.mktemp(name) / name, arch=ARCHS[name], dtype="float32", seed=5
     )
+    # parts of at most 32 tokens: a request of several texts is answered in parts, in order
     proc = Proc("serve", "--native", "--model", f"{name}={folder}", "--port", "0",
-                "--device", "cpu", "--dtype", "float32")  # fmt: skip
+                "--device", "cpu", "--dtype", "float32", "--part-tokens", "32")  # fmt: skip
     try:
-        url = proc.wait_for(rf"embedserve: serving {name} at (\S+) \(native front").group(1)
+        found = proc.wait_for(
+            rf"embedserve: serving {name} at (\S+) \(native front: plain (.+) (answered|through)"
+        )
+        # Ivy answers a reranker's plain scores and a SPLADE model's sparse vectors itself
+        natively = {"rr": "scores", "splade": "sparse vectors"}
+        assert (found.group(3) == "answered") == (name in natively), found.group(0)
+        url = found.group(1)
         yield name, url, folder
     finally:
         proc.stop()
@@ -81,6 +88,28 @@ def test_answers_equal_the_offline_ones(served: tuple[str, str, Path]) -> None:
     assert status == 200, reply
     got = sorted(reply["results"], key=lambda r: r["index"])
     np.testing.assert_allclose([r["relevance_score"] for r in got], want, rtol=1e-5, atol=1e-5)
+
+
+def test_teis_plain_embed_sparse_answers_as_the_python_front(
+    served: tuple[str, str, Path],
+) -> None:
+    """A sparse model's plain `/embed_sparse` is answered by Ivy (its sequences run alone
+    through the engine's sparse outputs); with `truncation_direction` the Python front answers
+    the same request: the same entries."""
+    name, url, _ = served
+    if name != "splade":
+        pytest.skip("a sparse model's route")
+    status, native = post(url, "/embed_sparse", {"inputs": TEXTS})
+    status_py, python = post(
+        url, "/embed_sparse", {"inputs": TEXTS, "truncation_direction": "Right"}
+    )
+    assert status == status_py == 200, (native, python)
+    assert len(native) == len(TEXTS) and all(native)
+    for got, want in zip(native, python, strict=True):
+        assert [e["index"] for e in got] == [e["index"] for e in want]
+        np.testing.assert_allclose([e["value"] for e in got], [e["value"] for e in want], atol=1e-6)
+    (one,) = post(url, "/embed_sparse", {"inputs": TEXTS[1]})[1]
+    assert [e["index"] for e in one] == [e["index"] for e in native[1]]
 
 
 def test_concurrent_rerankings_keep_their_scores(

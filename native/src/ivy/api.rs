@@ -11,6 +11,9 @@ use serde::Deserialize;
 /// The routes answered here, in the order of their counts (`Gateway.take_counts`).
 pub const ROUTES: [&str; 2] = ["/v1/embeddings", "/embed"];
 
+/// TEI's sparse route, answered here for a sparse model (`routes`).
+pub const SPARSE_ROUTE: &str = "/embed_sparse";
+
 /// `input`: one text or a list of them.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -63,6 +66,57 @@ pub struct TeiEmbedRequest {
     #[serde(default)]
     #[allow(dead_code)] // read for its type only (see above)
     pub truncate: Option<bool>,
+}
+
+/// TEI's `POST /embed_sparse` plain body: `truncate` as `/embed`'s (any value will do);
+/// `truncation_direction` or `prompt_name` send it to the Python front.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeiSparseRequest {
+    pub inputs: Input,
+    #[serde(default)]
+    #[allow(dead_code)] // read for its type only (see `TeiEmbedRequest`)
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+/// TEI's `/embed_sparse` answer: per input, its entries as `{"index", "value"}` (CSR rows:
+/// `offsets`, ascending `indices`, `values`), each value the float32 widened to float64 and
+/// written shortest, as the Python front writes it; None for rows that do not add up.
+pub fn sparse_answer(offsets: &[i64], indices: &[i64], values: &[f32]) -> Option<Vec<u8>> {
+    if indices.len() != values.len() || offsets.last().copied() != Some(indices.len() as i64) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(2 + indices.len() * 32);
+    let mut floats = ryu::Buffer::new();
+    out.push(b'[');
+    for (row, w) in offsets.windows(2).enumerate() {
+        let (a, b) = (usize::try_from(w[0]).ok()?, usize::try_from(w[1]).ok()?);
+        if row > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+        for (k, (index, value)) in indices.get(a..b)?.iter().zip(&values[a..b]).enumerate() {
+            if k > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(format!("{{\"index\":{index},\"value\":").as_bytes());
+            let wide = f64::from(*value);
+            out.extend_from_slice(
+                if wide.is_finite() {
+                    floats.format_finite(wide)
+                } else {
+                    "0"
+                }
+                .as_bytes(),
+            );
+            out.push(b'}');
+        }
+        out.push(b']');
+    }
+    out.push(b']');
+    Some(out)
 }
 
 /// A plain body of one of `ROUTES`.
@@ -328,6 +382,27 @@ mod tests {
         );
         let answer = one.answer(&[1.0, 0.0], 2, "m", 3);
         assert_eq!(answer, b"[[1.0,0.0]]");
+    }
+
+    #[test]
+    fn teis_sparse_body_and_answer() {
+        let plain: TeiSparseRequest =
+            parse(br#"{"inputs": ["a", "b"], "truncate": true}"#).unwrap();
+        assert_eq!(plain.inputs.texts(), ["a", "b"]);
+        for body in [
+            &br#"{"inputs": "a", "prompt_name": "query"}"#[..],
+            br#"{"inputs": "a", "truncation_direction": "Left"}"#,
+            br#"{"input": "a"}"#,
+        ] {
+            assert!(parse::<TeiSparseRequest>(body).is_err());
+        }
+        let answer = sparse_answer(&[0, 2, 2, 3], &[5, 9, 7], &[0.5, 1.25, 0.1]).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(v[0][1]["index"], 9);
+        assert_eq!(v[0][1]["value"], 1.25);
+        assert_eq!(v[1].as_array().unwrap().len(), 0);
+        assert_eq!(v[2][0]["value"].as_f64(), Some(f64::from(0.1f32)));
+        assert!(sparse_answer(&[0, 4], &[1, 2], &[0.5, 0.5]).is_none());
     }
 
     #[test]

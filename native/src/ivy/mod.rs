@@ -5,8 +5,10 @@
 pub mod admission;
 pub mod api;
 pub mod fallback;
+pub mod front;
 pub mod http;
 pub mod pairs;
+pub mod routes;
 pub mod scoring;
 pub mod stats;
 pub mod tokenize;

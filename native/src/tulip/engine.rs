@@ -26,16 +26,39 @@ pub struct Rows {
 /// A request's rows, or why the engine failed it.
 pub type Answer = Result<Rows, String>;
 
+/// A request's sparse vectors (CSR: sequence i's entries are `indices[offsets[i]..offsets[i +
+/// 1]]`, ascending token ids, and the same range of `values`) and its stage times.
+#[derive(Debug, Default)]
+pub struct SparseRows {
+    pub offsets: Vec<i64>,
+    pub indices: Vec<i64>,
+    pub values: Vec<f32>,
+    pub queue: f64,
+    pub inference: f64,
+}
+
+/// A request's sparse vectors, or why the engine failed it.
+pub type SparseAnswer = Result<SparseRows, String>;
+
 /// Where a request's answer goes: an Ivy connection's task, or a Python callable
 /// `(rows: bytes | None, width, queue_s, inference_s, error: str | None)` called on the thread
 /// that resolved the batch, with the GIL (the Python front's requests: `Gateway.submit`).
 /// `Call`: not rows of `step` but work of its own (`Gateway.call`: spans, a retrieval model's
 /// outputs), a Python callable run alone on the engine thread in its turn, which answers its
-/// request itself.
+/// request itself. `Sparse`: an Ivy connection's sparse vectors, its sequences run alone
+/// through `build()`'s `sparse` (a batch of one kind, as the Python server runs outputs).
 pub enum Reply {
     Native(oneshot::Sender<Answer>),
     Python(Py<PyAny>),
     Call(Py<PyAny>),
+    Sparse(oneshot::Sender<SparseAnswer>),
+}
+
+impl Reply {
+    /// Whether its job runs alone, not batched with `step`'s.
+    fn alone(&self) -> bool {
+        matches!(self, Reply::Call(_) | Reply::Sparse(_))
+    }
 }
 
 /// One request's sequences (none for a call) and where its answer goes; `tokens` count
@@ -55,6 +78,10 @@ impl Job {
                 let _ = sender.send(answer);
             }
             Reply::Call(_) => {} // never batched: it answers its request itself
+            Reply::Sparse(sender) => {
+                // never batched with `step`'s rows: only a failure reaches it here
+                let _ = sender.send(answer.and_then(|_| Err("rows for a sparse request".into())));
+            }
             Reply::Python(callback) => {
                 let called = match answer {
                     Ok(rows) => {
@@ -161,13 +188,13 @@ impl Queues {
         let Some(first) = lane.pop_front() else {
             return Vec::new();
         };
-        if matches!(first.reply, Reply::Call(_)) {
+        if first.reply.alone() {
             return vec![first];
         }
         let mut tokens = first.tokens;
         let mut batch = vec![first];
         while let Some(job) = lane.front() {
-            if matches!(job.reply, Reply::Call(_)) || tokens + job.tokens > budget {
+            if job.reply.alone() || tokens + job.tokens > budget {
                 break; // a call runs alone, next
             }
             tokens += job.tokens;
@@ -189,9 +216,11 @@ pub struct Tulip {
 
 impl Tulip {
     /// Starts the engine thread, which calls `build()` first and steps what it returns, and the
-    /// results thread. `build() -> (step, batch_tokens)`, `step(input_ids, seqlens, cu_seqlens,
-    /// positions, seq_ids, token_type_ids) -> handle`: the engine's `PackedBatch` arrays as
-    /// bytearrays (`BatchArrays`), `handle.wait()` a float32 [sequences, width] buffer. NOTE:
+    /// results thread. `build() -> (step, batch_tokens, sparse)`, `step(input_ids, seqlens,
+    /// cu_seqlens, positions, seq_ids, token_type_ids) -> handle`: the engine's `PackedBatch`
+    /// arrays as bytearrays (`BatchArrays`), `handle.wait()` a float32 [sequences, width]
+    /// buffer; `sparse(*arrays) -> (offsets, indices, values)` (little-endian int64, int64,
+    /// float32 bytes: `SparseRows`), eager, or None for a model without them. NOTE:
     /// the engine is built on the thread that steps it, as the Python server does
     /// (`server/engine_thread.py`): on the CPU each thread running PyTorch leads an OpenMP team
     /// of its own. Waits for `build` (the GIL released) and returns its error, if it raised.
@@ -210,11 +239,11 @@ impl Tulip {
         thread::Builder::new()
             .name("tulip-engine".into())
             .spawn(move || {
-                let step = Python::attach(|py| build.call0(py)?.extract::<(Py<PyAny>, usize)>(py));
-                let (step, batch_tokens) = match step {
-                    Ok((step, batch_tokens)) if batch_tokens > 0 => {
+                let step = Python::attach(|py| build.call0(py)?.extract::<Built>(py));
+                let (step, batch_tokens, sparse) = match step {
+                    Ok((step, batch_tokens, sparse)) if batch_tokens > 0 => {
                         let _ = built.send(Ok(batch_tokens));
-                        (step, batch_tokens)
+                        (step, batch_tokens, sparse)
                     }
                     Ok(_) => {
                         let message = "build() gave a batch of no tokens";
@@ -227,7 +256,8 @@ impl Tulip {
                     }
                 };
                 let queues = Queues::new(lanes);
-                engine_loop(jobs, queues, step, batch_tokens, in_flight, counter)
+                let steps = Steps { step, sparse };
+                engine_loop(jobs, queues, steps, batch_tokens, in_flight, counter)
             })
             .expect("the engine thread starts");
         thread::Builder::new()
@@ -254,6 +284,18 @@ impl Tulip {
     pub fn submit(&self, packed: Packed, bulk: bool) -> Option<oneshot::Receiver<Answer>> {
         let (reply, answer) = oneshot::channel();
         self.queue(packed, Reply::Native(reply), bulk)
+            .then_some(answer)
+    }
+
+    /// Queues `packed` for its sparse vectors, run alone in the lane `bulk` says; None when the
+    /// queue is full.
+    pub fn submit_sparse(
+        &self,
+        packed: Packed,
+        bulk: bool,
+    ) -> Option<oneshot::Receiver<SparseAnswer>> {
+        let (reply, answer) = oneshot::channel();
+        self.queue(packed, Reply::Sparse(reply), bulk)
             .then_some(answer)
     }
 
@@ -288,10 +330,72 @@ fn take_sent(jobs: &mpsc::Receiver<Job>, queues: &mut Queues) {
     }
 }
 
+/// What `build()` gives: (step, batch_tokens, sparse).
+type Built = (Py<PyAny>, usize, Option<Py<PyAny>>);
+
+/// The engine's callables (`Tulip::start`).
+struct Steps {
+    step: Py<PyAny>,
+    sparse: Option<Py<PyAny>>,
+}
+
+/// `f(*arrays)` of a batch's arrays, as bytearrays: NumPy's views of them are writable, as the
+/// engine's arrays are.
+fn call_with(py: Python<'_>, f: &Py<PyAny>, packed: &Packed) -> PyResult<Py<PyAny>> {
+    let a = packed.arrays();
+    let array = |bytes: &[u8]| PyByteArray::new(py, bytes);
+    let arrays = (
+        array(&a.input_ids),
+        array(&a.seqlens),
+        array(&a.cu_seqlens),
+        array(&a.positions),
+        array(&a.seq_ids),
+        array(&a.token_type_ids),
+    );
+    f.call1(py, arrays)
+}
+
+/// A sparse request's job, run on the engine thread: its vectors sent back.
+fn run_sparse(job: Job, sparse: Option<&Py<PyAny>>) {
+    let Reply::Sparse(sender) = job.reply else {
+        return;
+    };
+    let taken = Instant::now();
+    let answer = Python::attach(|py| -> PyResult<SparseRows> {
+        let Some(sparse) = sparse else {
+            return Err(PyRuntimeError::new_err(
+                "this engine gives no sparse vectors",
+            ));
+        };
+        let out = call_with(py, sparse, &job.packed)?;
+        let (offsets, indices, values) =
+            out.extract::<(Bound<'_, PyBytes>, Bound<'_, PyBytes>, Bound<'_, PyBytes>)>(py)?;
+        let (offsets, indices, values) =
+            (offsets.as_bytes(), indices.as_bytes(), values.as_bytes());
+        let ints = |bytes: &[u8]| -> Vec<i64> {
+            bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()))
+                .collect()
+        };
+        Ok(SparseRows {
+            offsets: ints(offsets),
+            indices: ints(indices),
+            values: values
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default()))
+                .collect(),
+            queue: taken.saturating_duration_since(job.queued).as_secs_f64(),
+            inference: taken.elapsed().as_secs_f64(),
+        })
+    });
+    let _ = sender.send(answer.map_err(|e| e.to_string()));
+}
+
 fn engine_loop(
     jobs: mpsc::Receiver<Job>,
     mut queues: Queues,
-    step: Py<PyAny>,
+    steps: Steps,
     budget: usize,
     in_flight: mpsc::SyncSender<InFlight>,
     queued_tokens: Arc<AtomicUsize>,
@@ -319,25 +423,27 @@ fn engine_loop(
             });
             continue;
         }
+        let mut batch = batch;
+        if matches!(
+            batch.as_slice(),
+            [Job {
+                reply: Reply::Sparse(_),
+                ..
+            }]
+        ) {
+            batch
+                .pop()
+                .into_iter()
+                .for_each(|job| run_sparse(job, steps.sparse.as_ref()));
+            continue;
+        }
         let taken = Instant::now();
         let mut packed = Packed::new();
         for job in &batch {
             packed.extend(&job.packed);
         }
-        let a = packed.arrays();
-        let handle = Python::attach(|py| {
-            // bytearrays: NumPy's views of them are writable, as the engine's arrays are
-            let array = |bytes: &[u8]| PyByteArray::new(py, bytes);
-            let arrays = (
-                array(&a.input_ids),
-                array(&a.seqlens),
-                array(&a.cu_seqlens),
-                array(&a.positions),
-                array(&a.seq_ids),
-                array(&a.token_type_ids),
-            );
-            step.call1(py, arrays).map_err(|e| e.to_string())
-        });
+        let handle =
+            Python::attach(|py| call_with(py, &steps.step, &packed).map_err(|e| e.to_string()));
         let handle = match handle {
             Ok(handle) => handle,
             Err(message) => {

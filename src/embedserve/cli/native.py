@@ -2,18 +2,18 @@
 
 Ivy reads every HTTP request. The plain shapes of `POST /v1/embeddings` (text input, `model`,
 `encoding_format` float or base64) and of TEI's `POST /embed` (text input, `normalize`,
-`truncate`), and a cross-encoder's plain `POST /v1/rerank`, `/rerank`, `/v1/score` and
-`/v2/rerank`, are answered there: tokenized (pairs joined) in Rust, queued on Tulip, whose
+`truncate`), a sparse model's TEI `POST /embed_sparse`, and a cross-encoder's plain
+`POST /v1/rerank`, `/rerank`, `/v1/score` and `/v2/rerank`, are answered there: tokenized (pairs joined) in Rust, queued on Tulip, whose
 engine thread builds the engine and then calls its `step()` with the GIL held for that call
 alone, and written in Rust. Every other request (the other routes, the other options, every
 refusal) is handed to the gateway's ASGI app, run here on an event loop of its own thread
 (`gateway/native_front.py`), whose pipeline queues on the same Tulip (`server/tulip_calls.py`):
 one queue, one engine, each rule and each error message written once, in Python.
 
-One model, one engine (a GPU or the CPU). An LLM reranker's, a classifier's or a sparse or
-multi-vector model's requests all go through the Python front (Ivy answers plain dense
-embeddings and a cross-encoder's plain scores only); `serve` without `--native` serves several
-models.
+One model, one engine (a GPU or the CPU). An LLM reranker's, a classifier's or a
+multi-vector model's requests all go through the Python front, and so do a sparse model's but
+the plain `/embed_sparse` (Ivy answers plain dense embeddings, sparse vectors and a
+cross-encoder's scores only); `serve` without `--native` serves several models.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from embedserve.gateway.metrics import LATENCY_BUCKETS
 from embedserve.gateway.replicas import IN_PROCESS, IN_PROCESS_ADDRESS
 from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
 from embedserve.gateway.workers import AGAIN_AFTER_S
+from embedserve.loading.retrieval_kinds import KIND_BY_NAME
 from embedserve.processes import say
 from embedserve.server.main import ServerConfig
 from embedserve.server.scheduler import BULK_EVERY
@@ -65,7 +66,7 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     from embedserve.gateway.native_front import Lifespan, PythonFront
     from embedserve.server.tulip_calls import TulipCalls
 
-    inputs, plain, reranker = _served_model(gateway)
+    inputs, answered = _served_model(gateway)
     if gateway.log_requests:
         log_requests_to_stderr()
     loop = asyncio.new_event_loop()
@@ -74,9 +75,7 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     IN_PROCESS[IN_PROCESS_ADDRESS] = (calls.embed, calls.check)
     keys = KeyRing(gateway.api_keys, gateway.api_key_file)
     front = PythonFront(loop, gateway.host, gateway.port)
-    native = _native_gateway(
-        server, gateway, inputs, (plain, reranker), front, sorted(keys()), calls
-    )
+    native = _native_gateway(server, gateway, inputs, answered, front, sorted(keys()), calls)
     calls.gateway = native
     config = dataclasses.replace(
         gateway,
@@ -94,9 +93,8 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     url = f"http://{gateway.host}:{native.port}"
     say(
         f"embedserve: serving {gateway.entries[0].names[0]} at {url} (native front: plain "
-        f"{'scores' if reranker else 'embeddings'} "
-        f"{'answered natively' if plain or reranker else 'through the Python front'}; batch "
-        f"tokens {native.batch_tokens})"
+        f"{answered.what} {'answered natively' if answered.any else 'through the Python front'}"
+        f"; batch tokens {native.batch_tokens})"
     )
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while draining
         native.serve()
@@ -105,13 +103,31 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     return 0
 
 
-def _served_model(gateway: GatewayConfig) -> tuple[Any, bool, tuple[str, bool, int] | None]:
-    """The one model's (inputs, plain, reranker): `plain`, a request with no options asks
-    nothing the request core would add (no prompt, float32, every dimension), so Ivy answers
-    it; `reranker`, a cross-encoder's (activation, typed, the request's character bound), so
-    Ivy joins and scores its plain pairs. Neither for a retrieval model, nor under
-    `--cache-size` or `--log-requests` (the cache and the request log are the Python front's):
-    every request goes there."""
+@dataclasses.dataclass(frozen=True)
+class Answered:
+    """What of the model's requests Ivy answers itself (`ivy::front::Served`)."""
+
+    embeddings: bool  # plain dense embeddings
+    sparse: bool  # TEI's plain /embed_sparse
+    reranker: tuple[str, bool, int] | None  # a cross-encoder's (activation, typed, max_chars)
+
+    @property
+    def any(self) -> bool:
+        return self.embeddings or self.sparse or self.reranker is not None
+
+    @property
+    def what(self) -> str:
+        """What the start-up line says Ivy answers."""
+        return "scores" if self.reranker else "sparse vectors" if self.sparse else "embeddings"
+
+
+def _served_model(gateway: GatewayConfig) -> tuple[Any, Answered]:
+    """The one model's inputs and what Ivy answers of it: plain embeddings (or a sparse
+    model's plain sparse vectors) when a request with no options asks nothing the request core
+    would add (no prompt; float32 and every dimension for dense rows); a cross-encoder's plain
+    scores (its activation, whether it has token types, the request's character bound), its
+    pairs joined natively. None of them under `--cache-size` or `--log-requests` (the cache and
+    the request log are the Python front's): every request goes there."""
     from embedserve.core.bounds import max_chars
     from embedserve.gateway.served import load_model
 
@@ -121,20 +137,23 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, bool, tuple[str, bool, i
         entry, own["max_inputs"], own["max_chunks_per_document"], gateway.max_multivector_values
     )
     head, spec = inputs.head(), inputs.spec
-    python_only = gateway.cache_size or gateway.log_requests or limits.retrieval is not None
+    python_only = bool(gateway.cache_size or gateway.log_requests)
+    unprompted = not python_only and limits.task == "embed" and inputs.options().prompt == ""
     plain = (
-        not python_only
-        and limits.task == "embed"
-        and inputs.options().prompt == ""
+        unprompted
+        and limits.retrieval is None
         and head.output_dtype == "float32"
         and head.dimensions == limits.hidden_size
     )
+    kind = KIND_BY_NAME.get(limits.retrieval or "")
+    # a ColBERT model's inputs take markers (`prepare_outputs`): none has sparse outputs
+    sparse = unprompted and kind is not None and "sparse" in kind.outputs
     score, reranker = spec.score, None
     paired = inputs.tokenizer.pair_template is not None
     if not python_only and score is not None and score.kind == "classifier" and paired:
         typed = spec.type_vocab_size > 1  # segment embeddings: the document is type 1
         reranker = (score.activation, typed, max_chars(own_max_tokens(entry)))
-    return inputs, plain, reranker
+    return inputs, Answered(plain, sparse, reranker)
 
 
 def own_max_tokens(entry: Any) -> int:
@@ -143,24 +162,24 @@ def own_max_tokens(entry: Any) -> int:
 
 
 def _native_gateway(
-    server: ServerConfig, gateway: GatewayConfig, inputs: Any,
-    answered: tuple[bool, tuple[str, bool, int] | None], front: Any, keys: list[bytes],
-    calls: Any,
+    server: ServerConfig, gateway: GatewayConfig, inputs: Any, answered: Answered, front: Any,
+    keys: list[bytes], calls: Any,
 ) -> Any:  # fmt: skip
     """Ivy and Tulip, bound to the port; Tulip's engine thread builds the engine first (and
     gives `calls` its record)."""
     from embedserve._native import Gateway
     from embedserve.server import main as server_main
     from embedserve.server.output_requests import MultivectorLimit
-    from embedserve.server.tulip_calls import packed_step
+    from embedserve.server.tulip_calls import packed_step, sparse_step
 
-    def build() -> tuple[Any, int]:  # on Tulip's engine thread, which then runs every step
+    def build() -> tuple[Any, int, Any]:  # on Tulip's engine thread, which then runs each step
         engine, measured = server_main._build_engine(server)
         calls.seam = engine.seam()  # its `retrieval` is the spec (the engine's, the heads)
         calls.multivector_limit = MultivectorLimit.of(
             calls.seam.retrieval, server.max_multivector_values
         )
-        return packed_step(engine), measured or engine.batch_tokens
+        sparse = sparse_step(calls.seam) if answered.sparse else None
+        return packed_step(engine), measured or engine.batch_tokens, sparse
 
     connections, warning = fit_to_fd_limit(gateway.max_connections)
     if warning is not None:
@@ -173,8 +192,9 @@ def _native_gateway(
         front,
         names=list(entry.names),
         max_length=inputs.tokenizer.max_length,
-        fast=answered[0],
+        fast=answered.embeddings,
         normalize=inputs.head().normalize,
+        sparse=answered.sparse,
         max_body_bytes=gateway.max_body_bytes,
         max_inputs=own["max_inputs"],
         max_tokens=own_max_tokens(entry),
@@ -191,7 +211,7 @@ def _native_gateway(
         threads=ivy_threads(os.cpu_count()),
         # the lane rule, declared once (`core.lanes`, `server.scheduler`); None: --lanes off
         lanes=(BULK_EVERY, BULK_INPUTS, BULK_TOKENS) if server.lanes == "on" else None,
-        reranker=answered[1],
+        reranker=answered.reranker,
     )
 
 

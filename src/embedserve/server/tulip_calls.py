@@ -7,7 +7,8 @@ codec's messages, so the request core and the answers are the ones every replica
 call goes into Tulip's lane its request's (`EmbedRequest.lane`, `core.lanes`).
 
 `packed_step(engine)` is what Tulip calls: the packed batch's arrays in, built in Rust
-(`tulip::BatchArrays`), the engine's handle out, not waited on.
+(`tulip::BatchArrays`), the engine's handle out, not waited on; `sparse_step(seam)` the same
+arrays in, a sparse model's vectors out (TEI's `/embed_sparse` answered by Ivy).
 """
 
 from __future__ import annotations
@@ -25,20 +26,40 @@ from embedserve.contract.local import rpc_error
 ARRAY_TYPES = ("<i8", "<i4", "<i4", "<i8", "<i8", "<i8")
 
 
+def _packed(arrays: tuple[bytearray, ...]) -> Any:
+    """The engine's `PackedBatch` around the arrays Tulip built (views, no copy)."""
+    from embedserve.engine.batch import PackedBatch
+
+    return PackedBatch(*(np.frombuffer(a, t) for a, t in zip(arrays, ARRAY_TYPES, strict=True)))
+
+
 def packed_step(engine: Any) -> Any:
     """`step(*arrays)` as Tulip calls it: the engine's `PackedBatch` wrapped around the arrays
     Rust built (views, no copy: the engine's `check` still reads them), its handle returned
     without waiting. NOTE: the arrays are built in Rust because NumPy's dozen calls per batch
     were ~40 us of the engine thread, a short request's whole share with no model."""
-    from embedserve.engine.batch import PackedBatch
 
     def step(*arrays: bytearray) -> Any:
-        batch = PackedBatch(
-            *(np.frombuffer(a, t) for a, t in zip(arrays, ARRAY_TYPES, strict=True))
-        )
-        return engine.step(batch)
+        return engine.step(_packed(arrays))
 
     return step
+
+
+def sparse_step(seam: Any) -> Any:
+    """`sparse(*arrays) -> (offsets, indices, values)` as Tulip calls it for Ivy's sparse
+    requests: the engine's sparse outputs of the batch as a document's (TEI's `/embed_sparse`:
+    no query side, every token seen; `retrieval.inputs.prepare_outputs`), as little-endian
+    int64, int64 and float32 bytes. Eager: the engine waits for its device."""
+
+    def sparse(*arrays: bytearray) -> tuple[bytes, bytes, bytes]:
+        rows = seam.outputs_encoder(_packed(arrays), ("sparse",), query=False).sparse
+        return (
+            rows.offsets.astype("<i8").tobytes(),
+            rows.indices.astype("<i8").tobytes(),
+            rows.values.astype("<f4").tobytes(),
+        )
+
+    return sparse
 
 
 class TulipCalls:

@@ -1,0 +1,130 @@
+//! What every connection of the native front shares: the served model's names, tokenizer and
+//! queue, what of its requests are answered here (`Served`), the bounds, the admission rules,
+//! the counts, and new request ids.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::RwLock;
+use std::time::Duration;
+
+use hyper::http::request::Parts;
+use pyo3::prelude::*;
+
+use super::admission::Admission;
+use super::scoring::Activation;
+use super::stats::Stats;
+use super::tokenize::TextTokenizer;
+use crate::tulip::Tulip;
+
+/// The bounds of a request answered here; each is the Python front's, passed in at start-up.
+pub struct Bounds {
+    pub max_body_bytes: usize,
+    pub max_inputs: usize,
+    /// real tokens per request (`--max-tokens-per-request`)
+    pub max_tokens: usize,
+    /// a request's tokens per part (`Packed::split`): the engine's batch budget
+    pub part_tokens: usize,
+    /// for a body to arrive after its headers
+    pub body_timeout: Duration,
+    /// for a connection's request headers to arrive
+    pub header_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_connections: usize,
+}
+/// A cross-encoder's scoring, for the scoring routes answered here: its pairs joined by the
+/// tokenizer's pair template (`TextTokenizer::pairs`).
+pub struct Reranker {
+    /// the folder's activation of the logit
+    pub activation: Activation,
+    /// the model has segment embeddings: a pair's document is token type 1
+    pub typed: bool,
+    /// the characters a request may make the tokenizer read (`core/bounds.max_chars`)
+    pub max_chars: usize,
+}
+
+/// What of this model's requests Ivy answers itself (the rest go to the Python front).
+pub struct Served {
+    /// plain dense embeddings (a float32 model whose folder names no default prompt)
+    pub embeddings: bool,
+    /// the rows leave as unit vectors unless the body says otherwise
+    pub normalize: bool,
+    /// TEI's plain `/embed_sparse` (a sparse model whose folder names no default prompt)
+    pub sparse: bool,
+    /// a cross-encoder's plain scoring requests
+    pub reranker: Option<Reranker>,
+}
+
+/// What every connection shares.
+pub struct Front {
+    /// the served model's names; answers name the first
+    pub names: Vec<String>,
+    /// the request core's tokenizer of a text sent with no options (no prompt, no cut)
+    pub tokenizer: TextTokenizer,
+    pub tulip: Tulip,
+    /// the Python front (`fallback::hand_over`)
+    pub python: Py<PyAny>,
+    pub served: Served,
+    pub bounds: Bounds,
+    pub admission: RwLock<Admission>,
+    /// set on SIGTERM: every request is handed over (the Python front answers 503)
+    pub draining: AtomicBool,
+    pub in_flight: AtomicUsize,
+    /// one per route of `routes::routes()`
+    pub stats: Vec<Stats>,
+    ids: RandomState,
+    next_id: AtomicU64,
+}
+
+impl Front {
+    #[allow(clippy::too_many_arguments)] // the parts of one front, each passed in once
+    pub fn new(
+        names: Vec<String>,
+        tokenizer: TextTokenizer,
+        tulip: Tulip,
+        python: Py<PyAny>,
+        served: Served,
+        bounds: Bounds,
+        admission: Admission,
+        stats: Vec<Stats>,
+    ) -> Self {
+        Front {
+            names,
+            tokenizer,
+            tulip,
+            python,
+            served,
+            bounds,
+            admission: RwLock::new(admission),
+            draining: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            stats,
+            ids: RandomState::new(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// The client's X-Request-Id when it is short and printable (the Python front's rule,
+    /// `checks.request_id`), else a new one: 32 hex digits.
+    pub fn request_id(&self, parts: &Parts) -> Vec<u8> {
+        if let Some(sent) = parts.headers.get("x-request-id") {
+            let sent = sent.as_bytes();
+            if !sent.is_empty() && sent.len() <= 128 && sent.iter().all(|c| (33..127).contains(c)) {
+                return sent.to_vec();
+            }
+        }
+        self.new_id().into_bytes()
+    }
+
+    /// A new id: 32 hex digits.
+    pub fn new_id(&self) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (a, b) = (self.ids.hash_one(n), self.ids.hash_one(!n));
+        format!("{a:016x}{b:016x}")
+    }
+
+    /// Whether a body's `model` (if it names one) is served here.
+    pub fn serves(&self, model: Option<&str>) -> bool {
+        model.is_none_or(|model| self.names.iter().any(|name| name == model))
+    }
+}

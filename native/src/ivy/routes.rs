@@ -1,0 +1,291 @@
+//! The routes answered natively: the plain bodies of the embedding routes (`api`), TEI's
+//! `/embed_sparse` for a sparse model, and a cross-encoder's scoring routes (`scoring`), each
+//! tokenized, queued on Tulip and written here. Each handler answers or gives None, and the
+//! request goes to the Python front (another shape, a refusal, a full queue, a failed batch:
+//! each rule and message is written there).
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::http::request::Parts;
+use hyper::Response;
+
+use super::api::{self, Plain, TeiSparseRequest, SPARSE_ROUTE};
+use super::front::Front;
+use super::pairs::Joined;
+use super::scoring::{self, blank, Scoring};
+use crate::tulip::{Packed, Rows, SparseRows};
+
+pub type Body = Full<Bytes>;
+
+/// Every route answered here, in the order of `Front::stats`: the embedding routes, the
+/// scoring ones, then `/embed_sparse`.
+pub fn routes() -> impl Iterator<Item = &'static str> {
+    api::ROUTES
+        .iter()
+        .chain(scoring::ROUTES.iter())
+        .chain([SPARSE_ROUTE].iter())
+        .copied()
+}
+
+/// A route answered here: `api::ROUTES[i]`, `scoring::ROUTES[i]` or `SPARSE_ROUTE`.
+#[derive(Clone, Copy)]
+pub enum Here {
+    Embed(usize),
+    Score(usize),
+    Sparse,
+}
+
+impl Here {
+    /// The route of `path`, if this model's requests to it may be answered here.
+    pub fn of(path: &str, front: &Front) -> Option<Here> {
+        let at = |routes: &[&str]| routes.iter().position(|&r| r == path);
+        let here = at(&api::ROUTES)
+            .map(Here::Embed)
+            .or_else(|| at(&scoring::ROUTES).map(Here::Score))
+            .or((path == SPARSE_ROUTE).then_some(Here::Sparse))?;
+        let served = &front.served;
+        let open = match here {
+            Here::Embed(_) => served.embeddings,
+            Here::Score(_) => served.reranker.is_some(),
+            Here::Sparse => served.sparse,
+        };
+        open.then_some(here)
+    }
+
+    /// Its place in `Front::stats` (`routes()`).
+    fn stats(self) -> usize {
+        match self {
+            Here::Embed(i) => i,
+            Here::Score(i) => api::ROUTES.len() + i,
+            Here::Sparse => api::ROUTES.len() + scoring::ROUTES.len(),
+        }
+    }
+
+    /// The answer to a request to this route, or None: the Python front answers it.
+    pub async fn answer(
+        self,
+        front: &Front,
+        parts: &Parts,
+        body: &[u8],
+        start: Instant,
+    ) -> Option<Response<Body>> {
+        match self {
+            Here::Embed(i) => embeddings(front, i, parts, body, start).await,
+            Here::Score(i) => scores(front, i, parts, body, start).await,
+            Here::Sparse => sparse(front, parts, body, start).await,
+        }
+    }
+}
+
+/// A plain embeddings request to `ROUTES[route]` answered here, or None: the Python front
+/// answers it (another shape, a refusal, a full queue, a failed batch: each rule and message
+/// is written there).
+async fn embeddings(
+    front: &Front,
+    route: usize,
+    parts: &Parts,
+    body: &[u8],
+    start: Instant,
+) -> Option<Response<Body>> {
+    let parsed = Plain::parse(route, body).ok()?;
+    if !front.serves(parsed.model()) {
+        return None;
+    }
+    let texts = parsed.texts();
+    let packed = packed_texts(front, texts)?;
+    let tokens = packed.num_tokens();
+    let tokenized = start.elapsed();
+    // its lane, by its size: every part of a bulk request is bulk
+    let bulk = front.tulip.lanes.is_bulk(packed.num_seqs(), tokens);
+    let mut rows = rows(front, packed, bulk).await?;
+    if parsed.normalize(front.served.normalize) {
+        api::normalize(&mut rows.values, rows.width);
+    }
+    let payload = parsed.answer(&rows.values, rows.width, &front.names[0], tokens);
+    front.stats[Here::Embed(route).stats()].record(
+        start.elapsed().as_secs_f64(),
+        tokens,
+        texts.len(),
+    );
+    Some(reply(
+        front,
+        parts,
+        payload,
+        start,
+        tokenized,
+        (rows.queue, rows.inference),
+    ))
+}
+
+/// Texts sent with no options, tokenized and packed, if this front may answer them: within the
+/// input and token bounds, each within the model's length and with a token of its own (else
+/// the Python front says what is wrong, or cuts what it was asked to cut).
+fn packed_texts(front: &Front, texts: &[String]) -> Option<Packed> {
+    if texts.is_empty()
+        || texts.len() > front.bounds.max_inputs
+        || texts.iter().any(|t| t.is_empty())
+    {
+        return None;
+    }
+    let packed = front.tokenizer.pack(texts).ok()?;
+    let special = front.tokenizer.num_special as i32;
+    let no_own_token = packed.cu_seqlens.windows(2).any(|w| w[1] - w[0] <= special);
+    (packed.num_tokens() <= front.bounds.max_tokens && !no_own_token).then_some(packed)
+}
+
+/// TEI's plain `/embed_sparse` answered here, or None (as `embeddings`): each part of the
+/// request run alone through the engine's sparse outputs, in order.
+async fn sparse(
+    front: &Front,
+    parts: &Parts,
+    body: &[u8],
+    start: Instant,
+) -> Option<Response<Body>> {
+    let parsed: TeiSparseRequest = api::parse(body).ok()?;
+    if !front.serves(parsed.model.as_deref()) {
+        return None;
+    }
+    let texts = parsed.inputs.texts();
+    let packed = packed_texts(front, texts)?;
+    let tokens = packed.num_tokens();
+    let tokenized = start.elapsed();
+    let bulk = front.tulip.lanes.is_bulk(packed.num_seqs(), tokens);
+    let mut answers = Vec::new();
+    for part in packed.split(front.bounds.part_tokens) {
+        answers.push(front.tulip.submit_sparse(part, bulk)?);
+    }
+    let mut all = SparseRows {
+        offsets: vec![0],
+        ..SparseRows::default()
+    };
+    for answer in answers {
+        let part = answer.await.ok()?.ok()?;
+        let base = all.indices.len() as i64;
+        all.offsets
+            .extend(part.offsets.iter().skip(1).map(|o| base + o));
+        all.indices.extend_from_slice(&part.indices);
+        all.values.extend_from_slice(&part.values);
+        all.queue = all.queue.max(part.queue);
+        all.inference = all.inference.max(part.inference);
+    }
+    let payload = api::sparse_answer(&all.offsets, &all.indices, &all.values)?;
+    front.stats[Here::Sparse.stats()].record(start.elapsed().as_secs_f64(), tokens, texts.len());
+    Some(reply(
+        front,
+        parts,
+        payload,
+        start,
+        tokenized,
+        (all.queue, all.inference),
+    ))
+}
+
+/// A cross-encoder's plain scoring request to `scoring::ROUTES[route]` answered here, or None:
+/// the Python front answers it (another shape or option, a text it refuses, a pair it would
+/// refuse, a full queue, a failed batch).
+async fn scores(
+    front: &Front,
+    route: usize,
+    parts: &Parts,
+    body: &[u8],
+    start: Instant,
+) -> Option<Response<Body>> {
+    let reranker = front.served.reranker.as_ref()?;
+    let parsed = Scoring::parse(route, body).ok()?;
+    let cut = parsed.cut()?;
+    let (query, docs) = (parsed.query(), parsed.documents());
+    // the request's characters as `core/bounds.pair_chars` counts them: the query per document
+    let chars =
+        query.chars().count() * docs.len() + docs.iter().map(|d| d.chars().count()).sum::<usize>();
+    if !front.serves(parsed.model())
+        || docs.is_empty()
+        || docs.len() > front.bounds.max_inputs
+        || chars > reranker.max_chars
+        || blank(query)
+        || docs.iter().any(|d| blank(d))
+    {
+        return None;
+    }
+    let limit = front.tokenizer.max_length;
+    // None: the query has no token of its own; a document without one is `Joined::Empty`
+    let pairs = front.tokenizer.pairs(query, docs, limit, cut).ok()??;
+    let mut packed = Packed::new();
+    for joined in pairs {
+        let Joined::Pair { ids, second } = joined else {
+            return None; // refused there, with its message
+        };
+        packed.push_pair(&ids, if reranker.typed { second } else { 0 });
+    }
+    let tokens = packed.num_tokens();
+    if tokens > front.bounds.max_tokens {
+        return None;
+    }
+    let tokenized = start.elapsed();
+    // a scoring request is interactive, whatever its size (`core/lanes.interactive_route`)
+    let rows = rows(front, packed, false).await?;
+    let logits = rows.values.iter().step_by(rows.width.max(1)).copied();
+    let scores = parsed.scores(logits, reranker.activation);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let payload = parsed.answer(&scores, &front.names[0], tokens, &front.new_id(), now);
+    front.stats[Here::Score(route).stats()].record(
+        start.elapsed().as_secs_f64(),
+        tokens,
+        docs.len(),
+    );
+    Some(reply(
+        front,
+        parts,
+        payload,
+        start,
+        tokenized,
+        (rows.queue, rows.inference),
+    ))
+}
+
+/// An answer's response: its JSON body, the request id, TEI's timing headers.
+fn reply(
+    front: &Front,
+    parts: &Parts,
+    payload: Vec<u8>,
+    start: Instant,
+    tokenized: Duration,
+    (queue, inference): (f64, f64),
+) -> Response<Body> {
+    let mut reply = Response::new(Full::new(Bytes::from(payload)));
+    let headers = reply.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Ok(id) = HeaderValue::from_bytes(&front.request_id(parts)) {
+        headers.insert("x-request-id", id);
+    }
+    // TEI's timing headers, whole milliseconds, as the Python front writes them
+    let ms = |seconds: f64| HeaderValue::from((seconds * 1e3) as u64);
+    headers.insert("x-total-time", ms(start.elapsed().as_secs_f64()));
+    headers.insert("x-tokenization-time", ms(tokenized.as_secs_f64()));
+    headers.insert("x-queue-time", ms(queue));
+    headers.insert("x-inference-time", ms(inference));
+    reply
+}
+
+/// The rows of `packed`'s sequences, in order: its parts queued at once in the lane asked,
+/// answered in turn; None when the queue is full or a batch failed.
+async fn rows(front: &Front, packed: Packed, bulk: bool) -> Option<Rows> {
+    let parts = packed.split(front.bounds.part_tokens);
+    let mut answers = Vec::with_capacity(parts.len());
+    for part in parts {
+        answers.push(front.tulip.submit(part, bulk)?);
+    }
+    let mut rows = Rows::default();
+    for answer in answers {
+        let part = answer.await.ok()?.ok()?;
+        rows.values.extend_from_slice(&part.values);
+        rows.width = part.width;
+        rows.queue = rows.queue.max(part.queue);
+        rows.inference = rows.inference.max(part.inference);
+    }
+    Some(rows)
+}

@@ -171,6 +171,9 @@ async fn sparse(
         all.queue = all.queue.max(part.queue);
         all.inference = all.inference.max(part.inference);
     }
+    if all.offsets.len() != texts.len() + 1 {
+        return None; // vectors for other sequences than sent: the Python front's answer
+    }
     let payload = api::sparse_answer(&all.offsets, &all.indices, &all.values)?;
     front.stats[Here::Sparse.stats()].record(start.elapsed().as_secs_f64(), tokens, texts.len());
     Some(reply(

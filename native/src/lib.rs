@@ -202,7 +202,7 @@ impl Gateway {
     #[new]
     #[pyo3(signature = (
         tokenizer_json, build, front, *, names, max_length, fast, normalize, sparse, max_body_bytes,
-        max_inputs, max_tokens, part_tokens, body_timeout, header_timeout,
+        max_inputs, max_tokens, max_chars, window_chars, part_tokens, body_timeout, header_timeout,
         max_header_bytes, max_connections, hosts, keys, latency_buckets, host = "127.0.0.1",
         port = 0, threads = 1,
         max_queued_tokens = 1 << 20, lanes = None, reranker = None,
@@ -221,6 +221,8 @@ impl Gateway {
         max_body_bytes: usize,
         max_inputs: usize,
         max_tokens: usize,
+        max_chars: usize,
+        window_chars: usize,
         part_tokens: usize,
         body_timeout: f64,
         header_timeout: f64,
@@ -234,7 +236,7 @@ impl Gateway {
         threads: usize,
         max_queued_tokens: usize,
         lanes: Option<(usize, usize, usize)>,
-        reranker: Option<(String, bool, usize)>,
+        reranker: Option<(String, bool)>,
     ) -> PyResult<Self> {
         if threads == 0 || names.is_empty() {
             return Err(PyValueError::new_err(
@@ -243,17 +245,16 @@ impl Gateway {
         }
         let tokenizer =
             TextTokenizer::from_json(tokenizer_json, max_length).map_err(PyValueError::new_err)?;
-        // (activation, typed, max_chars): a cross-encoder's scoring routes answered here
+        // (activation, typed): a cross-encoder's scoring routes answered here
         let reranker = match reranker {
             Some(_) if tokenizer.pairs.is_none() => {
                 return Err(PyValueError::new_err(
                     "a reranker's tokenizer must have a pair template",
                 ))
             }
-            Some((activation, typed, max_chars)) => Some(Reranker {
+            Some((activation, typed)) => Some(Reranker {
                 activation: Activation::of(&activation).map_err(PyValueError::new_err)?,
                 typed,
-                max_chars,
             }),
             None => None,
         };
@@ -282,6 +283,8 @@ impl Gateway {
             max_body_bytes,
             max_inputs,
             max_tokens,
+            max_chars,
+            window_chars,
             // 0: a part of a request is one batch of the engine's
             part_tokens: if part_tokens == 0 {
                 tulip.batch_tokens

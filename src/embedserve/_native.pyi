@@ -35,12 +35,13 @@ class PairTemplate:
 
 class Gateway:
     """`serve --native`'s front (native/src/lib.rs): Ivy answers the plain `POST /v1/embeddings`
-    and `POST /embed` itself when `fast` (TEI's `/embed_sparse` when `sparse`, through
-    `build()`'s third callable; a cross-encoder's plain `/v1/rerank`, `/rerank`, `/v1/score`
-    and `/v2/rerank` when `reranker` is given: (activation, typed, max_chars)), queued on Tulip, whose engine thread calls
-    `build() -> (step, batch_tokens)` first and then `step(*arrays) -> handle` per batch
-    (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order); every
-    other request goes to `front`."""
+    and `POST /embed` itself when `fast`, TEI's `/embed_sparse` when `sparse`, and a
+    cross-encoder's plain `/v1/rerank`, `/rerank`, `/v1/score` and `/v2/rerank` when `reranker`
+    is given (activation, typed): queued on Tulip, whose engine thread calls
+    `build() -> (step, batch_tokens, sparse)` first and then `step(*arrays) -> handle` per batch
+    (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order; `sparse`
+    the same arrays for a sparse request's vectors, or None); every other request goes to
+    `front`."""
 
     port: int
     batch_tokens: int
@@ -59,6 +60,8 @@ class Gateway:
         max_body_bytes: int,
         max_inputs: int,
         max_tokens: int,
+        max_chars: int,
+        window_chars: int,
         part_tokens: int,
         body_timeout: float,
         header_timeout: float,
@@ -72,7 +75,7 @@ class Gateway:
         threads: int = ...,
         max_queued_tokens: int = ...,
         lanes: tuple[int, int, int] | None = ...,
-        reranker: tuple[str, bool, int] | None = ...,
+        reranker: tuple[str, bool] | None = ...,
     ) -> None: ...
     def serve(self) -> None: ...
     def stop(self) -> None: ...

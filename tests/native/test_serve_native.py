@@ -243,3 +243,19 @@ def test_with_the_request_log_every_request_has_its_line() -> None:
         assert logged["inputs"] == 1 and logged["prompt_tokens"] > 0
     finally:
         proc.stop()
+
+
+def test_the_character_bound_holds_for_texts_of_few_tokens() -> None:
+    """Texts of long words are a few `[UNK]` tokens each: within the token bound, over the
+    request's characters (8 per token of `--max-tokens-per-request`), which the Python front
+    refuses before it tokenizes; Ivy hands such a request over rather than answer it."""
+    proc, port = serve_native("--max-tokens-per-request", "64")
+    try:
+        for path, key in (("/v1/embeddings", "input"), ("/embed", "inputs")):
+            status, answer, _ = post(port, {key: ["x" * 200] * 3}, path)
+            # OpenAI's error object, or TEI's {"error": message, "error_type"}
+            error = answer["error"] if path == "/v1/embeddings" else answer
+            assert status == 400 and "characters" in str(error), answer
+            assert post(port, {key: ["x" * 200] * 2}, path)[0] == 200
+    finally:
+        proc.stop()

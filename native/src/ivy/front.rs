@@ -23,6 +23,11 @@ pub struct Bounds {
     pub max_inputs: usize,
     /// real tokens per request (`--max-tokens-per-request`)
     pub max_tokens: usize,
+    /// the characters a request may make the tokenizer read (`core/bounds.max_chars`)
+    pub max_chars: usize,
+    /// a text longer is the Python front's: it reads such a text a piece at a time, with
+    /// errors of its own (`core/tokenization.TextTokenizer.window_chars`)
+    pub window_chars: usize,
     /// a request's tokens per part (`Packed::split`): the engine's batch budget
     pub part_tokens: usize,
     /// for a body to arrive after its headers
@@ -39,8 +44,6 @@ pub struct Reranker {
     pub activation: Activation,
     /// the model has segment embeddings: a pair's document is token type 1
     pub typed: bool,
-    /// the characters a request may make the tokenizer read (`core/bounds.max_chars`)
-    pub max_chars: usize,
 }
 
 /// What of this model's requests Ivy answers itself (the rest go to the Python front).
@@ -116,10 +119,12 @@ impl Front {
         self.new_id().into_bytes()
     }
 
-    /// A new id: 32 hex digits.
+    /// A new id: the 32 hex digits of a random (version 4) UUID, as Python's `uuid4().hex`.
     pub fn new_id(&self) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (a, b) = (self.ids.hash_one(n), self.ids.hash_one(!n));
+        let a = (a & !0xf000) | 0x4000; // the version digit
+        let b = (b & !(0xc << 60)) | (0x8 << 60); // the variant bits
         format!("{a:016x}{b:016x}")
     }
 

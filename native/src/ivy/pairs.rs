@@ -72,6 +72,9 @@ impl PairTemplate {
         ) else {
             return Ok(None);
         };
+        if second <= last_first {
+            return Ok(None); // the second text before the first ends: not a template of ours
+        }
         let ids = probe.get_ids();
         Ok(Some(PairTemplate {
             before: ids[..first].to_vec(),

@@ -124,10 +124,21 @@ async fn embeddings(
 /// input and token bounds, each within the model's length and with a token of its own (else
 /// the Python front says what is wrong, or cuts what it was asked to cut).
 fn packed_texts(front: &Front, texts: &[String]) -> Option<Packed> {
-    if texts.is_empty()
-        || texts.len() > front.bounds.max_inputs
-        || texts.iter().any(|t| t.is_empty())
-    {
+    let bounds = &front.bounds;
+    if texts.is_empty() || texts.len() > bounds.max_inputs || texts.iter().any(|t| t.is_empty()) {
+        return None;
+    }
+    // the characters as `core/bounds.text_chars` counts them (none counted fewer: a text over
+    // one window is the Python front's)
+    let mut chars = 0;
+    for text in texts {
+        let n = text.chars().count();
+        if n > bounds.window_chars {
+            return None;
+        }
+        chars += n;
+    }
+    if chars > bounds.max_chars {
         return None;
     }
     let packed = front.tokenizer.pack(texts).ok()?;
@@ -206,7 +217,7 @@ async fn scores(
     if !front.serves(parsed.model())
         || docs.is_empty()
         || docs.len() > front.bounds.max_inputs
-        || chars > reranker.max_chars
+        || chars > front.bounds.max_chars
         || blank(query)
         || docs.iter().any(|d| blank(d))
     {

@@ -109,7 +109,7 @@ class Answered:
 
     embeddings: bool  # plain dense embeddings
     sparse: bool  # TEI's plain /embed_sparse
-    reranker: tuple[str, bool, int] | None  # a cross-encoder's (activation, typed, max_chars)
+    reranker: tuple[str, bool] | None  # a cross-encoder's (activation, typed)
 
     @property
     def any(self) -> bool:
@@ -125,10 +125,8 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, Answered]:
     """The one model's inputs and what Ivy answers of it: plain embeddings (or a sparse
     model's plain sparse vectors) when a request with no options asks nothing the request core
     would add (no prompt; float32 and every dimension for dense rows); a cross-encoder's plain
-    scores (its activation, whether it has token types, the request's character bound), its
-    pairs joined natively. None of them under `--cache-size` or `--log-requests` (the cache and
+    scores (its activation, whether it has token types), its pairs joined natively. None of them under `--cache-size` or `--log-requests` (the cache and
     the request log are the Python front's): every request goes there."""
-    from embedserve.core.bounds import max_chars
     from embedserve.gateway.served import load_model
 
     entry = gateway.entries[0]
@@ -152,7 +150,7 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, Answered]:
     paired = inputs.tokenizer.pair_template is not None
     if not python_only and score is not None and score.kind == "classifier" and paired:
         typed = spec.type_vocab_size > 1  # segment embeddings: the document is type 1
-        reranker = (score.activation, typed, max_chars(own_max_tokens(entry)))
+        reranker = (score.activation, typed)
     return inputs, Answered(plain, sparse, reranker)
 
 
@@ -168,6 +166,7 @@ def _native_gateway(
     """Ivy and Tulip, bound to the port; Tulip's engine thread builds the engine first (and
     gives `calls` its record)."""
     from embedserve._native import Gateway
+    from embedserve.core.bounds import max_chars
     from embedserve.server import main as server_main
     from embedserve.server.output_requests import MultivectorLimit
     from embedserve.server.tulip_calls import packed_step, sparse_step
@@ -198,6 +197,9 @@ def _native_gateway(
         max_body_bytes=gateway.max_body_bytes,
         max_inputs=own["max_inputs"],
         max_tokens=own_max_tokens(entry),
+        # the character bounds of `core/bounds.text_chars` and `pair_chars`
+        max_chars=max_chars(own_max_tokens(entry)),
+        window_chars=inputs.tokenizer.window_chars,
         part_tokens=own["part_tokens"] or 0,
         body_timeout=gateway.body_timeout,
         header_timeout=gateway.header_timeout,

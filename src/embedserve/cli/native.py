@@ -159,6 +159,31 @@ def own_max_tokens(entry: Any) -> int:
     return int(entry.limits["max_tokens_per_request"] or MAX_TOKENS_PER_REQUEST)
 
 
+def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str) -> Any:
+    """`build()` as Tulip's engine thread calls it first (the thread that then runs every
+    step): the engine built, `calls` given its record, the ready line said; its `step`, batch
+    tokens and, for Ivy's `/embed_sparse`, its sparse outputs."""
+    from embedserve.server import main as server_main
+    from embedserve.server.output_requests import MultivectorLimit
+    from embedserve.server.tulip_calls import packed_step, sparse_step
+
+    def build() -> tuple[Any, int, Any]:
+        engine, measured = server_main._build_engine(server)
+        calls.seam = engine.seam()  # its `retrieval` is the spec (the engine's, the heads)
+        calls.multivector_limit = MultivectorLimit.of(
+            calls.seam.retrieval, server.max_multivector_values
+        )
+        budget = measured or engine.batch_tokens
+        # the ready line `serve --one-process` prints: what is served, in which precision
+        say(
+            f"embedserve server: ready in this process (serving {name}: {calls.seam.serving}, "
+            f"batch tokens {budget})"
+        )
+        return packed_step(engine), budget, sparse_step(calls.seam) if sparse else None
+
+    return build
+
+
 def _native_gateway(
     server: ServerConfig, gateway: GatewayConfig, inputs: Any, answered: Answered, front: Any,
     keys: list[bytes], calls: Any,
@@ -167,23 +192,12 @@ def _native_gateway(
     gives `calls` its record)."""
     from embedserve._native import Gateway
     from embedserve.core.bounds import max_chars
-    from embedserve.server import main as server_main
-    from embedserve.server.output_requests import MultivectorLimit
-    from embedserve.server.tulip_calls import packed_step, sparse_step
 
-    def build() -> tuple[Any, int, Any]:  # on Tulip's engine thread, which then runs each step
-        engine, measured = server_main._build_engine(server)
-        calls.seam = engine.seam()  # its `retrieval` is the spec (the engine's, the heads)
-        calls.multivector_limit = MultivectorLimit.of(
-            calls.seam.retrieval, server.max_multivector_values
-        )
-        sparse = sparse_step(calls.seam) if answered.sparse else None
-        return packed_step(engine), measured or engine.batch_tokens, sparse
-
+    entry = gateway.entries[0]
+    build = _builder(server, calls, answered.sparse, entry.names[0])
     connections, warning = fit_to_fd_limit(gateway.max_connections)
     if warning is not None:
         say(f"embedserve: warning: {warning}", err=True)
-    entry = gateway.entries[0]
     own = entry.limits
     return Gateway(
         inputs.tokenizer.json,

@@ -6,6 +6,8 @@ whatever the Python front refuses is still refused there, with its message."""
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,3 +125,27 @@ def test_what_the_python_front_refuses_is_refused(
     status, reply = post(url, path, body)
     assert status in (400, 404), reply
     assert words in reply["error"]["message"], reply
+
+
+def test_metrics_count_the_native_scores(reranker: tuple[str, Path]) -> None:
+    """Ivy's answers on the scoring routes reach `/metrics` in the Python front's series."""
+    url, _ = reranker
+
+    def count(route: str) -> float:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
+            text = reply.read().decode()
+        found = re.search(
+            rf'^embedserve_gateway_request_seconds_count\{{route="{re.escape(route)}"\}} (\S+)',
+            text,
+            re.M,
+        )
+        return float(found.group(1)) if found else 0.0
+
+    for route, body in (
+        ("/v1/score", {"text_1": QUERY, "text_2": TEXTS}),
+        ("/v2/rerank", {"query": QUERY, "documents": TEXTS}),
+    ):
+        before = count(route)
+        for _ in range(2):
+            assert post(url, route, body)[0] == 200
+        assert count(route) - before >= 2, route

@@ -236,7 +236,7 @@ impl Gateway {
         threads: usize,
         max_queued_tokens: usize,
         lanes: Option<(usize, usize, usize)>,
-        reranker: Option<(String, bool)>,
+        reranker: Option<(String, bool, String)>,
     ) -> PyResult<Self> {
         if threads == 0 || names.is_empty() {
             return Err(PyValueError::new_err(
@@ -245,16 +245,18 @@ impl Gateway {
         }
         let tokenizer =
             TextTokenizer::from_json(tokenizer_json, max_length).map_err(PyValueError::new_err)?;
-        // (activation, typed): a cross-encoder's scoring routes answered here
+        // (activation, typed, Cohere's rerank truncate): a cross-encoder's scoring routes
+        // answered here
         let reranker = match reranker {
             Some(_) if tokenizer.pairs.is_none() => {
                 return Err(PyValueError::new_err(
                     "a reranker's tokenizer must have a pair template",
                 ))
             }
-            Some((activation, typed)) => Some(Reranker {
+            Some((activation, typed, rerank_truncate)) => Some(Reranker {
                 activation: Activation::of(&activation).map_err(PyValueError::new_err)?,
                 typed,
+                rerank_cut: Cut::of(Some(&rerank_truncate)).map_err(PyValueError::new_err)?,
             }),
             None => None,
         };

@@ -102,15 +102,7 @@ pub fn sparse_answer(offsets: &[i64], indices: &[i64], values: &[f32]) -> Option
                 out.push(b',');
             }
             out.extend_from_slice(format!("{{\"index\":{index},\"value\":").as_bytes());
-            let wide = f64::from(*value);
-            out.extend_from_slice(
-                if wide.is_finite() {
-                    floats.format_finite(wide)
-                } else {
-                    "0"
-                }
-                .as_bytes(),
-            );
+            wide_float(&mut out, *value, &mut floats);
             out.push(b'}');
         }
         out.push(b']');
@@ -216,7 +208,7 @@ pub fn answer(rows: &[f32], width: usize, model: &str, tokens: usize, base64: bo
         out.push(b'}');
     }
     out.extend_from_slice(b"],\"model\":");
-    out.extend_from_slice(serde_json::to_string(model).unwrap_or_default().as_bytes());
+    json_string(&mut out, model);
     out.extend_from_slice(b",\"usage\":{\"prompt_tokens\":");
     out.extend_from_slice(tokens.to_string().as_bytes());
     out.extend_from_slice(b",\"total_tokens\":");
@@ -238,6 +230,24 @@ pub fn tei_answer(rows: &[f32], width: usize) -> Vec<u8> {
     }
     out.push(b']');
     out
+}
+
+/// A JSON string of `text`, escaped.
+pub fn json_string(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(serde_json::to_string(text).unwrap_or_default().as_bytes());
+}
+
+/// A float32 as the Python front writes a value it read as a Python float: widened to
+/// float64, its shortest text (a score, a sparse value); a 0 for what JSON cannot hold (see
+/// `float_row`).
+pub fn wide_float(out: &mut Vec<u8>, value: f32, floats: &mut ryu::Buffer) {
+    let wide = f64::from(value);
+    let text = if wide.is_finite() {
+        floats.format_finite(wide)
+    } else {
+        "0"
+    };
+    out.extend_from_slice(text.as_bytes());
 }
 
 /// One row as a JSON array of floats, each the shortest text that reads back as its float32.
@@ -346,7 +356,10 @@ mod tests {
             }
             for route in 0..super::super::scoring::ROUTES.len() {
                 if let Ok(request) = super::super::scoring::Scoring::parse(route, &body) {
-                    let _ = (request.documents(), request.cut());
+                    let _ = (
+                        request.documents(),
+                        request.cut(super::super::pairs::Cut::End),
+                    );
                 }
             }
         }

@@ -12,6 +12,7 @@ use hyper::http::request::Parts;
 use pyo3::prelude::*;
 
 use super::admission::Admission;
+use super::pairs::Cut;
 use super::scoring::Activation;
 use super::stats::Stats;
 use super::tokenize::TextTokenizer;
@@ -44,6 +45,8 @@ pub struct Reranker {
     pub activation: Activation,
     /// the model has segment embeddings: a pair's document is token type 1
     pub typed: bool,
+    /// what Cohere's rerank routes do with an over-long document (`RERANK_TRUNCATE`)
+    pub rerank_cut: Cut,
 }
 
 /// What of this model's requests Ivy answers itself (the rest go to the Python front).

@@ -105,19 +105,14 @@ async fn embeddings(
         api::normalize(&mut rows.values, rows.width);
     }
     let payload = parsed.answer(&rows.values, rows.width, &front.names[0], tokens);
-    front.stats[Here::Embed(route).stats()].record(
-        start.elapsed().as_secs_f64(),
-        tokens,
-        texts.len(),
-    );
-    Some(reply(
-        front,
-        parts,
-        payload,
+    let done = Done::of(
         start,
         tokenized,
         (rows.queue, rows.inference),
-    ))
+        tokens,
+        texts.len(),
+    );
+    Some(reply(front, Here::Embed(route), parts, payload, done))
 }
 
 /// Texts sent with no options, tokenized and packed, if this front may answer them: within the
@@ -129,16 +124,15 @@ fn packed_texts(front: &Front, texts: &[String]) -> Option<Packed> {
         return None;
     }
     // the characters as `core/bounds.text_chars` counts them (none counted fewer: a text over
-    // one window is the Python front's)
-    let mut chars = 0;
-    for text in texts {
-        let n = text.chars().count();
-        if n > bounds.window_chars {
-            return None;
-        }
-        chars += n;
+    // one window is the Python front's); a text's bytes are at least its characters, so they
+    // are counted only where its bytes are over a bound: most requests are far under both
+    let chars = |t: &String| t.chars().count();
+    let window = bounds.window_chars;
+    if texts.iter().any(|t| t.len() > window && chars(t) > window) {
+        return None;
     }
-    if chars > bounds.max_chars {
+    let bytes: usize = texts.iter().map(String::len).sum();
+    if bytes > bounds.max_chars && texts.iter().map(chars).sum::<usize>() > bounds.max_chars {
         return None;
     }
     let packed = front.tokenizer.pack(texts).ok()?;
@@ -186,15 +180,14 @@ async fn sparse(
         return None; // vectors for other sequences than sent: the Python front's answer
     }
     let payload = api::sparse_answer(&all.offsets, &all.indices, &all.values)?;
-    front.stats[Here::Sparse.stats()].record(start.elapsed().as_secs_f64(), tokens, texts.len());
-    Some(reply(
-        front,
-        parts,
-        payload,
+    let done = Done::of(
         start,
         tokenized,
         (all.queue, all.inference),
-    ))
+        tokens,
+        texts.len(),
+    );
+    Some(reply(front, Here::Sparse, parts, payload, done))
 }
 
 /// A cross-encoder's plain scoring request to `scoring::ROUTES[route]` answered here, or None:
@@ -209,7 +202,7 @@ async fn scores(
 ) -> Option<Response<Body>> {
     let reranker = front.served.reranker.as_ref()?;
     let parsed = Scoring::parse(route, body).ok()?;
-    let cut = parsed.cut()?;
+    let cut = parsed.cut(reranker.rerank_cut)?;
     let (query, docs) = (parsed.query(), parsed.documents());
     // the request's characters as `core/bounds.pair_chars` counts them: the query per document
     let chars =
@@ -246,30 +239,58 @@ async fn scores(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let payload = parsed.answer(&scores, &front.names[0], tokens, &front.new_id(), now);
-    front.stats[Here::Score(route).stats()].record(
-        start.elapsed().as_secs_f64(),
-        tokens,
-        docs.len(),
-    );
-    Some(reply(
-        front,
-        parts,
-        payload,
+    let done = Done::of(
         start,
         tokenized,
         (rows.queue, rows.inference),
-    ))
+        tokens,
+        docs.len(),
+    );
+    Some(reply(front, Here::Score(route), parts, payload, done))
 }
 
-/// An answer's response: its JSON body, the request id, TEI's timing headers.
-fn reply(
-    front: &Front,
-    parts: &Parts,
-    payload: Vec<u8>,
+/// An answered request's times (its start, tokenized after, seconds queued and in the engine:
+/// TEI's headers) and what it counts into `/metrics` (tokens, inputs).
+struct Done {
     start: Instant,
     tokenized: Duration,
-    (queue, inference): (f64, f64),
-) -> Response<Body> {
+    queue: f64,
+    inference: f64,
+    tokens: usize,
+    inputs: usize,
+}
+
+impl Done {
+    fn of(
+        start: Instant,
+        tokenized: Duration,
+        (queue, inference): (f64, f64),
+        tokens: usize,
+        inputs: usize,
+    ) -> Done {
+        Done {
+            start,
+            tokenized,
+            queue,
+            inference,
+            tokens,
+            inputs,
+        }
+    }
+}
+
+/// An answer's response (its JSON body, the request id, TEI's timing headers), counted into
+/// its route's stats.
+fn reply(front: &Front, here: Here, parts: &Parts, payload: Vec<u8>, done: Done) -> Response<Body> {
+    let Done {
+        start,
+        tokenized,
+        queue,
+        inference,
+        tokens,
+        inputs,
+    } = done;
+    front.stats[here.stats()].record(start.elapsed().as_secs_f64(), tokens, inputs);
     let mut reply = Response::new(Full::new(Bytes::from(payload)));
     let headers = reply.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

@@ -12,7 +12,7 @@ use std::num::NonZeroUsize;
 
 use serde::Deserialize;
 
-use super::api::{parse, Input};
+use super::api::{json_string, parse, wide_float, Input};
 use super::pairs::Cut;
 
 /// The scoring routes answered here (after `api::ROUTES` in the counts' order).
@@ -177,11 +177,12 @@ impl Scoring {
         }
     }
 
-    /// What an over-long pair gets, or None for a value the Python front refuses.
-    pub fn cut(&self) -> Option<Cut> {
+    /// What an over-long pair gets, or None for a value the Python front refuses; `rerank`:
+    /// Cohere's routes', which take no `truncate` here (`gateway/scoring.RERANK_TRUNCATE`,
+    /// passed in once).
+    pub fn cut(&self, rerank: Cut) -> Option<Cut> {
         match self {
-            // `gateway/scoring.RERANK_TRUNCATE`: Cohere's rerank cuts a long document's end
-            Scoring::Cohere(_) | Scoring::CohereV2(_) => Some(Cut::End),
+            Scoring::Cohere(_) | Scoring::CohereV2(_) => Some(rerank),
             Scoring::Tei(r) => Some(match (r.truncate, r.truncation_direction) {
                 (Some(true), Some(Direction::Left)) => Cut::Start,
                 (Some(true), _) => Cut::End,
@@ -324,17 +325,12 @@ fn push(out: &mut Vec<u8>, text: &str) {
 }
 
 fn push_string(out: &mut Vec<u8>, text: &str) {
-    out.extend_from_slice(serde_json::to_string(text).unwrap_or_default().as_bytes());
+    json_string(out, text);
 }
 
-/// A score as the Python front writes it: the float32 widened to float64, its shortest text.
+/// A score as the Python front writes it (`api::wide_float`).
 fn push_float(out: &mut Vec<u8>, score: f32) {
-    let wide = f64::from(score);
-    if wide.is_finite() {
-        push(out, ryu::Buffer::new().format_finite(wide));
-    } else {
-        push(out, "0"); // JSON has no NaN: the engine's guard keeps them out (`api::float_row`)
-    }
+    wide_float(out, score, &mut ryu::Buffer::new());
 }
 
 fn push_usage(out: &mut Vec<u8>, tokens: usize) {
@@ -363,20 +359,23 @@ mod tests {
             (cohere.query(), cohere.documents()),
             ("q", &["a".to_string(), "b".into()][..])
         );
-        assert_eq!(cohere.cut(), Some(Cut::End));
+        assert_eq!(cohere.cut(Cut::End), Some(Cut::End));
         let tei = Scoring::parse(
             1,
             br#"{"query": "q", "texts": ["a"], "truncate": true, "truncation_direction": "left"}"#,
         )
         .unwrap();
-        assert_eq!(tei.cut(), Some(Cut::Start));
+        assert_eq!(tei.cut(Cut::End), Some(Cut::Start));
         let tei = Scoring::parse(1, br#"{"query": "q", "texts": ["a"]}"#).unwrap();
-        assert_eq!(tei.cut(), Some(Cut::Refuse));
+        assert_eq!(tei.cut(Cut::End), Some(Cut::Refuse));
         let score = Scoring::parse(2, br#"{"text_1": "q", "text_2": "a", "truncate": "end"}"#);
         let score = score.unwrap();
-        assert_eq!((score.documents().len(), score.cut()), (1, Some(Cut::End)));
+        assert_eq!(
+            (score.documents().len(), score.cut(Cut::End)),
+            (1, Some(Cut::End))
+        );
         let flagged = Scoring::parse(2, br#"{"text_1": "q", "text_2": ["a"], "truncate": true}"#);
-        assert_eq!(flagged.unwrap().cut(), None);
+        assert_eq!(flagged.unwrap().cut(Cut::End), None);
     }
 
     #[test]
@@ -473,7 +472,7 @@ mod tests {
             br#"{"model": "m", "query": "q", "documents": ["a", "b", "c"]}"#,
         );
         let v2 = v2.unwrap();
-        assert_eq!(v2.cut(), Some(Cut::End));
+        assert_eq!(v2.cut(Cut::Start), Some(Cut::Start));
         let id = "0123456789abcdef0123456789abcdef";
         let v = json(&v2.answer(&scores, "m", 9, id, 0));
         assert_eq!(v["id"], "01234567-89ab-cdef-0123-456789abcdef");

@@ -33,6 +33,7 @@ from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.metrics import LATENCY_BUCKETS
 from embedserve.gateway.replicas import IN_PROCESS, IN_PROCESS_ADDRESS
 from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
+from embedserve.gateway.scoring import RERANK_TRUNCATE
 from embedserve.gateway.workers import AGAIN_AFTER_S
 from embedserve.loading.retrieval_kinds import KIND_BY_NAME
 from embedserve.processes import say
@@ -109,7 +110,8 @@ class Answered:
 
     embeddings: bool  # plain dense embeddings
     sparse: bool  # TEI's plain /embed_sparse
-    reranker: tuple[str, bool] | None  # a cross-encoder's (activation, typed)
+    # a cross-encoder's (activation, typed, what Cohere's rerank routes do with a long document)
+    reranker: tuple[str, bool, str] | None
 
     @property
     def any(self) -> bool:
@@ -150,7 +152,7 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, Answered]:
     paired = inputs.tokenizer.pair_template is not None
     if not python_only and score is not None and score.kind == "classifier" and paired:
         typed = spec.type_vocab_size > 1  # segment embeddings: the document is type 1
-        reranker = (score.activation, typed)
+        reranker = (score.activation, typed, RERANK_TRUNCATE)
     return inputs, Answered(plain, sparse, reranker)
 
 

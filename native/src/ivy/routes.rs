@@ -282,15 +282,8 @@ impl Done {
 /// An answer's response (its JSON body, the request id, TEI's timing headers), counted into
 /// its route's stats.
 fn reply(front: &Front, here: Here, parts: &Parts, payload: Vec<u8>, done: Done) -> Response<Body> {
-    let Done {
-        start,
-        tokenized,
-        queue,
-        inference,
-        tokens,
-        inputs,
-    } = done;
-    front.stats[here.stats()].record(start.elapsed().as_secs_f64(), tokens, inputs);
+    let total = done.start.elapsed().as_secs_f64();
+    front.stats[here.stats()].record(total, done.tokens, done.inputs);
     let mut reply = Response::new(Full::new(Bytes::from(payload)));
     let headers = reply.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -299,10 +292,10 @@ fn reply(front: &Front, here: Here, parts: &Parts, payload: Vec<u8>, done: Done)
     }
     // TEI's timing headers, whole milliseconds, as the Python front writes them
     let ms = |seconds: f64| HeaderValue::from((seconds * 1e3) as u64);
-    headers.insert("x-total-time", ms(start.elapsed().as_secs_f64()));
-    headers.insert("x-tokenization-time", ms(tokenized.as_secs_f64()));
-    headers.insert("x-queue-time", ms(queue));
-    headers.insert("x-inference-time", ms(inference));
+    headers.insert("x-total-time", ms(total));
+    headers.insert("x-tokenization-time", ms(done.tokenized.as_secs_f64()));
+    headers.insert("x-queue-time", ms(done.queue));
+    headers.insert("x-inference-time", ms(done.inference));
     reply
 }
 

@@ -7,6 +7,7 @@
 //! front and the queue in front of a `step` callable).
 
 pub mod ivy;
+pub mod thread_state;
 pub mod tulip;
 
 use std::sync::{Arc, Mutex};
@@ -263,6 +264,7 @@ impl Gateway {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("ivy")
+            .on_thread_start(thread_state::keep)
             .enable_all()
             .build()
             .map_err(|e| PyOSError::new_err(e.to_string()))?;

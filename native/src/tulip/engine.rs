@@ -239,6 +239,7 @@ impl Tulip {
         thread::Builder::new()
             .name("tulip-engine".into())
             .spawn(move || {
+                crate::thread_state::keep();
                 let step = Python::attach(|py| build.call0(py)?.extract::<Built>(py));
                 let (step, batch_tokens, sparse) = match step {
                     Ok((step, batch_tokens, sparse)) if batch_tokens > 0 => {
@@ -262,7 +263,10 @@ impl Tulip {
             .expect("the engine thread starts");
         thread::Builder::new()
             .name("tulip-results".into())
-            .spawn(move || results_loop(to_resolve))
+            .spawn(move || {
+                crate::thread_state::keep();
+                results_loop(to_resolve)
+            })
             .expect("the results thread starts");
         let batch_tokens = py.detach(move || ready.recv()).unwrap_or_else(|_| {
             Err(PyRuntimeError::new_err(

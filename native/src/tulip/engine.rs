@@ -410,6 +410,11 @@ fn engine_loop(
                 Ok(job) => queues.push(job),
                 Err(_) => return,
             }
+            // NOTE: woken by the first job of a burst, the core is given up once before the
+            // batch is cut, so that the threads sending the rest of it (on this core, when the
+            // cores are busy) queue them first: one batch instead of a lone job's and then the
+            // others' (null engine, one core, 64 connections: 24k -> 31k requests per core)
+            thread::yield_now();
         }
         take_sent(&jobs, &mut queues);
         let batch = queues.next_batch(budget);

@@ -13,11 +13,13 @@ to core 1; elsewhere nothing is pinned. Each side's requests per core is request
 seconds its processes used in the window (`server_side_cores`). Loads: short queries (3-12
 words) at each of `--connections`, and requests of 100 passages (8-180 words, those within
 MiniLM's 256 tokens; base64 answers) at 4 connections; tokens counted with the model's own
-tokenizer. `--engine real` puts the real engine behind both instead (`embedserve serve
+tokenizer. `--floor BIN` then measures the short queries against `benchmarks/floor` (hyper
+alone, a fixed answer of the native answer's size: what HTTP/1 and the kernel cost, the floor
+under the native path). `--engine real` puts the real engine behind both instead (`embedserve serve
 --device D`, without and with `--native`), and times `Embedder.encode` in process as the floor.
 
     PYTHONPATH=src python3 benchmarks/studies/native_path.py [--seconds 5] [--out DIR]
-        [--model FOLDER] [--connections 1,16,64] [--engine null|real --device cuda]
+        [--model FOLDER] [--connections 1,16,64] [--engine null|real --device cuda] [--floor BIN]
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
 from harness import corpus, report
 from harness.machine import cpu_seconds, load1
-from harness.servers import CLI, ROOT, SERVING, harness_call, start, wait_http
+from harness.servers import CLI, ROOT, SERVING, free_port, harness_call, start, wait_http
 from studies.null_path import NAME, start_pair
 
 from embedserve.processes import Child, descendants
@@ -135,7 +138,8 @@ def wrk(port: int, script: Path, connections: int, seconds: float) -> dict[str, 
 
 
 def measure(side: str, port: int, pids: list[int], loads: list[tuple[str, int, Path, float]],
-            seconds: float, engine: str, bulk_seconds: float) -> list[dict[str, Any]]:  # fmt: skip
+            seconds: float, engine: str, bulk_seconds: float,
+            system: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     records = []
     for load, connections, script, tokens in loads:
         wrk(port, script, connections, 1.0)  # warm-up
@@ -150,7 +154,7 @@ def measure(side: str, port: int, pids: list[int], loads: list[tuple[str, int, P
         out["tokens_per_core_s"] = out["requests_per_core"] * tokens
         for metric, value in out.items():
             records.append({
-                "system": f"embedserve {side} request path ({engine} engine)",
+                "system": system or f"embedserve {side} request path ({engine} engine)",
                 "model": "all-MiniLM-L6-v2" + (" (tokenizer and spec; no forward)"
                                                if engine == "null" else ""),
                 "weights": "none" if engine == "null" else "real", "dtype": "none"
@@ -185,6 +189,22 @@ def in_process(device: str, count: int = 400) -> list[dict[str, Any]]:
             {**base, "metric": "p99_ms", "value": round(times[int(0.99 * len(times))], 3)}]  # fmt: skip
 
 
+def floor_side(binary: str, answer_bytes: int, loads: list[tuple[str, int, Path, float]],
+               seconds: float) -> list[dict[str, Any]]:  # fmt: skip
+    """The floor under the short queries: `benchmarks/floor` (hyper with Ivy's runtime, socket
+    options and headers) answering each with a fixed body of the native answer's size and no
+    other work: what HTTP/1 and the kernel's loopback cost a request on this machine."""
+    port = free_port()
+    child, _ = start([binary, str(port), str(answer_bytes)], r"http-floor: listening on (\d+)")
+    try:
+        pin(child.proc.pid, 0)
+        short = [load for load in loads if load[0] == "queries"]
+        system = f"the floor (hyper, a fixed {answer_bytes}-byte answer, no work)"
+        return measure("floor", port, [child.proc.pid], short, seconds, "no", seconds, system)
+    finally:
+        child.stop()
+
+
 def python_side(args: argparse.Namespace) -> tuple[list[Child], int]:
     """The Python path: the null server and a gateway, or `embedserve serve` with the engine."""
     if args.engine == "null":
@@ -211,6 +231,8 @@ def main() -> None:
     ap.add_argument("--wrk", default="wrk", help="wrk's path")
     ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     ap.add_argument("--table", action="store_true", help="print every record, not the summary")
+    ap.add_argument("--floor", default=None, help="benchmarks/floor's binary: hyper alone, after "
+                    "the native side (cargo build --release in benchmarks/floor)")  # fmt: skip
     args = ap.parse_args()
     MODEL, WRK, PIN = args.model, args.wrk, args.engine == "null"
     bulk_seconds = args.seconds if args.bulk_seconds is None else args.bulk_seconds
@@ -246,8 +268,13 @@ def main() -> None:
         )
         if any(r["metric"] == "errors" and r["value"] for r in records):
             print("".join(native.lines[-20:]), file=sys.stderr)  # what the failures said
+        answer = urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/embeddings", data=all_bodies["queries"][0],
+            headers={"Content-Type": "application/json"})).read()  # fmt: skip
     finally:
         native.stop()
+    if args.floor:
+        records += floor_side(args.floor, len(answer), loads, args.seconds)
     notes = (
         f"{'Null engine: every sequence answered at once with a fixed vector' if args.engine == 'null' else f'The real engine on {args.device}'}. "
         f"{'Server side pinned to core 0, wrk 4.1 (one thread) to core 1' if os.cpu_count() == 2 and PIN else 'Nothing pinned'} "

@@ -6,7 +6,7 @@
 #   real: `serve` and `serve --native` with the real engine on the GPU (studies/native_path.py);
 #   tokenizer: the tokenizer's rate at 1 / 4 / 16 threads;
 #   rerank: the scoring suite's ms-marco MiniLM rows, /v1/rerank under serve and serve --native.
-# carry: .carry (native/_native.abi3.so, minilm-fp16, wrk/ with its libluajit) and .whl
+# carry: .carry (native/_native.abi3.so and http-floor (benchmarks/floor), minilm-fp16, wrk/ with its libluajit) and .whl
 #   EMBEDSERVE_COMMIT=<hash> bash benchmarks/native_gpu.sh null|real|tokenizer|rerank
 set -uo pipefail
 cp .carry/native/_native.abi3.so src/embedserve/_native.abi3.so || exit 1
@@ -21,7 +21,7 @@ case "${1:-null}" in
     EMBEDSERVE_MINILM=$M timeout 150 python3 -m pytest -q -m gpu tests/engine \
       -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt"
     timeout 130 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
-      --wrk .carry/wrk/wrk --out "$OUT"
+      --wrk .carry/wrk/wrk --floor .carry/native/http-floor --out "$OUT"
     ;;
   tokenizer)
     timeout 150 python3 benchmarks/studies/tokenizer_rate.py --model $M --threads 1,4,16 \

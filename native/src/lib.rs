@@ -28,7 +28,7 @@ use ivy::routes::routes;
 use ivy::scoring::Activation;
 use ivy::stats::{Stats, Taken};
 use ivy::tokenize::TextTokenizer;
-use tulip::{Lanes, Packed, Reply, Tulip};
+use tulip::{Delivery, Lanes, Packed, Reply, Tulip};
 
 /// A model's `tokenizer.json` through the `tokenizers` crate: the Python package's ids.
 #[pyclass(frozen, module = "embedserve._native")]
@@ -282,7 +282,8 @@ impl Gateway {
             },
             _ => Lanes::OFF,
         };
-        let tulip = Tulip::start(py, build, max_queued_tokens, lanes)?;
+        let delivery = Delivery(Some(runtime.handle().clone()));
+        let tulip = Tulip::start(py, build, max_queued_tokens, lanes, delivery)?;
         let bounds = Bounds {
             max_body_bytes,
             max_inputs,

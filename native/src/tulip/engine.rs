@@ -72,11 +72,16 @@ pub struct Job {
 }
 
 impl Job {
-    fn answer(self, py: Python<'_>, answer: Answer) {
+    /// Answers the job; an Ivy connection's answer is queued on `native` to be sent with the
+    /// batch's others (`Delivery`).
+    fn answer(
+        self,
+        py: Python<'_>,
+        answer: Answer,
+        native: &mut Vec<(oneshot::Sender<Answer>, Answer)>,
+    ) {
         match self.reply {
-            Reply::Native(sender) => {
-                let _ = sender.send(answer);
-            }
+            Reply::Native(sender) => native.push((sender, answer)),
             Reply::Call(_) => {} // never batched: it answers its request itself
             Reply::Sparse(sender) => {
                 // never batched with `step`'s rows: only a failure reaches it here
@@ -97,6 +102,33 @@ impl Job {
                 };
                 if let Err(e) = called {
                     e.print(py); // the callback's own failure: said, the batch goes on
+                }
+            }
+        }
+    }
+}
+
+/// Where Ivy's answers are sent from. NOTE: each answer's send wakes its connection's task;
+/// from this thread each wake of a parked Ivy worker is a system call, and on a busy core the
+/// woken worker preempts this thread, one answer at a time (null engine, one core: ~12% of the
+/// engine thread in context switches). A batch's answers are sent instead by one task on Ivy's
+/// runtime: one wake per batch, the tasks then woken on the worker itself.
+#[derive(Clone)]
+pub struct Delivery(pub Option<tokio::runtime::Handle>);
+
+impl Delivery {
+    fn send(&self, answers: Vec<(oneshot::Sender<Answer>, Answer)>) {
+        match &self.0 {
+            Some(runtime) if answers.len() > 1 => {
+                runtime.spawn(async move {
+                    for (sender, answer) in answers {
+                        let _ = sender.send(answer);
+                    }
+                });
+            }
+            _ => {
+                for (sender, answer) in answers {
+                    let _ = sender.send(answer);
                 }
             }
         }
@@ -224,11 +256,13 @@ impl Tulip {
     /// the engine is built on the thread that steps it, as the Python server does
     /// (`server/engine_thread.py`): on the CPU each thread running PyTorch leads an OpenMP team
     /// of its own. Waits for `build` (the GIL released) and returns its error, if it raised.
+    /// Ivy's answers are sent as `delivery` says.
     pub fn start(
         py: Python<'_>,
         build: Py<PyAny>,
         max_queued_tokens: usize,
         lanes: Lanes,
+        delivery: Delivery,
     ) -> Result<Self, PyErr> {
         let (queue, jobs) = mpsc::channel::<Job>();
         let (built, ready) = mpsc::channel::<Result<usize, PyErr>>();
@@ -236,6 +270,7 @@ impl Tulip {
         let (in_flight, to_resolve) = mpsc::sync_channel::<InFlight>(1);
         let queued_tokens = Arc::new(AtomicUsize::new(0));
         let counter = queued_tokens.clone();
+        let engine_delivery = delivery.clone();
         thread::Builder::new()
             .name("tulip-engine".into())
             .spawn(move || {
@@ -258,14 +293,23 @@ impl Tulip {
                 };
                 let queues = Queues::new(lanes);
                 let steps = Steps { step, sparse };
-                engine_loop(jobs, queues, steps, batch_tokens, in_flight, counter)
+                let delivery = engine_delivery;
+                engine_loop(
+                    jobs,
+                    queues,
+                    steps,
+                    batch_tokens,
+                    in_flight,
+                    counter,
+                    delivery,
+                )
             })
             .expect("the engine thread starts");
         thread::Builder::new()
             .name("tulip-results".into())
             .spawn(move || {
                 crate::thread_state::keep();
-                results_loop(to_resolve)
+                results_loop(to_resolve, &delivery)
             })
             .expect("the results thread starts");
         let batch_tokens = py.detach(move || ready.recv()).unwrap_or_else(|_| {
@@ -403,6 +447,7 @@ fn engine_loop(
     budget: usize,
     in_flight: mpsc::SyncSender<InFlight>,
     queued_tokens: Arc<AtomicUsize>,
+    delivery: Delivery,
 ) {
     loop {
         if queues.is_empty() {
@@ -465,7 +510,8 @@ fn engine_loop(
         // thread resolves it while this one prepares the next
         take_sent(&jobs, &mut queues);
         if queues.is_empty() {
-            resolve(handle, batch, taken); // the next loop's recv ends it once senders are gone
+            // the next loop's recv ends it once senders are gone
+            resolve(handle, batch, taken, &delivery);
             continue;
         }
         let batch = InFlight {
@@ -479,20 +525,21 @@ fn engine_loop(
     }
 }
 
-fn results_loop(in_flight: mpsc::Receiver<InFlight>) {
+fn results_loop(in_flight: mpsc::Receiver<InFlight>, delivery: &Delivery) {
     for InFlight {
         handle,
         jobs,
         taken,
     } in in_flight
     {
-        resolve(handle, jobs, taken);
+        resolve(handle, jobs, taken, delivery);
     }
 }
 
 /// Waits for `handle` and answers each job with its rows, the GIL held throughout (a Python
-/// job's callback needs it; a native one's send is a few instructions).
-fn resolve(handle: Py<PyAny>, jobs: Vec<Job>, taken: Instant) {
+/// job's callback needs it); Ivy's answers are sent after, as `delivery` says.
+fn resolve(handle: Py<PyAny>, jobs: Vec<Job>, taken: Instant, delivery: &Delivery) {
+    let mut native = Vec::with_capacity(jobs.len());
     Python::attach(|py| {
         let rows = (|| -> PyResult<(Vec<f32>, usize)> {
             let array = handle.call_method0(py, "wait")?;
@@ -506,7 +553,7 @@ fn resolve(handle: Py<PyAny>, jobs: Vec<Job>, taken: Instant) {
             Err(e) => {
                 let message = e.to_string();
                 jobs.into_iter()
-                    .for_each(|job| job.answer(py, Err(message.clone())));
+                    .for_each(|job| job.answer(py, Err(message.clone()), &mut native));
                 return;
             }
         };
@@ -522,17 +569,20 @@ fn resolve(handle: Py<PyAny>, jobs: Vec<Job>, taken: Instant) {
                 }),
                 None => Err("the engine answered too few rows".to_string()),
             };
-            job.answer(py, answer);
+            job.answer(py, answer, &mut native);
             start = end;
         }
     });
+    delivery.send(native);
 }
 
 fn fail(jobs: Vec<Job>, message: &str) {
+    let mut native = Vec::new();
     Python::attach(|py| {
         jobs.into_iter()
-            .for_each(|job| job.answer(py, Err(message.to_string())));
+            .for_each(|job| job.answer(py, Err(message.to_string()), &mut native));
     });
+    Delivery(None).send(native);
 }
 
 #[cfg(test)]

@@ -264,6 +264,8 @@ impl Gateway {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("ivy")
+            // its workers hand requests to the Python front (nothing of Ivy's runs on tokio's
+            // blocking pool, whose threads would come and go, each keeping a thread state)
             .on_thread_start(thread_state::keep)
             .enable_all()
             .build()

@@ -21,16 +21,23 @@ import grpc
 import numpy as np
 
 from embedserve.contract.local import rpc_error
-
-# PackedBatch's fields in order, as Tulip builds them (little-endian bytearrays)
-ARRAY_TYPES = ("<i8", "<i4", "<i4", "<i8", "<i8", "<i8")
+from embedserve.engine.batch import PackedBatch
 
 
-def _packed(arrays: tuple[bytearray, ...]) -> Any:
-    """The engine's `PackedBatch` around the arrays Tulip built (views, no copy)."""
-    from embedserve.engine.batch import PackedBatch
-
-    return PackedBatch(*(np.frombuffer(a, t) for a, t in zip(arrays, ARRAY_TYPES, strict=True)))
+def _packed(arrays: tuple[bytearray, ...]) -> PackedBatch:
+    """The engine's `PackedBatch` around the arrays Tulip built, its fields in order as
+    little-endian bytearrays (`tulip::BatchArrays`): views, no copy. NOTE: written out rather
+    than a generator over the types: 2.9 against 5.7 us, once per batch."""
+    ids, seqlens, cu_seqlens, positions, seq_ids, token_types = arrays
+    view = np.frombuffer
+    return PackedBatch(
+        view(ids, "<i8"),
+        view(seqlens, "<i4"),
+        view(cu_seqlens, "<i4"),
+        view(positions, "<i8"),
+        view(seq_ids, "<i8"),
+        view(token_types, "<i8"),
+    )
 
 
 def packed_step(engine: Any) -> Any:

@@ -37,9 +37,9 @@ class Gateway:
     """`serve --native`'s front (native/src/lib.rs): Ivy answers the plain `POST /v1/embeddings`
     and `POST /embed` itself when `fast`, TEI's `/embed_sparse` when `sparse`, and a
     cross-encoder's plain `/v1/rerank`, `/rerank`, `/v1/score` and `/v2/rerank` when `reranker`
-    is given (activation, typed, Cohere's rerank `truncate`): queued on Tulip, whose engine thread calls
-    `build() -> (step, batch_tokens, sparse)` first and then `step(*arrays) -> handle` per batch
-    (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order; `sparse`
+    is given (activation, typed, Cohere's rerank `truncate`): queued on Tulip, whose engine
+    thread calls `build() -> (step, batch_tokens, sparse)` first and then `step(*arrays) ->
+    handle` per batch (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order; `sparse`
     the same arrays for a sparse request's vectors, or None); every other request goes to
     `front`."""
 

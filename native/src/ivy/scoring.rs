@@ -222,7 +222,7 @@ impl Scoring {
         match self {
             Scoring::Cohere(r) => {
                 push(&mut out, &format!("{{\"id\":\"rerank-{id}\",\"model\":"));
-                push_string(&mut out, model);
+                json_string(&mut out, model);
                 push(&mut out, ",\"results\":[");
                 for (k, &i) in ranked(scores, r.top_n.map(NonZeroUsize::get))
                     .iter()
@@ -233,7 +233,7 @@ impl Scoring {
                     push_float(&mut out, scores[i]);
                     if r.return_documents == Some(true) {
                         push(&mut out, ",\"document\":{\"text\":");
-                        push_string(&mut out, &docs[i]);
+                        json_string(&mut out, &docs[i]);
                         out.push(b'}');
                     }
                     out.push(b'}');
@@ -272,7 +272,7 @@ impl Scoring {
                     push_float(&mut out, scores[i]);
                     if r.return_text == Some(true) {
                         push(&mut out, ",\"text\":");
-                        push_string(&mut out, &docs[i]);
+                        json_string(&mut out, &docs[i]);
                     }
                     out.push(b'}');
                 }
@@ -284,7 +284,7 @@ impl Scoring {
                     &format!("{{\"id\":\"score-{id}\",\"object\":\"list\","),
                 );
                 push(&mut out, &format!("\"created\":{now},\"model\":"));
-                push_string(&mut out, model);
+                json_string(&mut out, model);
                 push(&mut out, ",\"data\":[");
                 for (i, &score) in scores.iter().enumerate() {
                     let comma = if i > 0 { "," } else { "" };
@@ -322,10 +322,6 @@ pub fn ranked(scores: &[f32], top_n: Option<usize>) -> Vec<usize> {
 
 fn push(out: &mut Vec<u8>, text: &str) {
     out.extend_from_slice(text.as_bytes());
-}
-
-fn push_string(out: &mut Vec<u8>, text: &str) {
-    json_string(out, text);
 }
 
 /// A score as the Python front writes it (`api::wide_float`).

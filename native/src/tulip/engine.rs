@@ -293,7 +293,6 @@ impl Tulip {
                 };
                 let queues = Queues::new(lanes);
                 let steps = Steps { step, sparse };
-                let delivery = engine_delivery;
                 engine_loop(
                     jobs,
                     queues,
@@ -301,7 +300,7 @@ impl Tulip {
                     batch_tokens,
                     in_flight,
                     counter,
-                    delivery,
+                    engine_delivery,
                 )
             })
             .expect("the engine thread starts");

@@ -127,8 +127,9 @@ def _served_model(gateway: GatewayConfig) -> tuple[Any, Answered]:
     """The one model's inputs and what Ivy answers of it: plain embeddings (or a sparse
     model's plain sparse vectors) when a request with no options asks nothing the request core
     would add (no prompt; float32 and every dimension for dense rows); a cross-encoder's plain
-    scores (its activation, whether it has token types), its pairs joined natively. None of them under `--cache-size` or `--log-requests` (the cache and
-    the request log are the Python front's): every request goes there."""
+    scores (its activation, whether it has token types), its pairs joined natively. None of
+    them under `--cache-size` or `--log-requests` (the cache and the request log are the Python
+    front's): every request goes there."""
     from embedserve.gateway.served import load_model
 
     entry = gateway.entries[0]

@@ -194,7 +194,8 @@ def main() -> int:
         result["long_text"] = long_text(args.qwen3, None)
     out = args.out or report.folder("studies")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"host-path-h200-{result['date'].replace('-', '')}{args.tag}.json"
+    card = torch.cuda.get_device_name().split()[1].lower()  # "NVIDIA H100 80GB HBM3": h100
+    path = out / f"host-path-{card}-{result['date'].replace('-', '')}{args.tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# Host path parts, {result['hardware']}, commit {result['commit']}", ""]
     lines += ["| part | value |", "|---|---|"]

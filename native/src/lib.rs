@@ -6,6 +6,7 @@
 //! while it works), its `PairTemplate` (a cross-encoder's pairs joined) and `Gateway` (the HTTP
 //! front and the queue in front of a `step` callable).
 
+mod id_lists;
 pub mod ivy;
 pub mod thread_state;
 pub mod tulip;
@@ -15,11 +16,12 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 use tokio::sync::watch;
 
 use std::sync::atomic::Ordering;
 
+use id_lists::id_lists;
 use ivy::admission::Admission;
 use ivy::front::{Bounds, Front, Reranker, Served};
 use ivy::http::serve;
@@ -27,7 +29,7 @@ use ivy::pairs::{Cut, Joined};
 use ivy::routes::routes;
 use ivy::scoring::Activation;
 use ivy::stats::{Stats, Taken};
-use ivy::tokenize::TextTokenizer;
+use ivy::tokenize::{TextTokenizer, TokenizeError};
 use tulip::{Delivery, Lanes, Packed, Reply, Tulip};
 
 /// A model's `tokenizer.json` through the `tokenizers` crate: the Python package's ids.
@@ -56,16 +58,22 @@ impl Tokenizer {
 
     /// Each text's ids (the Python package's `encode_batch_fast(texts)`'s `ids`), the GIL
     /// released while they are made; no length limit.
-    fn encode_batch(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<Vec<u32>>> {
-        py.detach(|| self.inner.batch(&texts))
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+    fn encode_batch<'py>(
+        &self,
+        py: Python<'py>,
+        texts: Vec<String>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        lists(py, py.detach(|| self.inner.batch(&texts)))
     }
 
     /// Each text's own ids, no special tokens, never truncated (the ids less the single-text
     /// template's), the GIL released while they are made.
-    fn encode_plain_batch(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<Vec<u32>>> {
-        py.detach(|| self.inner.plain(&texts))
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+    fn encode_plain_batch<'py>(
+        &self,
+        py: Python<'py>,
+        texts: Vec<String>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        lists(py, py.detach(|| self.inner.plain(&texts)))
     }
 
     /// The single-text template's special tokens: (the ids before a text's own, those after).
@@ -86,19 +94,34 @@ impl Tokenizer {
     /// document `PairTemplate.join`'s answer, or ("empty", [], 0) for a document with no token
     /// of its own. A ValueError when the tokenizer has no pair template.
     #[pyo3(signature = (query, docs, limit, truncate = None))]
-    fn pairs(
+    fn pairs<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         query: &str,
         docs: Vec<String>,
         limit: usize,
         truncate: Option<&str>,
-    ) -> PyResult<Option<Vec<PyJoined>>> {
+    ) -> PyResult<Option<Vec<PyPair<'py>>>> {
         let cut = Cut::of(truncate).map_err(PyValueError::new_err)?;
         let pairs = py
             .detach(|| self.inner.pairs(query, &docs, limit, cut))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(pairs.map(|all| all.into_iter().map(joined).collect()))
+        let Some(all) = pairs else { return Ok(None) };
+        let (kinds, ids): (Vec<_>, Vec<_>) = all
+            .into_iter()
+            .map(|pair| {
+                let (what, ids, n) = joined(pair);
+                ((what, n), ids)
+            })
+            .unzip();
+        let lists = id_lists(py, &ids)?;
+        Ok(Some(
+            kinds
+                .into_iter()
+                .zip(lists.iter())
+                .map(|((what, n), ids)| (what, ids, n))
+                .collect(),
+        ))
     }
 
     /// Whether clean ASCII texts take the WordPiece twin (a BERT tokenizer's; the same ids).
@@ -169,8 +192,19 @@ impl PairTemplate {
     }
 }
 
+/// Made ids as lists (`id_lists`), or the tokenizer's error as a ValueError.
+fn lists(
+    py: Python<'_>,
+    made: Result<Vec<Vec<u32>>, TokenizeError>,
+) -> PyResult<Bound<'_, PyList>> {
+    id_lists(py, &made.map_err(|e| PyValueError::new_err(e.to_string()))?)
+}
+
 /// A joined pair as Python reads it: (what, ids, a number).
 type PyJoined = (&'static str, Vec<u32>, usize);
+
+/// `PyJoined` with its ids a list made by `id_lists` (a batch of pairs at once).
+type PyPair<'py> = (&'static str, Bound<'py, PyAny>, usize);
 
 fn joined(joined: Joined) -> PyJoined {
     match joined {

@@ -67,7 +67,7 @@ def test_the_twin_gives_the_tokenizers_ids_on_every_ascii_character() -> None:
 def test_a_mixed_batch_keeps_its_order_and_each_texts_ids() -> None:
     tok = full_tokenizer()
     native = NativeTokenizer.from_str(tok.to_str())
-    texts = [*ASCII_TEXTS, *NOT_CLEAN] * 3  # over PARALLEL_TEXTS: on rayon's threads
+    texts = [*ASCII_TEXTS, *NOT_CLEAN] * 16  # 44 KB, over 2 * PARALLEL_BYTES: rayon's threads
     random.Random(0).shuffle(texts)
     assert native.encode_batch(texts) == reference(tok, texts)
     assert [native.encode_batch([t])[0] for t in texts] == reference(tok, texts)

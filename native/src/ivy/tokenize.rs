@@ -9,9 +9,11 @@ use super::pairs::{Cut, Joined, PairTemplate};
 use super::wordpiece::AsciiWordPiece;
 use crate::tulip::Packed;
 
-/// From this many texts a batch is tokenized on several threads (`TextTokenizer::batch`): a
-/// short query's few tokens cost less than a hand-off.
-pub const PARALLEL_TEXTS: usize = 64;
+/// A batch of texts of twice this many bytes or more is tokenized on several threads
+/// (`TextTokenizer::batch`), each taking texts of about this many bytes at a time (~4,000
+/// tokens, 0.2-0.7 ms of one core): less costs less than waking a thread. Bytes, not texts: a
+/// reranking's 25 documents of 500 tokens are one text each, and 1-2 ms of one core.
+pub const PARALLEL_BYTES: usize = 16 * 1024;
 
 /// Why a text was not tokenized: the caller's error, said with where it was.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,20 +127,22 @@ impl TextTokenizer {
             })
     }
 
-    /// Each text's ids, in order; a batch of `PARALLEL_TEXTS` or more on rayon's pool (its
-    /// threads: `RAYON_NUM_THREADS`, else a core each), each chunk of texts on one thread.
+    /// Each text's ids, in order; a batch of `2 * PARALLEL_BYTES` or more on rayon's pool (its
+    /// threads: `RAYON_NUM_THREADS`, else a core each), in chunks of about `PARALLEL_BYTES`.
     pub fn batch<S: AsRef<str> + Sync>(&self, texts: &[S]) -> Result<Vec<Vec<u32>>, TokenizeError> {
         use rayon::prelude::*;
-        if texts.len() < PARALLEL_TEXTS || rayon::current_num_threads() < 2 {
+        let bytes: usize = texts.iter().map(|t| t.as_ref().len()).sum();
+        if texts.len() < 2 || bytes < 2 * PARALLEL_BYTES || rayon::current_num_threads() < 2 {
             return texts
                 .iter()
                 .enumerate()
                 .map(|(i, t)| self.ids(i, t.as_ref()))
                 .collect();
         }
+        let per_chunk = PARALLEL_BYTES / (bytes / texts.len()).max(1);
         texts
             .par_iter()
-            .with_min_len(PARALLEL_TEXTS / 4)
+            .with_min_len(per_chunk.max(1))
             .enumerate()
             .map(|(i, t)| self.ids(i, t.as_ref()))
             .collect()
@@ -185,12 +189,11 @@ impl TextTokenizer {
         ))
     }
 
-    /// Every text's ids, packed; an over-long text is an error (the truncation policy of the
-    /// request core, `core/tokenization.py`, is not ported yet: the prototype refuses).
-    pub fn pack<S: AsRef<str>>(&self, texts: &[S]) -> Result<Packed, TokenizeError> {
+    /// Every text's ids (`batch`), packed; the first over-long text is an error (the Python
+    /// front then says so, or cuts it where truncation was asked for).
+    pub fn pack<S: AsRef<str> + Sync>(&self, texts: &[S]) -> Result<Packed, TokenizeError> {
         let mut packed = Packed::new();
-        for (index, text) in texts.iter().enumerate() {
-            let ids = self.ids(index, text.as_ref())?;
+        for (index, ids) in self.batch(texts)?.iter().enumerate() {
             if ids.len() > self.max_length {
                 return Err(TokenizeError::TooLong {
                     index,
@@ -198,7 +201,7 @@ impl TextTokenizer {
                     limit: self.max_length,
                 });
             }
-            packed.push(&ids);
+            packed.push(ids);
         }
         Ok(packed)
     }

@@ -1,7 +1,7 @@
-"""`serve --one-process` against `serve`: one short query over HTTP, and batches under load
-(issues 25 and 38).
+"""`serve --one-process` and `serve --native` against `serve`: one short query over HTTP, and
+batches under load (issues 25, 38 and 55).
 
-Both serve the bundled MiniLM with the CPU defaults. Each round, each server answers `--requests`
+All three serve the bundled MiniLM with the CPU defaults. Each round, each server answers `--requests`
 sequential short queries with the other idle (`--in-turn`: request by request in turn; see
 http_ab.http_p50s for why alone is the default here), the first 30 left out, and a fresh process
 times `Embedder.encode` the same way; then, with `--clients`, each server takes closed-loop short
@@ -42,6 +42,7 @@ def main() -> None:
     servers = {
         "serve": start("src", {}),
         "serve --one-process": start("src", {}, [*SERVE, "--one-process"]),
+        "serve --native": start("src", {}, [*SERVE, "--native"]),
     }
     queries = corpus.queries(256)
     bodies = [json.dumps({"input": t}).encode() for t in queries]

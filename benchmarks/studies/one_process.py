@@ -1,7 +1,7 @@
-"""`serve --one-process` and `serve --native` against `serve`: one short query over HTTP, and
-batches under load (issues 25, 38 and 55).
+"""`serve --native` (one process) against `serve`: one short query over HTTP, and batches under
+load (issues 25, 38 and 55).
 
-All three serve the bundled MiniLM with the CPU defaults. Each round, each server answers `--requests`
+Both serve the bundled MiniLM with the CPU defaults. Each round, each server answers `--requests`
 sequential short queries with the other idle (`--in-turn`: request by request in turn; see
 http_ab.http_p50s for why alone is the default here), the first 30 left out, and a fresh process
 times `Embedder.encode` the same way; then, with `--clients`, each server takes closed-loop short
@@ -9,7 +9,8 @@ queries from that many client processes for `--seconds`. Writes
 results/studies/one-process-cpuN-YYYYMMDD.json.
 
 (Its first form, 2026-12-04/05, measured two prototypes of the shape before it was built:
-results/studies/one-process-cpu2-20261202 and -20261205.)
+results/studies/one-process-cpu2-20261202 and -20261205; then `serve --one-process`, which
+-20261207 measured beside `serve --native` before it was removed.)
 
     .venv/bin/python benchmarks/studies/one_process.py [--rounds 8] [--clients 4,16]
 """
@@ -41,7 +42,6 @@ def main() -> None:
     args = ap.parse_args()
     servers = {
         "serve": start("src", {}),
-        "serve --one-process": start("src", {}, [*SERVE, "--one-process"]),
         "serve --native": start("src", {}, [*SERVE, "--native"]),
     }
     queries = corpus.queries(256)

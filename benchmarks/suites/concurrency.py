@@ -200,7 +200,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--deadline", type=float, default=870.0, help="whole run (s): waits give way")
     ap.add_argument("--worktree", action="store_true", help="measure src/ as it is, not HEAD")
     ap.add_argument("--serve-args", default="",
-                    help="more flags for our `serve`, one string (e.g. --serve-args=--one-process)")  # fmt: skip
+                    help="more flags for our `serve`, one string (e.g. --serve-args=--native)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="default: results/concurrency/")
     ap.add_argument("--naive-server", type=int, default=None, help=argparse.SUPPRESS)
     return ap.parse_args()

@@ -37,8 +37,8 @@ READY_FILE_ENV = "EMBEDSERVE_READY_FILE"
 # The pid of the `Child`'s parent, for `exit_with_parent`: set only by `Child`, so a process
 # started by hand (whose shell may go) never ends itself.
 PARENT_PID_ENV = "EMBEDSERVE_PARENT_PID"
-# How long a start may take to build its engine and answer (a server's ready record, a
-# `--one-process` worker's first /health): a Qwen3 graph's first write and a CPU path's timing on
+# How long a start may take to build its engine and answer (a server's ready record, the
+# gateway workers' first /health): a Qwen3 graph's first write and a CPU path's timing on
 # two cores take minutes, and a start killed midway may be halfway through writing a cache
 START_TIMEOUT_S = 600.0
 

@@ -173,28 +173,14 @@ def _with(section: ModelSection, config: Any) -> Any:
         raise ValueError(f"{section.where}: {e}") from None
 
 
-def _in_one_process(args: argparse.Namespace) -> Any:
-    """`run(server, gateway)` of `--native` or `--one-process`, once `check(...)` passes on
-    `serve`'s configs; None for the usual processes."""
+def run_serve(args: argparse.Namespace) -> int:
+    configs, gateway = serve_configs(args)
     serve = ServeConfig.from_args(args)
     if serve.native:
         from embedserve.cli.native import check_native, run_native
 
-        return check_native, run_native
-    if serve.one_process:
-        from embedserve.cli.one_process import check_one_process, run_one_process
-
-        return check_one_process, run_one_process
-    return None
-
-
-def run_serve(args: argparse.Namespace) -> int:
-    configs, gateway = serve_configs(args)
-    one_process = _in_one_process(args)
-    if one_process is not None:
-        check, run = one_process
-        check(configs, gateway, ServeConfig.from_args(args).num_replicas)
-        return int(run(configs[0], gateway))
+        check_native(configs, gateway, serve.num_replicas)
+        return run_native(configs[0], gateway)
     if gateway.port:  # the HTTP port, before any model loads: a taken port fails in a second
         from embedserve.gateway.sockets import bind
 

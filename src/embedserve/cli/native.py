@@ -177,7 +177,7 @@ def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str) -> Any:
             calls.seam.retrieval, server.max_multivector_values
         )
         budget = measured or engine.batch_tokens
-        # the ready line `serve --one-process` prints: what is served, in which precision
+        # what is served, in which precision (the line a server process says when ready)
         say(
             f"embedserve server: ready in this process (serving {name}: {calls.seam.serving}, "
             f"batch tokens {budget})"

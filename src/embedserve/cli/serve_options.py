@@ -25,13 +25,6 @@ class ServeConfig(Options):
         'and limits (docs/serving.md, "Several models"); instead of --model',
         metavar="PATH",
     )
-    one_process: bool = option(
-        False,
-        "one process on the CPU: the gateway and the engine together, each step on the HTTP "
-        "event loop's thread (one model, one worker): a lone short query 0.5-0.7 ms sooner on a "
-        '2-core Zen 5 (docs/serving.md, "One process")',
-    )
-
     native: bool = option(
         False,
         "one process with the native front (Rust: HTTP, JSON, tokenization, the FCFS queue) "
@@ -41,8 +34,6 @@ class ServeConfig(Options):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.one_process and self.native:
-            raise ValueError("--one-process and --native are two shapes of one process: give one")
         if self.num_replicas < 0:
             raise ValueError(
                 f"--replicas must be 0 (one per GPU) or positive, got {self.num_replicas}"

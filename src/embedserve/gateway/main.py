@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,7 +33,7 @@ from embedserve.gateway.coalescing import CALLS_IN_FLIGHT
 from embedserve.gateway.connections import ConnectionLimits, bounded_protocol, fit_to_fd_limit
 from embedserve.gateway.models import ServedModel, ServedModels, split_named
 from embedserve.gateway.pipeline import Pipeline, PipelineLimits
-from embedserve.gateway.replicas import IN_PROCESS_ADDRESS, ReplicaPool, check_replica
+from embedserve.gateway.replicas import ReplicaPool, check_replica
 from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
 from embedserve.gateway.result_cache import ResultCache
 from embedserve.gateway.served import PER_MODEL_LIMITS, ModelEntry, load_model, model_entries
@@ -320,14 +319,8 @@ def log_requests_to_stderr() -> None:
     requests_log.propagate = False
 
 
-def run_worker(
-    config: GatewayConfig,
-    sock: socket.socket,
-    restarts: int = 0,
-    services: Callable[[GatewayApp], Sequence[Any]] = lambda app: (),
-) -> None:
-    """One worker: uvicorn on `sock`; `restarts` so far (in /metrics); `services(app)` to run on
-    its loop beside the app's own (`start()`, `stop()`: the server of `serve --one-process`)."""
+def run_worker(config: GatewayConfig, sock: socket.socket, restarts: int = 0) -> None:
+    """One worker: uvicorn on `sock`; `restarts` so far (in /metrics)."""
     os.setpgrp()
     set_parent_death_signal()
     import uvicorn
@@ -355,7 +348,6 @@ def run_worker(
         log_requests_to_stderr()
     app = build_app(config, keys)
     app.metrics.worker_restarts.set(restarts)
-    app.services.extend(services(app))
     if config.tei_grpc_port is not None:
         app.services.append(TeiGrpc(app, config.host, config.tei_grpc_port))
     tracing.configure(config.otlp_endpoint, "embedserve-gateway")  # per worker: its own thread
@@ -408,22 +400,16 @@ def _listening(config: GatewayConfig) -> str:
     """What the gateway's listening line says after its URL."""
     workers = f"{config.workers} worker{'s' if config.workers > 1 else ''}"
     parts = f"{config.part_tokens or DEFAULT_PART_TOKENS} tokens"
-    if config.part_tokens is None and IN_PROCESS_ADDRESS in config.replicas:
-        parts = "one batch"  # the engine's budget: known once its worker has built it
     return (
         f"serving {', '.join(e.names[0] for e in config.entries)}; {workers}, replicas "
         f"{', '.join(config.replicas)}, parts of {parts}"
     )
 
 
-def run(
-    config: GatewayConfig,
-    worker: Callable[[GatewayConfig, socket.socket, int], None] = run_worker,
-    on_ready: Callable[[str], None] | None = None,
-) -> int:
-    """Run `config.workers` workers (`worker`, by default `run_worker`) on one port, restarting
-    any that dies, until SIGTERM / Ctrl-C; `on_ready(url)` once they answer."""
-    # NOTE: 0 is the default, resolved here and not in the flag's default: `serve --one-process`
+def run(config: GatewayConfig) -> int:
+    """Run `config.workers` workers (`run_worker`) on one port, restarting any that dies, until
+    SIGTERM / Ctrl-C."""
+    # NOTE: 0 is the default, resolved here and not in the flag's default: `serve --native`
     # tells a count the user gave from the one the cores chose (a container reports the host's)
     config = replace(config, workers=config.workers or DEFAULT_WORKERS)
     connections, warning = fit_to_fd_limit(config.max_connections)
@@ -438,7 +424,7 @@ def run(
     # each worker's tokenizer pool, unless the environment names one (`memory.tokenizer_threads`)
     os.environ.setdefault(TOKENIZER_POOL, str(tokenizer_threads(os.cpu_count(), config.workers)))
     try:
-        return supervise(config, worker, on_ready, _listening(config))
+        return supervise(config, run_worker, _listening(config))
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -75,9 +75,9 @@ FAILING_AFTER = 3
 AVOID_SECONDS = 10.0
 
 
-# Servers in the gateway's own process (`serve --one-process`): a replica address -> its
-# (embed, check) calls, registered by the process that holds both (`cli/one_process.py`) before
-# its worker starts. Such an address is a HOST:PORT no server listens on (`IN_PROCESS_ADDRESS`).
+# Servers in the gateway's own process (`serve --native`): a replica address -> its (embed,
+# check) calls, registered by the process that holds both (`cli/native.py`) before its Python
+# front starts. Such an address is a HOST:PORT no server listens on (`IN_PROCESS_ADDRESS`).
 IN_PROCESS: dict[str, tuple[Any, Any]] = {}
 IN_PROCESS_ADDRESS = "in-process:0"
 

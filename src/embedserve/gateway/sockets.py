@@ -83,8 +83,7 @@ def wait_until_up(
     stopped: Callable[[], bool] = lambda: False,
 ) -> None:
     """Until `url` answers 200 (the workers are up); a RuntimeError if a worker dies first, a
-    stop is asked (`stopped`) or after `START_TIMEOUT_S` (a `--one-process` worker builds its
-    engine first)."""
+    stop is asked (`stopped`) or after `START_TIMEOUT_S`."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if stopped():

@@ -18,11 +18,10 @@ from embedserve.processes import say, write_ready
 def supervise(
     config: Any,
     worker: Callable[[Any, socket.socket, int], None],
-    on_ready: Callable[[str], None] | None,
     listening: str,
 ) -> int:
     """Serve `config` (a `GatewayConfig`) from its workers (`worker`) until a signal; say
-    "listening on URL (`listening`)" and call `on_ready(url)` once they answer."""
+    "listening on URL (`listening`)" once they answer."""
     sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
     grpc_sock = reserve_port(config.host, config.tei_grpc_port)  # the workers' one port
@@ -54,8 +53,6 @@ def supervise(
         + "".join(f"; TEI gRPC API on {a}" for a in grpc_address.values()),
     )
     write_ready({"url": url, "workers": config.workers, **grpc_address})
-    if on_ready is not None:
-        on_ready(url)
     # NOTE: `keep` before `alive`: the one worker of `--workers 1` found dead must be given its
     # restart (which `alive` then counts), not taken for the end of the gateway
     while True:

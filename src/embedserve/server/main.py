@@ -41,7 +41,6 @@ from embedserve.processes import say, write_ready
 from embedserve.retrieval.results import MAX_MULTIVECTOR_VALUES
 from embedserve.server.engine_thread import EngineThread
 from embedserve.server.guard import MAX_FAILED_STEPS, STEP_TIMEOUT_SECONDS, EngineGuard
-from embedserve.server.inline import InlineService
 from embedserve.server.local import serve_local
 from embedserve.server.output_requests import MultivectorLimit
 from embedserve.server.scheduler import BULK_EVERY, SchedulerConfig
@@ -282,7 +281,6 @@ def _service(
     engine: EngineSeam,
     guard: EngineGuard,
     batch_tokens: int,
-    kind: type[EmbedService] = EmbedService,
 ) -> EmbedService:
     """The queue in front of `engine` and its threads, under `config`'s limits (`batch_tokens`:
     the engine's batch budget, unless the config sets one)."""
@@ -290,37 +288,13 @@ def _service(
     if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
         batch_wait_ms = 3.0 if engine.on_cpu else 0.0
     limit = MultivectorLimit.of(engine.retrieval, config.max_multivector_values)
-    return kind(
+    return EmbedService(
         engine,
         config.scheduler(batch_tokens),
         batch_wait=batch_wait_ms / 1000,
         guard=guard,
         multivector_limit=limit,
     )
-
-
-def build_here(config: ServerConfig) -> tuple[InlineService, EngineGuard, int]:
-    """A CPU engine built on this thread, the service that steps it here (`server.inline`;
-    neither it nor its guard started) and the batch budget, for a process that serves HTTP from
-    this thread's loop (`serve --one-process`). An engine that cannot serve ends the process
-    (its loop may be the thread stuck in the step; the gateway's supervisor starts another)."""
-    engine, measured_budget = _build_engine(config)
-    seam = engine.seam()
-    if not seam.on_cpu:
-        raise ValueError(f"--one-process serves from the CPU, not {config.engine.device}")
-    guard = EngineGuard(
-        lambda reason: _exit_soon(FATAL_EXIT_CODE, FATAL_LINGER_SECONDS),
-        max_failures=config.max_failed_steps,
-        step_timeout=config.step_timeout,
-    )
-    budget = measured_budget or seam.batch_tokens
-    service = _service(config, seam, guard, budget, InlineService)
-    say(
-        f"embedserve server: ready in this process (serving "
-        f"{config.served_name or config.engine.model}: {seam.serving}, batch tokens "
-        f"{service.scheduler.config.max_batch_tokens})"
-    )
-    return service, guard, budget  # type: ignore[return-value]
 
 
 async def serve(config: ServerConfig) -> int:

@@ -237,10 +237,11 @@ impl Gateway {
     #[new]
     #[pyo3(signature = (
         tokenizer_json, build, front, *, names, max_length, fast, normalize, sparse, max_body_bytes,
-        max_inputs, max_tokens, max_chars, window_chars, part_tokens, body_timeout, header_timeout,
-        max_header_bytes, max_connections, hosts, keys, latency_buckets, host = "127.0.0.1",
-        port = 0, threads = 1,
-        max_queued_tokens = 1 << 20, lanes = None, reranker = None,
+        max_inputs, max_tokens, max_chars, window_chars, part_tokens, parts_in_flight, body_timeout,
+        header_timeout,
+        max_header_bytes, max_headers, max_connections, hosts, keys, latency_buckets,
+        max_queued_tokens, host = "127.0.0.1", port = 0, threads = 1, lanes = None,
+        reranker = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -259,17 +260,19 @@ impl Gateway {
         max_chars: usize,
         window_chars: usize,
         part_tokens: usize,
+        parts_in_flight: usize,
         body_timeout: f64,
         header_timeout: f64,
         max_header_bytes: usize,
+        max_headers: usize,
         max_connections: usize,
         hosts: Vec<String>,
         keys: Vec<Vec<u8>>,
         latency_buckets: Vec<f64>,
+        max_queued_tokens: usize,
         host: &str,
         port: u16,
         threads: usize,
-        max_queued_tokens: usize,
         lanes: Option<(usize, usize, usize)>,
         reranker: Option<(String, bool, String)>,
     ) -> PyResult<Self> {
@@ -332,9 +335,11 @@ impl Gateway {
             } else {
                 part_tokens
             },
+            parts_in_flight,
             body_timeout: seconds(body_timeout),
             header_timeout: seconds(header_timeout),
             max_header_bytes,
+            max_headers,
             max_connections,
         };
         let admission = Admission { hosts, keys };

@@ -9,7 +9,7 @@ import pytest
 from embedserve.cli import launch
 from embedserve.cli.launch import ServeConfig, serve_configs
 from embedserve.cli.main import build_parser
-from embedserve.cli.native import check_native
+from embedserve.cli.native import batch_budget, check_native
 
 
 def _check(*flags: str) -> None:
@@ -38,3 +38,27 @@ def test_the_defaults_pass_on_a_machine_of_many_cores_and_gpus(
 def test_flags_the_user_gave_are_refused(flags: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _check("--device", "cpu", *flags)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--metrics-port", "9100"],
+        ["--step-timeout", "5"],
+        ["--max-failed-steps", "2"],
+        ["--batch-wait-ms", "1"],
+        ["--otlp-endpoint", "http://127.0.0.1:4318"],
+    ],
+)
+def test_flags_it_does_not_honour_are_refused_not_dropped(flags: list[str]) -> None:
+    with pytest.raises(ValueError, match=f"--native does not honour {flags[0]} yet"):
+        _check("--device", "cpu", *flags)
+
+
+def test_the_batch_budget_is_the_flags_when_given() -> None:
+    args = build_parser().parse_args(["serve", "--native", "--max-batch-tokens", "1024"])
+    server = serve_configs(args)[0][0]
+    assert batch_budget(server, measured=None, engine_tokens=8192) == 1024
+    default = serve_configs(build_parser().parse_args(["serve", "--native"]))[0][0]
+    assert batch_budget(default, measured=2048, engine_tokens=8192) == 2048
+    assert batch_budget(default, measured=None, engine_tokens=8192) == 8192

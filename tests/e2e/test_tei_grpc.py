@@ -1,7 +1,8 @@
-"""TEI's gRPC API of a real `embedserve serve --tei-grpc-port 0`, called by tei-client's
-`GrpcClient` (and its generated stubs for what the client does not send), unchanged but for the
-address: vectors equal the OpenAI route's (cosine >= 0.99999), scores `/rerank`'s and
-`/v1/rerank`'s, token ids `/tokenize`'s; errors are gRPC codes with the HTTP routes' messages."""
+"""TEI's gRPC API of a real `embedserve serve --tei-grpc-port 0` (and `serve --native`'s, for the
+embedding model), called by tei-client's `GrpcClient` (and its generated stubs for what the
+client does not send), unchanged but for the address: vectors equal the OpenAI route's (cosine
+>= 0.99999), scores `/rerank`'s and `/v1/rerank`'s, token ids `/tokenize`'s; errors are gRPC
+codes with the HTTP routes' messages."""
 
 from __future__ import annotations
 
@@ -59,9 +60,11 @@ def current_event_loop() -> Iterator[None]:
     loop.close()
 
 
-@pytest.fixture(scope="module")
-def minilm() -> Iterator[tuple[str, str]]:
-    proc, url, address = start("--workers", "2")  # both workers serve the one gRPC port
+@pytest.fixture(scope="module", params=["python", "native"])
+def minilm(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    # python: both workers serve the one gRPC port; native: the Python front's loop serves it
+    flags = ("--workers", "2") if request.param == "python" else ("--native",)
+    proc, url, address = start(*flags)
     try:
         yield url, address
     finally:

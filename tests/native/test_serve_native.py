@@ -184,6 +184,33 @@ def test_a_large_request_is_cut_into_parts_and_answered_in_order(embedder: Embed
         proc.stop()
 
 
+def test_the_queue_and_header_bounds_are_the_flags(embedder: Embedder) -> None:
+    """`--max-batch-tokens`, `--max-queued-tokens` and `--max-headers` hold natively: the batch
+    budget the ready line names, a request of ~14,000 tokens over a 5,000-token queue answered
+    whole (its parts enter the queue as it drains), more header lines than asked a 431."""
+    proc = Proc(
+        "serve", "--native", "--port", "0", "--device", "cpu", "--dtype", "float32",
+        "--max-queued-tokens", "5000", "--max-batch-tokens", "2048", "--max-headers", "12",
+    )  # fmt: skip
+    try:
+        proc.wait_for(r"embedserve server: ready in this process .*batch tokens 2048\)")
+        bounded = int(proc.wait_for(READY).group(1))
+        texts = [f"passage {i} " + "about the weather and the sea " * 8 for i in range(220)]
+        status, answer, _ = post(bounded, {"input": texts})
+        assert status == 200 and answer["usage"]["prompt_tokens"] > 10_000
+        assert [d["index"] for d in answer["data"]] == list(range(len(texts)))
+        assert row_cosines(vectors(answer)[:3], embedder.encode(texts[:3])).min() >= 0.99999
+        extra = {f"x-extra-{i}": "1" for i in range(12)}  # with Host, Content-*: over 12
+        assert post(bounded, {"input": "a"}, headers=dict(list(extra.items())[:2]))[0] == 200
+        headers = {"Content-Type": "application/json", **extra}
+        conn = http.client.HTTPConnection("127.0.0.1", bounded, timeout=60)
+        conn.request("POST", "/v1/embeddings", b'{"input": "a"}', headers)
+        assert conn.getresponse().status == 431
+        conn.close()
+    finally:
+        proc.stop()
+
+
 def test_keys_and_hosts_are_checked_before_the_work(tmp_path: Path) -> None:
     proc, guarded = serve_native("--api-key", "sekret", "--allowed-host", "127.0.0.1")
     try:

@@ -31,11 +31,15 @@ pub struct Bounds {
     pub window_chars: usize,
     /// a request's tokens per part (`Packed::split`): the engine's batch budget
     pub part_tokens: usize,
+    /// a request's parts queued at once (`gateway/pipeline.PARTS_IN_FLIGHT`)
+    pub parts_in_flight: usize,
     /// for a body to arrive after its headers
     pub body_timeout: Duration,
     /// for a connection's request headers to arrive
     pub header_timeout: Duration,
     pub max_header_bytes: usize,
+    /// header lines per request (more: 431)
+    pub max_headers: usize,
     pub max_connections: usize,
 }
 /// A cross-encoder's scoring, for the scoring routes answered here: its pairs joined by the

@@ -169,7 +169,8 @@ pub async fn serve(front: Arc<Front>, listener: TcpListener, mut stop: watch::Re
             let mut http = http1::Builder::new();
             http.timer(TokioTimer::new())
                 .header_read_timeout(bounds.header_timeout)
-                .max_buf_size(bounds.max_header_bytes.max(8192));
+                .max_buf_size(bounds.max_header_bytes.max(8192))
+                .max_headers(bounds.max_headers);
             let service = service_fn(|request| route(front.clone(), request));
             let _ = http.serve_connection(TokioIo::new(stream), service).await;
         });

@@ -4,6 +4,7 @@
 //! request goes to the Python front (another shape, a refusal, a full queue, a failed batch:
 //! each rule and message is written there).
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -11,6 +12,7 @@ use http_body_util::Full;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::http::request::Parts;
 use hyper::Response;
+use tokio::sync::oneshot;
 
 use super::api::{self, Plain, TeiSparseRequest, SPARSE_ROUTE};
 use super::front::Front;
@@ -158,16 +160,12 @@ async fn sparse(
     let tokens = packed.num_tokens();
     let tokenized = start.elapsed();
     let bulk = front.tulip.lanes.is_bulk(packed.num_seqs(), tokens);
-    let mut answers = Vec::new();
-    for part in packed.split(front.bounds.part_tokens) {
-        answers.push(front.tulip.submit_sparse(part, bulk)?);
-    }
     let mut all = SparseRows {
         offsets: vec![0],
         ..SparseRows::default()
     };
-    for answer in answers {
-        let part = answer.await.ok()?.ok()?;
+    let submit = |part| front.tulip.submit_sparse(part, bulk);
+    in_turn(front, packed, submit, |part: SparseRows| {
         let base = all.indices.len() as i64;
         all.offsets
             .extend(part.offsets.iter().skip(1).map(|o| base + o));
@@ -175,7 +173,8 @@ async fn sparse(
         all.values.extend_from_slice(&part.values);
         all.queue = all.queue.max(part.queue);
         all.inference = all.inference.max(part.inference);
-    }
+    })
+    .await?;
     if all.offsets.len() != texts.len() + 1 {
         return None; // vectors for other sequences than sent: the Python front's answer
     }
@@ -299,21 +298,42 @@ fn reply(front: &Front, here: Here, parts: &Parts, payload: Vec<u8>, done: Done)
     reply
 }
 
-/// The rows of `packed`'s sequences, in order: its parts queued at once in the lane asked,
-/// answered in turn; None when the queue is full or a batch failed.
+/// The rows of `packed`'s sequences, in order, its parts queued in the lane asked (`in_turn`);
+/// None when the queue is full or a batch failed.
 async fn rows(front: &Front, packed: Packed, bulk: bool) -> Option<Rows> {
-    let parts = packed.split(front.bounds.part_tokens);
-    let mut answers = Vec::with_capacity(parts.len());
-    for part in parts {
-        answers.push(front.tulip.submit(part, bulk)?);
-    }
     let mut rows = Rows::default();
-    for answer in answers {
-        let part = answer.await.ok()?.ok()?;
+    let submit = |part| front.tulip.submit(part, bulk);
+    in_turn(front, packed, submit, |part: Rows| {
         rows.values.extend_from_slice(&part.values);
         rows.width = part.width;
         rows.queue = rows.queue.max(part.queue);
         rows.inference = rows.inference.max(part.inference);
-    }
+    })
+    .await?;
     Some(rows)
+}
+
+/// Each part of `packed` (`Packed::split` at the part budget) submitted and its answer taken,
+/// in order, with at most `parts_in_flight` of them queued at once (the Python pipeline's
+/// rule): a large request enters the queue as it drains, requests sent meanwhile interleave
+/// with it, and an idle queue smaller than the request still serves it whole. None when the
+/// queue is full (before > 0 tokens queued) or a part failed: the rest are never submitted.
+async fn in_turn<R>(
+    front: &Front,
+    packed: Packed,
+    submit: impl Fn(Packed) -> Option<oneshot::Receiver<Result<R, String>>>,
+    mut take: impl FnMut(R),
+) -> Option<()> {
+    let mut parts = packed.split(front.bounds.part_tokens).into_iter();
+    let mut queued = VecDeque::with_capacity(front.bounds.parts_in_flight);
+    loop {
+        while queued.len() < front.bounds.parts_in_flight.max(1) {
+            let Some(part) = parts.next() else { break };
+            queued.push_back(submit(part)?);
+        }
+        let Some(answer) = queued.pop_front() else {
+            return Some(());
+        };
+        take(answer.await.ok()?.ok()?);
+    }
 }

@@ -31,12 +31,13 @@ from embedserve.core.lanes import BULK_INPUTS, BULK_TOKENS
 from embedserve.gateway.connections import fit_to_fd_limit
 from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.metrics import LATENCY_BUCKETS
+from embedserve.gateway.pipeline import PARTS_IN_FLIGHT
 from embedserve.gateway.replicas import IN_PROCESS, IN_PROCESS_ADDRESS
 from embedserve.gateway.requests import MAX_TOKENS_PER_REQUEST
 from embedserve.gateway.scoring import RERANK_TRUNCATE
 from embedserve.gateway.workers import AGAIN_AFTER_S
 from embedserve.loading.retrieval_kinds import KIND_BY_NAME
-from embedserve.processes import say
+from embedserve.processes import say, write_ready
 from embedserve.server.main import ServerConfig
 from embedserve.server.scheduler import BULK_EVERY
 
@@ -47,8 +48,21 @@ def ivy_threads(cores: int | None) -> int:
     return max(1, min(4, (cores or 1) // 4))
 
 
+# Flags of a server's or the gateway's that this process does not honour yet: given, each is
+# refused before anything loads, not silently dropped (the engine guard's, the server's own
+# metrics port, the batch wait Tulip does not keep, tracing)
+NOT_HONOURED = (
+    "metrics_port",
+    "step_timeout",
+    "max_failed_steps",
+    "batch_wait_ms",
+    "otlp_endpoint",
+)
+
+
 def check_native(servers: list[ServerConfig], gateway: GatewayConfig, replicas: int) -> None:
-    """A ValueError unless `serve`'s configs are one model on one engine, one worker."""
+    """A ValueError unless `serve`'s configs are one model on one engine, one worker, with no
+    flag this process would not honour."""
     if len(gateway.entries) != 1:
         raise ValueError(
             f"--native serves one model; these flags ask {len(gateway.entries)} (give one --model)"
@@ -57,6 +71,19 @@ def check_native(servers: list[ServerConfig], gateway: GatewayConfig, replicas: 
         raise ValueError(f"--native serves from one engine; --replicas {replicas} was given")
     if gateway.workers > 1:  # 0: the default
         raise ValueError(f"--native runs one process; --workers {gateway.workers} was given")
+    for config in (servers[0], gateway):
+        for field in dataclasses.fields(config):
+            if field.name in NOT_HONOURED and getattr(config, field.name) != field.default:
+                flag = "--" + field.name.replace("_", "-")
+                raise ValueError(
+                    f"--native does not honour {flag} yet (serve without --native does)"
+                )
+
+
+def batch_budget(server: ServerConfig, measured: int | None, engine_tokens: int) -> int:
+    """Tulip's tokens per batch: `--max-batch-tokens` when given, else the budget measured at
+    start-up (the CPU's), else the engine's own (the server's rule, `ServerConfig.scheduler`)."""
+    return server.scheduler(measured or engine_tokens).max_batch_tokens
 
 
 def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
@@ -65,6 +92,8 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     from embedserve.gateway.auth import KeyRing
     from embedserve.gateway.main import build_app, log_requests_to_stderr
     from embedserve.gateway.native_front import Lifespan, PythonFront
+    from embedserve.gateway.sockets import reserve_port
+    from embedserve.gateway.tei_grpc import TeiGrpc
     from embedserve.server.tulip_calls import TulipCalls
 
     inputs, answered = _served_model(gateway)
@@ -87,9 +116,18 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     )
     app = build_app(config, keys)
     app.metrics.native_counts = native.take_counts
+    # TEI's gRPC API, from the Python front's loop (a port in use fails here, before serving)
+    held = reserve_port(gateway.host, gateway.tei_grpc_port)
+    grpc_address = None
+    if held is not None:
+        grpc = TeiGrpc(app, gateway.host, held.getsockname()[1])
+        app.services.append(grpc)
+        grpc_address = grpc.address
     front.app = app
     lifespan = Lifespan(app, loop)
     lifespan.startup()
+    if held is not None:
+        held.close()
     _on_signals(native, app, loop, keys, config.drain_seconds)
     url = f"http://{gateway.host}:{native.port}"
     say(
@@ -97,6 +135,10 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
         f"{answered.what} {'answered natively' if answered.any else 'through the Python front'}"
         f"; batch tokens {native.batch_tokens})"
     )
+    if grpc_address is not None:
+        say(f"embedserve: TEI's gRPC API at {grpc_address}")
+    # the record `serve`'s launcher writes for whoever started it (`processes.write_ready`)
+    write_ready({"url": url, **({"tei_grpc": grpc_address} if grpc_address else {})})
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while draining
         native.serve()
     lifespan.shutdown()
@@ -176,7 +218,7 @@ def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str) -> Any:
         calls.multivector_limit = MultivectorLimit.of(
             calls.seam.retrieval, server.max_multivector_values
         )
-        budget = measured or engine.batch_tokens
+        budget = batch_budget(server, measured, engine.batch_tokens)
         # what is served, in which precision (the line a server process says when ready)
         say(
             f"embedserve server: ready in this process (serving {name}: {calls.seam.serving}, "
@@ -218,13 +260,16 @@ def _native_gateway(
         max_chars=max_chars(own_max_tokens(entry)),
         window_chars=inputs.tokenizer.window_chars,
         part_tokens=own["part_tokens"] or 0,
+        parts_in_flight=PARTS_IN_FLIGHT,
         body_timeout=gateway.body_timeout,
         header_timeout=gateway.header_timeout,
         max_header_bytes=gateway.max_header_bytes,
+        max_headers=gateway.max_headers,
         max_connections=connections,
         hosts=sorted(gateway.host_names),
         keys=keys,
         latency_buckets=list(LATENCY_BUCKETS),
+        max_queued_tokens=server.max_queued_tokens,
         host=gateway.host,
         port=gateway.port,
         threads=ivy_threads(os.cpu_count()),

@@ -69,6 +69,7 @@ from embedserve.retrieval.scores import late_plan
 
 INLINE_PREPARE_CHARS = 4096  # below this many characters, prepare on the event loop
 TOKENIZE_THREADS = 2  # the pool large requests are prepared on
+PARTS_IN_FLIGHT = 2  # parts of one request outstanding at once (see `_fan_out_parts`)
 T = TypeVar("T")
 
 
@@ -76,7 +77,7 @@ T = TypeVar("T")
 class PipelineLimits:
     max_tokens_per_request: int
     part_tokens: int  # tokens per server call (a part of a request)
-    parts_in_flight: int = 2  # parts of one request outstanding at once (see `_fan_out`)
+    parts_in_flight: int = PARTS_IN_FLIGHT
     calls_in_flight: int | None = None  # small calls out (`Coalescer`; None: CALLS_IN_FLIGHT)
 
 

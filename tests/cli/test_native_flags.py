@@ -25,6 +25,7 @@ def test_the_defaults_pass_on_a_machine_of_many_cores_and_gpus(
     _check()  # --device auto: the first GPU, one engine
     _check("--device", "cpu")
     _check("--device", "cpu", "--workers", "1", "--replicas", "1")
+    _check("--step-timeout", "5", "--max-failed-steps", "2")  # the engine guard's: honoured
 
 
 @pytest.mark.parametrize(
@@ -44,8 +45,6 @@ def test_flags_the_user_gave_are_refused(flags: list[str], message: str) -> None
     "flags",
     [
         ["--metrics-port", "9100"],
-        ["--step-timeout", "5"],
-        ["--max-failed-steps", "2"],
         ["--batch-wait-ms", "1"],
         ["--otlp-endpoint", "http://127.0.0.1:4318"],
     ],

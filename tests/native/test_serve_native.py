@@ -24,7 +24,9 @@ import pytest
 
 from embedserve.embedder import Embedder
 from embedserve.engine.fidelity import row_cosines
+from embedserve.server.main import FATAL_EXIT_CODE
 from tests.e2e.conftest import Proc
+from tests.server.faults import fault_env
 
 TEXTS = ["what is the capital of france", "Café déjà vu — naïve", "ok", "word " * 60]
 READY = r"embedserve: serving minilm at http://127\.0\.0\.1:(\d+)"
@@ -207,6 +209,33 @@ def test_the_queue_and_header_bounds_are_the_flags(embedder: Embedder) -> None:
         conn.request("POST", "/v1/embeddings", b'{"input": "a"}', headers)
         assert conn.getresponse().status == 431
         conn.close()
+    finally:
+        proc.stop()
+
+
+def test_an_engine_failing_every_batch_ends_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's engine guard holds natively: after `--max-failed-steps` failed batches in a
+    row (the test-only fault hook, `tests/server/faults.py`: every step raises, as after a
+    sticky CUDA error) the requests fail with 5xx, and the process exits FATAL_EXIT_CODE for
+    whatever runs it to start another, instead of failing every batch for ever."""
+    switch = tmp_path / "fail-steps"
+    switch.touch()
+    for name, value in fault_env(switch).items():
+        monkeypatch.setenv(name, value)
+    proc, failing = serve_native("--max-failed-steps", "2")
+    try:
+        assert not switch.exists()  # claimed: this process's engine fails every step
+        statuses = []
+        for _ in range(3):
+            try:
+                statuses.append(post(failing, {"input": "a"})[0])
+            except (ConnectionError, http.client.HTTPException):
+                break  # the process is going
+        assert statuses and all(s >= 500 for s in statuses), statuses
+        assert proc.proc.wait(60) == FATAL_EXIT_CODE
+        assert any("the engine cannot serve" in line for line in proc.lines)
     finally:
         proc.stop()
 

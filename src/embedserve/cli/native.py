@@ -38,7 +38,14 @@ from embedserve.gateway.scoring import RERANK_TRUNCATE
 from embedserve.gateway.workers import AGAIN_AFTER_S
 from embedserve.loading.retrieval_kinds import KIND_BY_NAME
 from embedserve.processes import say, write_ready
-from embedserve.server.main import ServerConfig
+from embedserve.server.guard import EngineGuard
+from embedserve.server.main import (
+    FATAL_EXIT_BACKSTOP_SECONDS,
+    FATAL_EXIT_CODE,
+    FATAL_LINGER_SECONDS,
+    ServerConfig,
+    exit_soon,
+)
 from embedserve.server.scheduler import BULK_EVERY
 
 
@@ -49,15 +56,9 @@ def ivy_threads(cores: int | None) -> int:
 
 
 # Flags of a server's or the gateway's that this process does not honour yet: given, each is
-# refused before anything loads, not silently dropped (the engine guard's, the server's own
-# metrics port, the batch wait Tulip does not keep, tracing)
-NOT_HONOURED = (
-    "metrics_port",
-    "step_timeout",
-    "max_failed_steps",
-    "batch_wait_ms",
-    "otlp_endpoint",
-)
+# refused before anything loads, not silently dropped (the server's own metrics port, the batch
+# wait Tulip does not keep, tracing)
+NOT_HONOURED = ("metrics_port", "batch_wait_ms", "otlp_endpoint")
 
 
 def check_native(servers: list[ServerConfig], gateway: GatewayConfig, replicas: int) -> None:
@@ -105,7 +106,10 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     IN_PROCESS[IN_PROCESS_ADDRESS] = (calls.embed, calls.check)
     keys = KeyRing(gateway.api_keys, gateway.api_key_file)
     front = PythonFront(loop, gateway.host, gateway.port)
-    native = _native_gateway(server, gateway, inputs, answered, front, sorted(keys()), calls)
+    guard = EngineGuard(
+        _give_up, max_failures=server.max_failed_steps, step_timeout=server.step_timeout
+    )
+    native = _native_gateway(server, gateway, inputs, answered, front, sorted(keys()), calls, guard)
     calls.gateway = native
     config = dataclasses.replace(
         gateway,
@@ -141,9 +145,22 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     write_ready({"url": url, **({"tei_grpc": grpc_address} if grpc_address else {})})
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while draining
         native.serve()
+    if guard.fatal is not None:  # the engine's threads are not waited for
+        return FATAL_EXIT_CODE
+    guard.stop()
     lifespan.shutdown()
     loop.call_soon_threadsafe(loop.stop)
     return 0
+
+
+def _give_up(reason: str) -> None:
+    """The engine cannot serve (`EngineGuard`, from the thread that found it): drained as on
+    SIGTERM (new requests answered 503), the process ended with FATAL_EXIT_CODE, at the latest
+    after the server's backstop (a hung device never returns), for whatever runs it to start
+    another."""
+    say(f"embedserve: the engine cannot serve, exiting ({reason})", err=True)
+    exit_soon(FATAL_EXIT_CODE, FATAL_LINGER_SECONDS + FATAL_EXIT_BACKSTOP_SECONDS)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,17 +221,20 @@ def own_max_tokens(entry: Any) -> int:
     return int(entry.limits["max_tokens_per_request"] or MAX_TOKENS_PER_REQUEST)
 
 
-def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str) -> Any:
+def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str, guard: Any) -> Any:
     """`build()` as Tulip's engine thread calls it first (the thread that then runs every
-    step): the engine built, `calls` given its record, the ready line said; its `step`, batch
-    tokens and, for Ivy's `/embed_sparse`, its sparse outputs."""
+    step): the engine built, `calls` given its record, the ready line said, `guard` started;
+    its `step`, batch tokens and, for Ivy's `/embed_sparse`, its sparse outputs, each watched
+    by `guard`."""
     from embedserve.server import main as server_main
     from embedserve.server.output_requests import MultivectorLimit
-    from embedserve.server.tulip_calls import packed_step, sparse_step
+    from embedserve.server.service import launch
+    from embedserve.server.tulip_calls import packed_step, sparse_step, watched
 
     def build() -> tuple[Any, int, Any]:
         engine, measured = server_main._build_engine(server)
         calls.seam = engine.seam()  # its `retrieval` is the spec (the engine's, the heads)
+        calls.launch = watched(guard, launch)
         calls.multivector_limit = MultivectorLimit.of(
             calls.seam.retrieval, server.max_multivector_values
         )
@@ -224,22 +244,24 @@ def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str) -> Any:
             f"embedserve server: ready in this process (serving {name}: {calls.seam.serving}, "
             f"batch tokens {budget})"
         )
-        return packed_step(engine), budget, sparse_step(calls.seam) if sparse else None
+        guard.start()
+        step = watched(guard, packed_step(engine))
+        return step, budget, watched(guard, sparse_step(calls.seam)) if sparse else None
 
     return build
 
 
 def _native_gateway(
     server: ServerConfig, gateway: GatewayConfig, inputs: Any, answered: Answered, front: Any,
-    keys: list[bytes], calls: Any,
+    keys: list[bytes], calls: Any, guard: Any,
 ) -> Any:  # fmt: skip
     """Ivy and Tulip, bound to the port; Tulip's engine thread builds the engine first (and
-    gives `calls` its record)."""
+    gives `calls` its record), each batch under `guard`."""
     from embedserve._native import Gateway
     from embedserve.core.bounds import max_chars
 
     entry = gateway.entries[0]
-    build = _builder(server, calls, answered.sparse, entry.names[0])
+    build = _builder(server, calls, answered.sparse, entry.names[0], guard)
     connections, warning = fit_to_fd_limit(gateway.max_connections)
     if warning is not None:
         say(f"embedserve: warning: {warning}", err=True)

@@ -219,7 +219,7 @@ def _local_socket_path(port: int) -> Path:
     return path
 
 
-def _exit_soon(code: int, seconds: float) -> None:
+def exit_soon(code: int, seconds: float) -> None:
     """End the process in `seconds` from a thread, whatever the event loop is doing."""
     timer = threading.Timer(seconds, os._exit, (code,))
     timer.daemon = True
@@ -310,7 +310,7 @@ async def serve(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
 
     def on_fatal(reason: str) -> None:  # from the engine, results or watchdog thread
-        _exit_soon(FATAL_EXIT_CODE, FATAL_LINGER_SECONDS + FATAL_EXIT_BACKSTOP_SECONDS)
+        exit_soon(FATAL_EXIT_CODE, FATAL_LINGER_SECONDS + FATAL_EXIT_BACKSTOP_SECONDS)
         loop.call_soon_threadsafe(stop.set)
 
     guard = EngineGuard(

@@ -8,12 +8,15 @@ call goes into Tulip's lane its request's (`EmbedRequest.lane`, `core.lanes`).
 
 `packed_step(engine)` is what Tulip calls: the packed batch's arrays in, built in Rust
 (`tulip::BatchArrays`), the engine's handle out, not waited on; `sparse_step(seam)` the same
-arrays in, a sparse model's vectors out (TEI's `/embed_sparse` answered by Ivy).
+arrays in, a sparse model's vectors out (TEI's `/embed_sparse` answered by Ivy). `watched`
+puts each under the server's engine guard (`server.guard`): failures in a row, an error the
+device cannot recover from, or a step stuck past its timeout end the process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -52,6 +55,54 @@ def packed_step(engine: Any) -> Any:
     return step
 
 
+# a key per batch on the engine, for the guard's watchdog (`EngineGuard.begin`)
+_KEYS = itertools.count()
+
+
+def watched(guard: Any, call: Any) -> Any:
+    """`call` (a step, a sparse step, a batch's work) with each call on the engine, under
+    `guard`, from its start until it returns, or, when it returns a handle (a step's), until the
+    handle's `wait()` does; a failure counted (a ValueError, the client's, is not), a success
+    resetting the count."""
+
+    def run(*args: Any) -> Any:
+        key = next(_KEYS)
+        guard.begin(key, time.perf_counter())
+        try:
+            out = call(*args)
+        except BaseException as e:
+            guard.end(key)
+            guard.failed(e)
+            raise
+        if hasattr(out, "wait"):
+            return _Waited(out, guard, key)
+        guard.end(key)
+        guard.succeeded()
+        return out
+
+    return run
+
+
+class _Waited:
+    """A step's handle whose `wait()` ends its batch's time on the engine for the guard."""
+
+    __slots__ = ("guard", "handle", "key")
+
+    def __init__(self, handle: Any, guard: Any, key: int) -> None:
+        self.handle, self.guard, self.key = handle, guard, key
+
+    def wait(self) -> Any:
+        try:
+            rows = self.handle.wait()
+        except BaseException as e:
+            self.guard.end(self.key)
+            self.guard.failed(e)
+            raise
+        self.guard.end(self.key)
+        self.guard.succeeded()
+        return rows
+
+
 def sparse_step(seam: Any) -> Any:
     """`sparse(*arrays) -> (offsets, indices, values)` as Tulip calls it for Ivy's sparse
     requests: the engine's sparse outputs of the batch as a document's (TEI's `/embed_sparse`:
@@ -83,6 +134,7 @@ class TulipCalls:
         self.gateway: Any = None
         self.seam: Any = None
         self.multivector_limit: Any = None
+        self.launch: Any = None  # `service.launch` under the engine guard (`watched`), once built
 
     async def embed(self, request: Any, timeout: float | None = None) -> Any:
         from embedserve.server.service import checked
@@ -145,12 +197,12 @@ class TulipCalls:
 
     def _work(self, pending: Any) -> Any:
         """What the engine thread runs for a batch of its own: launched, waited on, answered."""
-        from embedserve.server.service import answers_of, launch, stamp_timings
+        from embedserve.server.service import answers_of, stamp_timings
 
         def work() -> None:
             pending.taken = time.perf_counter()
             try:
-                answers = answers_of(launch(self.seam, [pending]).wait(), [pending])
+                answers = answers_of(self.launch(self.seam, [pending]).wait(), [pending])
             except Exception as e:  # said to this request's client; the queue goes on
                 self._settle(pending, None, repr(e))
                 return

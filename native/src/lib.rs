@@ -422,6 +422,12 @@ impl Gateway {
         self.front.draining.store(true, Ordering::Relaxed);
     }
 
+    /// Tokens queued on Tulip, not yet in a batch (the engine's metrics).
+    #[getter]
+    fn queued_tokens(&self) -> usize {
+        self.front.tulip.queued_tokens()
+    }
+
     /// Requests read and not yet answered.
     #[getter]
     fn in_flight(&self) -> usize {

@@ -45,6 +45,7 @@ class Gateway:
 
     port: int
     batch_tokens: int
+    queued_tokens: int
     in_flight: int
     def __init__(
         self,

@@ -26,6 +26,7 @@ def test_the_defaults_pass_on_a_machine_of_many_cores_and_gpus(
     _check("--device", "cpu")
     _check("--device", "cpu", "--workers", "1", "--replicas", "1")
     _check("--step-timeout", "5", "--max-failed-steps", "2")  # the engine guard's: honoured
+    _check("--metrics-port", "9100")  # the engine's metrics, as a server serves them
 
 
 @pytest.mark.parametrize(
@@ -44,7 +45,6 @@ def test_flags_the_user_gave_are_refused(flags: list[str], message: str) -> None
 @pytest.mark.parametrize(
     "flags",
     [
-        ["--metrics-port", "9100"],
         ["--batch-wait-ms", "1"],
         ["--otlp-endpoint", "http://127.0.0.1:4318"],
     ],

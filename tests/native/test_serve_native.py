@@ -14,6 +14,7 @@ import re
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -171,6 +172,33 @@ def test_metrics_count_the_native_answers(port: int, route: str, body: str) -> N
     for _ in range(3):
         assert post(port, {body: "counted"}, route)[0] == 200
     assert embeddings_count() - before >= 3
+
+
+def scrape(port: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return text
+
+
+def test_the_engines_metrics_are_scraped_natively_too() -> None:
+    """The engine's and its queue's metrics (`server.metrics`), which `serve` serves on a
+    server's `--metrics-port`: on the one port's `/metrics`, and on `--metrics-port` when given."""
+    proc, live = serve_native("--metrics-port", "0")
+    try:
+        assert post(live, {"input": "counted"})[0] == 200
+        found = [re.search(r"engine's metrics on (http://\S+)", line) for line in proc.lines]
+        [own] = [m.group(1) for m in found if m]
+        with urllib.request.urlopen(own, timeout=30) as reply:
+            texts = [scrape(live), reply.read().decode()]
+        for text in texts:
+            batches = re.search(r"^embedserve_server_batches_total (\S+)", text, re.M)
+            assert batches and float(batches.group(1)) >= 1
+            assert re.search(r"^embedserve_server_queued_tokens \S+", text, re.M)
+            assert re.search(r'^embedserve_engine_info\{.*device="cpu".*\} 1', text, re.M)
+    finally:
+        proc.stop()
 
 
 def test_a_large_request_is_cut_into_parts_and_answered_in_order(embedder: Embedder) -> None:

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from embedserve.engine.stats import EngineStats
-from embedserve.server.metrics import ENGINE_COUNTERS, start_metrics_server
+from embedserve.server.metrics import ENGINE_COUNTERS, ServerCollector, start_metrics_server
 from embedserve.server.stages import StageTimes
 
 
@@ -39,7 +39,7 @@ def test_engine_counters_and_queue_are_scraped() -> None:
     service = SimpleNamespace(
         num_batches=49, scheduler=SimpleNamespace(num_queued_tokens=128), stage_times=stages
     )
-    port = start_metrics_server("127.0.0.1", 0, engine, service)
+    port = start_metrics_server("127.0.0.1", 0, ServerCollector.of(engine, service))
     got = scrape(port)
     assert got["embedserve_engine_graph_captures_total"] == 3
     assert got["embedserve_engine_graph_replays_total"] == 41
@@ -115,7 +115,7 @@ def test_engine_dtype_is_an_info_metric() -> None:
     service = SimpleNamespace(
         num_batches=0, scheduler=SimpleNamespace(num_queued_tokens=0), stage_times=StageTimes()
     )
-    port = start_metrics_server("127.0.0.1", 0, engine, service)
+    port = start_metrics_server("127.0.0.1", 0, ServerCollector.of(engine, service))
     info = [s for f in families(port) for s in f.samples if s.name == "embedserve_engine_info"]
     labels = {"device": "cpu", "dtype": "bfloat16", "cpu_path": "packed"}
     assert [(s.labels, s.value) for s in info] == [(labels, 1.0)]

@@ -347,6 +347,11 @@ impl Tulip {
     }
 
     /// Queues `packed` for `reply`; false when the queue is full or the engine thread has gone.
+    /// Tokens queued and not yet taken into a batch.
+    pub fn queued_tokens(&self) -> usize {
+        self.queued_tokens.load(Ordering::Relaxed)
+    }
+
     pub fn queue(&self, packed: Packed, reply: Reply, bulk: bool) -> bool {
         let tokens = packed.num_tokens();
         self.queue_tokens(packed, reply, tokens, bulk)

@@ -56,9 +56,9 @@ def ivy_threads(cores: int | None) -> int:
 
 
 # Flags of a server's or the gateway's that this process does not honour yet: given, each is
-# refused before anything loads, not silently dropped (the server's own metrics port, the batch
-# wait Tulip does not keep, tracing)
-NOT_HONOURED = ("metrics_port", "batch_wait_ms", "otlp_endpoint")
+# refused before anything loads, not silently dropped (the batch wait Tulip does not keep,
+# tracing)
+NOT_HONOURED = ("batch_wait_ms", "otlp_endpoint")
 
 
 def check_native(servers: list[ServerConfig], gateway: GatewayConfig, replicas: int) -> None:
@@ -92,10 +92,8 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     the engine loads (`load_model`'s)."""
     from embedserve.gateway.auth import KeyRing
     from embedserve.gateway.main import build_app, log_requests_to_stderr
-    from embedserve.gateway.native_front import Lifespan, PythonFront
-    from embedserve.gateway.sockets import reserve_port
-    from embedserve.gateway.tei_grpc import TeiGrpc
-    from embedserve.server.tulip_calls import TulipCalls
+    from embedserve.gateway.native_front import PythonFront
+    from embedserve.server.tulip_calls import TulipCalls, Watch
 
     inputs, answered = _served_model(gateway)
     if gateway.log_requests:
@@ -106,10 +104,12 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     IN_PROCESS[IN_PROCESS_ADDRESS] = (calls.embed, calls.check)
     keys = KeyRing(gateway.api_keys, gateway.api_key_file)
     front = PythonFront(loop, gateway.host, gateway.port)
-    guard = EngineGuard(
-        _give_up, max_failures=server.max_failed_steps, step_timeout=server.step_timeout
+    watch = Watch(
+        EngineGuard(
+            _give_up, max_failures=server.max_failed_steps, step_timeout=server.step_timeout
+        )
     )
-    native = _native_gateway(server, gateway, inputs, answered, front, sorted(keys()), calls, guard)
+    native = _native_gateway(server, gateway, inputs, answered, front, sorted(keys()), calls, watch)
     calls.gateway = native
     config = dataclasses.replace(
         gateway,
@@ -120,18 +120,9 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     )
     app = build_app(config, keys)
     app.metrics.native_counts = native.take_counts
-    # TEI's gRPC API, from the Python front's loop (a port in use fails here, before serving)
-    held = reserve_port(gateway.host, gateway.tei_grpc_port)
-    grpc_address = None
-    if held is not None:
-        grpc = TeiGrpc(app, gateway.host, held.getsockname()[1])
-        app.services.append(grpc)
-        grpc_address = grpc.address
+    _engine_metrics(server, app, calls.seam, watch, native)
     front.app = app
-    lifespan = Lifespan(app, loop)
-    lifespan.startup()
-    if held is not None:
-        held.close()
+    lifespan, grpc_address = _started(app, loop, gateway)
     _on_signals(native, app, loop, keys, config.drain_seconds)
     url = f"http://{gateway.host}:{native.port}"
     say(
@@ -145,12 +136,46 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     write_ready({"url": url, **({"tei_grpc": grpc_address} if grpc_address else {})})
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while draining
         native.serve()
-    if guard.fatal is not None:  # the engine's threads are not waited for
+    if watch.guard.fatal is not None:  # the engine's threads are not waited for
         return FATAL_EXIT_CODE
-    guard.stop()
+    watch.guard.stop()
     lifespan.shutdown()
     loop.call_soon_threadsafe(loop.stop)
     return 0
+
+
+def _started(app: Any, loop: asyncio.AbstractEventLoop, gateway: GatewayConfig) -> Any:
+    """The Python front's app started on `loop` (its pipelines and services), TEI's gRPC API
+    among them when asked (a port in use fails here, before serving): (its lifespan, the gRPC
+    address or None)."""
+    from embedserve.gateway.native_front import Lifespan
+    from embedserve.gateway.sockets import reserve_port
+    from embedserve.gateway.tei_grpc import TeiGrpc
+
+    held = reserve_port(gateway.host, gateway.tei_grpc_port)  # port 0: one real port
+    address = None
+    if held is not None:
+        grpc = TeiGrpc(app, gateway.host, held.getsockname()[1])
+        app.services.append(grpc)
+        address = grpc.address
+    lifespan = Lifespan(app, loop)
+    lifespan.startup()
+    if held is not None:
+        held.close()  # the gRPC server listens there now (both set SO_REUSEPORT)
+    return lifespan, address
+
+
+def _engine_metrics(server: ServerConfig, app: Any, seam: Any, watch: Any, native: Any) -> None:
+    """The engine's metrics and its queue's (`server.metrics`: Tulip's batches and queued
+    tokens) on the one port's `/metrics`, and on `--metrics-port` too when given (where a
+    server process serves them)."""
+    from embedserve.server.metrics import ServerCollector, start_metrics_server
+
+    collector = ServerCollector(seam, lambda: watch.num_batches, lambda: native.queued_tokens)
+    app.metrics.registry.register(collector)
+    if server.metrics_port is not None:
+        port = start_metrics_server(server.host, server.metrics_port, collector)
+        say(f"embedserve: the engine's metrics on http://{server.host}:{port}/metrics")
 
 
 def _give_up(reason: str) -> None:
@@ -221,20 +246,20 @@ def own_max_tokens(entry: Any) -> int:
     return int(entry.limits["max_tokens_per_request"] or MAX_TOKENS_PER_REQUEST)
 
 
-def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str, guard: Any) -> Any:
+def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str, watch: Any) -> Any:
     """`build()` as Tulip's engine thread calls it first (the thread that then runs every
-    step): the engine built, `calls` given its record, the ready line said, `guard` started;
-    its `step`, batch tokens and, for Ivy's `/embed_sparse`, its sparse outputs, each watched
-    by `guard`."""
+    step): the engine built, `calls` given its record, the ready line said, the engine guard
+    started; its `step`, batch tokens and, for Ivy's `/embed_sparse`, its sparse outputs, each
+    under `watch`."""
     from embedserve.server import main as server_main
     from embedserve.server.output_requests import MultivectorLimit
     from embedserve.server.service import launch
-    from embedserve.server.tulip_calls import packed_step, sparse_step, watched
+    from embedserve.server.tulip_calls import packed_step, sparse_step
 
     def build() -> tuple[Any, int, Any]:
         engine, measured = server_main._build_engine(server)
         calls.seam = engine.seam()  # its `retrieval` is the spec (the engine's, the heads)
-        calls.launch = watched(guard, launch)
+        calls.launch = watch(launch)
         calls.multivector_limit = MultivectorLimit.of(
             calls.seam.retrieval, server.max_multivector_values
         )
@@ -244,24 +269,27 @@ def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str, guard: A
             f"embedserve server: ready in this process (serving {name}: {calls.seam.serving}, "
             f"batch tokens {budget})"
         )
-        guard.start()
-        step = watched(guard, packed_step(engine))
-        return step, budget, watched(guard, sparse_step(calls.seam)) if sparse else None
+        watch.guard.start()
+        return (
+            watch(packed_step(engine)),
+            budget,
+            watch(sparse_step(calls.seam)) if sparse else None,
+        )
 
     return build
 
 
 def _native_gateway(
     server: ServerConfig, gateway: GatewayConfig, inputs: Any, answered: Answered, front: Any,
-    keys: list[bytes], calls: Any, guard: Any,
+    keys: list[bytes], calls: Any, watch: Any,
 ) -> Any:  # fmt: skip
     """Ivy and Tulip, bound to the port; Tulip's engine thread builds the engine first (and
-    gives `calls` its record), each batch under `guard`."""
+    gives `calls` its record), each batch under `watch`."""
     from embedserve._native import Gateway
     from embedserve.core.bounds import max_chars
 
     entry = gateway.entries[0]
-    build = _builder(server, calls, answered.sparse, entry.names[0], guard)
+    build = _builder(server, calls, answered.sparse, entry.names[0], watch)
     connections, warning = fit_to_fd_limit(gateway.max_connections)
     if warning is not None:
         say(f"embedserve: warning: {warning}", err=True)

@@ -325,9 +325,10 @@ async def serve(config: ServerConfig) -> int:
     local_path = _local_socket_path(port)
     local = await serve_local(local_path, service.answer)
     if config.metrics_port is not None:
-        from embedserve.server.metrics import start_metrics_server
+        from embedserve.server.metrics import ServerCollector, start_metrics_server
 
-        metrics_port = start_metrics_server(config.host, config.metrics_port, seam, service)
+        collector = ServerCollector.of(seam, service)
+        metrics_port = start_metrics_server(config.host, config.metrics_port, collector)
         say(
             f"embedserve server: metrics on http://{config.host}:{metrics_port}/metrics",
         )

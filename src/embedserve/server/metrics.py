@@ -7,7 +7,7 @@ served on their own HTTP port (`--metrics-port`), since the gRPC port speaks onl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -48,9 +48,29 @@ ENGINE_COUNTERS = (
 
 
 class ServerCollector:
-    def __init__(self, engine: Any, service: Any) -> None:
+    """The engine's metrics and its queue's: `batches()` launched on it, `queued_tokens()`
+    waiting, and the time per stage (`stage_times`; None for a queue that keeps none: Tulip's,
+    under `serve --native`)."""
+
+    def __init__(
+        self,
+        engine: Any,
+        batches: Callable[[], int],
+        queued_tokens: Callable[[], int],
+        stage_times: Any | None = None,
+    ) -> None:
         self.engine = engine
-        self.service = service
+        self.batches, self.queued_tokens, self.stage_times = batches, queued_tokens, stage_times
+
+    @classmethod
+    def of(cls, engine: Any, service: Any) -> ServerCollector:
+        """A server's: its service's batches, queue and stage times."""
+        return cls(
+            engine,
+            lambda: service.num_batches,
+            lambda: service.scheduler.num_queued_tokens,
+            service.stage_times,
+        )
 
     def collect(self) -> Iterator[Metric]:
         dtype = getattr(self.engine, "dtype_name", None)
@@ -71,13 +91,15 @@ class ServerCollector:
         yield CounterMetricFamily(
             "embedserve_server_batches",
             "Batches launched on the engine",
-            value=self.service.num_batches,
+            value=self.batches(),
         )
         yield GaugeMetricFamily(
             "embedserve_server_queued_tokens",
             "Tokens waiting in the queue",
-            value=self.service.scheduler.num_queued_tokens,
+            value=self.queued_tokens(),
         )
+        if self.stage_times is None:
+            return
         stages = HistogramMetricFamily(
             "embedserve_server_stage_seconds",
             "Seconds per stage of the request path: queue (per request); launch, device, "
@@ -85,14 +107,15 @@ class ServerCollector:
             labels=["stage"],
         )
         bounds = [*(repr(b) for b in BUCKETS), "+Inf"]
-        for stage, (cumulative, total) in self.service.stage_times.snapshot().items():
+        for stage, (cumulative, total) in self.stage_times.snapshot().items():
             stages.add_metric([stage], list(zip(bounds, cumulative, strict=True)), total)
         yield stages
 
 
-def start_metrics_server(host: str, port: int, engine: Any, service: Any) -> int:
-    """Serve `/metrics` on `host:port` (0: any free port) in a daemon thread; the port used."""
+def start_metrics_server(host: str, port: int, collector: ServerCollector) -> int:
+    """Serve `collector`'s `/metrics` on `host:port` (0: any free port) in a daemon thread; the
+    port used."""
     registry = CollectorRegistry()
-    registry.register(ServerCollector(engine, service))
+    registry.register(collector)
     server, _ = start_http_server(port, addr=host, registry=registry)
     return int(server.server_port)

@@ -8,9 +8,9 @@ call goes into Tulip's lane its request's (`EmbedRequest.lane`, `core.lanes`).
 
 `packed_step(engine)` is what Tulip calls: the packed batch's arrays in, built in Rust
 (`tulip::BatchArrays`), the engine's handle out, not waited on; `sparse_step(seam)` the same
-arrays in, a sparse model's vectors out (TEI's `/embed_sparse` answered by Ivy). `watched`
-puts each under the server's engine guard (`server.guard`): failures in a row, an error the
-device cannot recover from, or a step stuck past its timeout end the process.
+arrays in, a sparse model's vectors out (TEI's `/embed_sparse` answered by Ivy). `Watch` puts
+each under the server's engine guard (`server.guard`: failures in a row, an error the device
+cannot recover from, or a step stuck past its timeout end the process) and counts them.
 """
 
 from __future__ import annotations
@@ -59,28 +59,38 @@ def packed_step(engine: Any) -> Any:
 _KEYS = itertools.count()
 
 
-def watched(guard: Any, call: Any) -> Any:
-    """`call` (a step, a sparse step, a batch's work) with each call on the engine, under
-    `guard`, from its start until it returns, or, when it returns a handle (a step's), until the
-    handle's `wait()` does; a failure counted (a ValueError, the client's, is not), a success
-    resetting the count."""
+class Watch:
+    """The engine's calls under the server's engine guard, counted (`num_batches`: the batches
+    launched, as a server's metrics count them)."""
 
-    def run(*args: Any) -> Any:
-        key = next(_KEYS)
-        guard.begin(key, time.perf_counter())
-        try:
-            out = call(*args)
-        except BaseException as e:
+    def __init__(self, guard: Any) -> None:
+        self.guard = guard
+        self.num_batches = 0
+
+    def __call__(self, call: Any) -> Any:
+        """`call` (a step, a sparse step, a batch's work) with each call on the engine, under the
+        guard, from its start until it returns, or, when it returns a handle (a step's), until
+        the handle's `wait()` does; a failure counted (a ValueError, the client's, is not), a
+        success resetting the count."""
+        guard = self.guard
+
+        def run(*args: Any) -> Any:
+            self.num_batches += 1  # the engine thread's alone: no lock
+            key = next(_KEYS)
+            guard.begin(key, time.perf_counter())
+            try:
+                out = call(*args)
+            except BaseException as e:
+                guard.end(key)
+                guard.failed(e)
+                raise
+            if hasattr(out, "wait"):
+                return _Waited(out, guard, key)
             guard.end(key)
-            guard.failed(e)
-            raise
-        if hasattr(out, "wait"):
-            return _Waited(out, guard, key)
-        guard.end(key)
-        guard.succeeded()
-        return out
+            guard.succeeded()
+            return out
 
-    return run
+        return run
 
 
 class _Waited:
@@ -134,7 +144,7 @@ class TulipCalls:
         self.gateway: Any = None
         self.seam: Any = None
         self.multivector_limit: Any = None
-        self.launch: Any = None  # `service.launch` under the engine guard (`watched`), once built
+        self.launch: Any = None  # `service.launch` under the engine guard (`Watch`), once built
 
     async def embed(self, request: Any, timeout: float | None = None) -> Any:
         from embedserve.server.service import checked

@@ -238,10 +238,9 @@ impl Gateway {
     #[pyo3(signature = (
         tokenizer_json, build, front, *, names, max_length, fast, normalize, sparse, max_body_bytes,
         max_inputs, max_tokens, max_chars, window_chars, part_tokens, parts_in_flight, body_timeout,
-        header_timeout,
-        max_header_bytes, max_headers, max_connections, hosts, keys, latency_buckets,
-        max_queued_tokens, host = "127.0.0.1", port = 0, threads = 1, lanes = None,
-        reranker = None,
+        header_timeout, max_header_bytes, max_headers, max_connections, hosts, keys,
+        latency_buckets, max_queued_tokens, host = "127.0.0.1", port = 0, threads = 1,
+        lanes = None, reranker = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(

@@ -237,10 +237,10 @@ impl Gateway {
     #[new]
     #[pyo3(signature = (
         tokenizer_json, build, front, *, names, max_length, fast, normalize, sparse, max_body_bytes,
-        max_inputs, max_tokens, max_chars, window_chars, part_tokens, parts_in_flight, body_timeout,
-        header_timeout, max_header_bytes, max_headers, max_connections, hosts, keys,
-        latency_buckets, max_queued_tokens, host = "127.0.0.1", port = 0, threads = 1,
-        lanes = None, reranker = None,
+        max_inputs, max_tokens, max_chars, window_chars, part_tokens, parts_in_flight,
+        request_timeout, body_timeout, header_timeout, max_header_bytes, max_headers,
+        max_connections, hosts, keys, latency_buckets, max_queued_tokens, batch_wait_requests,
+        host = "127.0.0.1", port = 0, threads = 1, lanes = None, reranker = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -260,6 +260,7 @@ impl Gateway {
         window_chars: usize,
         part_tokens: usize,
         parts_in_flight: usize,
+        request_timeout: f64,
         body_timeout: f64,
         header_timeout: f64,
         max_header_bytes: usize,
@@ -269,6 +270,7 @@ impl Gateway {
         keys: Vec<Vec<u8>>,
         latency_buckets: Vec<f64>,
         max_queued_tokens: usize,
+        batch_wait_requests: usize,
         host: &str,
         port: u16,
         threads: usize,
@@ -321,7 +323,14 @@ impl Gateway {
             _ => Lanes::OFF,
         };
         let delivery = Delivery(Some(runtime.handle().clone()));
-        let tulip = Tulip::start(py, build, max_queued_tokens, lanes, delivery)?;
+        let tulip = Tulip::start(
+            py,
+            build,
+            max_queued_tokens,
+            lanes,
+            batch_wait_requests,
+            delivery,
+        )?;
         let bounds = Bounds {
             max_body_bytes,
             max_inputs,
@@ -335,6 +344,7 @@ impl Gateway {
                 part_tokens
             },
             parts_in_flight,
+            request_timeout: seconds(request_timeout),
             body_timeout: seconds(body_timeout),
             header_timeout: seconds(header_timeout),
             max_header_bytes,

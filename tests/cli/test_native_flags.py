@@ -10,6 +10,7 @@ from embedserve.cli import launch
 from embedserve.cli.launch import ServeConfig, serve_configs
 from embedserve.cli.main import build_parser
 from embedserve.cli.native import batch_budget, check_native
+from embedserve.server.main import batch_wait_seconds
 
 
 def _check(*flags: str) -> None:
@@ -42,16 +43,23 @@ def test_flags_the_user_gave_are_refused(flags: list[str], message: str) -> None
         _check("--device", "cpu", *flags)
 
 
-@pytest.mark.parametrize(
-    "flags",
-    [
-        ["--batch-wait-ms", "1"],
-        ["--otlp-endpoint", "http://127.0.0.1:4318"],
-    ],
-)
+@pytest.mark.parametrize("flags", [["--otlp-endpoint", "http://127.0.0.1:4318"]])
 def test_flags_it_does_not_honour_are_refused_not_dropped(flags: list[str]) -> None:
     with pytest.raises(ValueError, match=f"--native does not honour {flags[0]} yet"):
         _check("--device", "cpu", *flags)
+
+
+def test_the_batch_wait_is_the_servers_rule() -> None:
+    """`--batch-wait-ms` is honoured (Tulip's `BatchWait`), with the server's default: 3 ms on
+    the CPU, none on a GPU."""
+    _check("--device", "cpu", "--batch-wait-ms", "1")  # not refused
+    args = build_parser().parse_args(["serve", "--native", "--batch-wait-ms", "1.5"])
+    server = serve_configs(args)[0][0]
+    assert batch_wait_seconds(server, on_cpu=True) == batch_wait_seconds(server, on_cpu=False)
+    assert batch_wait_seconds(server, on_cpu=True) == pytest.approx(0.0015)
+    default = serve_configs(build_parser().parse_args(["serve", "--native"]))[0][0]
+    assert batch_wait_seconds(default, on_cpu=True) == pytest.approx(0.003)
+    assert batch_wait_seconds(default, on_cpu=False) == 0.0
 
 
 def test_the_batch_budget_is_the_flags_when_given() -> None:

@@ -268,6 +268,36 @@ def test_an_engine_failing_every_batch_ends_the_process(
         proc.stop()
 
 
+def test_a_request_past_the_request_timeout_is_a_503_and_its_parts_are_dropped() -> None:
+    """`--request-timeout` bounds Ivy's own requests: a part not answered within it ends the
+    request with `serve`'s 503 for a call past its deadline (the Python front answers it without
+    running it again), in TEI's shape on TEI's routes, and its parts not yet taken into a batch
+    are dropped from Tulip's queue (a request of 5 parts or more runs 3 batches at most)."""
+    proc = Proc(
+        "serve", "--native", "--port", "0", "--device", "cpu", "--dtype", "float32",
+        "--max-batch-tokens", "2048", "--request-timeout", "0.001",
+    )  # fmt: skip
+    try:
+        late = int(proc.wait_for(READY).group(1))
+        texts = [f"passage {i} " + "about the weather and the sea " * 8 for i in range(220)]
+        status, answer, headers = post(late, {"input": texts})
+        assert status == 503, answer
+        assert answer["error"]["code"] == "unavailable"
+        assert "DEADLINE_EXCEEDED" in answer["error"]["message"]
+        assert headers["x-request-id"]
+        status, answer, _ = post(late, {"inputs": "a"}, path="/embed")
+        assert status == 503 and answer["error_type"] == "unhealthy"
+        time.sleep(1.0)  # the batches taken before the deadline end
+        batches = re.search(r"^embedserve_server_batches_total (\S+)", scrape(late), re.M)
+        assert batches and float(batches.group(1)) <= 3 + 1, batches
+        conn = http.client.HTTPConnection("127.0.0.1", late, timeout=30)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200  # still serving
+        conn.close()
+    finally:
+        proc.stop()
+
+
 def test_keys_and_hosts_are_checked_before_the_work(tmp_path: Path) -> None:
     proc, guarded = serve_native("--api-key", "sekret", "--allowed-host", "127.0.0.1")
     try:

@@ -5,7 +5,9 @@
 //! message is written once, in Python, and the native path only decides that a request is one
 //! it may answer.
 //!
-//! The Python side is a callable `front(method, target, headers, reply) -> sink`: the body
+//! The Python side is a callable `front(method, target, headers, reply, expired) -> sink`
+//! (`expired`: the request's deadline passed while Ivy waited on its answer, so the front's
+//! calls have no time left and it answers that error without running it again): the body
 //! follows as `sink.feed(chunk, more)` calls while it arrives (the app's own size and time bounds
 //! read it), `sink.gone()` says the client left before its answer, and the app answers once
 //! through `reply.send(status, headers, body)`.
@@ -85,13 +87,15 @@ impl Drop for Sink {
     }
 }
 
-/// Hands the request (`parts`, the body's first bytes already read, then what is left of it)
-/// to the Python `front` and waits for its answer; an error when the front could not take it.
+/// Hands the request (`parts`, the body's first bytes already read, then what is left of it,
+/// whether its deadline passed here) to the Python `front` and waits for its answer; an error
+/// when the front could not take it.
 pub async fn hand_over(
     front: &Py<PyAny>,
     parts: &Parts,
     read: Bytes,
     rest: Option<Incoming>,
+    expired: bool,
 ) -> Result<Answered, String> {
     let (sender, mut answered) = oneshot::channel();
     let reply = Reply {
@@ -109,7 +113,7 @@ pub async fn hand_over(
                 )
             })
             .collect();
-        front.call1(py, (parts.method.as_str(), target, headers, reply))
+        front.call1(py, (parts.method.as_str(), target, headers, reply, expired))
     })
     .map_err(|e| e.to_string())?;
     let mut sink = Sink {

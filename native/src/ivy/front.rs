@@ -33,6 +33,8 @@ pub struct Bounds {
     pub part_tokens: usize,
     /// a request's parts queued at once (`gateway/pipeline.PARTS_IN_FLIGHT`)
     pub parts_in_flight: usize,
+    /// for a part's answer, from its submission (`--request-timeout`)
+    pub request_timeout: Duration,
     /// for a body to arrive after its headers
     pub body_timeout: Duration,
     /// for a connection's request headers to arrive

@@ -22,7 +22,7 @@ use tokio::sync::{watch, Semaphore};
 
 use super::fallback::{hand_over, Answered};
 use super::front::{Bounds, Front};
-use super::routes::{Body, Here};
+use super::routes::{Body, Here, Unanswered};
 
 struct Counted<'a>(&'a AtomicUsize);
 
@@ -54,14 +54,17 @@ async fn route(
             .read()
             .is_ok_and(|a| a.admits(&parts.headers));
     let (true, Some(route)) = (open, route) else {
-        return Ok(handed(&front, &parts, Bytes::new(), Some(body)).await);
+        return Ok(handed(&front, &parts, Bytes::new(), Some(body), false).await);
     };
     match read_whole(&front.bounds, &parts, body).await {
         Ok(bytes) => match route.answer(&front, &parts, &bytes, start).await {
-            Some(reply) => Ok(reply),
-            None => Ok(handed(&front, &parts, bytes, None).await),
+            Ok(reply) => Ok(reply),
+            Err(why) => {
+                let expired = why == Unanswered::Expired;
+                Ok(handed(&front, &parts, bytes, None, expired).await)
+            }
         },
-        Err((read, rest)) => Ok(handed(&front, &parts, read, rest).await),
+        Err((read, rest)) => Ok(handed(&front, &parts, read, rest, false).await),
     }
 }
 
@@ -96,14 +99,15 @@ async fn read_whole(
     }
 }
 
-/// The Python front's answer to the request.
+/// The Python front's answer to the request (`expired`: its deadline passed here).
 async fn handed(
     front: &Front,
     parts: &Parts,
     read: Bytes,
     rest: Option<Incoming>,
+    expired: bool,
 ) -> Response<Body> {
-    match hand_over(&front.python, parts, read, rest).await {
+    match hand_over(&front.python, parts, read, rest, expired).await {
         Ok(Answered {
             status,
             headers,

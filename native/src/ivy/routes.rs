@@ -1,8 +1,8 @@
 //! The routes answered natively: the plain bodies of the embedding routes (`api`), TEI's
 //! `/embed_sparse` for a sparse model, and a cross-encoder's scoring routes (`scoring`), each
-//! tokenized, queued on Tulip and written here. Each handler answers or gives None, and the
-//! request goes to the Python front (another shape, a refusal, a full queue, a failed batch:
-//! each rule and message is written there).
+//! tokenized, queued on Tulip and written here. Each handler answers or gives `Unanswered`, and
+//! the request goes to the Python front (another shape, a refusal, a full queue, a failed batch,
+//! a part not answered within `--request-timeout`: each rule and message is written there).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,6 +21,21 @@ use super::scoring::{self, blank, Scoring};
 use crate::tulip::{Packed, Rows, SparseRows};
 
 pub type Body = Full<Bytes>;
+
+/// Why a route did not answer a request: the Python front answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unanswered {
+    /// another shape, a refusal, a full queue, a failed batch: it runs the request
+    HandOver,
+    /// a part's answer did not come within `--request-timeout` of its submission: it answers
+    /// as for its own call past that deadline, without running the request again
+    Expired,
+}
+
+use Unanswered::HandOver;
+
+/// A route's answer, or why there is none.
+pub type Answer = Result<Response<Body>, Unanswered>;
 
 /// Every route answered here, in the order of `Front::stats`: the embedding routes, the
 /// scoring ones, then `/embed_sparse`.
@@ -66,14 +81,8 @@ impl Here {
         }
     }
 
-    /// The answer to a request to this route, or None: the Python front answers it.
-    pub async fn answer(
-        self,
-        front: &Front,
-        parts: &Parts,
-        body: &[u8],
-        start: Instant,
-    ) -> Option<Response<Body>> {
+    /// The answer to a request to this route, or why the Python front answers it.
+    pub async fn answer(self, front: &Front, parts: &Parts, body: &[u8], start: Instant) -> Answer {
         match self {
             Here::Embed(i) => embeddings(front, i, parts, body, start).await,
             Here::Score(i) => scores(front, i, parts, body, start).await,
@@ -82,22 +91,22 @@ impl Here {
     }
 }
 
-/// A plain embeddings request to `ROUTES[route]` answered here, or None: the Python front
-/// answers it (another shape, a refusal, a full queue, a failed batch: each rule and message
-/// is written there).
+/// A plain embeddings request to `ROUTES[route]` answered here, or why the Python front answers
+/// it (another shape, a refusal, a full queue, a failed batch: each rule and message is written
+/// there).
 async fn embeddings(
     front: &Front,
     route: usize,
     parts: &Parts,
     body: &[u8],
     start: Instant,
-) -> Option<Response<Body>> {
-    let parsed = Plain::parse(route, body).ok()?;
+) -> Answer {
+    let parsed = Plain::parse(route, body).map_err(|_| HandOver)?;
     if !front.serves(parsed.model()) {
-        return None;
+        return Err(HandOver);
     }
     let texts = parsed.texts();
-    let packed = packed_texts(front, texts)?;
+    let packed = packed_texts(front, texts).ok_or(HandOver)?;
     let tokens = packed.num_tokens();
     let tokenized = start.elapsed();
     // its lane, by its size: every part of a bulk request is bulk
@@ -114,7 +123,7 @@ async fn embeddings(
         tokens,
         texts.len(),
     );
-    Some(reply(front, Here::Embed(route), parts, payload, done))
+    Ok(reply(front, Here::Embed(route), parts, payload, done))
 }
 
 /// Texts sent with no options, tokenized and packed, if this front may answer them: within the
@@ -143,20 +152,15 @@ fn packed_texts(front: &Front, texts: &[String]) -> Option<Packed> {
     (packed.num_tokens() <= front.bounds.max_tokens && !no_own_token).then_some(packed)
 }
 
-/// TEI's plain `/embed_sparse` answered here, or None (as `embeddings`): each part of the
+/// TEI's plain `/embed_sparse` answered here, or why not (as `embeddings`): each part of the
 /// request run alone through the engine's sparse outputs, in order.
-async fn sparse(
-    front: &Front,
-    parts: &Parts,
-    body: &[u8],
-    start: Instant,
-) -> Option<Response<Body>> {
-    let parsed: TeiSparseRequest = api::parse(body).ok()?;
+async fn sparse(front: &Front, parts: &Parts, body: &[u8], start: Instant) -> Answer {
+    let parsed: TeiSparseRequest = api::parse(body).map_err(|_| HandOver)?;
     if !front.serves(parsed.model.as_deref()) {
-        return None;
+        return Err(HandOver);
     }
     let texts = parsed.inputs.texts();
-    let packed = packed_texts(front, texts)?;
+    let packed = packed_texts(front, texts).ok_or(HandOver)?;
     let tokens = packed.num_tokens();
     let tokenized = start.elapsed();
     let bulk = front.tulip.lanes.is_bulk(packed.num_seqs(), tokens);
@@ -176,9 +180,9 @@ async fn sparse(
     })
     .await?;
     if all.offsets.len() != texts.len() + 1 {
-        return None; // vectors for other sequences than sent: the Python front's answer
+        return Err(HandOver); // vectors for other sequences than sent: the Python front's answer
     }
-    let payload = api::sparse_answer(&all.offsets, &all.indices, &all.values)?;
+    let payload = api::sparse_answer(&all.offsets, &all.indices, &all.values).ok_or(HandOver)?;
     let done = Done::of(
         start,
         tokenized,
@@ -186,22 +190,16 @@ async fn sparse(
         tokens,
         texts.len(),
     );
-    Some(reply(front, Here::Sparse, parts, payload, done))
+    Ok(reply(front, Here::Sparse, parts, payload, done))
 }
 
-/// A cross-encoder's plain scoring request to `scoring::ROUTES[route]` answered here, or None:
+/// A cross-encoder's plain scoring request to `scoring::ROUTES[route]` answered here, or why
 /// the Python front answers it (another shape or option, a text it refuses, a pair it would
 /// refuse, a full queue, a failed batch).
-async fn scores(
-    front: &Front,
-    route: usize,
-    parts: &Parts,
-    body: &[u8],
-    start: Instant,
-) -> Option<Response<Body>> {
-    let reranker = front.served.reranker.as_ref()?;
-    let parsed = Scoring::parse(route, body).ok()?;
-    let cut = parsed.cut(reranker.rerank_cut)?;
+async fn scores(front: &Front, route: usize, parts: &Parts, body: &[u8], start: Instant) -> Answer {
+    let reranker = front.served.reranker.as_ref().ok_or(HandOver)?;
+    let parsed = Scoring::parse(route, body).map_err(|_| HandOver)?;
+    let cut = parsed.cut(reranker.rerank_cut).ok_or(HandOver)?;
     let (query, docs) = (parsed.query(), parsed.documents());
     // the request's characters as `core/bounds.pair_chars` counts them: the query per document
     let chars =
@@ -213,21 +211,26 @@ async fn scores(
         || blank(query)
         || docs.iter().any(|d| blank(d))
     {
-        return None;
+        return Err(HandOver);
     }
     let limit = front.tokenizer.max_length;
     // None: the query has no token of its own; a document without one is `Joined::Empty`
-    let pairs = front.tokenizer.pairs(query, docs, limit, cut).ok()??;
+    let pairs = front
+        .tokenizer
+        .pairs(query, docs, limit, cut)
+        .ok()
+        .flatten()
+        .ok_or(HandOver)?;
     let mut packed = Packed::new();
     for joined in pairs {
         let Joined::Pair { ids, second } = joined else {
-            return None; // refused there, with its message
+            return Err(HandOver); // refused there, with its message
         };
         packed.push_pair(&ids, if reranker.typed { second } else { 0 });
     }
     let tokens = packed.num_tokens();
     if tokens > front.bounds.max_tokens {
-        return None;
+        return Err(HandOver);
     }
     let tokenized = start.elapsed();
     // a scoring request is interactive, whatever its size (`core/lanes.interactive_route`)
@@ -245,7 +248,7 @@ async fn scores(
         tokens,
         docs.len(),
     );
-    Some(reply(front, Here::Score(route), parts, payload, done))
+    Ok(reply(front, Here::Score(route), parts, payload, done))
 }
 
 /// An answered request's times (its start, tokenized after, seconds queued and in the engine:
@@ -298,9 +301,8 @@ fn reply(front: &Front, here: Here, parts: &Parts, payload: Vec<u8>, done: Done)
     reply
 }
 
-/// The rows of `packed`'s sequences, in order, its parts queued in the lane asked (`in_turn`);
-/// None when the queue is full or a batch failed.
-async fn rows(front: &Front, packed: Packed, bulk: bool) -> Option<Rows> {
+/// The rows of `packed`'s sequences, in order, its parts queued in the lane asked (`in_turn`).
+async fn rows(front: &Front, packed: Packed, bulk: bool) -> Result<Rows, Unanswered> {
     let mut rows = Rows::default();
     let submit = |part| front.tulip.submit(part, bulk);
     in_turn(front, packed, submit, |part: Rows| {
@@ -310,30 +312,41 @@ async fn rows(front: &Front, packed: Packed, bulk: bool) -> Option<Rows> {
         rows.inference = rows.inference.max(part.inference);
     })
     .await?;
-    Some(rows)
+    Ok(rows)
 }
 
 /// Each part of `packed` (`Packed::split` at the part budget) submitted and its answer taken,
 /// in order, with at most `parts_in_flight` of them queued at once (the Python pipeline's
 /// rule): a large request enters the queue as it drains, requests sent meanwhile interleave
-/// with it, and an idle queue smaller than the request still serves it whole. None when the
-/// queue is full (before > 0 tokens queued) or a part failed: the rest are never submitted.
+/// with it, and an idle queue smaller than the request still serves it whole. `HandOver` when
+/// the queue is full (before > 0 tokens queued) or a part failed, `Expired` when a part's answer
+/// did not come within `request_timeout` of its submission (the Python pipeline's deadline of a
+/// call): the rest are never submitted, and those queued are dropped (Tulip skips them).
 async fn in_turn<R>(
     front: &Front,
     packed: Packed,
     submit: impl Fn(Packed) -> Option<oneshot::Receiver<Result<R, String>>>,
     mut take: impl FnMut(R),
-) -> Option<()> {
+) -> Result<(), Unanswered> {
     let mut parts = packed.split(front.bounds.part_tokens).into_iter();
     let mut queued = VecDeque::with_capacity(front.bounds.parts_in_flight);
+    let timeout = front.bounds.request_timeout;
     loop {
         while queued.len() < front.bounds.parts_in_flight.max(1) {
             let Some(part) = parts.next() else { break };
-            queued.push_back(submit(part)?);
+            let answer = submit(part).ok_or(HandOver)?;
+            queued.push_back((tokio::time::Instant::now() + timeout, answer));
         }
-        let Some(answer) = queued.pop_front() else {
-            return Some(());
+        let Some((deadline, answer)) = queued.pop_front() else {
+            return Ok(());
         };
-        take(answer.await.ok()?.ok()?);
+        let answer = tokio::time::timeout_at(deadline, answer).await;
+        take(
+            answer
+                .map_err(|_| Unanswered::Expired)?
+                .ok()
+                .and_then(Result::ok)
+                .ok_or(HandOver)?,
+        );
     }
 }

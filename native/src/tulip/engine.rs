@@ -3,7 +3,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -58,6 +58,17 @@ impl Reply {
     /// Whether its job runs alone, not batched with `step`'s.
     fn alone(&self) -> bool {
         matches!(self, Reply::Call(_) | Reply::Sparse(_))
+    }
+
+    /// Whether nobody waits for it any more: an Ivy request past its deadline, or whose client
+    /// left (its receiver dropped). NOTE: the Python front's own requests are dropped on its
+    /// side; their work is still done.
+    fn abandoned(&self) -> bool {
+        match self {
+            Reply::Native(sender) => sender.is_closed(),
+            Reply::Sparse(sender) => sender.is_closed(),
+            Reply::Python(_) | Reply::Call(_) => false,
+        }
     }
 }
 
@@ -165,6 +176,43 @@ impl Lanes {
     }
 }
 
+/// The server's batch wait (`server/service.py`, `EmbedService._gather`, its numbers passed in
+/// once): before a batch is cut, wait at most `wait` after the engine's last step (twice that
+/// when more than `max_requests` requests are expected) until as many requests are queued as
+/// were then waiting and in that step (at most `max_requests`), or a batch's tokens. The clients
+/// just answered tend to come back at once, and where a forward has a large fixed cost (the
+/// CPU) one batch of them all is much cheaper than one of the first and another of the rest.
+/// One client alone never waits. `wait` zero: no wait (a GPU's default).
+#[derive(Clone, Copy, Debug)]
+pub struct BatchWait {
+    pub wait: Duration,
+    pub max_requests: usize,
+}
+
+/// When the engine's last step ended and how many requests were expected then.
+struct LastStep {
+    ended: Instant,
+    expected: usize,
+}
+
+impl BatchWait {
+    /// The moment the wait ends, and how many requests end it sooner: None when there is none.
+    fn until(&self, last: &LastStep) -> Option<(Instant, usize)> {
+        if self.wait.is_zero() {
+            return None;
+        }
+        let times = if last.expected > self.max_requests {
+            2
+        } else {
+            1
+        };
+        Some((
+            last.ended + self.wait * times,
+            last.expected.min(self.max_requests),
+        ))
+    }
+}
+
 /// The engine thread's two lanes, each first come, first served.
 struct Queues {
     interactive: VecDeque<Job>,
@@ -193,6 +241,20 @@ impl Queues {
 
     fn is_empty(&self) -> bool {
         self.interactive.is_empty() && self.bulk.is_empty()
+    }
+
+    /// Jobs waiting, in both lanes.
+    fn len(&self) -> usize {
+        self.interactive.len() + self.bulk.len()
+    }
+
+    /// Their tokens.
+    fn tokens(&self) -> usize {
+        self.interactive
+            .iter()
+            .chain(self.bulk.iter())
+            .map(|job| job.tokens)
+            .sum()
     }
 
     /// The lane the next batch comes from: the interactive one unless it is empty or bulk work
@@ -248,7 +310,8 @@ pub struct Tulip {
 
 impl Tulip {
     /// Starts the engine thread, which calls `build()` first and steps what it returns, and the
-    /// results thread. `build() -> (step, batch_tokens, sparse)`, `step(input_ids, seqlens,
+    /// results thread. `build() -> (step, batch_tokens, batch_wait_seconds, sparse)` (the wait
+    /// of `BatchWait`, with `wait_requests` its `max_requests`), `step(input_ids, seqlens,
     /// cu_seqlens, positions, seq_ids, token_type_ids) -> handle`: the engine's `PackedBatch`
     /// arrays as bytearrays (`BatchArrays`), `handle.wait()` a float32 [sequences, width]
     /// buffer; `sparse(*arrays) -> (offsets, indices, values)` (little-endian int64, int64,
@@ -262,6 +325,7 @@ impl Tulip {
         build: Py<PyAny>,
         max_queued_tokens: usize,
         lanes: Lanes,
+        wait_requests: usize,
         delivery: Delivery,
     ) -> Result<Self, PyErr> {
         let (queue, jobs) = mpsc::channel::<Job>();
@@ -276,10 +340,10 @@ impl Tulip {
             .spawn(move || {
                 crate::thread_state::keep();
                 let step = Python::attach(|py| build.call0(py)?.extract::<Built>(py));
-                let (step, batch_tokens, sparse) = match step {
-                    Ok((step, batch_tokens, sparse)) if batch_tokens > 0 => {
+                let (step, batch_tokens, wait, sparse) = match step {
+                    Ok((step, batch_tokens, wait, sparse)) if batch_tokens > 0 => {
                         let _ = built.send(Ok(batch_tokens));
-                        (step, batch_tokens, sparse)
+                        (step, batch_tokens, wait, sparse)
                     }
                     Ok(_) => {
                         let message = "build() gave a batch of no tokens";
@@ -293,11 +357,19 @@ impl Tulip {
                 };
                 let queues = Queues::new(lanes);
                 let steps = Steps { step, sparse };
+                let wait = BatchWait {
+                    wait: Duration::from_secs_f64(wait.max(0.0)),
+                    max_requests: wait_requests,
+                };
+                let batching = Batching {
+                    budget: batch_tokens,
+                    wait,
+                };
                 engine_loop(
                     jobs,
                     queues,
                     steps,
-                    batch_tokens,
+                    batching,
                     in_flight,
                     counter,
                     engine_delivery,
@@ -382,8 +454,8 @@ fn take_sent(jobs: &mpsc::Receiver<Job>, queues: &mut Queues) {
     }
 }
 
-/// What `build()` gives: (step, batch_tokens, sparse).
-type Built = (Py<PyAny>, usize, Option<Py<PyAny>>);
+/// What `build()` gives: (step, batch_tokens, batch_wait_seconds, sparse).
+type Built = (Py<PyAny>, usize, f64, Option<Py<PyAny>>);
 
 /// The engine's callables (`Tulip::start`).
 struct Steps {
@@ -444,15 +516,51 @@ fn run_sparse(job: Job, sparse: Option<&Py<PyAny>>) {
     let _ = sender.send(answer.map_err(|e| e.to_string()));
 }
 
+/// How the engine thread cuts batches: tokens per batch, and the batch wait.
+struct Batching {
+    budget: usize,
+    wait: BatchWait,
+}
+
+/// Moves the jobs sent into their lanes until the batch wait is over (`BatchWait`); false when
+/// every sender has gone.
+fn gather(
+    jobs: &mpsc::Receiver<Job>,
+    queues: &mut Queues,
+    batching: &Batching,
+    last: &LastStep,
+) -> bool {
+    let Some((until, requests)) = batching.wait.until(last) else {
+        return true;
+    };
+    while queues.len() < requests && queues.tokens() < batching.budget {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match jobs.recv_timeout(left) {
+            Ok(job) => queues.push(job),
+            Err(mpsc::RecvTimeoutError::Timeout) => break,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+        }
+    }
+    true
+}
+
 fn engine_loop(
     jobs: mpsc::Receiver<Job>,
     mut queues: Queues,
     steps: Steps,
-    budget: usize,
+    batching: Batching,
     in_flight: mpsc::SyncSender<InFlight>,
     queued_tokens: Arc<AtomicUsize>,
     delivery: Delivery,
 ) {
+    let budget = batching.budget;
+    let mut last = LastStep {
+        ended: Instant::now(),
+        expected: 0,
+    };
     loop {
         if queues.is_empty() {
             match jobs.recv() {
@@ -466,9 +574,16 @@ fn engine_loop(
             thread::yield_now();
         }
         take_sent(&jobs, &mut queues);
-        let batch = queues.next_batch(budget);
+        if !gather(&jobs, &mut queues, &batching, &last) {
+            return;
+        }
+        let mut batch = queues.next_batch(budget);
         let tokens: usize = batch.iter().map(|job| job.tokens).sum();
         queued_tokens.fetch_sub(tokens, Ordering::Relaxed);
+        batch.retain(|job| !job.reply.abandoned());
+        if batch.is_empty() {
+            continue;
+        }
         if let [Job {
             reply: Reply::Call(work),
             ..
@@ -481,7 +596,6 @@ fn engine_loop(
             });
             continue;
         }
-        let mut batch = batch;
         if matches!(
             batch.as_slice(),
             [Job {
@@ -502,6 +616,11 @@ fn engine_loop(
         }
         let handle =
             Python::attach(|py| call_with(py, &steps.step, &packed).map_err(|e| e.to_string()));
+        take_sent(&jobs, &mut queues);
+        last = LastStep {
+            ended: Instant::now(),
+            expected: queues.len() + batch.len(),
+        };
         let handle = match handle {
             Ok(handle) => handle,
             Err(message) => {
@@ -512,7 +631,6 @@ fn engine_loop(
         // NOTE: with nothing queued behind it there is no next batch to prepare: the batch is
         // resolved here, one thread hand-off fewer for a lone request; otherwise the results
         // thread resolves it while this one prepares the next
-        take_sent(&jobs, &mut queues);
         if queues.is_empty() {
             // the next loop's recv ends it once senders are gone
             resolve(handle, batch, taken, &delivery);
@@ -666,6 +784,72 @@ mod tests {
         );
         assert_eq!(taken(&mut queues, 100), vec![(20, true), (40, true)]);
         assert_eq!(taken(&mut queues, 100), vec![(60, true)]);
+    }
+
+    #[test]
+    fn the_batch_wait_is_the_servers_rule() {
+        let wait = BatchWait {
+            wait: Duration::from_millis(3),
+            max_requests: 4,
+        };
+        let ended = Instant::now();
+        let last = |expected| LastStep { ended, expected };
+        // as many as were expected (one alone: no wait at all), at most 4
+        assert_eq!(
+            wait.until(&last(1)),
+            Some((ended + Duration::from_millis(3), 1))
+        );
+        assert_eq!(
+            wait.until(&last(4)),
+            Some((ended + Duration::from_millis(3), 4))
+        );
+        // more expected than 4: twice as long for 4
+        assert_eq!(
+            wait.until(&last(16)),
+            Some((ended + Duration::from_millis(6), 4))
+        );
+        let none = BatchWait {
+            wait: Duration::ZERO,
+            max_requests: 4,
+        };
+        assert_eq!(none.until(&last(16)), None);
+    }
+
+    #[test]
+    fn gathering_stops_at_the_requests_expected_or_a_batchs_tokens() {
+        let batching = |budget| Batching {
+            budget,
+            wait: BatchWait {
+                wait: Duration::from_secs(60),
+                max_requests: 4,
+            },
+        };
+        let last = LastStep {
+            ended: Instant::now(),
+            expected: 3,
+        };
+        let (send, jobs) = mpsc::channel();
+        for _ in 0..5 {
+            send.send(job(10, false)).unwrap();
+        }
+        let mut queues = Queues::new(LANES);
+        assert!(gather(&jobs, &mut queues, &batching(1000), &last));
+        assert_eq!(queues.len(), 3); // not a minute: the third arrived
+        let mut queues = Queues::new(LANES);
+        assert!(gather(&jobs, &mut queues, &batching(15), &last));
+        assert_eq!(queues.len(), 2); // 20 tokens: over the budget
+        drop(send);
+        let mut queues = Queues::new(LANES);
+        assert!(!gather(&jobs, &mut queues, &batching(1000), &last)); // senders gone
+    }
+
+    #[test]
+    fn a_job_nobody_waits_for_is_abandoned() {
+        let (reply, answer) = oneshot::channel::<Answer>();
+        let reply = Reply::Native(reply);
+        assert!(!reply.abandoned());
+        drop(answer); // a deadline passed, or the client left
+        assert!(reply.abandoned());
     }
 
     #[test]

@@ -47,6 +47,7 @@ from embedserve.server.main import (
     exit_soon,
 )
 from embedserve.server.scheduler import BULK_EVERY
+from embedserve.server.service import BATCH_WAIT_MAX_REQUESTS
 
 
 def ivy_threads(cores: int | None) -> int:
@@ -56,9 +57,8 @@ def ivy_threads(cores: int | None) -> int:
 
 
 # Flags of a server's or the gateway's that this process does not honour yet: given, each is
-# refused before anything loads, not silently dropped (the batch wait Tulip does not keep,
-# tracing)
-NOT_HONOURED = ("batch_wait_ms", "otlp_endpoint")
+# refused before anything loads, not silently dropped (tracing: no spans for Ivy's requests)
+NOT_HONOURED = ("otlp_endpoint",)
 
 
 def check_native(servers: list[ServerConfig], gateway: GatewayConfig, replicas: int) -> None:
@@ -249,14 +249,14 @@ def own_max_tokens(entry: Any) -> int:
 def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str, watch: Any) -> Any:
     """`build()` as Tulip's engine thread calls it first (the thread that then runs every
     step): the engine built, `calls` given its record, the ready line said, the engine guard
-    started; its `step`, batch tokens and, for Ivy's `/embed_sparse`, its sparse outputs, each
-    under `watch`."""
+    started; its `step`, batch tokens, batch wait (the server's) and, for Ivy's
+    `/embed_sparse`, its sparse outputs, each under `watch`."""
     from embedserve.server import main as server_main
     from embedserve.server.output_requests import MultivectorLimit
     from embedserve.server.service import launch
     from embedserve.server.tulip_calls import packed_step, sparse_step
 
-    def build() -> tuple[Any, int, Any]:
+    def build() -> tuple[Any, int, float, Any]:
         engine, measured = server_main._build_engine(server)
         calls.seam = engine.seam()  # its `retrieval` is the spec (the engine's, the heads)
         calls.launch = watch(launch)
@@ -273,6 +273,7 @@ def _builder(server: ServerConfig, calls: Any, sparse: bool, name: str, watch: A
         return (
             watch(packed_step(engine)),
             budget,
+            server_main.batch_wait_seconds(server, calls.seam.on_cpu),
             watch(sparse_step(calls.seam)) if sparse else None,
         )
 
@@ -311,6 +312,7 @@ def _native_gateway(
         window_chars=inputs.tokenizer.window_chars,
         part_tokens=own["part_tokens"] or 0,
         parts_in_flight=PARTS_IN_FLIGHT,
+        request_timeout=gateway.request_timeout,
         body_timeout=gateway.body_timeout,
         header_timeout=gateway.header_timeout,
         max_header_bytes=gateway.max_header_bytes,
@@ -320,6 +322,7 @@ def _native_gateway(
         keys=keys,
         latency_buckets=list(LATENCY_BUCKETS),
         max_queued_tokens=server.max_queued_tokens,
+        batch_wait_requests=BATCH_WAIT_MAX_REQUESTS,
         host=gateway.host,
         port=gateway.port,
         threads=ivy_threads(os.cpu_count()),

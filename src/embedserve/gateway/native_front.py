@@ -3,8 +3,8 @@
 Ivy (`native/src/ivy`) reads every HTTP request and answers the plain shape of the hot route
 itself; it hands every other request to `PythonFront`, the app on an event loop of its own
 thread, with the rules and errors the app has always had (`native/src/ivy/fallback.rs` says
-how: `front(method, target, headers, reply)` returns the request's `Sink`, which Ivy feeds the
-body as it arrives; the app answers through `reply.send`).
+how: `front(method, target, headers, reply, expired)` returns the request's `Sink`, which Ivy
+feeds the body as it arrives; the app answers through `reply.send`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import collections
 from typing import Any
 from urllib.parse import unquote
 
+from embedserve.gateway.replicas import DEADLINE_PASSED
 from embedserve.gateway.transport import Receive, Scope
 
 
@@ -57,8 +58,10 @@ class Sink:
 
 
 class PythonFront:
-    """`front(method, target, headers, reply) -> Sink`, what Ivy calls (with the GIL, from its
-    threads) for a request it hands over; the app runs it on `loop`."""
+    """`front(method, target, headers, reply, expired) -> Sink`, what Ivy calls (with the GIL,
+    from its threads) for a request it hands over; the app runs it on `loop`. `expired`: Ivy
+    waited on its answer past `--request-timeout`, so its calls have no time left (the app
+    answers it as it does a call past its deadline, without running it again)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int) -> None:
         self.app: Any = None  # set before Ivy serves
@@ -66,7 +69,12 @@ class PythonFront:
         self.server = (host, port)
 
     def __call__(
-        self, method: str, target: str, headers: list[tuple[bytes, bytes]], reply: Any
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+        reply: Any,
+        expired: bool = False,
     ) -> Sink:
         sink = Sink(self.loop)
         path, _, query = target.partition("?")
@@ -83,14 +91,16 @@ class PythonFront:
             "server": self.server,
             "client": None,
         }
-        self.loop.call_soon_threadsafe(self._start, scope, sink.receive, reply)
+        self.loop.call_soon_threadsafe(self._start, scope, sink.receive, reply, expired)
         return sink
 
-    def _start(self, scope: Scope, receive: Receive, reply: Any) -> None:
-        self.loop.create_task(self._run(scope, receive, reply))
+    def _start(self, scope: Scope, receive: Receive, reply: Any, expired: bool) -> None:
+        self.loop.create_task(self._run(scope, receive, reply, expired))
 
-    async def _run(self, scope: Scope, receive: Receive, reply: Any) -> None:
+    async def _run(self, scope: Scope, receive: Receive, reply: Any, expired: bool) -> None:
         status, headers, body = 500, [], []
+        if expired:  # this task's own context
+            DEADLINE_PASSED.set(True)
 
         async def send(message: dict[str, Any]) -> None:
             nonlocal status, headers

@@ -46,6 +46,11 @@ log = logging.getLogger("embedserve.gateway")
 REPLICAS_CALLED: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar(
     "embedserve_replicas_called", default=None
 )
+# set for a request the native front waited on past `--request-timeout` (`native_front`): its
+# calls have no time left, so it is answered as a call past its deadline, not run again
+DEADLINE_PASSED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "embedserve_deadline_passed", default=False
+)
 
 CHANNEL_OPTIONS = [
     # NOTE: the default reconnect backoff grows to two minutes; a restarted server must be
@@ -339,8 +344,9 @@ class ReplicaPool:
         if called is not None:
             called.add(replica.id)
         replica.outstanding_tokens += num_tokens
+        timeout = 0.0 if DEADLINE_PASSED.get() else self.timeout
         try:
-            answer = await replica.embed(request, timeout=self.timeout)
+            answer = await replica.embed(request, timeout=timeout)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 replica.healthy = False  # until the next health check says otherwise

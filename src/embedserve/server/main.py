@@ -284,17 +284,23 @@ def _service(
 ) -> EmbedService:
     """The queue in front of `engine` and its threads, under `config`'s limits (`batch_tokens`:
     the engine's batch budget, unless the config sets one)."""
-    batch_wait_ms = config.batch_wait_ms
-    if batch_wait_ms is None:  # a CPU forward has a fixed cost of milliseconds; a GPU one not
-        batch_wait_ms = 3.0 if engine.on_cpu else 0.0
     limit = MultivectorLimit.of(engine.retrieval, config.max_multivector_values)
     return EmbedService(
         engine,
         config.scheduler(batch_tokens),
-        batch_wait=batch_wait_ms / 1000,
+        batch_wait=batch_wait_seconds(config, engine.on_cpu),
         guard=guard,
         multivector_limit=limit,
     )
+
+
+def batch_wait_seconds(config: ServerConfig, on_cpu: bool) -> float:
+    """How long a batch may wait for more requests (`EmbedService._gather`): `--batch-wait-ms`,
+    else 3 ms on the CPU, where a forward has a fixed cost of milliseconds, and none on a GPU."""
+    batch_wait_ms = config.batch_wait_ms
+    if batch_wait_ms is None:
+        batch_wait_ms = 3.0 if on_cpu else 0.0
+    return batch_wait_ms / 1000
 
 
 async def serve(config: ServerConfig) -> int:

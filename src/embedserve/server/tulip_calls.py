@@ -149,6 +149,8 @@ class TulipCalls:
     async def embed(self, request: Any, timeout: float | None = None) -> Any:
         from embedserve.server.service import checked
 
+        if timeout is not None and timeout <= 0:  # no time left: never queued (gRPC's rule)
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         answer: asyncio.Future[Any] = self.loop.create_future()
         try:
             pending = checked(self.seam, request, answer, self.multivector_limit)

@@ -13,6 +13,7 @@ results/studies/one-process-cpu2-20261202 and -20261205; then `serve --one-proce
 -20261207 measured beside `serve --native` before it was removed.)
 
     .venv/bin/python benchmarks/studies/one_process.py [--rounds 8] [--clients 4,16]
+        [--native-also '--batch-wait-ms 0']
 """
 
 from __future__ import annotations
@@ -39,11 +40,15 @@ def main() -> None:
     ap.add_argument("--in-turn", action="store_true", help="the servers called request by request")
     ap.add_argument("--clients", default="", help="comma-separated client counts (none: skip)")
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--native-also", action="append", default=[],
+                    help="one more `serve --native` with these flags, e.g. '--batch-wait-ms 0'")  # fmt: skip
     args = ap.parse_args()
     servers = {
         "serve": start("src", {}),
         "serve --native": start("src", {}, [*SERVE, "--native"]),
     }
+    for flags in args.native_also:
+        servers[f"serve --native {flags}"] = start("src", {}, [*SERVE, "--native", *flags.split()])
     queries = corpus.queries(256)
     bodies = [json.dumps({"input": t}).encode() for t in queries]
     counts = [int(c) for c in args.clients.split(",") if c]

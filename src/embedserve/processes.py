@@ -143,13 +143,38 @@ def write_ready(record: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
+# `serve`'s restarts of one server process (or of `--native`'s one process) in a minute
+MAX_RESTARTS_PER_MINUTE = 3
+
+
+class Restarts:
+    """A child's restarts within the last minute: one more is allowed while they are at most
+    `per_minute` (a child that keeps exiting cannot run, and is not started for ever)."""
+
+    def __init__(self, per_minute: int = MAX_RESTARTS_PER_MINUTE) -> None:
+        self.per_minute = per_minute
+        self._times: list[float] = []
+
+    def allow(self) -> bool:
+        """Counts a restart now; whether it may go ahead."""
+        now = time.monotonic()
+        self._times = [t for t in self._times if now - t < 60] + [now]
+        return len(self._times) <= self.per_minute
+
+
 class Child:
     """A started command; `wait_ready()` waits for its ready record (`write_ready`),
     `wait_for(pattern)` for an output line that matches."""
 
     def __init__(
-        self, argv: Sequence[str], *, name: str | None = None, relay: TextIO | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        name: str | None = None,
+        relay: TextIO | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
+        """`env`: variables added to ours for it."""
         self.argv = list(argv)
         self.name = name or os.path.basename(self.argv[0])
         self.relay = relay
@@ -164,7 +189,7 @@ class Child:
         self._forget_ready_file = weakref.finalize(
             self, shutil.rmtree, ready_dir, ignore_errors=True
         )
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines as they are printed
+        env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}  # lines as printed
         env[READY_FILE_ENV] = str(self.ready_file)  # ours, not one our own parent gave us
         env[PARENT_PID_ENV] = str(os.getpid())  # for `exit_with_parent`
         self.proc = subprocess.Popen(

@@ -25,7 +25,6 @@ import pytest
 
 from embedserve.embedder import Embedder
 from embedserve.engine.fidelity import row_cosines
-from embedserve.server.main import FATAL_EXIT_CODE
 from tests.e2e.conftest import Proc
 from tests.server.faults import fault_env
 
@@ -241,13 +240,14 @@ def test_the_queue_and_header_bounds_are_the_flags(embedder: Embedder) -> None:
         proc.stop()
 
 
-def test_an_engine_failing_every_batch_ends_the_process(
+def test_an_engine_failing_every_batch_ends_the_process_and_it_is_started_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server's engine guard holds natively: after `--max-failed-steps` failed batches in a
     row (the test-only fault hook, `tests/server/faults.py`: every step raises, as after a
-    sticky CUDA error) the requests fail with 5xx, and the process exits FATAL_EXIT_CODE for
-    whatever runs it to start another, instead of failing every batch for ever."""
+    sticky CUDA error) the requests fail with 5xx and the native process exits FATAL_EXIT_CODE,
+    instead of failing every batch for ever; `serve --native` then starts it again on the same
+    port (`cli/native_restarts.py`), with an engine that serves."""
     switch = tmp_path / "fail-steps"
     switch.touch()
     for name, value in fault_env(switch).items():
@@ -262,10 +262,21 @@ def test_an_engine_failing_every_batch_ends_the_process(
             except (ConnectionError, http.client.HTTPException):
                 break  # the process is going
         assert statuses and all(s >= 500 for s in statuses), statuses
-        assert proc.proc.wait(60) == FATAL_EXIT_CODE
-        assert any("the engine cannot serve" in line for line in proc.lines)
+        proc.wait_for(r"the engine could not serve; starting the native process again")
+        assert any("the engine cannot serve, exiting" in line for line in proc.lines)
+        deadline = time.monotonic() + 120
+        while True:  # the new process, on the same port
+            try:
+                status, answer, _ = post(failing, {"input": "a"})
+                break
+            except (ConnectionError, http.client.HTTPException):
+                assert time.monotonic() < deadline, "not started again in 120 s"
+                time.sleep(0.5)
+        assert status == 200 and len(answer["data"][0]["embedding"]) == 384
+        assert proc.proc.poll() is None
     finally:
         proc.stop()
+    assert proc.proc.returncode == 0  # drained on SIGTERM, as before
 
 
 def test_a_request_past_the_request_timeout_is_a_503_and_its_parts_are_dropped() -> None:

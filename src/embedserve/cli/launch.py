@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -31,15 +30,13 @@ from embedserve.options import EngineOptions
 from embedserve.processes import (
     START_TIMEOUT_S,
     Child,
+    Restarts,
     exit_with_parent,
     say,
     set_on_signal,
     write_ready,
 )
 from embedserve.server.main import ServerConfig
-
-MAX_RESTARTS_PER_MINUTE = 3
-
 
 # `serve`'s servers listen on 127.0.0.1, any free port; its --host / --port are the gateway's;
 # --cpu-threads is set by the sharing rule (several models on the CPU); the gateway's
@@ -177,10 +174,9 @@ def run_serve(args: argparse.Namespace) -> int:
     configs, gateway = serve_configs(args)
     serve = ServeConfig.from_args(args)
     if serve.native:
-        from embedserve.cli.native import check_native, run_native
+        from embedserve.cli.native_restarts import serve_native
 
-        check_native(configs, gateway, serve.num_replicas)
-        return run_native(configs[0], gateway)
+        return serve_native(args.given, configs, gateway, serve.num_replicas)
     if gateway.port:  # the HTTP port, before any model loads: a taken port fails in a second
         from embedserve.gateway.sockets import bind
 
@@ -270,10 +266,9 @@ def _announce(ready: dict[str, Any], gateway: GatewayConfig, addresses: list[str
 def _supervise(
     gateway: Child, servers: list[Child], start: Callable[[int], Child], stop: threading.Event
 ) -> int:
-    """Until `stop`: a server that exits is started again (`servers[i]`), at most
-    MAX_RESTARTS_PER_MINUTE times a minute each. 0 on `stop`; 1 when the gateway exits or a
-    server keeps exiting."""
-    restarts: list[list[float]] = [[] for _ in servers]
+    """Until `stop`: a server that exits is started again (`servers[i]`), at most `Restarts`'
+    times a minute each. 0 on `stop`; 1 when the gateway exits or a server keeps exiting."""
+    restarts = [Restarts() for _ in servers]
     while not stop.wait(0.2):
         if gateway.proc.poll() is not None:
             say(f"embedserve: the gateway exited ({gateway.proc.returncode}); shutting down")
@@ -281,9 +276,7 @@ def _supervise(
         for i, s in enumerate(servers):
             if s.proc.poll() is None:
                 continue
-            now = time.monotonic()
-            restarts[i] = [t for t in restarts[i] if now - t < 60] + [now]
-            if len(restarts[i]) > MAX_RESTARTS_PER_MINUTE:
+            if not restarts[i].allow():
                 say(f"embedserve: {s.name} keeps exiting; shutting down")
                 return 1
             say(f"embedserve: {s.name} exited ({s.proc.returncode}); restarting")

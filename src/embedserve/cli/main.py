@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # the words as given (`serve --native` starts its process with them)
+    args.given = list(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.run(args))
     except (ValueError, TypeError, FileNotFoundError) as e:

@@ -14,6 +14,7 @@ line.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -58,8 +59,11 @@ def serve_null(model: str = "minilm", port: str = "0") -> None:
 def serve_native_null(model: str = "minilm", port: str = "0", name: str = "minilm") -> None:
     """`embedserve serve --native --device cpu` of `model` (as `name`) behind a `NullEngine`."""
     from embedserve.cli.main import main
+    from embedserve.cli.native_restarts import NATIVE_CHILD_ENV
     from embedserve.server import main as server_main
 
+    # served in this process, the engine patched below (not by a child `serve --native` starts)
+    os.environ[NATIVE_CHILD_ENV] = "1"
     load = server_main.load_engine
     server_main.load_engine = lambda options: NullEngine(load(options))
     sys.exit(main(["serve", "--native", "--model", f"{name}={model}", "--port", port,

@@ -13,7 +13,7 @@ results/studies/one-process-cpu2-20261202 and -20261205; then `serve --one-proce
 -20261207 measured beside `serve --native` before it was removed.)
 
     .venv/bin/python benchmarks/studies/one_process.py [--rounds 8] [--clients 4,16]
-        [--native-also '--batch-wait-ms 0']
+        [--native-also '--batch-wait-ms 0'] [--native-also 'GOMP_SPINCOUNT=10000']
 """
 
 from __future__ import annotations
@@ -41,14 +41,18 @@ def main() -> None:
     ap.add_argument("--clients", default="", help="comma-separated client counts (none: skip)")
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--native-also", action="append", default=[],
-                    help="one more `serve --native` with these flags, e.g. '--batch-wait-ms 0'")  # fmt: skip
+                    help="one more `serve --native` with these flags and NAME=VALUE variables, "
+                         "e.g. '--batch-wait-ms 0' or 'GOMP_SPINCOUNT=10000'")  # fmt: skip
     args = ap.parse_args()
     servers = {
         "serve": start("src", {}),
         "serve --native": start("src", {}, [*SERVE, "--native"]),
     }
-    for flags in args.native_also:
-        servers[f"serve --native {flags}"] = start("src", {}, [*SERVE, "--native", *flags.split()])
+    for also in args.native_also:
+        words = also.split()
+        env = dict(w.split("=", 1) for w in words if not w.startswith("-") and "=" in w)
+        flags = [w for w in words if w.startswith("-") or "=" not in w]
+        servers[f"serve --native {also}"] = start("src", env, [*SERVE, "--native", *flags])
     queries = corpus.queries(256)
     bodies = [json.dumps({"input": t}).encode() for t in queries]
     counts = [int(c) for c in args.clients.split(",") if c]

@@ -50,3 +50,17 @@ def test_a_server_spins_a_bounded_count_under_active_unless_the_user_chose() -> 
     assert server_spin_env({"GOMP_SPINCOUNT": "100"})["GOMP_SPINCOUNT"] == str(SPIN_COUNT)
     assert server_spin_env({"OMP_WAIT_POLICY": "PASSIVE"}) == {}
     assert server_spin_env({"OMP_WAIT_POLICY": ""}) == {}  # empty: OpenMP's own default
+
+
+def test_a_servers_spin_is_a_time_in_rounds_of_this_cpus_pause() -> None:
+    """`SERVER_SPIN_SECONDS` in rounds of the measured pause: a CPU of short pauses spins more
+    rounds, one of long pauses fewer, never fewer than the offline API's `SPIN_COUNT`."""
+    from embedserve._native import pause_ns
+    from embedserve.cpu_threads import SERVER_SPIN_SECONDS, server_spin_env, server_spin_rounds
+
+    assert server_spin_rounds(25.0) == round(SERVER_SPIN_SECONDS * 1e9 / 25.0)
+    assert server_spin_rounds(10.0) == 2 * server_spin_rounds(20.0)
+    assert server_spin_rounds(1e6) == SPIN_COUNT
+    assert server_spin_env({}, 123_456)["GOMP_SPINCOUNT"] == "123456"
+    measured = pause_ns(rounds=1000, runs=2)
+    assert 0.0 < measured < 10_000.0  # nanoseconds: a pause is a few to a few hundred

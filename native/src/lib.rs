@@ -12,7 +12,7 @@ pub mod thread_state;
 pub mod tulip;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -504,8 +504,29 @@ impl Gateway {
     }
 }
 
+/// Nanoseconds one spin-wait hint (x86's `pause`, what OpenMP's spin repeats) takes on this
+/// CPU: the least over `runs` of `rounds` each (a run the kernel preempted counts long). It
+/// turns a spin counted in rounds into a time: a pause costs 10 to 150 cycles by CPU
+/// (`cpu_threads.server_spin_rounds`).
+#[pyfunction]
+#[pyo3(signature = (rounds = 10_000, runs = 3))]
+fn pause_ns(py: Python<'_>, rounds: u32, runs: u32) -> f64 {
+    py.detach(|| {
+        (0..runs.max(1))
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..rounds {
+                    std::hint::spin_loop();
+                }
+                start.elapsed().as_nanos() as f64 / f64::from(rounds.max(1))
+            })
+            .fold(f64::INFINITY, f64::min)
+    })
+}
+
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(pause_ns, module)?)?;
     module.add_class::<Tokenizer>()?;
     module.add_class::<PairTemplate>()?;
     module.add_class::<Gateway>()?;

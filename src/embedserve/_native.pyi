@@ -3,6 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
+def pause_ns(rounds: int = ..., runs: int = ...) -> float: ...
+
 class Tokenizer:
     """A model's `tokenizer.json` through the `tokenizers` crate: the Python package's ids."""
 

@@ -52,18 +52,33 @@ def spin_env(environ: Mapping[str, str]) -> dict[str, str]:
 # (results/studies/http-ab-cpu2-20261202-4: two servers called in turn).
 
 
-def server_spin_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables to add to a server's `environ` for the bounded spin: none when the user
+# A server's spin as a time (`server_spin_rounds`). NOTE: in a server, two forwards are a round
+# trip apart (an answer written, the client's next request read: ~0.2 ms), longer than SPIN_COUNT
+# rounds on a CPU of short pauses (23.7 ns on Zen 5: 0.24 ms), so the second thread had gone to
+# sleep and each forward woke it. 100,000 rounds there (2.4 ms) gave 722 against 601 requests/s
+# at 16 clients, every round higher, one client alike (results/studies/one-process-cpu2-20261207-4).
+# A pause costs 10 to 150 cycles by CPU, so the spin is set as a time, in rounds of this CPU's.
+SERVER_SPIN_SECONDS = 0.0025
+
+
+def server_spin_rounds(pause_ns: float) -> int:
+    """SERVER_SPIN_SECONDS in rounds of a pause of `pause_ns` nanoseconds (this CPU's:
+    `embedserve._native.pause_ns`), never fewer than SPIN_COUNT."""
+    return max(SPIN_COUNT, round(SERVER_SPIN_SECONDS * 1e9 / max(pause_ns, 1e-3)))
+
+
+def server_spin_env(environ: Mapping[str, str], rounds: int = SPIN_COUNT) -> dict[str, str]:
+    """The variables to add to a server's `environ` for a spin of `rounds`: none when the user
     chose a wait policy (OMP_WAIT_POLICY, even empty)."""
     if "OMP_WAIT_POLICY" in environ:
         return {}
-    return {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    return {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": str(rounds)}
 
 
-def apply_server() -> None:
+def apply_server(rounds: int = SPIN_COUNT) -> None:
     """`apply` for a server process (`server.main`), before it loads torch."""
     if "torch" not in sys.modules:
-        os.environ.update(server_spin_env(os.environ))
+        os.environ.update(server_spin_env(os.environ, rounds))
 
 
 def apply() -> None:

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from embedserve import cpu_threads
+from embedserve._native import pause_ns
 
-cpu_threads.apply_server()  # before torch loads: OpenMP reads it once
+# before torch loads: OpenMP reads it once; the spin's rounds for this CPU's pause
+cpu_threads.apply_server(cpu_threads.server_spin_rounds(pause_ns()))
 
 import grpc
 import numpy as np

@@ -12,6 +12,7 @@ import http.client
 import json
 import re
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -336,6 +337,28 @@ def test_sigterm_drains_the_requests_in_flight() -> None:
     asking.join(120)
     assert answers == [200]
     assert proc.proc.wait(60) == 0
+
+
+def test_a_second_sigterm_stops_at_once() -> None:
+    """A second SIGTERM more than a second after the first stops `serve --native` without
+    waiting out the drain: the launcher passes it on (`cli/native_restarts.py`), and the native
+    process's own rule ends it (here a request whose body never comes holds the drain open)."""
+    proc, live = serve_native("--drain-seconds", "60", "--body-timeout", "60")
+    stalled = socket.create_connection(("127.0.0.1", live))
+    try:
+        head = b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        stalled.sendall(head + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        time.sleep(0.5)
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.wait_for(r"stopping: draining the requests in flight")
+        time.sleep(1.5)
+        started = time.monotonic()
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.proc.wait(30)
+        assert time.monotonic() - started < 20  # not the 60 s drain
+    finally:
+        stalled.close()
+        proc.stop()
 
 
 def test_with_a_result_cache_every_request_goes_through_it() -> None:

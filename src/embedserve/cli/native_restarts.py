@@ -12,6 +12,7 @@ child's output and forwards SIGTERM / Ctrl-C (a drain) and SIGHUP (the API key f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -51,8 +52,18 @@ def supervise_native(given: list[str], drain_seconds: float) -> int:
         if running:
             running[-1].signal(signal.SIGHUP)
 
-    signal.signal(signal.SIGTERM, set_on_signal(stop))
-    signal.signal(signal.SIGINT, set_on_signal(stop))
+    first = set_on_signal(stop)
+
+    def asked(signum: int, frame: Any) -> None:
+        # a second ask goes to the native process as it comes: there, one more than
+        # AGAIN_AFTER_S after the first stops it at once (a drain not waited out)
+        if stop.is_set() and running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(running[-1].proc.pid, signal.SIGTERM)  # no lock taken in a handler
+        first(signum, frame)
+
+    signal.signal(signal.SIGTERM, asked)
+    signal.signal(signal.SIGINT, asked)
     signal.signal(signal.SIGHUP, forward_reload)
     restarts = Restarts()
     try:

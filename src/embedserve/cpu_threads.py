@@ -56,8 +56,9 @@ def spin_env(environ: Mapping[str, str]) -> dict[str, str]:
 # trip apart (an answer written, the client's next request read: ~0.2 ms), longer than SPIN_COUNT
 # rounds on a CPU of short pauses (23.7 ns on Zen 5: 0.24 ms), so the second thread had gone to
 # sleep and each forward woke it. 100,000 rounds there (2.4 ms) gave 722 against 601 requests/s
-# at 16 clients, every round higher, one client alike (results/studies/one-process-cpu2-20261207-4).
-# A pause costs 10 to 150 cycles by CPU, so the spin is set as a time, in rounds of this CPU's.
+# at 16 clients, every round higher, one client alike (results/studies/one-process-cpu2-20261207-4);
+# this 2.5 ms, 858 against 650 and one query 0.11 ms sooner (-5). A pause costs 10 to 150 cycles
+# by CPU, so the spin is set as a time, in rounds of this CPU's.
 SERVER_SPIN_SECONDS = 0.0025
 
 

@@ -4,6 +4,8 @@
 //! process (`fallback`).
 
 use std::convert::Infallible;
+use std::io::Write;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,9 +19,10 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
+use super::connections::{too_slow, Conns, Late, Slot, Watched};
 use super::fallback::{hand_over, Answered};
 use super::front::{Bounds, Front};
 use super::routes::{Body, Here, Unanswered};
@@ -142,17 +145,11 @@ async fn handed(
 }
 
 /// Serves `front` on `listener` until `stop` turns true; each connection on a task of its own,
-/// at most `max_connections` at once (the others wait in the kernel's backlog).
+/// at most `max_connections` open (`connections`: the oldest idle one makes room, else the
+/// newcomer gets a 503).
 pub async fn serve(front: Arc<Front>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
-    let slots = Arc::new(Semaphore::new(front.bounds.max_connections.max(1)));
+    let conns = Arc::new(Conns::new(front.bounds.max_connections));
     loop {
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => return,
-            },
-            _ = stop.changed() => return,
-        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
@@ -165,18 +162,66 @@ pub async fn serve(front: Arc<Front>, listener: TcpListener, mut stop: watch::Re
             },
             _ = stop.changed() => return,
         };
+        let Some(slot) = conns.admit() else {
+            // a fresh socket's buffer takes the refusal whole; then it is closed
+            let _ = stream.try_write(&conns.full());
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        let front = front.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let bounds = &front.bounds;
-            let mut http = http1::Builder::new();
-            http.timer(TokioTimer::new())
-                .header_read_timeout(bounds.header_timeout)
-                .max_buf_size(bounds.max_header_bytes.max(8192))
-                .max_headers(bounds.max_headers);
-            let service = service_fn(|request| route(front.clone(), request));
-            let _ = http.serve_connection(TokioIo::new(stream), service).await;
-        });
+        tokio::spawn(connection(front.clone(), stream, slot));
+    }
+}
+
+/// One connection served until it closes, is evicted, or its headers are late (a 408, or a
+/// new connection that sent nothing closed).
+async fn connection(front: Arc<Front>, stream: TcpStream, slot: Slot) {
+    let (conn, accepted) = (slot.conn.clone(), Instant::now());
+    let bounds = &front.bounds;
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(None) // `Conn::deadline` times headers
+        .max_buf_size(bounds.max_header_bytes.max(8192))
+        .max_headers(bounds.max_headers);
+    // the socket once more: the 408 is written after hyper's connection is dropped
+    let after: Option<std::net::TcpStream> =
+        stream.as_fd().try_clone_to_owned().ok().map(Into::into);
+    let service = service_fn(|request| {
+        let (front, conn) = (front.clone(), conn.clone());
+        async move {
+            conn.busy();
+            let answer = route(front, request).await;
+            conn.answered();
+            answer
+        }
+    });
+    let watched = Watched {
+        stream,
+        conn: conn.clone(),
+    };
+    let serving = http.serve_connection(TokioIo::new(watched), service);
+    tokio::pin!(serving);
+    loop {
+        let deadline = conn.deadline(accepted, bounds.header_timeout);
+        let late = async {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = &mut serving => return,
+            _ = conn.evicted() => return,
+            _ = conn.woken() => {}
+            _ = late => match conn.late(accepted, bounds.header_timeout) {
+                Late::No => {}
+                Late::Silent => return,
+                Late::Headers => {
+                    if let Some(mut after) = after {
+                        let _ = after.write(&too_slow(bounds.header_timeout.as_secs_f64()));
+                    }
+                    return;
+                }
+            },
+        }
     }
 }

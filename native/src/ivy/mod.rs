@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod connections;
 pub mod fallback;
 pub mod front;
 pub mod http;

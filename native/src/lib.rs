@@ -410,7 +410,8 @@ impl Gateway {
             if *stopped.borrow_and_update() {
                 break;
             }
-            py.detach(|| std::thread::sleep(Duration::from_millis(50)));
+            // a SIGTERM forwarded by `serve`'s launcher starts the drain within this
+            py.detach(|| std::thread::sleep(Duration::from_millis(10)));
             if let Err(e) = py.check_signals() {
                 self.shutdown();
                 return Err(e);
@@ -435,6 +436,13 @@ impl Gateway {
     #[getter]
     fn queued_tokens(&self) -> usize {
         self.front.tulip.queued_tokens()
+    }
+
+    /// Tokens submitted to Tulip (by Ivy and by the Python front) and not yet answered: the
+    /// one engine's outstanding tokens, as the gateway counts a replica's (`/ready`).
+    #[getter]
+    fn outstanding_tokens(&self) -> usize {
+        self.front.tulip.outstanding_tokens()
     }
 
     /// Requests read and not yet answered.

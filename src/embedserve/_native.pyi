@@ -48,11 +48,12 @@ class Gateway:
     port: int
     batch_tokens: int
     queued_tokens: int
+    outstanding_tokens: int
     in_flight: int
     def __init__(
         self,
         tokenizer_json: str,
-        build: Callable[[], tuple[Callable[..., Any], int, Callable[..., Any] | None]],
+        build: Callable[[], tuple[Callable[..., Any], int, float, Callable[..., Any] | None]],
         front: Callable[[str, str, list[tuple[bytes, bytes]], Reply], Any],
         *,
         names: list[str],

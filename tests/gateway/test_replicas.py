@@ -40,7 +40,7 @@ def pool_of(*behaviours: Any) -> tuple[ReplicaPool, list[list[int]]]:
 def test_choose_prefers_fewest_outstanding_tokens_among_healthy() -> None:
     pool, _ = pool_of("ok", "ok", "ok")
     a, b, c = pool.replicas
-    a.outstanding_tokens, b.outstanding_tokens, c.outstanding_tokens = 50, 10, 0
+    a.sent_tokens, b.sent_tokens, c.sent_tokens = 50, 10, 0
     c.healthy = False
     assert pool.choose() is b
     assert pool.choose(exclude=b) is a
@@ -50,7 +50,7 @@ def test_choose_prefers_fewest_outstanding_tokens_among_healthy() -> None:
 
 def test_a_failed_call_is_retried_once_on_another_replica() -> None:
     pool, seen = pool_of(grpc.StatusCode.UNAVAILABLE, "ok")
-    pool.replicas[1].outstanding_tokens = 5  # so the first choice is the failing replica
+    pool.replicas[1].sent_tokens = 5  # so the first choice is the failing replica
     assert asyncio.run(pool.embed(1, 10)) == 1
     assert seen == [[1], [1]]
     assert not pool.replicas[0].healthy  # marked down until the next health check
@@ -95,7 +95,7 @@ def test_no_healthy_replica_is_503() -> None:
 def test_a_replica_whose_calls_keep_failing_internal_is_passed_over() -> None:
     # an engine that fails every batch answers fast: it has the fewest outstanding tokens
     pool, seen = pool_of(grpc.StatusCode.INTERNAL, "ok")
-    pool.replicas[1].outstanding_tokens = 5
+    pool.replicas[1].sent_tokens = 5
 
     async def calls() -> list[Any]:
         return [await pool.embed(n, 10) for n in range(10)]

@@ -80,6 +80,32 @@ pub struct Job {
     pub queued: Instant,
     pub tokens: usize,
     pub bulk: bool,
+    /// its tokens, counted as outstanding until the job is answered or dropped
+    pub outstanding: Outstanding,
+}
+
+/// A job's share of the tokens submitted and not yet answered (`Tulip::outstanding_tokens`):
+/// taken off the count when the job is dropped, whichever way it ends (answered, failed,
+/// abandoned), so no path can leak it.
+pub struct Outstanding {
+    count: Arc<AtomicUsize>,
+    tokens: usize,
+}
+
+impl Outstanding {
+    pub fn new(count: &Arc<AtomicUsize>, tokens: usize) -> Self {
+        count.fetch_add(tokens, Ordering::Relaxed);
+        Outstanding {
+            count: count.clone(),
+            tokens,
+        }
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.tokens, Ordering::Relaxed);
+    }
 }
 
 impl Job {
@@ -305,6 +331,7 @@ pub struct Tulip {
     pub lanes: Lanes,
     queue: mpsc::Sender<Job>,
     queued_tokens: Arc<AtomicUsize>,
+    outstanding_tokens: Arc<AtomicUsize>,
     max_queued_tokens: usize,
 }
 
@@ -393,6 +420,7 @@ impl Tulip {
             lanes,
             queue,
             queued_tokens,
+            outstanding_tokens: Arc::new(AtomicUsize::new(0)),
             max_queued_tokens,
         })
     }
@@ -424,6 +452,11 @@ impl Tulip {
         self.queued_tokens.load(Ordering::Relaxed)
     }
 
+    /// Tokens submitted and not yet answered: queued, in a batch, or waiting on its results.
+    pub fn outstanding_tokens(&self) -> usize {
+        self.outstanding_tokens.load(Ordering::Relaxed)
+    }
+
     pub fn queue(&self, packed: Packed, reply: Reply, bulk: bool) -> bool {
         let tokens = packed.num_tokens();
         self.queue_tokens(packed, reply, tokens, bulk)
@@ -442,6 +475,7 @@ impl Tulip {
             queued: Instant::now(),
             tokens,
             bulk,
+            outstanding: Outstanding::new(&self.outstanding_tokens, tokens),
         };
         self.queue.send(job).is_ok()
     }
@@ -725,6 +759,7 @@ mod tests {
             queued: Instant::now(),
             tokens,
             bulk,
+            outstanding: Outstanding::new(&Arc::new(AtomicUsize::new(0)), tokens),
         }
     }
 

@@ -81,9 +81,10 @@ AVOID_SECONDS = 10.0
 
 
 # Servers in the gateway's own process (`serve --native`): a replica address -> its (embed,
-# check) calls, registered by the process that holds both (`cli/native.py`) before its Python
-# front starts. Such an address is a HOST:PORT no server listens on (`IN_PROCESS_ADDRESS`).
-IN_PROCESS: dict[str, tuple[Any, Any]] = {}
+# check) calls and its engine's outstanding tokens, registered by the process that holds both
+# (`cli/native.py`) before its Python front starts. Such an address is a HOST:PORT no server
+# listens on (`IN_PROCESS_ADDRESS`).
+IN_PROCESS: dict[str, tuple[Any, Any, Callable[[], int]]] = {}
 IN_PROCESS_ADDRESS = "in-process:0"
 
 
@@ -93,16 +94,24 @@ class Replica:
         self.id = id  # what clients see (see the module docstring)
         self.secret = secret  # the link secret sent with each gRPC call (`contract.secret`)
         self.healthy = False
-        self.outstanding_tokens = 0
+        self.sent_tokens = 0  # of this pool's calls not yet answered
+        # in process: the engine's own count, every front's calls in it (`IN_PROCESS`)
+        self.engine_tokens: Callable[[], int] | None = None
         self.engine_failures = 0  # calls in a row answered INTERNAL / UNKNOWN
         self.avoid_until = 0.0  # time.monotonic() before which it is passed over
         self.channel: Any = None
         self.embed: Any = None
         self.check: Any = None
 
+    @property
+    def outstanding_tokens(self) -> int:
+        """Tokens sent to it and not yet answered: in process, every front's (the native
+        front's own requests beside this pool's calls); else this pool's."""
+        return self.engine_tokens() if self.engine_tokens is not None else self.sent_tokens
+
     def open(self) -> None:
         if self.address in IN_PROCESS:
-            self.embed, self.check = IN_PROCESS[self.address]
+            self.embed, self.check, self.engine_tokens = IN_PROCESS[self.address]
             return
         self.channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         # a server on this host is called over its unix socket (`contract.local`); gRPC for
@@ -343,7 +352,7 @@ class ReplicaPool:
         called = REPLICAS_CALLED.get()
         if called is not None:
             called.add(replica.id)
-        replica.outstanding_tokens += num_tokens
+        replica.sent_tokens += num_tokens
         timeout = 0.0 if DEADLINE_PASSED.get() else self.timeout
         try:
             answer = await replica.embed(request, timeout=timeout)
@@ -364,7 +373,7 @@ class ReplicaPool:
                     replica.avoid_until = time.monotonic() + AVOID_SECONDS
             raise
         finally:
-            replica.outstanding_tokens -= num_tokens
+            replica.sent_tokens -= num_tokens
         replica.engine_failures = 0
         replica.avoid_until = 0.0
         return answer

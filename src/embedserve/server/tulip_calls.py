@@ -228,3 +228,7 @@ class TulipCalls:
         from grpc_health.v1 import health_pb2
 
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+    def outstanding_tokens(self) -> int:
+        """The engine's tokens not yet answered, Ivy's requests and these calls both."""
+        return int(self.gateway.outstanding_tokens) if self.gateway is not None else 0

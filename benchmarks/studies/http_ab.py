@@ -59,10 +59,14 @@ def clean_env(src: str) -> dict[str, str]:
 
 
 SERVE = [sys.executable, "-m", "embedserve.cli.main", "serve", "--port", "0"]
+PYTHON_SERVE = [
+    *SERVE,
+    "--no-native",
+]  # the Python path (`serve`'s default is native since 2026-12-07)
 
 
 def start(
-    src: str, extra: dict[str, str], argv: list[str] = SERVE
+    src: str, extra: dict[str, str], argv: list[str] = PYTHON_SERVE
 ) -> tuple[subprocess.Popen[str], int]:
     """`argv` (`serve` on any port) from `src`, once it printed serve's ready line: the process
     and its HTTP port."""

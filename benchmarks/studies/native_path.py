@@ -210,8 +210,8 @@ def python_side(args: argparse.Namespace) -> tuple[list[Child], int]:
     if args.engine == "null":
         server, gateway, _, port = start_pair(str(ROOT / "src"), MODEL, 1, [])
         return [server, gateway], port
-    child, ready = start([*CLI, "serve", "--port", "0", "--model", f"{NAME}={MODEL}", "--device",
-                          args.device], SERVING)  # fmt: skip
+    child, ready = start([*CLI, "serve", "--no-native", "--port", "0", "--model",
+                          f"{NAME}={MODEL}", "--device", args.device], SERVING)  # fmt: skip
     port = int(ready.group(1))
     wait_http(child, port)
     return [child], port

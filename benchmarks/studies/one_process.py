@@ -45,7 +45,7 @@ def main() -> None:
                          "e.g. '--batch-wait-ms 0' or 'GOMP_SPINCOUNT=10000'")  # fmt: skip
     args = ap.parse_args()
     servers = {
-        "serve": start("src", {}),
+        "serve": start("src", {}),  # --no-native: the Python path
         "serve --native": start("src", {}, [*SERVE, "--native"]),
     }
     for also in args.native_also:

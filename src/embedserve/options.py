@@ -38,7 +38,8 @@ def option(
 ) -> Any:
     """A config field that is also a flag: `--<flag>` (default: the field's name, dashed).
 
-    No default: a required flag. A `tuple[...]` field is a repeatable flag; a `bool` one a switch.
+    No default: a required flag. A `tuple[...]` field is a repeatable flag; a `bool` one a switch
+    (`--X`), and a `bool | None` one, default None, a choice of three (`--X`, `--no-X`, neither).
     `aliases`: old names of a (single-valued) flag that still work, with a deprecation note on
     stderr when used. `first_as`: a repeatable flag's first value is also the value of the
     (single-valued) field of that name in the configs parsed with it (`serve --model A --model
@@ -125,8 +126,10 @@ class Options:
             if f.default not in (dataclasses.MISSING, None, (), False):
                 help_text += f" (default: {f.default})"
             kw: dict[str, Any] = {"dest": f.name, "help": help_text}
-            if kind is bool:
-                kw["action"] = "store_true"
+            if kind is bool:  # `bool | None`, default None: --X / --no-X, or neither
+                kw["action"] = (
+                    "store_true" if f.default is False else argparse.BooleanOptionalAction
+                )
             else:
                 metavar = f.metadata["metavar"]
                 if metavar is None and f.metadata["choices"] is None:
@@ -177,7 +180,7 @@ class Options:
             elif f.default is dataclasses.MISSING or value != f.default:
                 kind, repeated = _scalar(hint)
                 if kind is bool:
-                    argv += [_flag(f)] if value else []
+                    argv += [_flag(f) if value else _flag(f).replace("--", "--no-", 1)]
                 elif repeated:
                     argv += [x for v in value for x in (_flag(f), str(v))]
                 else:

@@ -102,6 +102,11 @@ def set_parent_death_signal() -> None:
         pass
 
 
+# How long past its drain a process that `serve` started (a server, the gateway, the native
+# process) waits, once `serve` is gone, before it kills itself and its workers.
+ORPHAN_GRACE_SECONDS = 10.0
+
+
 def exit_with_parent(grace: float) -> bool:
     """Started by a `Child`: once that parent is gone, give SIGTERM's drain `grace` seconds,
     then SIGKILL every process below us and ourselves. False (nothing armed) otherwise.

@@ -9,14 +9,16 @@ import pytest
 from embedserve.cli import launch
 from embedserve.cli.launch import ServeConfig, serve_configs
 from embedserve.cli.main import build_parser
-from embedserve.cli.native import batch_budget, check_native
+from embedserve.cli.native import batch_budget, why_not_native
 from embedserve.server.main import batch_wait_seconds
 
 
 def _check(*flags: str) -> None:
     args = build_parser().parse_args(["serve", "--native", *flags])
     servers, gateway = serve_configs(args)
-    check_native(servers, gateway, ServeConfig.from_args(args).num_replicas)
+    why = why_not_native(servers, gateway, ServeConfig.from_args(args).num_replicas)
+    if why is not None:
+        raise ValueError(why)
 
 
 def test_the_defaults_pass_on_a_machine_of_many_cores_and_gpus(
@@ -69,3 +71,35 @@ def test_the_batch_budget_is_the_flags_when_given() -> None:
     default = serve_configs(build_parser().parse_args(["serve", "--native"]))[0][0]
     assert batch_budget(default, measured=2048, engine_tokens=8192) == 2048
     assert batch_budget(default, measured=None, engine_tokens=8192) == 8192
+
+
+def _why_python(*flags: str) -> str | None:
+    args = build_parser().parse_args(["serve", *flags])
+    return launch.why_python(ServeConfig.from_args(args), *serve_configs(args))
+
+
+def test_serve_is_native_where_the_native_front_serves_the_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No --native / --no-native: the native front where it serves the flags given, else the
+    Python path, and why (said on stderr); --native where it cannot is an error."""
+    assert _why_python("--device", "cpu") is None
+    assert _why_python("--device", "cpu", "--metrics-port", "9100") is None
+    assert _why_python("--device", "cpu", "--no-native") == "--no-native was given"
+    assert "--workers 2 was given" in str(_why_python("--device", "cpu", "--workers", "2"))
+    two = ("--model", "a=minilm", "--model", "b=minilm")
+    assert "these flags ask 2" in str(_why_python("--device", "cpu", *two))
+    with pytest.raises(ValueError, match="these flags ask 2"):
+        _why_python("--device", "cpu", "--native", *two)
+    monkeypatch.setattr(launch, "visible_gpus", lambda: 4)
+    assert _why_python() == "4 GPUs, an engine on each (--native: the first alone)"
+    assert _why_python("--native") is None  # one engine, on the first GPU
+    assert _why_python("--replicas", "1") is None
+
+
+def test_the_choice_of_three_round_trips() -> None:
+    """`--native` / `--no-native` / neither survive `to_argv` (a launcher's child gets them)."""
+    for flags, value in (([], None), (["--native"], True), (["--no-native"], False)):
+        serve = ServeConfig.from_args(build_parser().parse_args(["serve", *flags]))
+        assert serve.native is value
+        assert serve.to_argv() == flags

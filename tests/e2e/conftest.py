@@ -47,13 +47,13 @@ def _serving(*args: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def served() -> Iterator[str]:
     """`embedserve serve` on the bundled model, two gateway workers; yields the base URL."""
-    yield from _serving(*SERVE, "--workers", "2")
+    yield from _serving(*SERVE, "--no-native", "--workers", "2")
 
 
 @pytest.fixture(scope="session")
 def limited() -> Iterator[str]:
     """`embedserve serve` with small request limits, for the battery."""
-    yield from _serving(*SERVE, *LIMITS)
+    yield from _serving(*SERVE, "--no-native", *LIMITS)
 
 
 @pytest.fixture(scope="session")

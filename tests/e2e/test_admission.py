@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 def test_a_large_request_enters_the_queue_progressively() -> None:
     # a queue of 5,000 tokens, a request of ~14,000: sent whole at once it would be refused (429)
     proc = Proc(
-        "serve", "--port", "0", "--device", "cpu", "--max-queued-tokens", "5000",
+        "serve", "--no-native", "--port", "0", "--device", "cpu", "--max-queued-tokens", "5000",
         "--max-batch-tokens", "2048",
     )  # fmt: skip
     try:

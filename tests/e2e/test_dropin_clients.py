@@ -157,7 +157,7 @@ def reranker(
         seed=5,
         overwrite=True,
     )
-    native = ["--native"] if request.param == "native" else []
+    native = ["--native"] if request.param == "native" else ["--no-native"]
     proc = Proc("serve", *native, "--model", str(folder), "--port", "0", "--device", "cpu",
                 "--served-model-name", "ms-marco")  # fmt: skip
     try:

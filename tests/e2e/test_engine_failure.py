@@ -40,7 +40,9 @@ def test_a_replica_failing_every_batch_reports_not_serving_and_serve_replaces_it
     switch.touch()
     for name, value in fault_env(switch).items():
         monkeypatch.setenv(name, value)
-    serve = Proc("serve", "--port", "0", "--device", "cpu", "--max-failed-steps", "3")
+    serve = Proc(
+        "serve", "--no-native", "--port", "0", "--device", "cpu", "--max-failed-steps", "3"
+    )
     try:
         ready = serve.wait_ready(300)
         url, [address] = ready["url"], ready["replicas"]

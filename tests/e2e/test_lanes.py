@@ -32,7 +32,7 @@ def post(url: str, path: str, body: Any) -> tuple[int, float]:
         conn.close()
 
 
-@pytest.mark.parametrize("front", [(), ("--native",)], ids=["python", "native"])
+@pytest.mark.parametrize("front", [("--no-native",), ("--native",)], ids=["python", "native"])
 def test_a_query_is_answered_while_bulk_requests_are_in_flight(front: tuple[str, ...]) -> None:
     proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "1", *front)
     url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)

@@ -60,14 +60,22 @@ def test_sigterm_answers_new_requests_503_at_once_while_in_flight_ones_finish() 
         proc.stop()
 
 
-def test_kill_9_of_serve_leaves_no_process_and_frees_the_port() -> None:
-    proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "2")
+@pytest.mark.parametrize(
+    ("flags", "processes"),
+    # a server, the gateway supervisor and its two workers; the native process
+    [(("--no-native", "--workers", "2"), 4), (("--native",), 1)],
+    ids=["python", "native"],
+)
+def test_kill_9_of_serve_leaves_no_process_and_frees_the_port(
+    flags: tuple[str, ...], processes: int
+) -> None:
+    proc = Proc("serve", "--port", "0", "--device", "cpu", *flags)
     url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
     port = urlparse(url).port
     assert port is not None
     assert call(url, "POST", "/v1/embeddings", {"input": "warm"})[0] == 200
     below = descendants(proc.proc.pid)
-    assert len(below) >= 4, below  # a server, the gateway supervisor and its two workers
+    assert len(below) >= processes, below
     os.kill(proc.proc.pid, signal.SIGKILL)
     proc.proc.wait(5)
     deadline = time.monotonic() + 5

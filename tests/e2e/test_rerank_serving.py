@@ -45,7 +45,7 @@ def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def reranker_url(request: pytest.FixtureRequest, cross_encoder: Path) -> Iterator[str]:
     """`serve`, then `serve --native` (Ivy answers the plain scoring bodies itself, the Python
     front the rest): every test of this module holds both to the same answers and errors."""
-    native = ["--native"] if request.param == "native" else []
+    native = ["--native"] if request.param == "native" else ["--no-native"]
     # small parts, so a query with many documents is split across server calls
     proc = Proc("serve", *native, "--model", str(cross_encoder), "--port", "0", "--device", "cpu",
                 "--dtype", "float32", "--served-model-name", "ms-marco", "--chunk-tokens", "256")  # fmt: skip

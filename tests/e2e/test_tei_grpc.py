@@ -63,7 +63,7 @@ def current_event_loop() -> Iterator[None]:
 @pytest.fixture(scope="module", params=["python", "native"])
 def minilm(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     # python: both workers serve the one gRPC port; native: the Python front's loop serves it
-    flags = ("--workers", "2") if request.param == "python" else ("--native",)
+    flags = ("--no-native", "--workers", "2") if request.param == "python" else ("--native",)
     proc, url, address = start(*flags)
     try:
         yield url, address

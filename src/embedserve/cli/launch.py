@@ -28,6 +28,7 @@ from embedserve.gpus import visible_gpus
 from embedserve.memory import ModelMemory, check_fits, cpu_thread_shares
 from embedserve.options import EngineOptions
 from embedserve.processes import (
+    ORPHAN_GRACE_SECONDS,
     START_TIMEOUT_S,
     Child,
     Restarts,
@@ -71,11 +72,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     gateway = sub.add_parser("gateway", help="run the HTTP gateway in front of gRPC servers")
     GatewayConfig.add_arguments(gateway)
     gateway.set_defaults(run=run_gateway)
-
-
-# How long past its drain a server or gateway that `serve` started waits, once `serve` is gone,
-# before it kills itself and its workers (`processes.exit_with_parent`).
-ORPHAN_GRACE_SECONDS = 10.0
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -170,17 +166,38 @@ def _with(section: ModelSection, config: Any) -> Any:
         raise ValueError(f"{section.where}: {e}") from None
 
 
+def why_python(
+    serve: ServeConfig, servers: list[ServerConfig], gateway: GatewayConfig
+) -> str | None:
+    """Why `serve` runs the Python path (gateway and server processes), or None: the native
+    front serves these flags (`cli.native`). A ValueError where --native was given and it
+    cannot serve them."""
+    if serve.native is False:
+        return "--no-native was given"
+    from embedserve.cli.native import why_not_native
+
+    why = why_not_native(servers, gateway, serve.num_replicas)
+    if why is not None and serve.native:
+        raise ValueError(why)
+    if why is None and serve.native is None and len(servers) > 1:  # a host of several GPUs
+        why = f"{len(servers)} GPUs, an engine on each (--native: the first alone)"
+    return why
+
+
 def run_serve(args: argparse.Namespace) -> int:
     configs, gateway = serve_configs(args)
     serve = ServeConfig.from_args(args)
-    if serve.native:
-        from embedserve.cli.native_restarts import serve_native
-
-        return serve_native(args.given, configs, gateway, serve.num_replicas)
+    why = why_python(serve, configs, gateway)
     if gateway.port:  # the HTTP port, before any model loads: a taken port fails in a second
         from embedserve.gateway.sockets import bind
 
         bind(gateway.host, gateway.port).close()
+    if why is None:
+        from embedserve.cli.native_restarts import serve_native
+
+        return serve_native(args.given, configs, gateway)
+    if serve.native is None:
+        say(f"embedserve: serving through the Python path, not the native front: {why}")
     cli = [sys.executable, "-m", "embedserve.cli.main"]
     stop_requested = threading.Event()
 

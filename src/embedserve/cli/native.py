@@ -61,24 +61,26 @@ def ivy_threads(cores: int | None) -> int:
 NOT_HONOURED = ("otlp_endpoint",)
 
 
-def check_native(servers: list[ServerConfig], gateway: GatewayConfig, replicas: int) -> None:
-    """A ValueError unless `serve`'s configs are one model on one engine, one worker, with no
-    flag this process would not honour."""
+def why_not_native(
+    servers: list[ServerConfig], gateway: GatewayConfig, replicas: int
+) -> str | None:
+    """Why the flags given are not served natively (one model on one engine, one worker, no flag
+    this process would not honour), or None: they are. `replicas`: `--replicas` as given (its
+    default, one engine per visible GPU, is not the user's: --native serves the first)."""
     if len(gateway.entries) != 1:
-        raise ValueError(
+        return (
             f"--native serves one model; these flags ask {len(gateway.entries)} (give one --model)"
         )
     if replicas > 1:
-        raise ValueError(f"--native serves from one engine; --replicas {replicas} was given")
+        return f"--native serves from one engine; --replicas {replicas} was given"
     if gateway.workers > 1:  # 0: the default
-        raise ValueError(f"--native runs one process; --workers {gateway.workers} was given")
+        return f"--native runs one process; --workers {gateway.workers} was given"
     for config in (servers[0], gateway):
         for field in dataclasses.fields(config):
             if field.name in NOT_HONOURED and getattr(config, field.name) != field.default:
                 flag = "--" + field.name.replace("_", "-")
-                raise ValueError(
-                    f"--native does not honour {flag} yet (serve without --native does)"
-                )
+                return f"--native does not honour {flag} yet (--no-native does)"
+    return None
 
 
 def batch_budget(server: ServerConfig, measured: int | None, engine_tokens: int) -> int:
@@ -101,7 +103,7 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, name="python-front", daemon=True).start()
     calls = TulipCalls(loop)
-    IN_PROCESS[IN_PROCESS_ADDRESS] = (calls.embed, calls.check)
+    IN_PROCESS[IN_PROCESS_ADDRESS] = (calls.embed, calls.check, calls.outstanding_tokens)
     keys = KeyRing(gateway.api_keys, gateway.api_key_file)
     front = PythonFront(loop, gateway.host, gateway.port)
     watch = Watch(

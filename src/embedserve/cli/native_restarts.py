@@ -19,22 +19,29 @@ import sys
 import threading
 from typing import Any
 
-from embedserve.cli.native import check_native, run_native
+from embedserve.cli.native import run_native
 from embedserve.gateway.main import GatewayConfig
-from embedserve.processes import START_TIMEOUT_S, Child, Restarts, say, set_on_signal, write_ready
+from embedserve.processes import (
+    ORPHAN_GRACE_SECONDS,
+    START_TIMEOUT_S,
+    Child,
+    Restarts,
+    exit_with_parent,
+    say,
+    set_on_signal,
+    write_ready,
+)
 from embedserve.server.main import FATAL_EXIT_CODE, ServerConfig
 
 # set for the child: it serves (`cli.launch.run_serve`) instead of starting one of its own
 NATIVE_CHILD_ENV = "EMBEDSERVE_NATIVE_CHILD"
 
 
-def serve_native(
-    given: list[str], servers: list[ServerConfig], gateway: GatewayConfig, replicas: int
-) -> int:
-    """`serve --native`, the words `given`: its configs checked (`check_native`), then served
-    here when this is the child, else by a child this process starts and watches."""
-    check_native(servers, gateway, replicas)
+def serve_native(given: list[str], servers: list[ServerConfig], gateway: GatewayConfig) -> int:
+    """`serve` served natively (`cli.native.why_not_native`), the words `given`: served here
+    when this is the child, else by a child this process starts and watches."""
     if os.environ.get(NATIVE_CHILD_ENV):
+        exit_with_parent(gateway.drain_seconds + ORPHAN_GRACE_SECONDS)  # a launcher killed
         return run_native(servers[0], gateway)
     return supervise_native(given, gateway.drain_seconds)
 

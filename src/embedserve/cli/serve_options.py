@@ -25,11 +25,11 @@ class ServeConfig(Options):
         'and limits (docs/serving.md, "Several models"); instead of --model',
         metavar="PATH",
     )
-    native: bool = option(
-        False,
-        "one process with the native front (Rust: HTTP, JSON, tokenization, the FCFS queue) "
-        "before the engine, on a GPU or the CPU; one model "
-        '(docs/native.md, "serve --native")',
+    native: bool | None = option(
+        None,
+        "the native front (Rust: HTTP, JSON, tokenization, the FCFS queue) and the engine in one "
+        "process; --no-native: the Python gateway and server processes; default: native where "
+        'it serves the flags given, one model on one engine (docs/native.md, "serve --native")',
     )
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use tokio::sync::watch;
 
 use std::sync::atomic::Ordering;
@@ -30,6 +30,7 @@ use ivy::routes::routes;
 use ivy::scoring::Activation;
 use ivy::stats::{Stats, Taken};
 use ivy::tokenize::{TextTokenizer, TokenizeError};
+use ivy::traces::Traces;
 use tulip::{Delivery, Lanes, Packed, Reply, Tulip};
 
 /// A model's `tokenizer.json` through the `tokenizers` crate: the Python package's ids.
@@ -240,7 +241,7 @@ impl Gateway {
         max_inputs, max_tokens, max_chars, window_chars, part_tokens, parts_in_flight,
         request_timeout, body_timeout, header_timeout, max_header_bytes, max_headers,
         max_connections, hosts, keys, latency_buckets, max_queued_tokens, batch_wait_requests,
-        host = "127.0.0.1", port = 0, threads = 1, lanes = None, reranker = None,
+        host = "127.0.0.1", port = 0, threads = 1, lanes = None, reranker = None, traces = 0,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -276,6 +277,7 @@ impl Gateway {
         threads: usize,
         lanes: Option<(usize, usize, usize)>,
         reranker: Option<(String, bool, String)>,
+        traces: usize,
     ) -> PyResult<Self> {
         if threads == 0 || names.is_empty() {
             return Err(PyValueError::new_err(
@@ -368,6 +370,8 @@ impl Gateway {
             routes()
                 .map(|_| Stats::new(latency_buckets.clone()))
                 .collect(),
+            // spans held for the exporter at most (0: tracing off)
+            (traces > 0).then(|| Traces::new(traces)),
         ));
         let (stop, _) = watch::channel(false);
         Ok(Gateway {
@@ -443,6 +447,39 @@ impl Gateway {
     #[getter]
     fn outstanding_tokens(&self) -> usize {
         self.front.tulip.outstanding_tokens()
+    }
+
+    /// The spans of the requests answered here since the last call (`ivy::traces`), each
+    /// `(name, trace_id, span_id, parent_span_id, kind, start_ns, end_ns, attributes)`, and how
+    /// many were dropped meanwhile (the buffer full); none when tracing is off.
+    #[allow(clippy::type_complexity)]
+    fn take_spans<'py>(&self, py: Python<'py>) -> PyResult<(Vec<Bound<'py, PyTuple>>, u64)> {
+        let Some(traces) = &self.front.traces else {
+            return Ok((Vec::new(), 0));
+        };
+        let (spans, dropped) = traces.take();
+        let mut out = Vec::with_capacity(spans.len());
+        for span in spans {
+            let attributes = PyDict::new(py);
+            for (key, value) in span.strings {
+                attributes.set_item(key, value)?;
+            }
+            for (key, value) in span.ints {
+                attributes.set_item(key, value)?;
+            }
+            let item = (
+                span.name,
+                PyBytes::new(py, &span.trace_id),
+                PyBytes::new(py, &span.span_id),
+                PyBytes::new(py, &span.parent),
+                span.kind,
+                span.start_ns,
+                span.end_ns,
+                attributes,
+            );
+            out.push(item.into_pyobject(py)?);
+        }
+        Ok((out, dropped))
     }
 
     /// Requests read and not yet answered.

@@ -45,10 +45,9 @@ def test_flags_the_user_gave_are_refused(flags: list[str], message: str) -> None
         _check("--device", "cpu", *flags)
 
 
-@pytest.mark.parametrize("flags", [["--otlp-endpoint", "http://127.0.0.1:4318"]])
-def test_flags_it_does_not_honour_are_refused_not_dropped(flags: list[str]) -> None:
-    with pytest.raises(ValueError, match=f"--native does not honour {flags[0]} yet"):
-        _check("--device", "cpu", *flags)
+def test_every_server_and_gateway_flag_is_honoured() -> None:
+    """--otlp-endpoint was the last flag refused: Ivy's requests are traced too."""
+    assert _why_python("--device", "cpu", "--otlp-endpoint", "http://127.0.0.1:4318") is None
 
 
 def test_the_batch_wait_is_the_servers_rule() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import importlib
+import os
 import subprocess
 import sys
 import threading
@@ -86,10 +87,13 @@ def receiver() -> Iterator[Receiver]:
     server.shutdown()
 
 
-@pytest.fixture(scope="module")
-def traced_url(receiver: Receiver) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["python", "native"])
+def traced_url(receiver: Receiver, request: pytest.FixtureRequest) -> Iterator[str]:
+    """`serve --otlp-endpoint` on the Python path, then natively (Ivy's spans, recorded in Rust
+    and exported with the Python front's: the same three, the same shape)."""
     endpoint = f"http://127.0.0.1:{receiver.server_address[1]}"
-    proc = Proc("serve", "--port", "0", "--device", "cpu", "--otlp-endpoint", endpoint)
+    front = "--native" if request.param == "native" else "--no-native"
+    proc = Proc("serve", front, "--port", "0", "--device", "cpu", "--otlp-endpoint", endpoint)
     try:
         yield proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
     finally:
@@ -108,16 +112,20 @@ def spans_of(receiver: Receiver, pb2: Any) -> list[tuple[str, Any]]:
     return out
 
 
+# natively, a plain body is answered by Ivy (its spans recorded in Rust), one with options by
+# the Python front (its spans, and the in-process server's: `server/tulip_calls.py`)
+@pytest.mark.parametrize("options", [{}, {"dimensions": 128}], ids=["plain", "options"])
 def test_one_request_is_one_trace_of_three_spans(
-    traced_url: str, receiver: Receiver, trace_service_pb2: Any
+    traced_url: str, receiver: Receiver, trace_service_pb2: Any, options: dict[str, Any]
 ) -> None:
-    request_id = "trace-test-0001"
+    # one per server and body
+    request_id = f"trace-test-{traced_url.rsplit(':', 1)[1]}-{len(options)}"
     import json
     import urllib.request
 
     request = urllib.request.Request(
         traced_url + "/v1/embeddings",
-        data=json.dumps({"input": ["a traced request"]}).encode(),
+        data=json.dumps({"input": ["a traced request"], **options}).encode(),
         headers={"Content-Type": "application/json", "X-Request-Id": request_id},
     )
     with urllib.request.urlopen(request, timeout=60) as reply:
@@ -165,7 +173,7 @@ def test_one_request_is_one_trace_of_three_spans(
 def test_a_callers_traceparent_is_the_parent(
     traced_url: str, receiver: Receiver, trace_service_pb2: Any
 ) -> None:
-    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    trace_id, parent = os.urandom(16).hex(), "00f067aa0ba902b7"  # one per server
     import json
     import urllib.request
 

@@ -16,6 +16,7 @@ use super::pairs::Cut;
 use super::scoring::Activation;
 use super::stats::Stats;
 use super::tokenize::TextTokenizer;
+use super::traces::Traces;
 use crate::tulip::Tulip;
 
 /// The bounds of a request answered here; each is the Python front's, passed in at start-up.
@@ -84,6 +85,8 @@ pub struct Front {
     pub in_flight: AtomicUsize,
     /// one per route of `routes::routes()`
     pub stats: Vec<Stats>,
+    /// the spans of requests answered here (`--otlp-endpoint`), else None
+    pub traces: Option<Traces>,
     ids: RandomState,
     next_id: AtomicU64,
 }
@@ -99,6 +102,7 @@ impl Front {
         bounds: Bounds,
         admission: Admission,
         stats: Vec<Stats>,
+        traces: Option<Traces>,
     ) -> Self {
         Front {
             names,
@@ -111,6 +115,7 @@ impl Front {
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             stats,
+            traces,
             ids: RandomState::new(),
             next_id: AtomicU64::new(0),
         }

@@ -25,7 +25,8 @@ use tokio::sync::watch;
 use super::connections::{too_slow, Conns, Late, Slot, Watched};
 use super::fallback::{hand_over, Answered};
 use super::front::{Bounds, Front};
-use super::routes::{Body, Here, Unanswered};
+use super::routes::{Answer, Body, Here, Unanswered};
+use super::traces::TRACE;
 
 struct Counted<'a>(&'a AtomicUsize);
 
@@ -60,7 +61,7 @@ async fn route(
         return Ok(handed(&front, &parts, Bytes::new(), Some(body), false).await);
     };
     match read_whole(&front.bounds, &parts, body).await {
-        Ok(bytes) => match route.answer(&front, &parts, &bytes, start).await {
+        Ok(bytes) => match answer(&front, route, &parts, &bytes, start).await {
             Ok(reply) => Ok(reply),
             Err(why) => {
                 let expired = why == Unanswered::Expired;
@@ -69,6 +70,21 @@ async fn route(
         },
         Err((read, rest)) => Ok(handed(&front, &parts, read, rest, false).await),
     }
+}
+
+/// `route`'s answer, its spans recorded when it is answered here and traced (`traces`).
+async fn answer(front: &Front, route: Here, parts: &Parts, body: &[u8], start: Instant) -> Answer {
+    let Some(traces) = &front.traces else {
+        return route.answer(front, parts, body, start).await;
+    };
+    let trace = Arc::new(traces.begin(parts, route.path(), front.request_id(parts)));
+    let answer = TRACE
+        .scope(trace.clone(), route.answer(front, parts, body, start))
+        .await;
+    if let Ok(reply) = &answer {
+        traces.finish(&trace, reply.status().as_u16());
+    }
+    answer
 }
 
 /// The body when its declared length is within the bound and it arrives in time; else what was

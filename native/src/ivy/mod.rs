@@ -13,4 +13,5 @@ pub mod routes;
 pub mod scoring;
 pub mod stats;
 pub mod tokenize;
+pub mod traces;
 pub mod wordpiece;

@@ -18,7 +18,8 @@ use super::api::{self, Plain, TeiSparseRequest, SPARSE_ROUTE};
 use super::front::Front;
 use super::pairs::Joined;
 use super::scoring::{self, blank, Scoring};
-use crate::tulip::{Packed, Rows, SparseRows};
+use super::traces::{wall_ns, TRACE};
+use crate::tulip::{Packed, Rows, SparseRows, Timed};
 
 pub type Body = Full<Bytes>;
 
@@ -70,6 +71,11 @@ impl Here {
             Here::Sparse => served.sparse,
         };
         open.then_some(here)
+    }
+
+    /// Its path.
+    pub fn path(self) -> &'static str {
+        routes().nth(self.stats()).unwrap_or_default()
     }
 
     /// Its place in `Front::stats` (`routes()`).
@@ -289,7 +295,11 @@ fn reply(front: &Front, here: Here, parts: &Parts, payload: Vec<u8>, done: Done)
     let mut reply = Response::new(Full::new(Bytes::from(payload)));
     let headers = reply.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if let Ok(id) = HeaderValue::from_bytes(&front.request_id(parts)) {
+    // a traced request's id was taken when its trace began: its spans carry it
+    let id = TRACE
+        .try_with(|t| t.request_id.clone().into_bytes())
+        .unwrap_or_else(|_| front.request_id(parts));
+    if let Ok(id) = HeaderValue::from_bytes(&id) {
         headers.insert("x-request-id", id);
     }
     // TEI's timing headers, whole milliseconds, as the Python front writes them
@@ -322,7 +332,7 @@ async fn rows(front: &Front, packed: Packed, bulk: bool) -> Result<Rows, Unanswe
 /// the queue is full (before > 0 tokens queued) or a part failed, `Expired` when a part's answer
 /// did not come within `request_timeout` of its submission (the Python pipeline's deadline of a
 /// call): the rest are never submitted, and those queued are dropped (Tulip skips them).
-async fn in_turn<R>(
+async fn in_turn<R: Timed>(
     front: &Front,
     packed: Packed,
     submit: impl Fn(Packed) -> Option<oneshot::Receiver<Result<R, String>>>,
@@ -331,22 +341,28 @@ async fn in_turn<R>(
     let mut parts = packed.split(front.bounds.part_tokens).into_iter();
     let mut queued = VecDeque::with_capacity(front.bounds.parts_in_flight);
     let timeout = front.bounds.request_timeout;
+    let traced = TRACE.try_with(|_| ()).is_ok();
     loop {
         while queued.len() < front.bounds.parts_in_flight.max(1) {
             let Some(part) = parts.next() else { break };
+            let (tokens, submitted) = (part.num_tokens(), if traced { wall_ns() } else { 0 });
             let answer = submit(part).ok_or(HandOver)?;
-            queued.push_back((tokio::time::Instant::now() + timeout, answer));
+            let deadline = tokio::time::Instant::now() + timeout;
+            queued.push_back((deadline, answer, tokens, submitted));
         }
-        let Some((deadline, answer)) = queued.pop_front() else {
+        let Some((deadline, answer, tokens, submitted)) = queued.pop_front() else {
             return Ok(());
         };
         let answer = tokio::time::timeout_at(deadline, answer).await;
-        take(
-            answer
-                .map_err(|_| Unanswered::Expired)?
-                .ok()
-                .and_then(Result::ok)
-                .ok_or(HandOver)?,
-        );
+        let part = answer
+            .map_err(|_| Unanswered::Expired)?
+            .ok()
+            .and_then(Result::ok)
+            .ok_or(HandOver)?;
+        if traced {
+            let (queue, inference) = part.times();
+            let _ = TRACE.try_with(|t| t.part(submitted, queue, inference, tokens));
+        }
+        take(part);
     }
 }

@@ -26,6 +26,23 @@ pub struct Rows {
 /// A request's rows, or why the engine failed it.
 pub type Answer = Result<Rows, String>;
 
+/// An answer's stage times: (seconds queued, seconds in the engine).
+pub trait Timed {
+    fn times(&self) -> (f64, f64);
+}
+
+impl Timed for Rows {
+    fn times(&self) -> (f64, f64) {
+        (self.queue, self.inference)
+    }
+}
+
+impl Timed for SparseRows {
+    fn times(&self) -> (f64, f64) {
+        (self.queue, self.inference)
+    }
+}
+
 /// A request's sparse vectors (CSR: sequence i's entries are `indices[offsets[i]..offsets[i +
 /// 1]]`, ascending token ids, and the same range of `values`) and its stage times.
 #[derive(Debug, Default)]

@@ -8,5 +8,7 @@
 mod engine;
 mod packed;
 
-pub use engine::{Answer, Delivery, Job, Lanes, Reply, Rows, SparseAnswer, SparseRows, Tulip};
+pub use engine::{
+    Answer, Delivery, Job, Lanes, Reply, Rows, SparseAnswer, SparseRows, Timed, Tulip,
+};
 pub use packed::{BatchArrays, Packed};

@@ -198,6 +198,12 @@ def run_serve(args: argparse.Namespace) -> int:
         return serve_native(args.given, configs, gateway)
     if serve.native is None:
         say(f"embedserve: serving through the Python path, not the native front: {why}")
+    return _serve_python(configs, gateway)
+
+
+def _serve_python(configs: list[ServerConfig], gateway: GatewayConfig) -> int:
+    """The Python path: each server and the gateway a process of its own, started, watched and
+    restarted here until SIGTERM / Ctrl-C."""
     cli = [sys.executable, "-m", "embedserve.cli.main"]
     stop_requested = threading.Event()
 

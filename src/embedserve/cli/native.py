@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from embedserve.contract import tracing
 from embedserve.core.lanes import BULK_INPUTS, BULK_TOKENS
 from embedserve.gateway.connections import fit_to_fd_limit
 from embedserve.gateway.main import GatewayConfig
@@ -56,16 +57,11 @@ def ivy_threads(cores: int | None) -> int:
     return max(1, min(4, (cores or 1) // 4))
 
 
-# Flags of a server's or the gateway's that this process does not honour yet: given, each is
-# refused before anything loads, not silently dropped (tracing: no spans for Ivy's requests)
-NOT_HONOURED = ("otlp_endpoint",)
-
-
 def why_not_native(
     servers: list[ServerConfig], gateway: GatewayConfig, replicas: int
 ) -> str | None:
-    """Why the flags given are not served natively (one model on one engine, one worker, no flag
-    this process would not honour), or None: they are. `replicas`: `--replicas` as given (its
+    """Why the flags given are not served natively (one model on one engine, one worker), or
+    None: they are. `replicas`: `--replicas` as given (its
     default, one engine per visible GPU, is not the user's: --native serves the first)."""
     if len(gateway.entries) != 1:
         return (
@@ -75,11 +71,6 @@ def why_not_native(
         return f"--native serves from one engine; --replicas {replicas} was given"
     if gateway.workers > 1:  # 0: the default
         return f"--native runs one process; --workers {gateway.workers} was given"
-    for config in (servers[0], gateway):
-        for field in dataclasses.fields(config):
-            if field.name in NOT_HONOURED and getattr(config, field.name) != field.default:
-                flag = "--" + field.name.replace("_", "-")
-                return f"--native does not honour {flag} yet (--no-native does)"
     return None
 
 
@@ -100,6 +91,8 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     inputs, answered = _served_model(gateway)
     if gateway.log_requests:
         log_requests_to_stderr()
+    # the Python front's spans and Ivy's (taken from `native` at each export), one exporter
+    tracer = tracing.configure(gateway.otlp_endpoint, tracing.GATEWAY_SERVICE)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, name="python-front", daemon=True).start()
     calls = TulipCalls(loop)
@@ -113,6 +106,8 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     )
     native = _native_gateway(server, gateway, inputs, answered, front, sorted(keys()), calls, watch)
     calls.gateway = native
+    if tracer is not None:
+        tracer.native = native
     config = dataclasses.replace(
         gateway,
         replicas=(IN_PROCESS_ADDRESS,),
@@ -126,16 +121,7 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     front.app = app
     lifespan, grpc_address = _started(app, loop, gateway)
     _on_signals(native, app, loop, keys, config.drain_seconds)
-    url = f"http://{gateway.host}:{native.port}"
-    say(
-        f"embedserve: serving {gateway.entries[0].names[0]} at {url} (native front: plain "
-        f"{answered.what} {'answered natively' if answered.any else 'through the Python front'}"
-        f"; batch tokens {native.batch_tokens})"
-    )
-    if grpc_address is not None:
-        say(f"embedserve: TEI's gRPC API at {grpc_address}")
-    # the record `serve`'s launcher writes for whoever started it (`processes.write_ready`)
-    write_ready({"url": url, **({"tei_grpc": grpc_address} if grpc_address else {})})
+    _say_ready(gateway, native, answered, grpc_address)
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while draining
         native.serve()
     if watch.guard.fatal is not None:  # the engine's threads are not waited for
@@ -143,7 +129,23 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     watch.guard.stop()
     lifespan.shutdown()
     loop.call_soon_threadsafe(loop.stop)
+    if tracer is not None:
+        tracer.shutdown()  # the last spans exported
     return 0
+
+
+def _say_ready(gateway: GatewayConfig, native: Any, answered: Any, grpc: str | None) -> None:
+    """The ready lines, and the record `serve`'s launcher writes for whoever started it
+    (`processes.write_ready`)."""
+    url = f"http://{gateway.host}:{native.port}"
+    say(
+        f"embedserve: serving {gateway.entries[0].names[0]} at {url} (native front: plain "
+        f"{answered.what} {'answered natively' if answered.any else 'through the Python front'}"
+        f"; batch tokens {native.batch_tokens})"
+    )
+    if grpc is not None:
+        say(f"embedserve: TEI's gRPC API at {grpc}")
+    write_ready({"url": url, **({"tei_grpc": grpc} if grpc else {})})
 
 
 def _started(app: Any, loop: asyncio.AbstractEventLoop, gateway: GatewayConfig) -> Any:
@@ -331,6 +333,8 @@ def _native_gateway(
         # the lane rule, declared once (`core.lanes`, `server.scheduler`); None: --lanes off
         lanes=(BULK_EVERY, BULK_INPUTS, BULK_TOKENS) if server.lanes == "on" else None,
         reranker=answered.reranker,
+        # spans held for the exporter (`--otlp-endpoint`; 0: tracing off)
+        traces=tracing.MAX_QUEUED if tracing.TRACER is not None else 0,
     )
 
 

@@ -29,6 +29,7 @@ from typing import Any
 log = logging.getLogger("embedserve.tracing")
 
 EXPORT_EVERY = 0.5  # s between exports: spans wait at most this long
+GATEWAY_SERVICE, SERVER_SERVICE = "embedserve-gateway", "embedserve-server"  # service.name
 MAX_QUEUED = 10_000  # spans held for the exporter; past this they are dropped (and counted)
 SERVER, INTERNAL = 2, 1  # OTLP span kinds
 
@@ -75,6 +76,7 @@ class Span:
     start_ns: int = field(default_factory=time.time_ns)
     attributes: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    service: str = ""  # its process's part, where not the tracer's (`SERVER_SERVICE`)
 
     def end(self, end_ns: int | None = None) -> None:
         self.tracer.finished(self, end_ns or time.time_ns())
@@ -88,6 +90,8 @@ class Tracer:
         self.url = endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces"
         self.service = service
         self.dropped = 0
+        # the native front's spans, taken at each export (`Gateway.take_spans`)
+        self.native: Any = None
         self._queue: queue.Queue[tuple[Span, int]] = queue.Queue(MAX_QUEUED)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
@@ -131,7 +135,7 @@ class Tracer:
 
     def flush(self) -> None:
         """Export every finished span now (the exporter thread's work; also at shutdown)."""
-        spans = []
+        spans = self._native_spans()
         while True:
             try:
                 spans.append(self._queue.get_nowait())
@@ -148,6 +152,20 @@ class Tracer:
                 reply.read()
         except OSError as e:  # a collector that is down loses these spans, nothing else
             log.warning("OTLP export of %d spans to %s failed: %s", len(spans), self.url, e)
+
+    def _native_spans(self) -> list[tuple[Span, int]]:
+        """The native front's finished spans (`native/src/ivy/traces.rs`), as this module's."""
+        if self.native is None:
+            return []
+        taken, dropped = self.native.take_spans()
+        self.dropped += dropped
+        out = []
+        for name, trace_id, span_id, parent, kind, start_ns, end_ns, attributes in taken:
+            service = GATEWAY_SERVICE if name == "gateway request" else SERVER_SERVICE
+            context = SpanContext(trace_id, span_id)
+            span = Span(self, name, context, parent, kind, start_ns, attributes, service=service)
+            out.append((span, end_ns))
+        return out
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -167,9 +185,9 @@ def encode(spans: list[tuple[Span, int]], service: str) -> bytes:
             return pb.AnyValue(double_value=v)
         return pb.AnyValue(string_value=str(v))
 
-    out = []
+    by_service: dict[str, list[Any]] = {}
     for span, end_ns in spans:
-        out.append(
+        by_service.setdefault(span.service or service, []).append(
             pb.Span(
                 trace_id=span.context.trace_id,
                 span_id=span.context.span_id,
@@ -182,12 +200,19 @@ def encode(spans: list[tuple[Span, int]], service: str) -> bytes:
                 status=pb.Status(code=2, message=span.error) if span.error else None,
             )
         )
-    resource = pb.Resource(
-        attributes=[pb.KeyValue(key="service.name", value=pb.AnyValue(string_value=service))]
-    )
-    scope = pb.ScopeSpans(scope=pb.InstrumentationScope(name="embedserve"), spans=out)
+    scope = pb.InstrumentationScope(name="embedserve")
     message = pb.ExportTraceServiceRequest(
-        resource_spans=[pb.ResourceSpans(resource=resource, scope_spans=[scope])]
+        resource_spans=[
+            pb.ResourceSpans(
+                resource=pb.Resource(
+                    attributes=[
+                        pb.KeyValue(key="service.name", value=pb.AnyValue(string_value=name))
+                    ]
+                ),
+                scope_spans=[pb.ScopeSpans(scope=scope, spans=out)],
+            )
+            for name, out in by_service.items()
+        ]
     )
     return bytes(message.SerializeToString())
 
@@ -295,3 +320,15 @@ def step_finished(batch: list[Any], ready: float) -> None:
             span.attributes.update({"embedserve.batch_requests": len(batch),
                                     "embedserve.batch_tokens": tokens})  # fmt: skip
             span.end(end)
+
+
+def engine_step_before(server: Span, inference_s: float, tokens: int) -> None:
+    """An `engine step` span under `server`'s, `inference_s` long and ending now: a step timed
+    where it ran (Tulip's, for the native front's Python calls), its rows just answered."""
+    if TRACER is None:
+        return
+    end = time.time_ns()
+    span = TRACER.start("engine step", server.context, start_ns=end - int(inference_s * 1e9))
+    span.service = server.service
+    span.attributes["embedserve.tokens"] = tokens
+    span.end(end)

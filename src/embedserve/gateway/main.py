@@ -350,7 +350,7 @@ def run_worker(config: GatewayConfig, sock: socket.socket, restarts: int = 0) ->
     app.metrics.worker_restarts.set(restarts)
     if config.tei_grpc_port is not None:
         app.services.append(TeiGrpc(app, config.host, config.tei_grpc_port))
-    tracing.configure(config.otlp_endpoint, "embedserve-gateway")  # per worker: its own thread
+    tracing.configure(config.otlp_endpoint, tracing.GATEWAY_SERVICE)  # per worker: its own thread
     server = draining_server(
         app,
         config.drain_seconds,

@@ -307,7 +307,7 @@ def batch_wait_seconds(config: ServerConfig, on_cpu: bool) -> float:
 
 async def serve(config: ServerConfig) -> int:
     """Serve until a signal (0) or until the engine cannot serve (FATAL_EXIT_CODE)."""
-    tracing.configure(config.otlp_endpoint, "embedserve-server")
+    tracing.configure(config.otlp_endpoint, tracing.SERVER_SERVICE)
     check_port(config.host, config.port)
     engine_thread = EngineThread()  # builds the engine, then runs its steps (see its module)
     engine, measured_budget = await asyncio.wrap_future(

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from embedserve.contract import tracing
 from embedserve.contract.local import rpc_error
 from embedserve.engine.batch import PackedBatch
 
@@ -147,6 +148,17 @@ class TulipCalls:
         self.launch: Any = None  # `service.launch` under the engine guard (`Watch`), once built
 
     async def embed(self, request: Any, timeout: float | None = None) -> Any:
+        """The server's answer to `request`, as its gRPC call gives it (`service.answer`), its
+        spans made as a server makes them when the gateway's span sent its context."""
+        if tracing.TRACER is None or not request.traceparent:
+            return await self._embed(request, timeout)
+        with tracing.ServerCall(request.traceparent, request.request_id) as span:
+            span.service = tracing.SERVER_SERVICE  # this process's gateway spans are its own
+            response = await self._embed(request, timeout)
+            tracing.engine_step_before(span, response.inference_seconds, sum(request.seqlens))
+            return response
+
+    async def _embed(self, request: Any, timeout: float | None) -> Any:
         from embedserve.server.service import checked
 
         if timeout is not None and timeout <= 0:  # no time left: never queued (gRPC's rule)

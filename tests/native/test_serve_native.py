@@ -253,7 +253,7 @@ def test_an_engine_failing_every_batch_ends_the_process_and_it_is_started_again(
     switch.touch()
     for name, value in fault_env(switch).items():
         monkeypatch.setenv(name, value)
-    proc, failing = serve_native("--max-failed-steps", "2")
+    proc, failing = serve_native("--max-failed-steps", "2", "--metrics-port", "0")
     try:
         assert not switch.exists()  # claimed: this process's engine fails every step
         statuses = []
@@ -275,6 +275,11 @@ def test_an_engine_failing_every_batch_ends_the_process_and_it_is_started_again(
                 time.sleep(0.5)
         assert status == 200 and len(answer["data"][0]["embedding"]) == 384
         assert proc.proc.poll() is None
+        # `--metrics-port 0`'s port is kept too, as the HTTP one (a scraper's target)
+        said = r"engine's metrics on (\S+)"
+        first = proc.wait_for(said)
+        again = proc.wait_for(said, timeout=10, start=proc.lines.index(first.string) + 1)
+        assert again.group(1) == first.group(1) and not first.group(1).endswith(":0/metrics")
     finally:
         proc.stop()
     assert proc.proc.returncode == 0  # drained on SIGTERM, as before

@@ -117,11 +117,11 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     )
     app = build_app(config, keys)
     app.metrics.native_counts = native.take_counts
-    _engine_metrics(server, app, calls.seam, watch, native)
+    metrics_port = _engine_metrics(server, app, calls.seam, watch, native)
     front.app = app
     lifespan, grpc_address = _started(app, loop, gateway)
     _on_signals(native, app, loop, keys, config.drain_seconds)
-    _say_ready(gateway, native, answered, grpc_address)
+    _say_ready(gateway, native, answered, grpc_address, metrics_port)
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while draining
         native.serve()
     if watch.guard.fatal is not None:  # the engine's threads are not waited for
@@ -134,9 +134,11 @@ def run_native(server: ServerConfig, gateway: GatewayConfig) -> int:
     return 0
 
 
-def _say_ready(gateway: GatewayConfig, native: Any, answered: Any, grpc: str | None) -> None:
+def _say_ready(
+    gateway: GatewayConfig, native: Any, answered: Any, grpc: str | None, metrics: int | None
+) -> None:
     """The ready lines, and the record `serve`'s launcher writes for whoever started it
-    (`processes.write_ready`)."""
+    (`processes.write_ready`; its ports are kept when it starts this process again)."""
     url = f"http://{gateway.host}:{native.port}"
     say(
         f"embedserve: serving {gateway.entries[0].names[0]} at {url} (native front: plain "
@@ -145,7 +147,12 @@ def _say_ready(gateway: GatewayConfig, native: Any, answered: Any, grpc: str | N
     )
     if grpc is not None:
         say(f"embedserve: TEI's gRPC API at {grpc}")
-    write_ready({"url": url, **({"tei_grpc": grpc} if grpc else {})})
+    record: dict[str, Any] = {"url": url}
+    if grpc is not None:
+        record["tei_grpc"] = grpc
+    if metrics is not None:
+        record["metrics_port"] = metrics
+    write_ready(record)
 
 
 def _started(app: Any, loop: asyncio.AbstractEventLoop, gateway: GatewayConfig) -> Any:
@@ -169,10 +176,12 @@ def _started(app: Any, loop: asyncio.AbstractEventLoop, gateway: GatewayConfig) 
     return lifespan, address
 
 
-def _engine_metrics(server: ServerConfig, app: Any, seam: Any, watch: Any, native: Any) -> None:
+def _engine_metrics(
+    server: ServerConfig, app: Any, seam: Any, watch: Any, native: Any
+) -> int | None:
     """The engine's metrics and its queue's (`server.metrics`: Tulip's batches and queued
     tokens) on the one port's `/metrics`, and on `--metrics-port` too when given (where a
-    server process serves them)."""
+    server process serves them): that port, or None."""
     from embedserve.server.metrics import ServerCollector, start_metrics_server
 
     collector = ServerCollector(seam, lambda: watch.num_batches, lambda: native.queued_tokens)
@@ -180,6 +189,8 @@ def _engine_metrics(server: ServerConfig, app: Any, seam: Any, watch: Any, nativ
     if server.metrics_port is not None:
         port = start_metrics_server(server.host, server.metrics_port, collector)
         say(f"embedserve: the engine's metrics on http://{server.host}:{port}/metrics")
+        return port
+    return None
 
 
 def _give_up(reason: str) -> None:

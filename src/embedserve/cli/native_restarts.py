@@ -122,4 +122,6 @@ def _same_ports(record: dict[str, Any]) -> list[str]:
     flags = ["--port", str(record["url"]).rsplit(":", 1)[1]]
     if record.get("tei_grpc"):
         flags += ["--tei-grpc-port", str(record["tei_grpc"]).rsplit(":", 1)[1]]
+    if record.get("metrics_port"):
+        flags += ["--metrics-port", str(record["metrics_port"])]
     return flags

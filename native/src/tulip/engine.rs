@@ -317,28 +317,42 @@ impl Queues {
     }
 
     /// The next batch: a call alone, or whole jobs of one lane in order under `budget` (a job
-    /// larger than it alone). Empty when nothing waits.
-    fn next_batch(&mut self, budget: usize) -> Vec<Job> {
+    /// larger than it alone), and the tokens of the jobs nobody waits for any more, dropped
+    /// meanwhile (`Reply::abandoned`: they take no part of the budget). Empty when nothing waits.
+    fn next_batch(&mut self, budget: usize) -> (Vec<Job>, usize) {
+        let mut dropped = 0;
         let Some(lane) = self.next_lane() else {
-            return Vec::new();
+            return (Vec::new(), dropped);
         };
+        dropped += drop_abandoned(lane);
         let Some(first) = lane.pop_front() else {
-            return Vec::new();
+            return (Vec::new(), dropped);
         };
         if first.reply.alone() {
-            return vec![first];
+            return (vec![first], dropped);
         }
         let mut tokens = first.tokens;
         let mut batch = vec![first];
-        while let Some(job) = lane.front() {
+        loop {
+            dropped += drop_abandoned(lane);
+            let Some(job) = lane.front() else { break };
             if job.reply.alone() || tokens + job.tokens > budget {
                 break; // a call runs alone, next
             }
             tokens += job.tokens;
             batch.extend(lane.pop_front());
         }
-        batch
+        (batch, dropped)
     }
+}
+
+/// The jobs at the front of `lane` that nobody waits for any more, dropped: their tokens.
+fn drop_abandoned(lane: &mut VecDeque<Job>) -> usize {
+    let mut tokens = 0;
+    while lane.front().is_some_and(|job| job.reply.abandoned()) {
+        tokens += lane.pop_front().map_or(0, |job| job.tokens);
+    }
+    tokens
 }
 
 /// The queue's sending end, shared by every connection.
@@ -628,10 +642,9 @@ fn engine_loop(
         if !gather(&jobs, &mut queues, &batching, &last) {
             return;
         }
-        let mut batch = queues.next_batch(budget);
+        let (mut batch, dropped) = queues.next_batch(budget);
         let tokens: usize = batch.iter().map(|job| job.tokens).sum();
-        queued_tokens.fetch_sub(tokens, Ordering::Relaxed);
-        batch.retain(|job| !job.reply.abandoned());
+        queued_tokens.fetch_sub(tokens + dropped, Ordering::Relaxed);
         if batch.is_empty() {
             continue;
         }
@@ -768,8 +781,10 @@ mod tests {
         bulk_tokens: 2048,
     };
 
+    /// A job someone waits for (its receiver kept for the test's life).
     fn job(tokens: usize, bulk: bool) -> Job {
-        let (reply, _) = oneshot::channel();
+        let (reply, waiting) = oneshot::channel();
+        std::mem::forget(waiting);
         Job {
             packed: Packed::new(),
             reply: Reply::Native(reply),
@@ -781,8 +796,25 @@ mod tests {
     }
 
     fn taken(queues: &mut Queues, budget: usize) -> Vec<(usize, bool)> {
-        let batch = queues.next_batch(budget);
+        let (batch, _) = queues.next_batch(budget);
         batch.iter().map(|j| (j.tokens, j.bulk)).collect()
+    }
+
+    #[test]
+    fn jobs_nobody_waits_for_are_dropped_and_take_no_budget() {
+        let mut queues = Queues::new(Lanes::OFF);
+        let (reply, gone) = oneshot::channel();
+        drop(gone); // its client left, or its deadline passed
+        let abandoned = Job {
+            reply: Reply::Native(reply),
+            ..job(900, false)
+        };
+        queues.push(job(100, false));
+        queues.push(abandoned);
+        queues.push(job(900, false));
+        let (batch, dropped) = queues.next_batch(1000);
+        let tokens: Vec<usize> = batch.iter().map(|j| j.tokens).collect();
+        assert_eq!((tokens, dropped), (vec![100, 900], 900));
     }
 
     #[test]

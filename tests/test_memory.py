@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from embedserve.cli import launch
+from embedserve.cli import gpu_memory, launch
 from embedserve.cli.main import build_parser
 from embedserve.memory import GIB, ModelMemory, check_fits, cpu_thread_shares
 
@@ -77,24 +77,24 @@ def test_serve_checks_the_next_model_before_it_loads(minilm_path) -> None:  # ty
     room = ready(loaded, GIB, 3 * GIB // 2)
     fits = 3 * GIB // 2 + GIB - 2 * GIB
     assert need < fits
-    launch.check_memory(config, "e", [("r", room)])
+    gpu_memory.check_memory(config, "e", [("r", room)])
     tight = ready(loaded, GIB + need - fits - 1, 3 * GIB // 2)  # one byte short
     with pytest.raises(
         ValueError, match=r"model 'e' does not fit on cuda:0: .*beside 'r' \(2.00 GiB\)"
     ):
-        launch.check_memory(config, "e", [("r", tight)])
-    launch.check_memory(config, "e", [])  # the first model on the GPU: nothing to check beside
+        gpu_memory.check_memory(config, "e", [("r", tight)])
+    gpu_memory.check_memory(config, "e", [])  # the first model on the GPU: nothing to check beside
     on_cpu = ServerConfig(EngineOptions(model=str(minilm_path), device="cpu"))
-    launch.check_memory(on_cpu, "e", [("r", tight)])  # the CPU: no memory check
+    gpu_memory.check_memory(on_cpu, "e", [("r", tight)])  # the CPU: no memory check
 
 
 def test_servers_on_other_gpus_are_not_counted() -> None:
     from embedserve.options import EngineOptions
     from embedserve.server.main import ServerConfig
 
-    assert launch._same_gpu("cuda:0", ServerConfig(EngineOptions(device="cuda")))
-    assert not launch._same_gpu("cuda:1", ServerConfig(EngineOptions(device="cuda:0")))
-    assert not launch._same_gpu("cpu", ServerConfig(EngineOptions(device="cpu")))
+    assert gpu_memory.same_gpu("cuda:0", ServerConfig(EngineOptions(device="cuda")))
+    assert not gpu_memory.same_gpu("cuda:1", ServerConfig(EngineOptions(device="cuda:0")))
+    assert not gpu_memory.same_gpu("cpu", ServerConfig(EngineOptions(device="cpu")))
 
 
 class FakeChild:

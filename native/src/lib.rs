@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 
 use id_lists::id_lists;
 use ivy::admission::Admission;
-use ivy::front::{Bounds, Front, Reranker, Served};
+use ivy::front::{Bounds, Front, Limits, Model, Reranker, Served};
 use ivy::http::serve;
 use ivy::pairs::{Cut, Joined};
 use ivy::routes::routes;
@@ -216,9 +216,142 @@ fn joined(joined: Joined) -> PyJoined {
     }
 }
 
-/// The native front on `host:port`: the plain shapes of the routes of `ivy::routes` answered
-/// here (`fast`: the embedding routes; `sparse`: TEI's `/embed_sparse`; `reranker`: the scoring
-/// routes), their ids queued on Tulip, which calls `build()`'s `step(*arrays) -> handle` (and
+/// One model as `Gateway` serves it: its tokenizer's JSON (truncating at `max_length`), its
+/// engine's `build` (Tulip's), its names, what of its requests Ivy answers (`fast`: plain
+/// embeddings, rows normalized unless asked otherwise when `normalize`; `sparse`: TEI's
+/// `/embed_sparse`; `reranker`: (activation, typed, Cohere's rerank truncate), its scoring
+/// routes) and its own bounds (`part_tokens` 0: its engine's batch tokens).
+#[pyclass(frozen, module = "embedserve._native")]
+struct ServedModel {
+    tokenizer_json: String,
+    build: Py<PyAny>,
+    names: Vec<String>,
+    max_length: usize,
+    fast: bool,
+    normalize: bool,
+    sparse: bool,
+    reranker: Option<(String, bool, String)>,
+    max_inputs: usize,
+    max_tokens: usize,
+    max_chars: usize,
+    window_chars: usize,
+    part_tokens: usize,
+    max_queued_tokens: usize,
+}
+
+#[pymethods]
+impl ServedModel {
+    #[new]
+    #[pyo3(signature = (
+        tokenizer_json, build, *, names, max_length, fast, normalize, sparse, max_inputs,
+        max_tokens, max_chars, window_chars, part_tokens, max_queued_tokens, reranker = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        tokenizer_json: String,
+        build: Py<PyAny>,
+        names: Vec<String>,
+        max_length: usize,
+        fast: bool,
+        normalize: bool,
+        sparse: bool,
+        max_inputs: usize,
+        max_tokens: usize,
+        max_chars: usize,
+        window_chars: usize,
+        part_tokens: usize,
+        max_queued_tokens: usize,
+        reranker: Option<(String, bool, String)>,
+    ) -> PyResult<Self> {
+        if names.is_empty() {
+            return Err(PyValueError::new_err("a served model needs a name"));
+        }
+        Ok(ServedModel {
+            tokenizer_json,
+            build,
+            names,
+            max_length,
+            fast,
+            normalize,
+            sparse,
+            reranker,
+            max_inputs,
+            max_tokens,
+            max_chars,
+            window_chars,
+            part_tokens,
+            max_queued_tokens,
+        })
+    }
+}
+
+impl ServedModel {
+    /// The model served: its tokenizer made, its engine built by a Tulip of its own (waited
+    /// for, the GIL released).
+    fn start(
+        &self,
+        py: Python<'_>,
+        lanes: Lanes,
+        wait_requests: usize,
+        delivery: Delivery,
+        latency_buckets: &[f64],
+    ) -> PyResult<Model> {
+        let tokenizer = TextTokenizer::from_json(&self.tokenizer_json, self.max_length)
+            .map_err(PyValueError::new_err)?;
+        let reranker = match &self.reranker {
+            Some(_) if tokenizer.pairs.is_none() => {
+                return Err(PyValueError::new_err(
+                    "a reranker's tokenizer must have a pair template",
+                ))
+            }
+            Some((activation, typed, rerank_truncate)) => Some(Reranker {
+                activation: Activation::of(activation).map_err(PyValueError::new_err)?,
+                typed: *typed,
+                rerank_cut: Cut::of(Some(rerank_truncate)).map_err(PyValueError::new_err)?,
+            }),
+            None => None,
+        };
+        let build = self.build.clone_ref(py);
+        let tulip = Tulip::start(
+            py,
+            build,
+            self.max_queued_tokens,
+            lanes,
+            wait_requests,
+            delivery,
+        )?;
+        let limits = Limits {
+            max_inputs: self.max_inputs,
+            max_tokens: self.max_tokens,
+            max_chars: self.max_chars,
+            window_chars: self.window_chars,
+            // 0: a part of a request is one batch of the engine's
+            part_tokens: match self.part_tokens {
+                0 => tulip.batch_tokens,
+                given => given,
+            },
+        };
+        Ok(Model {
+            names: self.names.clone(),
+            tokenizer,
+            tulip,
+            served: Served {
+                embeddings: self.fast,
+                normalize: self.normalize,
+                sparse: self.sparse,
+                reranker,
+            },
+            limits,
+            stats: routes()
+                .map(|_| Stats::new(latency_buckets.to_vec()))
+                .collect(),
+        })
+    }
+}
+
+/// The native front on `host:port` for `models` (`ServedModel`, each with a Tulip of its own,
+/// built in turn): the plain shapes of the routes of `ivy::routes` answered here, their ids
+/// queued on the named model's Tulip, which calls its `build()`'s `step(*arrays) -> handle` (and
 /// `sparse(*arrays)`) on its engine thread (`tulip::BatchArrays`); every other request handed
 /// to the Python `front` (`ivy::fallback`).
 #[pyclass(frozen, module = "embedserve._native")]
@@ -237,29 +370,17 @@ struct Gateway {
 impl Gateway {
     #[new]
     #[pyo3(signature = (
-        tokenizer_json, build, front, *, names, max_length, fast, normalize, sparse, max_body_bytes,
-        max_inputs, max_tokens, max_chars, window_chars, part_tokens, parts_in_flight,
-        request_timeout, body_timeout, header_timeout, max_header_bytes, max_headers,
-        max_connections, hosts, keys, latency_buckets, max_queued_tokens, batch_wait_requests,
-        host = "127.0.0.1", port = 0, threads = 1, lanes = None, reranker = None, traces = 0,
+        models, front, *, max_body_bytes, parts_in_flight, request_timeout, body_timeout,
+        header_timeout, max_header_bytes, max_headers, max_connections, hosts, keys,
+        latency_buckets, batch_wait_requests, host = "127.0.0.1", port = 0, threads = 1,
+        lanes = None, traces = 0,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        tokenizer_json: &str,
-        build: Py<PyAny>,
+        models: Vec<PyRef<'_, ServedModel>>,
         front: Py<PyAny>,
-        names: Vec<String>,
-        max_length: usize,
-        fast: bool,
-        normalize: bool,
-        sparse: bool,
         max_body_bytes: usize,
-        max_inputs: usize,
-        max_tokens: usize,
-        max_chars: usize,
-        window_chars: usize,
-        part_tokens: usize,
         parts_in_flight: usize,
         request_timeout: f64,
         body_timeout: f64,
@@ -270,37 +391,18 @@ impl Gateway {
         hosts: Vec<String>,
         keys: Vec<Vec<u8>>,
         latency_buckets: Vec<f64>,
-        max_queued_tokens: usize,
         batch_wait_requests: usize,
         host: &str,
         port: u16,
         threads: usize,
         lanes: Option<(usize, usize, usize)>,
-        reranker: Option<(String, bool, String)>,
         traces: usize,
     ) -> PyResult<Self> {
-        if threads == 0 || names.is_empty() {
+        if threads == 0 || models.is_empty() {
             return Err(PyValueError::new_err(
-                "threads must be positive, and a name given",
+                "threads must be positive, and a model given",
             ));
         }
-        let tokenizer =
-            TextTokenizer::from_json(tokenizer_json, max_length).map_err(PyValueError::new_err)?;
-        // (activation, typed, Cohere's rerank truncate): a cross-encoder's scoring routes
-        // answered here
-        let reranker = match reranker {
-            Some(_) if tokenizer.pairs.is_none() => {
-                return Err(PyValueError::new_err(
-                    "a reranker's tokenizer must have a pair template",
-                ))
-            }
-            Some((activation, typed, rerank_truncate)) => Some(Reranker {
-                activation: Activation::of(&activation).map_err(PyValueError::new_err)?,
-                typed,
-                rerank_cut: Cut::of(Some(&rerank_truncate)).map_err(PyValueError::new_err)?,
-            }),
-            None => None,
-        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("ivy")
@@ -325,26 +427,20 @@ impl Gateway {
             _ => Lanes::OFF,
         };
         let delivery = Delivery(Some(runtime.handle().clone()));
-        let tulip = Tulip::start(
-            py,
-            build,
-            max_queued_tokens,
-            lanes,
-            batch_wait_requests,
-            delivery,
-        )?;
+        let models = models
+            .iter()
+            .map(|spec| {
+                spec.start(
+                    py,
+                    lanes,
+                    batch_wait_requests,
+                    delivery.clone(),
+                    &latency_buckets,
+                )
+            })
+            .collect::<PyResult<Vec<Model>>>()?;
         let bounds = Bounds {
             max_body_bytes,
-            max_inputs,
-            max_tokens,
-            max_chars,
-            window_chars,
-            // 0: a part of a request is one batch of the engine's
-            part_tokens: if part_tokens == 0 {
-                tulip.batch_tokens
-            } else {
-                part_tokens
-            },
             parts_in_flight,
             request_timeout: seconds(request_timeout),
             body_timeout: seconds(body_timeout),
@@ -355,21 +451,10 @@ impl Gateway {
         };
         let admission = Admission { hosts, keys };
         let front = Arc::new(Front::new(
-            names,
-            tokenizer,
-            tulip,
+            models,
             front,
-            Served {
-                embeddings: fast,
-                normalize,
-                sparse,
-                reranker,
-            },
             bounds,
             admission,
-            routes()
-                .map(|_| Stats::new(latency_buckets.clone()))
-                .collect(),
             // spans held for the exporter at most (0: tracing off)
             (traces > 0).then(|| Traces::new(traces)),
         ));
@@ -383,10 +468,10 @@ impl Gateway {
         })
     }
 
-    /// The engine's tokens per batch (`build()`'s).
-    #[getter]
-    fn batch_tokens(&self) -> usize {
-        self.front.tulip.batch_tokens
+    /// Model `model`'s engine's tokens per batch (its `build()`'s).
+    #[pyo3(signature = (model = 0))]
+    fn batch_tokens(&self, model: usize) -> PyResult<usize> {
+        Ok(self.tulip(model)?.batch_tokens)
     }
 
     /// Accepts and serves until `stop()` (the socket is bound at construction: connections made
@@ -436,17 +521,17 @@ impl Gateway {
         self.front.draining.store(true, Ordering::Relaxed);
     }
 
-    /// Tokens queued on Tulip, not yet in a batch (the engine's metrics).
-    #[getter]
-    fn queued_tokens(&self) -> usize {
-        self.front.tulip.queued_tokens()
+    /// Tokens queued on model `model`'s Tulip, not yet in a batch (the engine's metrics).
+    #[pyo3(signature = (model = 0))]
+    fn queued_tokens(&self, model: usize) -> PyResult<usize> {
+        Ok(self.tulip(model)?.queued_tokens())
     }
 
-    /// Tokens submitted to Tulip (by Ivy and by the Python front) and not yet answered: the
-    /// one engine's outstanding tokens, as the gateway counts a replica's (`/ready`).
-    #[getter]
-    fn outstanding_tokens(&self) -> usize {
-        self.front.tulip.outstanding_tokens()
+    /// Tokens submitted to model `model`'s Tulip (by Ivy and by the Python front) and not yet
+    /// answered: its engine's outstanding tokens, as the gateway counts a replica's (`/ready`).
+    #[pyo3(signature = (model = 0))]
+    fn outstanding_tokens(&self, model: usize) -> PyResult<usize> {
+        Ok(self.tulip(model)?.outstanding_tokens())
     }
 
     /// The spans of the requests answered here since the last call (`ivy::traces`), each
@@ -489,12 +574,16 @@ impl Gateway {
     }
 
     /// What the requests answered here (not handed over) add to the metrics since the last
-    /// call, by route: (route, (requests, latency counts per bucket of `latency_buckets` and
-    /// one over them, latency seconds in all, tokens, inputs)).
-    fn take_counts(&self) -> Vec<(&'static str, Taken)> {
-        routes()
-            .zip(&self.front.stats)
-            .map(|(route, stats)| (route, stats.take()))
+    /// call, by model and route: (route, the model's first name, (requests, latency counts per
+    /// bucket of `latency_buckets` and one over them, latency seconds in all, tokens, inputs)).
+    fn take_counts(&self) -> Vec<(&'static str, &str, Taken)> {
+        let models = self.front.models.iter();
+        models
+            .flat_map(|m| {
+                routes()
+                    .zip(&m.stats)
+                    .map(|(r, stats)| (r, &*m.names[0], stats.take()))
+            })
             .collect()
     }
 
@@ -506,11 +595,11 @@ impl Gateway {
     }
 
     /// Queues a Python request's packed sequences (little-endian int32 bytes; `token_types`
-    /// one per id for a cross-encoder's pairs) on Tulip beside the native ones, in the bulk lane
-    /// when `bulk` (the request's lane, the Python front's rule);
+    /// one per id for a cross-encoder's pairs) on model `model`'s Tulip beside the native ones,
+    /// in the bulk lane when `bulk` (the request's lane, the Python front's rule);
     /// `callback(rows, width, queue_s, inference_s, error)` is called on the thread that
     /// resolves its batch. False when the queue is full.
-    #[pyo3(signature = (ids, cu_seqlens, callback, bulk = false, token_types = None))]
+    #[pyo3(signature = (ids, cu_seqlens, callback, bulk = false, token_types = None, model = 0))]
     fn submit(
         &self,
         ids: &[u8],
@@ -518,12 +607,12 @@ impl Gateway {
         callback: Py<PyAny>,
         bulk: bool,
         token_types: Option<&[u8]>,
+        model: usize,
     ) -> PyResult<bool> {
         let packed =
             Packed::from_le_bytes(ids, cu_seqlens, token_types).map_err(PyValueError::new_err)?;
         Ok(self
-            .front
-            .tulip
+            .tulip(model)?
             .queue(packed, Reply::Python(callback), bulk))
     }
 
@@ -531,15 +620,23 @@ impl Gateway {
     /// outputs), counted as `tokens` against the queue's bound, in the bulk lane when `bulk`:
     /// run alone on the engine thread in its turn, it answers its request itself. False when
     /// the queue is full.
-    #[pyo3(signature = (work, tokens, bulk = false))]
-    fn call(&self, work: Py<PyAny>, tokens: usize, bulk: bool) -> bool {
-        self.front
-            .tulip
-            .queue_tokens(Packed::new(), Reply::Call(work), tokens, bulk)
+    #[pyo3(signature = (work, tokens, bulk = false, model = 0))]
+    fn call(&self, work: Py<PyAny>, tokens: usize, bulk: bool, model: usize) -> PyResult<bool> {
+        Ok(self
+            .tulip(model)?
+            .queue_tokens(Packed::new(), Reply::Call(work), tokens, bulk))
     }
 }
 
 impl Gateway {
+    /// Model `model`'s queue (in the order given).
+    fn tulip(&self, model: usize) -> PyResult<&Tulip> {
+        let served = self.front.models.get(model);
+        served
+            .map(|m| &m.tulip)
+            .ok_or_else(|| PyValueError::new_err(format!("no model {model}")))
+    }
+
     fn shutdown(&self) {
         self.stop.send_replace(true);
         let taken = self.runtime.lock().ok().and_then(|mut r| r.take());
@@ -574,6 +671,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(pause_ns, module)?)?;
     module.add_class::<Tokenizer>()?;
     module.add_class::<PairTemplate>()?;
+    module.add_class::<ServedModel>()?;
     module.add_class::<Gateway>()?;
     module.add_class::<ivy::fallback::Reply>()?;
     Ok(())

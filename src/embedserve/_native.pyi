@@ -35,38 +35,48 @@ class PairTemplate:
         self, query: list[int], doc: list[int], limit: int, truncate: str | None = ...
     ) -> tuple[str, list[int], int]: ...
 
-class Gateway:
-    """`serve --native`'s front (native/src/lib.rs): Ivy answers the plain `POST /v1/embeddings`
-    and `POST /embed` itself when `fast`, TEI's `/embed_sparse` when `sparse`, and a
-    cross-encoder's plain `/v1/rerank`, `/rerank`, `/v1/score` and `/v2/rerank` when `reranker`
-    is given (activation, typed, Cohere's rerank `truncate`): queued on Tulip, whose engine
-    thread calls `build() -> (step, batch_tokens, sparse)` first and then `step(*arrays) ->
-    handle` per batch (the engine's `PackedBatch` arrays as little-endian bytearrays, in its field order; `sparse`
-    the same arrays for a sparse request's vectors, or None); every other request goes to
-    `front`."""
+class ServedModel:
+    """One model as `Gateway` serves it (native/src/lib.rs): Ivy answers its plain
+    `POST /v1/embeddings` and `POST /embed` itself when `fast`, TEI's `/embed_sparse` when
+    `sparse`, and a cross-encoder's plain `/v1/rerank`, `/rerank`, `/v1/score` and `/v2/rerank`
+    when `reranker` is given (activation, typed, Cohere's rerank `truncate`), within its own
+    bounds; queued on a Tulip of its own, whose engine thread calls `build() -> (step,
+    batch_tokens, batch_wait_s, sparse)` first and then `step(*arrays) -> handle` per batch (the
+    engine's `PackedBatch` arrays as little-endian bytearrays, in its field order; `sparse` the
+    same arrays for a sparse request's vectors, or None)."""
 
-    port: int
-    batch_tokens: int
-    queued_tokens: int
-    outstanding_tokens: int
-    in_flight: int
     def __init__(
         self,
         tokenizer_json: str,
         build: Callable[[], tuple[Callable[..., Any], int, float, Callable[..., Any] | None]],
-        front: Callable[[str, str, list[tuple[bytes, bytes]], Reply], Any],
         *,
         names: list[str],
         max_length: int,
         fast: bool,
         normalize: bool,
         sparse: bool,
-        max_body_bytes: int,
         max_inputs: int,
         max_tokens: int,
         max_chars: int,
         window_chars: int,
         part_tokens: int,
+        max_queued_tokens: int,
+        reranker: tuple[str, bool, str] | None = ...,
+    ) -> None: ...
+
+class Gateway:
+    """`serve`'s native front (native/src/lib.rs) for `models`, built in turn; a request that
+    names a model (or, with one model, none) is answered by that model's; every other request
+    goes to `front`. A method's `model` is a model's place in `models`."""
+
+    port: int
+    in_flight: int
+    def __init__(
+        self,
+        models: list[ServedModel],
+        front: Callable[[str, str, list[tuple[bytes, bytes]], Reply], Any],
+        *,
+        max_body_bytes: int,
         parts_in_flight: int,
         request_timeout: float,
         body_timeout: float,
@@ -77,19 +87,20 @@ class Gateway:
         hosts: list[str],
         keys: list[bytes],
         latency_buckets: list[float],
-        max_queued_tokens: int,
         batch_wait_requests: int,
         host: str = ...,
         port: int = ...,
         threads: int = ...,
         lanes: tuple[int, int, int] | None = ...,
-        reranker: tuple[str, bool, str] | None = ...,
         traces: int = ...,
     ) -> None: ...
+    def batch_tokens(self, model: int = ...) -> int: ...
+    def queued_tokens(self, model: int = ...) -> int: ...
+    def outstanding_tokens(self, model: int = ...) -> int: ...
     def serve(self) -> None: ...
     def stop(self) -> None: ...
     def drain(self) -> None: ...
-    def take_counts(self) -> list[tuple[str, tuple[int, list[int], float, int, int]]]: ...
+    def take_counts(self) -> list[tuple[str, str, tuple[int, list[int], float, int, int]]]: ...
     def take_spans(
         self,
     ) -> tuple[list[tuple[str, bytes, bytes, bytes, int, int, int, dict[str, str | int]]], int]: ...
@@ -101,8 +112,11 @@ class Gateway:
         callback: Callable[[bytes | None, int, float, float, str | None], None],
         bulk: bool = ...,
         token_types: bytes | None = ...,
+        model: int = ...,
     ) -> bool: ...
-    def call(self, work: Callable[[], None], tokens: int, bulk: bool = ...) -> bool: ...
+    def call(
+        self, work: Callable[[], None], tokens: int, bulk: bool = ..., model: int = ...
+    ) -> bool: ...
 
 class Reply:
     """A handed-over request's answer: `send(status, headers, body)`, once."""

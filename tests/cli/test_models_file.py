@@ -142,7 +142,7 @@ def read_models_file_text(text: str):  # type: ignore[no-untyped-def]
 
 
 def test_each_model_splits_requests_at_its_own_servers_batch(tmp_path: Path) -> None:
-    from embedserve.cli.launch import with_part_tokens
+    from embedserve.cli.serve_options import with_part_tokens
 
     _, gateway = configs(tmp_path, TWO)  # the ranker sets part_tokens = 512 itself
     done = with_part_tokens(gateway, ["minilm", "ranker", "ranker"], [1024, 8192, 4096])

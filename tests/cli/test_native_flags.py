@@ -4,12 +4,15 @@ the user's error."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from embedserve.cli import launch
 from embedserve.cli.launch import ServeConfig, serve_configs
 from embedserve.cli.main import build_parser
-from embedserve.cli.native import batch_budget, why_not_native
+from embedserve.cli.native import why_not_native
+from embedserve.cli.native_models import batch_budget
 from embedserve.server.main import batch_wait_seconds
 
 
@@ -37,7 +40,6 @@ def test_the_defaults_pass_on_a_machine_of_many_cores_and_gpus(
     [
         (["--workers", "2"], "--workers 2 was given"),
         (["--replicas", "3"], "--replicas 3 was given"),
-        (["--model", "a=minilm", "--model", "b=minilm"], "these flags ask 2"),
     ],
 )
 def test_flags_the_user_gave_are_refused(flags: list[str], message: str) -> None:
@@ -87,13 +89,22 @@ def test_serve_is_native_where_the_native_front_serves_the_flags(
     assert _why_python("--device", "cpu", "--no-native") == "--no-native was given"
     assert "--workers 2 was given" in str(_why_python("--device", "cpu", "--workers", "2"))
     two = ("--model", "a=minilm", "--model", "b=minilm")
-    assert "these flags ask 2" in str(_why_python("--device", "cpu", *two))
-    with pytest.raises(ValueError, match="these flags ask 2"):
-        _why_python("--device", "cpu", "--native", *two)
+    assert _why_python("--device", "cpu", *two) is None  # each its own engine
     monkeypatch.setattr(launch, "visible_gpus", lambda: 4)
-    assert _why_python() == "4 GPUs, an engine on each (--native: the first alone)"
+    assert _why_python() == "4 engines over the GPUs (--native: each model's first alone)"
+    assert _why_python(*two) == "8 engines over the GPUs (--native: each model's first alone)"
     assert _why_python("--native") is None  # one engine, on the first GPU
     assert _why_python("--replicas", "1") is None
+    assert _why_python("--replicas", "1", *two) is None
+
+
+def test_a_model_of_several_cpu_replicas_is_the_python_paths(tmp_path: Path) -> None:
+    config = tmp_path / "models.toml"
+    config.write_text('[[model]]\nmodel = "minilm"\nreplicas = 2\n')
+    flags = ("--config", str(config), "--device", "cpu")
+    assert "a model asks several on the CPU" in str(_why_python(*flags))
+    with pytest.raises(ValueError, match="a model asks several on the CPU"):
+        _why_python("--native", *flags)
 
 
 def test_the_choice_of_three_round_trips() -> None:

@@ -47,9 +47,11 @@ def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_checkpoint(out, arch="ms-marco-minilm-l6", dtype="float32", seed=5, overwrite=True)
 
 
-@pytest.fixture(scope="module")
-def both(cross_encoder: Path) -> Iterator[tuple[str, Proc]]:
-    proc = Proc("serve", "--model", "minilm", "--model", f"ms-marco={cross_encoder}",
+# the Python path (a server process per model), then natively (an engine and Tulip per model
+# in the one process, `cli/native.py`): the same answers, statuses and metrics
+@pytest.fixture(scope="module", params=["--no-native", "--native"])
+def both(cross_encoder: Path, request: pytest.FixtureRequest) -> Iterator[tuple[str, Proc]]:
+    proc = Proc("serve", request.param, "--model", "minilm", "--model", f"ms-marco={cross_encoder}",
                 "--port", "0", "--device", "cpu", "--dtype", "float32")  # fmt: skip
     try:
         yield proc.wait_for(r"embedserve: serving minilm, ms-marco at (\S+)").group(1), proc
@@ -140,6 +142,8 @@ def test_a_dead_reranker_server_leaves_the_embedder_answering(
     both: tuple[str, Proc], cross_encoder: Path
 ) -> None:
     url, proc = both
+    if "--native" in proc.argv:
+        pytest.skip("one process natively: an engine that fails restarts it (tests/native)")
     (pid,) = _servers_of(proc.proc.pid, str(cross_encoder))
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5

@@ -1,6 +1,6 @@
-//! What every connection of the native front shares: the served model's names, tokenizer and
-//! queue, what of its requests are answered here (`Served`), the bounds, the admission rules,
-//! the counts, and new request ids.
+//! What every connection of the native front shares: the served models (each one's names,
+//! tokenizer, queue, what of its requests are answered here and its bounds), the bounds, the
+//! admission rules, the counts, and new request ids.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -19,19 +19,10 @@ use super::tokenize::TextTokenizer;
 use super::traces::Traces;
 use crate::tulip::Tulip;
 
-/// The bounds of a request answered here; each is the Python front's, passed in at start-up.
+/// The bounds of a request answered here; each is the Python front's, passed in at start-up
+/// (a model's own: `Limits`).
 pub struct Bounds {
     pub max_body_bytes: usize,
-    pub max_inputs: usize,
-    /// real tokens per request (`--max-tokens-per-request`)
-    pub max_tokens: usize,
-    /// the characters a request may make the tokenizer read (`core/bounds.max_chars`)
-    pub max_chars: usize,
-    /// a text longer is the Python front's: it reads such a text a piece at a time, with
-    /// errors of its own (`core/tokenization.TextTokenizer.window_chars`)
-    pub window_chars: usize,
-    /// a request's tokens per part (`Packed::split`): the engine's batch budget
-    pub part_tokens: usize,
     /// a request's parts queued at once (`gateway/pipeline.PARTS_IN_FLIGHT`)
     pub parts_in_flight: usize,
     /// for a part's answer, from its submission (`--request-timeout`)
@@ -68,23 +59,45 @@ pub struct Served {
     pub reranker: Option<Reranker>,
 }
 
-/// What every connection shares.
-pub struct Front {
-    /// the served model's names; answers name the first
+/// A model's own bounds of a request answered here, the Python front's for it (its models
+/// file keys, else the flags).
+pub struct Limits {
+    pub max_inputs: usize,
+    /// real tokens per request (`--max-tokens-per-request`)
+    pub max_tokens: usize,
+    /// the characters a request may make the tokenizer read (`core/bounds.max_chars`)
+    pub max_chars: usize,
+    /// a text longer is the Python front's: it reads such a text a piece at a time, with
+    /// errors of its own (`core/tokenization.TextTokenizer.window_chars`)
+    pub window_chars: usize,
+    /// a request's tokens per part (`Packed::split`): the engine's batch budget, or its own
+    pub part_tokens: usize,
+}
+
+/// One served model: its names, its tokenizer of a text sent with no options (no prompt, no
+/// cut), its queue and engine, what of its requests are answered here and its bounds.
+pub struct Model {
+    /// answers name the first
     pub names: Vec<String>,
-    /// the request core's tokenizer of a text sent with no options (no prompt, no cut)
     pub tokenizer: TextTokenizer,
     pub tulip: Tulip,
+    pub served: Served,
+    pub limits: Limits,
+    /// its requests answered here, one per route of `routes::routes()`
+    pub stats: Vec<Stats>,
+}
+
+/// What every connection shares.
+pub struct Front {
+    /// in the order given; a request names one (or, with one alone, none)
+    pub models: Vec<Model>,
     /// the Python front (`fallback::hand_over`)
     pub python: Py<PyAny>,
-    pub served: Served,
     pub bounds: Bounds,
     pub admission: RwLock<Admission>,
     /// set on SIGTERM: every request is handed over (the Python front answers 503)
     pub draining: AtomicBool,
     pub in_flight: AtomicUsize,
-    /// one per route of `routes::routes()`
-    pub stats: Vec<Stats>,
     /// the spans of requests answered here (`--otlp-endpoint`), else None
     pub traces: Option<Traces>,
     ids: RandomState,
@@ -92,29 +105,20 @@ pub struct Front {
 }
 
 impl Front {
-    #[allow(clippy::too_many_arguments)] // the parts of one front, each passed in once
     pub fn new(
-        names: Vec<String>,
-        tokenizer: TextTokenizer,
-        tulip: Tulip,
+        models: Vec<Model>,
         python: Py<PyAny>,
-        served: Served,
         bounds: Bounds,
         admission: Admission,
-        stats: Vec<Stats>,
         traces: Option<Traces>,
     ) -> Self {
         Front {
-            names,
-            tokenizer,
-            tulip,
+            models,
             python,
-            served,
             bounds,
             admission: RwLock::new(admission),
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
-            stats,
             traces,
             ids: RandomState::new(),
             next_id: AtomicU64::new(0),
@@ -142,8 +146,16 @@ impl Front {
         format!("{a:016x}{b:016x}")
     }
 
-    /// Whether a body's `model` (if it names one) is served here.
-    pub fn serves(&self, model: Option<&str>) -> bool {
-        model.is_none_or(|model| self.names.iter().any(|name| name == model))
+    /// The model a body's `model` names; with one model alone, also a body that names none
+    /// (with several, the Python front's rule picks one: `--default-model`).
+    pub fn model(&self, named: Option<&str>) -> Option<&Model> {
+        match named {
+            Some(name) => self
+                .models
+                .iter()
+                .find(|m| m.names.iter().any(|n| n == name)),
+            None if self.models.len() == 1 => self.models.first(),
+            None => None,
+        }
     }
 }

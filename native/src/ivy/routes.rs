@@ -15,7 +15,7 @@ use hyper::Response;
 use tokio::sync::oneshot;
 
 use super::api::{self, Plain, TeiSparseRequest, SPARSE_ROUTE};
-use super::front::Front;
+use super::front::{Front, Model};
 use super::pairs::Joined;
 use super::scoring::{self, blank, Scoring};
 use super::traces::{wall_ns, TRACE};
@@ -38,7 +38,7 @@ use Unanswered::HandOver;
 /// A route's answer, or why there is none.
 pub type Answer = Result<Response<Body>, Unanswered>;
 
-/// Every route answered here, in the order of `Front::stats`: the embedding routes, the
+/// Every route answered here, in the order of `Model::stats`: the embedding routes, the
 /// scoring ones, then `/embed_sparse`.
 pub fn routes() -> impl Iterator<Item = &'static str> {
     api::ROUTES
@@ -57,20 +57,24 @@ pub enum Here {
 }
 
 impl Here {
-    /// The route of `path`, if this model's requests to it may be answered here.
+    /// The route of `path`, if a model's requests to it may be answered here.
     pub fn of(path: &str, front: &Front) -> Option<Here> {
         let at = |routes: &[&str]| routes.iter().position(|&r| r == path);
         let here = at(&api::ROUTES)
             .map(Here::Embed)
             .or_else(|| at(&scoring::ROUTES).map(Here::Score))
             .or((path == SPARSE_ROUTE).then_some(Here::Sparse))?;
-        let served = &front.served;
-        let open = match here {
+        front.models.iter().any(|m| here.open(m)).then_some(here)
+    }
+
+    /// Whether `model`'s requests to it may be answered here.
+    fn open(self, model: &Model) -> bool {
+        let served = &model.served;
+        match self {
             Here::Embed(_) => served.embeddings,
             Here::Score(_) => served.reranker.is_some(),
             Here::Sparse => served.sparse,
-        };
-        open.then_some(here)
+        }
     }
 
     /// Its path.
@@ -78,7 +82,7 @@ impl Here {
         routes().nth(self.stats()).unwrap_or_default()
     }
 
-    /// Its place in `Front::stats` (`routes()`).
+    /// Its place in `Model::stats` (`routes()`).
     fn stats(self) -> usize {
         match self {
             Here::Embed(i) => i,
@@ -108,20 +112,21 @@ async fn embeddings(
     start: Instant,
 ) -> Answer {
     let parsed = Plain::parse(route, body).map_err(|_| HandOver)?;
-    if !front.serves(parsed.model()) {
+    let model = front.model(parsed.model()).ok_or(HandOver)?;
+    if !Here::Embed(route).open(model) {
         return Err(HandOver);
     }
     let texts = parsed.texts();
-    let packed = packed_texts(front, texts).ok_or(HandOver)?;
+    let packed = packed_texts(model, texts).ok_or(HandOver)?;
     let tokens = packed.num_tokens();
     let tokenized = start.elapsed();
     // its lane, by its size: every part of a bulk request is bulk
-    let bulk = front.tulip.lanes.is_bulk(packed.num_seqs(), tokens);
-    let mut rows = rows(front, packed, bulk).await?;
-    if parsed.normalize(front.served.normalize) {
+    let bulk = model.tulip.lanes.is_bulk(packed.num_seqs(), tokens);
+    let mut rows = rows(front, model, packed, bulk).await?;
+    if parsed.normalize(model.served.normalize) {
         api::normalize(&mut rows.values, rows.width);
     }
-    let payload = parsed.answer(&rows.values, rows.width, &front.names[0], tokens);
+    let payload = parsed.answer(&rows.values, rows.width, &model.names[0], tokens);
     let done = Done::of(
         start,
         tokenized,
@@ -129,14 +134,20 @@ async fn embeddings(
         tokens,
         texts.len(),
     );
-    Ok(reply(front, Here::Embed(route), parts, payload, done))
+    Ok(reply(
+        front,
+        (model, Here::Embed(route)),
+        parts,
+        payload,
+        done,
+    ))
 }
 
 /// Texts sent with no options, tokenized and packed, if this front may answer them: within the
 /// input and token bounds, each within the model's length and with a token of its own (else
 /// the Python front says what is wrong, or cuts what it was asked to cut).
-fn packed_texts(front: &Front, texts: &[String]) -> Option<Packed> {
-    let bounds = &front.bounds;
+fn packed_texts(model: &Model, texts: &[String]) -> Option<Packed> {
+    let bounds = &model.limits;
     if texts.is_empty() || texts.len() > bounds.max_inputs || texts.iter().any(|t| t.is_empty()) {
         return None;
     }
@@ -152,30 +163,31 @@ fn packed_texts(front: &Front, texts: &[String]) -> Option<Packed> {
     if bytes > bounds.max_chars && texts.iter().map(chars).sum::<usize>() > bounds.max_chars {
         return None;
     }
-    let packed = front.tokenizer.pack(texts).ok()?;
-    let special = front.tokenizer.num_special as i32;
+    let packed = model.tokenizer.pack(texts).ok()?;
+    let special = model.tokenizer.num_special as i32;
     let no_own_token = packed.cu_seqlens.windows(2).any(|w| w[1] - w[0] <= special);
-    (packed.num_tokens() <= front.bounds.max_tokens && !no_own_token).then_some(packed)
+    (packed.num_tokens() <= bounds.max_tokens && !no_own_token).then_some(packed)
 }
 
 /// TEI's plain `/embed_sparse` answered here, or why not (as `embeddings`): each part of the
 /// request run alone through the engine's sparse outputs, in order.
 async fn sparse(front: &Front, parts: &Parts, body: &[u8], start: Instant) -> Answer {
     let parsed: TeiSparseRequest = api::parse(body).map_err(|_| HandOver)?;
-    if !front.serves(parsed.model.as_deref()) {
+    let model = front.model(parsed.model.as_deref()).ok_or(HandOver)?;
+    if !Here::Sparse.open(model) {
         return Err(HandOver);
     }
     let texts = parsed.inputs.texts();
-    let packed = packed_texts(front, texts).ok_or(HandOver)?;
+    let packed = packed_texts(model, texts).ok_or(HandOver)?;
     let tokens = packed.num_tokens();
     let tokenized = start.elapsed();
-    let bulk = front.tulip.lanes.is_bulk(packed.num_seqs(), tokens);
+    let bulk = model.tulip.lanes.is_bulk(packed.num_seqs(), tokens);
     let mut all = SparseRows {
         offsets: vec![0],
         ..SparseRows::default()
     };
-    let submit = |part| front.tulip.submit_sparse(part, bulk);
-    in_turn(front, packed, submit, |part: SparseRows| {
+    let submit = |part| model.tulip.submit_sparse(part, bulk);
+    in_turn(front, model, packed, submit, |part: SparseRows| {
         let base = all.indices.len() as i64;
         all.offsets
             .extend(part.offsets.iter().skip(1).map(|o| base + o));
@@ -196,32 +208,32 @@ async fn sparse(front: &Front, parts: &Parts, body: &[u8], start: Instant) -> An
         tokens,
         texts.len(),
     );
-    Ok(reply(front, Here::Sparse, parts, payload, done))
+    Ok(reply(front, (model, Here::Sparse), parts, payload, done))
 }
 
 /// A cross-encoder's plain scoring request to `scoring::ROUTES[route]` answered here, or why
 /// the Python front answers it (another shape or option, a text it refuses, a pair it would
 /// refuse, a full queue, a failed batch).
 async fn scores(front: &Front, route: usize, parts: &Parts, body: &[u8], start: Instant) -> Answer {
-    let reranker = front.served.reranker.as_ref().ok_or(HandOver)?;
     let parsed = Scoring::parse(route, body).map_err(|_| HandOver)?;
+    let model = front.model(parsed.model()).ok_or(HandOver)?;
+    let reranker = model.served.reranker.as_ref().ok_or(HandOver)?;
     let cut = parsed.cut(reranker.rerank_cut).ok_or(HandOver)?;
     let (query, docs) = (parsed.query(), parsed.documents());
     // the request's characters as `core/bounds.pair_chars` counts them: the query per document
     let chars =
         query.chars().count() * docs.len() + docs.iter().map(|d| d.chars().count()).sum::<usize>();
-    if !front.serves(parsed.model())
-        || docs.is_empty()
-        || docs.len() > front.bounds.max_inputs
-        || chars > front.bounds.max_chars
+    if docs.is_empty()
+        || docs.len() > model.limits.max_inputs
+        || chars > model.limits.max_chars
         || blank(query)
         || docs.iter().any(|d| blank(d))
     {
         return Err(HandOver);
     }
-    let limit = front.tokenizer.max_length;
+    let limit = model.tokenizer.max_length;
     // None: the query has no token of its own; a document without one is `Joined::Empty`
-    let pairs = front
+    let pairs = model
         .tokenizer
         .pairs(query, docs, limit, cut)
         .ok()
@@ -235,18 +247,18 @@ async fn scores(front: &Front, route: usize, parts: &Parts, body: &[u8], start: 
         packed.push_pair(&ids, if reranker.typed { second } else { 0 });
     }
     let tokens = packed.num_tokens();
-    if tokens > front.bounds.max_tokens {
+    if tokens > model.limits.max_tokens {
         return Err(HandOver);
     }
     let tokenized = start.elapsed();
     // a scoring request is interactive, whatever its size (`core/lanes.interactive_route`)
-    let rows = rows(front, packed, false).await?;
+    let rows = rows(front, model, packed, false).await?;
     let logits = rows.values.iter().step_by(rows.width.max(1)).copied();
     let scores = parsed.scores(logits, reranker.activation);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let payload = parsed.answer(&scores, &front.names[0], tokens, &front.new_id(), now);
+    let payload = parsed.answer(&scores, &model.names[0], tokens, &front.new_id(), now);
     let done = Done::of(
         start,
         tokenized,
@@ -254,7 +266,13 @@ async fn scores(front: &Front, route: usize, parts: &Parts, body: &[u8], start: 
         tokens,
         docs.len(),
     );
-    Ok(reply(front, Here::Score(route), parts, payload, done))
+    Ok(reply(
+        front,
+        (model, Here::Score(route)),
+        parts,
+        payload,
+        done,
+    ))
 }
 
 /// An answered request's times (its start, tokenized after, seconds queued and in the engine:
@@ -288,10 +306,16 @@ impl Done {
 }
 
 /// An answer's response (its JSON body, the request id, TEI's timing headers), counted into
-/// its route's stats.
-fn reply(front: &Front, here: Here, parts: &Parts, payload: Vec<u8>, done: Done) -> Response<Body> {
+/// its model's stats of its route.
+fn reply(
+    front: &Front,
+    (model, here): (&Model, Here),
+    parts: &Parts,
+    payload: Vec<u8>,
+    done: Done,
+) -> Response<Body> {
     let total = done.start.elapsed().as_secs_f64();
-    front.stats[here.stats()].record(total, done.tokens, done.inputs);
+    model.stats[here.stats()].record(total, done.tokens, done.inputs);
     let mut reply = Response::new(Full::new(Bytes::from(payload)));
     let headers = reply.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -312,10 +336,15 @@ fn reply(front: &Front, here: Here, parts: &Parts, payload: Vec<u8>, done: Done)
 }
 
 /// The rows of `packed`'s sequences, in order, its parts queued in the lane asked (`in_turn`).
-async fn rows(front: &Front, packed: Packed, bulk: bool) -> Result<Rows, Unanswered> {
+async fn rows(
+    front: &Front,
+    model: &Model,
+    packed: Packed,
+    bulk: bool,
+) -> Result<Rows, Unanswered> {
     let mut rows = Rows::default();
-    let submit = |part| front.tulip.submit(part, bulk);
-    in_turn(front, packed, submit, |part: Rows| {
+    let submit = |part| model.tulip.submit(part, bulk);
+    in_turn(front, model, packed, submit, |part: Rows| {
         rows.values.extend_from_slice(&part.values);
         rows.width = part.width;
         rows.queue = rows.queue.max(part.queue);
@@ -334,11 +363,12 @@ async fn rows(front: &Front, packed: Packed, bulk: bool) -> Result<Rows, Unanswe
 /// call): the rest are never submitted, and those queued are dropped (Tulip skips them).
 async fn in_turn<R: Timed>(
     front: &Front,
+    model: &Model,
     packed: Packed,
     submit: impl Fn(Packed) -> Option<oneshot::Receiver<Result<R, String>>>,
     mut take: impl FnMut(R),
 ) -> Result<(), Unanswered> {
-    let mut parts = packed.split(front.bounds.part_tokens).into_iter();
+    let mut parts = packed.split(model.limits.part_tokens).into_iter();
     let mut queued = VecDeque::with_capacity(front.bounds.parts_in_flight);
     let timeout = front.bounds.request_timeout;
     let traced = TRACE.try_with(|_| ()).is_ok();

@@ -19,13 +19,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from embedserve.cli.gpu_memory import check_memory, same_gpu
 from embedserve.cli.models_file import ModelSection, read_models_file
-from embedserve.cli.serve_options import ServeConfig
+from embedserve.cli.serve_options import ServeConfig, with_part_tokens
 from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.models import split_named
 from embedserve.gateway.served import default_names
 from embedserve.gpus import visible_gpus
-from embedserve.memory import ModelMemory, check_fits, cpu_thread_shares
+from embedserve.memory import cpu_thread_shares
 from embedserve.options import EngineOptions
 from embedserve.processes import (
     ORPHAN_GRACE_SECONDS,
@@ -179,8 +180,9 @@ def why_python(
     why = why_not_native(servers, gateway, serve.num_replicas)
     if why is not None and serve.native:
         raise ValueError(why)
-    if why is None and serve.native is None and len(servers) > 1:  # a host of several GPUs
-        why = f"{len(servers)} GPUs, an engine on each (--native: the first alone)"
+    if why is None and serve.native is None and len(servers) > len(gateway.entries):
+        # a host of several GPUs, an engine on each (or a models file's replicas)
+        why = f"{len(servers)} engines over the GPUs (--native: each model's first alone)"
     return why
 
 
@@ -327,58 +329,10 @@ def start_servers(
     for wave in waves:
         for i in wave:
             loaded = zip(names, configs, readies, strict=False)
-            here = [(n, r) for n, c, r in loaded if _same_gpu(c.engine.device, configs[i])]
+            here = [(n, r) for n, c, r in loaded if same_gpu(c.engine.device, configs[i])]
             check_memory(configs[i], names[i], here)
             started.append(start(i))
         for i in wave:  # its ready record (`server.main.serve`)
             readies.append(started[i].wait_ready(START_TIMEOUT_S, cancel=cancel))
             started[i].forget_output()
     return readies
-
-
-def _gpu(device: str) -> str:
-    return "cuda:0" if device == "cuda" else device
-
-
-def _same_gpu(device: str, config: ServerConfig) -> bool:
-    return device.startswith("cuda") and _gpu(device) == _gpu(config.engine.device)
-
-
-def check_memory(config: ServerConfig, name: str, beside: list[tuple[str, dict[str, Any]]]) -> None:
-    """A ValueError when the model of `config`, served as `name`, does not fit on its GPU beside
-    the servers `beside` (served name, ready record) already there (`memory.check_fits`): the
-    device's free memory without them is the last one's reading plus what each had reserved."""
-    stated = [r for _, r in beside if "free_bytes" in r]
-    memories = [
-        replace(ModelMemory.from_dict(r["memory"]), model=n) for n, r in beside if "free_bytes" in r
-    ]
-    if not config.engine.device.startswith("cuda") or not stated:
-        return  # the CPU, or the first model on this GPU
-    from embedserve.engine.graphs import GraphConfig
-    from embedserve.engine.memory import estimate
-    from embedserve.loading.bundled import resolve_model
-    from embedserve.loading.spec import read_model_spec
-
-    engine = config.engine
-    spec = read_model_spec(
-        resolve_model(engine.model), pooling=engine.pooling, attention=engine.attention
-    )
-    tokens = config.max_batch_tokens or GraphConfig().max_tokens
-    device = _gpu(engine.device)
-    need = estimate(spec, name, device, engine.dtype or "bfloat16", tokens)
-    free = int(stated[-1]["free_bytes"]) + sum(int(r["reserved_bytes"]) for r in stated)
-    check_fits(device, free, memories, need)
-
-
-def with_part_tokens(gateway: GatewayConfig, names: list[str], budgets: list[int]) -> GatewayConfig:
-    """The gateway's parts of a request: one batch of the servers (the smallest budget); with
-    several models, each model's own servers' (but where a model sets its own part_tokens)."""
-    gateway = replace(gateway, part_tokens=min(budgets))
-    own = {given.partition(":")[0] for given in gateway.model_limits if ":part_tokens=" in given}
-    parts: dict[str, int] = {}
-    for name, budget in zip(names, budgets, strict=True):
-        parts[name] = min(budget, parts.get(name, budget))
-    if len(parts) == 1:
-        return gateway
-    extra = [f"{n}:part_tokens={b}" for n, b in parts.items() if n not in own]
-    return replace(gateway, model_limits=(*gateway.model_limits, *extra))

@@ -42,7 +42,7 @@ def serve_native(given: list[str], servers: list[ServerConfig], gateway: Gateway
     when this is the child, else by a child this process starts and watches."""
     if os.environ.get(NATIVE_CHILD_ENV):
         exit_with_parent(gateway.drain_seconds + ORPHAN_GRACE_SECONDS)  # a launcher killed
-        return run_native(servers[0], gateway)
+        return run_native(servers, gateway)
     return supervise_native(given, gateway.drain_seconds)
 
 

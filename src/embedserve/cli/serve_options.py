@@ -4,9 +4,13 @@ without importing each other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from embedserve.options import Options, option
+
+if TYPE_CHECKING:
+    from embedserve.gateway.main import GatewayConfig
 
 
 @dataclass(frozen=True)
@@ -38,3 +42,17 @@ class ServeConfig(Options):
             raise ValueError(
                 f"--replicas must be 0 (one per GPU) or positive, got {self.num_replicas}"
             )
+
+
+def with_part_tokens(gateway: GatewayConfig, names: list[str], budgets: list[int]) -> GatewayConfig:
+    """The gateway's parts of a request: one batch of the servers (the smallest budget); with
+    several models, each model's own servers' (but where a model sets its own part_tokens)."""
+    gateway = replace(gateway, part_tokens=min(budgets))
+    own = {given.partition(":")[0] for given in gateway.model_limits if ":part_tokens=" in given}
+    parts: dict[str, int] = {}
+    for name, budget in zip(names, budgets, strict=True):
+        parts[name] = min(budget, parts.get(name, budget))
+    if len(parts) == 1:
+        return gateway
+    extra = [f"{n}:part_tokens={b}" for n, b in parts.items() if n not in own]
+    return replace(gateway, model_limits=(*gateway.model_limits, *extra))

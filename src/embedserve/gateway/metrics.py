@@ -52,7 +52,7 @@ class Metrics:
         self._route_children: dict[tuple[str, int, str], tuple[Any, Any]] = {}
         # `serve --native`: the counts of the requests answered natively since the last scrape
         # (`native/src/ivy/stats.rs`), taken at each export
-        self.native_counts: Callable[[], list[tuple[str, NativeCounts]]] | None = None
+        self.native_counts: Callable[[], list[tuple[str, str, NativeCounts]]] | None = None
         # the replica series there are: (address,) or, by model, (address, model)
         self._labelled: set[tuple[str, ...]] = set()
         self._cache: list[Any] | None = None  # the result cache's series, once one reports
@@ -213,27 +213,33 @@ class Metrics:
             self.healthy.labels(*labels).set(float(r.healthy))
             self.outstanding.labels(*labels).set(r.outstanding_tokens)
 
-    def add_native(self, route: str, counts: NativeCounts) -> None:
-        """The native front's answers on `route` since the last scrape into the same series:
-        (requests, latency counts per bucket, seconds in all, tokens, inputs); all 200s (it
-        hands every other answer to this front)."""
+    def add_native(self, route: str, model: str, counts: NativeCounts) -> None:
+        """The native front's answers on `route` for `model` since the last scrape into the
+        same series: (requests, latency counts per bucket, seconds in all, tokens, inputs); all
+        200s (it hands every other answer to this front)."""
         requests, buckets, seconds, tokens, inputs = counts
         if not requests:
             return
-        count, latency = self.route(route, 200)
-        count.inc(requests)
-        # NOTE: prometheus_client observes one value at a time; tens of thousands a second are
-        # added to the child's own per-bucket counters (not cumulative, as `observe` keeps them)
-        for bucket, n in zip(latency._buckets, buckets, strict=True):
-            bucket.inc(n)
-        latency._sum.inc(seconds)
-        self.prompt_tokens.inc(tokens)  # one model: no model label
-        self.inputs.inc(inputs)
+        asked = _REQUEST_MODEL.set(model)  # the series' model label, with several
+        try:
+            count, latency = self.route(route, 200)
+            count.inc(requests)
+            # NOTE: prometheus_client observes one value at a time; tens of thousands a second
+            # are added to the child's own per-bucket counters (not cumulative, as `observe`
+            # keeps them)
+            for bucket, n in zip(latency._buckets, buckets, strict=True):
+                bucket.inc(n)
+            latency._sum.inc(seconds)
+            labels = self._model()
+            for series, n in ((self.prompt_tokens, tokens), (self.inputs, inputs)):
+                (series.labels(*labels) if labels else series).inc(n)
+        finally:
+            _REQUEST_MODEL.reset(asked)
 
     def _export(self, replicas: dict[tuple[str, ...], Replica]) -> bytes:
         if self.native_counts is not None:
-            for route, counts in self.native_counts():
-                self.add_native(route, counts)
+            for route, model, counts in self.native_counts():
+                self.add_native(route, model, counts)
         self.refresh(replicas)
         registry = self.registry
         if os.environ.get(MULTIPROCESS_DIR):  # several workers: add up every worker's files

@@ -83,9 +83,8 @@ AVOID_SECONDS = 10.0
 # Servers in the gateway's own process (`serve --native`): a replica address -> its (embed,
 # check) calls and its engine's outstanding tokens, registered by the process that holds both
 # (`cli/native.py`) before its Python front starts. Such an address is a HOST:PORT no server
-# listens on (`IN_PROCESS_ADDRESS`).
+# listens on (`in-process:N`, N the model's place).
 IN_PROCESS: dict[str, tuple[Any, Any, Callable[[], int]]] = {}
-IN_PROCESS_ADDRESS = "in-process:0"
 
 
 class Replica:

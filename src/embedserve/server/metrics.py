@@ -112,7 +112,27 @@ class ServerCollector:
         yield stages
 
 
-def start_metrics_server(host: str, port: int, collector: ServerCollector) -> int:
+class ModelsCollector:
+    """Several models' collectors in one process (`serve` natively): each family once, its
+    samples labelled with their model's served name (`model`)."""
+
+    def __init__(self, by_model: dict[str, ServerCollector]) -> None:
+        self.by_model = by_model
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for model, collector in self.by_model.items():
+            for family in collector.collect():
+                out = merged.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type)
+                )
+                out.samples += [
+                    s._replace(labels={**s.labels, "model": model}) for s in family.samples
+                ]
+        yield from merged.values()
+
+
+def start_metrics_server(host: str, port: int, collector: Any) -> int:
     """Serve `collector`'s `/metrics` on `host:port` (0: any free port) in a daemon thread; the
     port used."""
     registry = CollectorRegistry()

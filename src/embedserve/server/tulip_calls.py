@@ -140,8 +140,9 @@ class TulipCalls:
     run alone on the engine thread as the server runs a batch of one kind (`service.launch`).
     The answers are the server's (`service.answers_of`)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, model: int = 0) -> None:
         self.loop = loop
+        self.model = model  # its place among the gateway's models: its Tulip
         self.gateway: Any = None
         self.seam: Any = None
         self.multivector_limit: Any = None
@@ -169,7 +170,9 @@ class TulipCalls:
         except ValueError as e:
             raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         if pending.outputs or pending.spans is not None:
-            queued = self.gateway.call(self._work(pending), pending.num_tokens, pending.bulk)
+            queued = self.gateway.call(
+                self._work(pending), pending.num_tokens, pending.bulk, self.model
+            )
         else:
             queued = self._submit(pending)
         if not queued:
@@ -217,7 +220,7 @@ class TulipCalls:
         )
         types = batch.token_type_ids  # a cross-encoder's pairs: batched beside everyone else's
         pairs = types.astype("<i4").tobytes() if types.any() else None
-        return bool(self.gateway.submit(ids, cu, done, pending.bulk, pairs))
+        return bool(self.gateway.submit(ids, cu, done, pending.bulk, pairs, self.model))
 
     def _work(self, pending: Any) -> Any:
         """What the engine thread runs for a batch of its own: launched, waited on, answered."""
@@ -243,4 +246,6 @@ class TulipCalls:
 
     def outstanding_tokens(self) -> int:
         """The engine's tokens not yet answered, Ivy's requests and these calls both."""
-        return int(self.gateway.outstanding_tokens) if self.gateway is not None else 0
+        if self.gateway is None:
+            return 0
+        return int(self.gateway.outstanding_tokens(self.model))

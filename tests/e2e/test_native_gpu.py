@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -53,8 +54,11 @@ def _embed(url: str, model: str, text: str) -> list[float]:
     request = urllib.request.Request(
         url + "/v1/embeddings", body, {"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        answer = json.loads(reply.read())
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            answer = json.loads(reply.read())
+    except urllib.error.HTTPError as e:  # what the server said, for the failure's message
+        raise AssertionError(f"{model}: {e.code} {e.read()[:500]!r}") from None
     assert answer["model"] == model
     return list(answer["data"][0]["embedding"])
 
@@ -70,7 +74,10 @@ def test_two_models_on_one_gpu_each_answer_their_own_requests(
     assert len(memory) == 2, proc.lines  # each engine stated its memory (the second checked)
     calls = [(("a", "b")[i % 2], text) for i, text in enumerate(TEXTS * 4)]
     with ThreadPoolExecutor(16) as pool:
-        got = list(pool.map(lambda call: _embed(url, *call), calls))
+        try:
+            got = list(pool.map(lambda call: _embed(url, *call), calls))
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the server said: {proc.lines[-20:]}") from None
     want = Embedder(minilm_folder, device="cuda").encode(TEXTS)
     for i, row in enumerate(got):
         expected = want[i % len(TEXTS)]

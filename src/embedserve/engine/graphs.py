@@ -126,7 +126,14 @@ class CudaGraph:
         self._stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._stream):
             fn()  # warm-up on the capture stream: workspaces and lazy inits happen outside
-        with torch.cuda.graph(self._graph, pool=self._pool, stream=self._stream):
+        # NOTE: "thread_local": the process may hold other engines (`serve` natively, several
+        # models) whose threads launch and wait on their own streams meanwhile; in the default
+        # "global" mode any such call fails this capture or theirs ("operation not permitted
+        # when stream is capturing", two models on one H100). Nothing of theirs touches this
+        # capture stream or its pool.
+        with torch.cuda.graph(
+            self._graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"
+        ):
             out = fn()
         torch.cuda.current_stream().wait_stream(self._stream)
         return out

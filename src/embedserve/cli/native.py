@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from embedserve.cli.native_models import Answered, Engine, model_spec, served_model
-from embedserve.cli.serve_options import with_part_tokens
+from embedserve.cli.serve_options import served_names, with_part_tokens
 from embedserve.contract import tracing
 from embedserve.core.lanes import BULK_INPUTS, BULK_TOKENS
 from embedserve.gateway.connections import fit_to_fd_limit
@@ -65,7 +65,7 @@ def why_not_native(
     is not the user's: --native serves each model from its first)."""
     if replicas > 1:
         return f"--native serves from one engine; --replicas {replicas} was given"
-    named = zip(_served_names(gateway), servers, strict=True)
+    named = zip(served_names(gateway), servers, strict=True)
     on_cpu = [name for name, server in named if server.engine.device == "cpu"]
     if len(set(on_cpu)) < len(on_cpu):  # a models file's `replicas` on the CPU
         return "--native serves each model from one engine; a model asks several on the CPU"
@@ -123,14 +123,8 @@ def run_native(servers: list[ServerConfig], gateway: GatewayConfig) -> int:
 def _model_servers(servers: list[ServerConfig], gateway: GatewayConfig) -> list[ServerConfig]:
     """Each model's server config, in the models' order (its first: with --native, --replicas
     0 on a host of several GPUs serves the first GPU)."""
-    named = _served_names(gateway)
+    named = served_names(gateway)
     return [servers[named.index(entry.names[0])] for entry in gateway.entries]
-
-
-def _served_names(gateway: GatewayConfig) -> list[str]:
-    """The model each server config serves, in order (`serve_configs`' replicas: NAME=HOST:0
-    with several models)."""
-    return [r.rpartition("=")[0] or gateway.model_names[0] for r in gateway.replicas]
 
 
 def _python_front_config(gateway: GatewayConfig, native: Any, engines: list[Engine]) -> Any:

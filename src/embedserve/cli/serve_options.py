@@ -56,3 +56,9 @@ def with_part_tokens(gateway: GatewayConfig, names: list[str], budgets: list[int
         return gateway
     extra = [f"{n}:part_tokens={b}" for n, b in parts.items() if n not in own]
     return replace(gateway, model_limits=(*gateway.model_limits, *extra))
+
+
+def served_names(gateway: GatewayConfig) -> list[str]:
+    """The model each of `serve_configs`' servers serves, in order: its replica's `NAME=` (with
+    several models), else the one model's name."""
+    return [r.rpartition("=")[0] or gateway.model_names[0] for r in gateway.replicas]

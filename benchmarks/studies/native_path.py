@@ -211,10 +211,17 @@ def python_side(args: argparse.Namespace) -> tuple[list[Child], int]:
         server, gateway, _, port = start_pair(str(ROOT / "src"), MODEL, 1, [])
         return [server, gateway], port
     child, ready = start([*CLI, "serve", "--no-native", "--port", "0", "--model",
-                          f"{NAME}={MODEL}", "--device", args.device], SERVING)  # fmt: skip
+                          f"{NAME}={MODEL}", "--device", args.device, *_replicas(args)],
+                         SERVING)  # fmt: skip
     port = int(ready.group(1))
     wait_http(child, port)
     return [child], port
+
+
+def _replicas(args: argparse.Namespace) -> list[str]:
+    """`--replicas N` for both sides' `serve` when asked (server processes behind the native
+    front, or behind the Python gateway)."""
+    return ["--replicas", str(args.replicas)] if args.replicas else []
 
 
 def main() -> None:
@@ -228,6 +235,8 @@ def main() -> None:
     ap.add_argument("--connections", default="1,16", help="of short queries, e.g. 1,16,64")
     ap.add_argument("--engine", choices=("null", "real"), default="null")
     ap.add_argument("--device", default="cpu", help="the real engine's device")
+    ap.add_argument("--replicas", type=int, default=0, help="the real engine's server "
+                    "processes (both sides' `serve --replicas N`); 0: an engine in process")  # fmt: skip
     ap.add_argument("--wrk", default="wrk", help="wrk's path")
     ap.add_argument("--out", type=Path, default=None, help="default: results/studies/")
     ap.add_argument("--table", action="store_true", help="print every record, not the summary")
@@ -257,7 +266,7 @@ def main() -> None:
         argv = harness_call("null_engine:serve_native_null", MODEL, "0", NAME)
     else:
         argv = [*CLI, "serve", "--native", "--port", "0", "--model", f"{NAME}={MODEL}",
-                "--device", args.device]  # fmt: skip
+                "--device", args.device, *_replicas(args)]  # fmt: skip
     native, ready = start(argv, SERVING)
     try:
         port = int(ready.group(1))
@@ -290,6 +299,9 @@ def main() -> None:
     slug = "cpu2" if os.cpu_count() == 2 else f"host{os.cpu_count()}"
     if args.engine == "real":
         slug += f"-{args.device.split(':')[0]}"
+    if args.replicas:
+        slug += f"-replicas{args.replicas}"
+        notes += f" Both sides: `serve --replicas {args.replicas}` (server processes)."
     _, table = report.write(
         "native-path", report.cpu_hardware(), slug,
         records, report.versions("uvicorn", "httptools", "grpcio", "orjson", "tokenizers"),

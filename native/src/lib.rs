@@ -8,6 +8,7 @@
 
 mod id_lists;
 pub mod ivy;
+pub mod link;
 pub mod thread_state;
 pub mod tulip;
 
@@ -23,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use id_lists::id_lists;
 use ivy::admission::Admission;
-use ivy::front::{Bounds, Front, Limits, Model, Reranker, Served};
+use ivy::front::{Bounds, Engines, Front, Limits, Model, Reranker, Served};
 use ivy::http::serve;
 use ivy::pairs::{Cut, Joined};
 use ivy::routes::routes;
@@ -31,6 +32,8 @@ use ivy::scoring::Activation;
 use ivy::stats::{Stats, Taken};
 use ivy::tokenize::{TextTokenizer, TokenizeError};
 use ivy::traces::Traces;
+use link::{Avoid, Links};
+use std::path::PathBuf;
 use tulip::{Delivery, Lanes, Packed, Reply, Tulip};
 
 /// A model's `tokenizer.json` through the `tokenizers` crate: the Python package's ids.
@@ -217,14 +220,16 @@ fn joined(joined: Joined) -> PyJoined {
 }
 
 /// One model as `Gateway` serves it: its tokenizer's JSON (truncating at `max_length`), its
-/// engine's `build` (Tulip's), its names, what of its requests Ivy answers (`fast`: plain
+/// engine's `build` (Tulip's) or its `replicas` (server processes' unix sockets: `link`), its
+/// names, what of its requests Ivy answers (`fast`: plain
 /// embeddings, rows normalized unless asked otherwise when `normalize`; `sparse`: TEI's
 /// `/embed_sparse`; `reranker`: (activation, typed, Cohere's rerank truncate), its scoring
 /// routes) and its own bounds (`part_tokens` 0: its engine's batch tokens).
 #[pyclass(frozen, module = "embedserve._native")]
 struct ServedModel {
     tokenizer_json: String,
-    build: Py<PyAny>,
+    build: Option<Py<PyAny>>,
+    replicas: Vec<String>,
     names: Vec<String>,
     max_length: usize,
     fast: bool,
@@ -245,11 +250,12 @@ impl ServedModel {
     #[pyo3(signature = (
         tokenizer_json, build, *, names, max_length, fast, normalize, sparse, max_inputs,
         max_tokens, max_chars, window_chars, part_tokens, max_queued_tokens, reranker = None,
+        replicas = Vec::new(),
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         tokenizer_json: String,
-        build: Py<PyAny>,
+        build: Option<Py<PyAny>>,
         names: Vec<String>,
         max_length: usize,
         fast: bool,
@@ -262,13 +268,26 @@ impl ServedModel {
         part_tokens: usize,
         max_queued_tokens: usize,
         reranker: Option<(String, bool, String)>,
+        replicas: Vec<String>,
     ) -> PyResult<Self> {
         if names.is_empty() {
             return Err(PyValueError::new_err("a served model needs a name"));
         }
+        if build.is_some() != replicas.is_empty() {
+            return Err(PyValueError::new_err(
+                "a served model has either an engine's build or its replicas",
+            ));
+        }
+        if !replicas.is_empty() && (part_tokens == 0 || reranker.is_some()) {
+            return Err(PyValueError::new_err(
+                "a model served by replicas needs its part tokens, and its scores are the \
+                 Python front's",
+            ));
+        }
         Ok(ServedModel {
             tokenizer_json,
             build,
+            replicas,
             names,
             max_length,
             fast,
@@ -287,7 +306,7 @@ impl ServedModel {
 
 impl ServedModel {
     /// The model served: its tokenizer made, its engine built by a Tulip of its own (waited
-    /// for, the GIL released).
+    /// for, the GIL released), or its replicas' sockets (connected at their first call).
     fn start(
         &self,
         py: Python<'_>,
@@ -295,6 +314,7 @@ impl ServedModel {
         wait_requests: usize,
         delivery: Delivery,
         latency_buckets: &[f64],
+        avoid: Avoid,
     ) -> PyResult<Model> {
         let tokenizer = TextTokenizer::from_json(&self.tokenizer_json, self.max_length)
             .map_err(PyValueError::new_err)?;
@@ -311,30 +331,36 @@ impl ServedModel {
             }),
             None => None,
         };
-        let build = self.build.clone_ref(py);
-        let tulip = Tulip::start(
-            py,
-            build,
-            self.max_queued_tokens,
-            lanes,
-            wait_requests,
-            delivery,
-        )?;
+        let engines = match &self.build {
+            Some(build) => Engines::Here(Tulip::start(
+                py,
+                build.clone_ref(py),
+                self.max_queued_tokens,
+                lanes,
+                wait_requests,
+                delivery,
+            )?),
+            None => {
+                let paths = self.replicas.iter().map(PathBuf::from).collect();
+                Engines::Linked(Arc::new(Links::new(paths, avoid)))
+            }
+        };
         let limits = Limits {
             max_inputs: self.max_inputs,
             max_tokens: self.max_tokens,
             max_chars: self.max_chars,
             window_chars: self.window_chars,
             // 0: a part of a request is one batch of the engine's
-            part_tokens: match self.part_tokens {
-                0 => tulip.batch_tokens,
-                given => given,
+            part_tokens: match (self.part_tokens, &engines) {
+                (0, Engines::Here(tulip)) => tulip.batch_tokens,
+                (given, _) => given,
             },
         };
         Ok(Model {
             names: self.names.clone(),
             tokenizer,
-            tulip,
+            engines,
+            lanes,
             served: Served {
                 embeddings: self.fast,
                 normalize: self.normalize,
@@ -373,7 +399,7 @@ impl Gateway {
         models, front, *, max_body_bytes, parts_in_flight, request_timeout, body_timeout,
         header_timeout, max_header_bytes, max_headers, max_connections, hosts, keys,
         latency_buckets, batch_wait_requests, host = "127.0.0.1", port = 0, threads = 1,
-        lanes = None, traces = 0,
+        lanes = None, traces = 0, avoid = (3, 10.0, 1.0),
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -397,6 +423,7 @@ impl Gateway {
         threads: usize,
         lanes: Option<(usize, usize, usize)>,
         traces: usize,
+        avoid: (usize, f64, f64),
     ) -> PyResult<Self> {
         if threads == 0 || models.is_empty() {
             return Err(PyValueError::new_err(
@@ -427,6 +454,13 @@ impl Gateway {
             _ => Lanes::OFF,
         };
         let delivery = Delivery(Some(runtime.handle().clone()));
+        // (failing_after, seconds avoided then, seconds avoided when unreachable): the Python
+        // pool's rules (`gateway/replicas.py`) for a model served by replicas
+        let avoid = Avoid {
+            failing_after: avoid.0.max(1),
+            engine_failing: seconds(avoid.1),
+            unreachable: seconds(avoid.2),
+        };
         let models = models
             .iter()
             .map(|spec| {
@@ -436,6 +470,7 @@ impl Gateway {
                     batch_wait_requests,
                     delivery.clone(),
                     &latency_buckets,
+                    avoid,
                 )
             })
             .collect::<PyResult<Vec<Model>>>()?;
@@ -630,11 +665,15 @@ impl Gateway {
 
 impl Gateway {
     /// Model `model`'s queue (in the order given).
+    /// Model `model`'s queue in this process (an error for a model served by replicas).
     fn tulip(&self, model: usize) -> PyResult<&Tulip> {
-        let served = self.front.models.get(model);
-        served
-            .map(|m| &m.tulip)
-            .ok_or_else(|| PyValueError::new_err(format!("no model {model}")))
+        match self.front.models.get(model).map(|m| &m.engines) {
+            Some(Engines::Here(tulip)) => Ok(tulip),
+            Some(Engines::Linked(_)) => Err(PyValueError::new_err(format!(
+                "model {model} is served by replicas, not an engine in this process"
+            ))),
+            None => Err(PyValueError::new_err(format!("no model {model}"))),
+        }
     }
 
     fn shutdown(&self) {

@@ -43,12 +43,14 @@ class ServedModel:
     bounds; queued on a Tulip of its own, whose engine thread calls `build() -> (step,
     batch_tokens, batch_wait_s, sparse)` first and then `step(*arrays) -> handle` per batch (the
     engine's `PackedBatch` arrays as little-endian bytearrays, in its field order; `sparse` the
-    same arrays for a sparse request's vectors, or None)."""
+    same arrays for a sparse request's vectors, or None). With `build` None, its `replicas`
+    instead: server processes' unix sockets, each part sent to one (`native/src/link`)."""
 
     def __init__(
         self,
         tokenizer_json: str,
-        build: Callable[[], tuple[Callable[..., Any], int, float, Callable[..., Any] | None]],
+        build: Callable[[], tuple[Callable[..., Any], int, float, Callable[..., Any] | None]]
+        | None,
         *,
         names: list[str],
         max_length: int,
@@ -62,6 +64,7 @@ class ServedModel:
         part_tokens: int,
         max_queued_tokens: int,
         reranker: tuple[str, bool, str] | None = ...,
+        replicas: list[str] = ...,
     ) -> None: ...
 
 class Gateway:
@@ -93,6 +96,7 @@ class Gateway:
         threads: int = ...,
         lanes: tuple[int, int, int] | None = ...,
         traces: int = ...,
+        avoid: tuple[int, float, float] = ...,
     ) -> None: ...
     def batch_tokens(self, model: int = ...) -> int: ...
     def queued_tokens(self, model: int = ...) -> int: ...

@@ -17,7 +17,10 @@ use super::scoring::Activation;
 use super::stats::Stats;
 use super::tokenize::TextTokenizer;
 use super::traces::Traces;
-use crate::tulip::Tulip;
+use crate::link::Links;
+use crate::tulip::{Answer, Lanes, Packed, SparseAnswer, Tulip};
+use std::sync::Arc;
+use tokio::sync::oneshot;
 
 /// The bounds of a request answered here; each is the Python front's, passed in at start-up
 /// (a model's own: `Limits`).
@@ -74,17 +77,49 @@ pub struct Limits {
     pub part_tokens: usize,
 }
 
+/// Where a model's parts go: its engine's queue in this process, or its replicas, server
+/// processes of their own (`link`).
+pub enum Engines {
+    Here(Tulip),
+    Linked(Arc<Links>),
+}
+
 /// One served model: its names, its tokenizer of a text sent with no options (no prompt, no
-/// cut), its queue and engine, what of its requests are answered here and its bounds.
+/// cut), its engines, what of its requests are answered here and its bounds.
 pub struct Model {
     /// answers name the first
     pub names: Vec<String>,
     pub tokenizer: TextTokenizer,
-    pub tulip: Tulip,
+    pub engines: Engines,
+    /// which lane a request takes by its size (the Python package's rule)
+    pub lanes: Lanes,
     pub served: Served,
     pub limits: Limits,
     /// its requests answered here, one per route of `routes::routes()`
     pub stats: Vec<Stats>,
+}
+
+impl Model {
+    /// Queues `packed` for its pooled rows in the lane `bulk` says; None when the queue in
+    /// this process is full (the Python front answers: its rules say what).
+    pub fn submit(&self, packed: Packed, bulk: bool) -> Option<oneshot::Receiver<Answer>> {
+        match &self.engines {
+            Engines::Here(tulip) => tulip.submit(packed, bulk),
+            Engines::Linked(links) => Some(links.submit(packed, bulk)),
+        }
+    }
+
+    /// `submit` for the sparse vectors of `packed`'s sequences.
+    pub fn submit_sparse(
+        &self,
+        packed: Packed,
+        bulk: bool,
+    ) -> Option<oneshot::Receiver<SparseAnswer>> {
+        match &self.engines {
+            Engines::Here(tulip) => tulip.submit_sparse(packed, bulk),
+            Engines::Linked(links) => Some(links.submit_sparse(packed, bulk)),
+        }
+    }
 }
 
 /// What every connection shares.

@@ -121,7 +121,7 @@ async fn embeddings(
     let tokens = packed.num_tokens();
     let tokenized = start.elapsed();
     // its lane, by its size: every part of a bulk request is bulk
-    let bulk = model.tulip.lanes.is_bulk(packed.num_seqs(), tokens);
+    let bulk = model.lanes.is_bulk(packed.num_seqs(), tokens);
     let mut rows = rows(front, model, packed, bulk).await?;
     if parsed.normalize(model.served.normalize) {
         api::normalize(&mut rows.values, rows.width);
@@ -181,12 +181,12 @@ async fn sparse(front: &Front, parts: &Parts, body: &[u8], start: Instant) -> An
     let packed = packed_texts(model, texts).ok_or(HandOver)?;
     let tokens = packed.num_tokens();
     let tokenized = start.elapsed();
-    let bulk = model.tulip.lanes.is_bulk(packed.num_seqs(), tokens);
+    let bulk = model.lanes.is_bulk(packed.num_seqs(), tokens);
     let mut all = SparseRows {
         offsets: vec![0],
         ..SparseRows::default()
     };
-    let submit = |part| model.tulip.submit_sparse(part, bulk);
+    let submit = |part| model.submit_sparse(part, bulk);
     in_turn(front, model, packed, submit, |part: SparseRows| {
         let base = all.indices.len() as i64;
         all.offsets
@@ -343,7 +343,7 @@ async fn rows(
     bulk: bool,
 ) -> Result<Rows, Unanswered> {
     let mut rows = Rows::default();
-    let submit = |part| model.tulip.submit(part, bulk);
+    let submit = |part| model.submit(part, bulk);
     in_turn(front, model, packed, submit, |part: Rows| {
         rows.values.extend_from_slice(&part.values);
         rows.width = part.width;

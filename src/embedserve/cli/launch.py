@@ -84,10 +84,16 @@ def run_server(args: argparse.Namespace) -> int:
 
 
 def run_gateway(args: argparse.Namespace) -> int:
+    from embedserve.cli.native_replicas import NATIVE_FRONT_ENV, replica_sockets, run_native_front
     from embedserve.gateway.main import run
 
     config = GatewayConfig.from_args(args)
     exit_with_parent(config.drain_seconds + ORPHAN_GRACE_SECONDS)
+    if os.environ.get(NATIVE_FRONT_ENV):  # `serve`'s, in front of its servers
+        why = replica_sockets(config)
+        if not isinstance(why, str):
+            return run_native_front(config)
+        say(f"embedserve: serving through the Python gateway, not the native front: {why}")
     return run(config)
 
 
@@ -177,12 +183,9 @@ def why_python(
         return "--no-native was given"
     from embedserve.cli.native import why_not_native
 
-    why = why_not_native(servers, gateway, serve.num_replicas)
+    why = why_not_native(gateway)
     if why is not None and serve.native:
         raise ValueError(why)
-    if why is None and serve.native is None and len(servers) > len(gateway.entries):
-        # a host of several GPUs, an engine on each (or a models file's replicas)
-        why = f"{len(servers)} engines over the GPUs (--native: each model's first alone)"
     return why
 
 
@@ -194,18 +197,21 @@ def run_serve(args: argparse.Namespace) -> int:
         from embedserve.gateway.sockets import bind
 
         bind(gateway.host, gateway.port).close()
-    if why is None:
+    if why is None and len(configs) == len(gateway.entries):  # an engine per model
         from embedserve.cli.native_restarts import serve_native
 
         return serve_native(args.given, configs, gateway)
-    if serve.native is None:
+    if why is not None and serve.native is None:
         say(f"embedserve: serving through the Python path, not the native front: {why}")
-    return _serve_python(configs, gateway)
+    return _serve_processes(configs, gateway, native=why is None)
 
 
-def _serve_python(configs: list[ServerConfig], gateway: GatewayConfig) -> int:
-    """The Python path: each server and the gateway a process of its own, started, watched and
-    restarted here until SIGTERM / Ctrl-C."""
+def _serve_processes(configs: list[ServerConfig], gateway: GatewayConfig, native: bool) -> int:
+    """Each server and the gateway a process of its own (the gateway the native front in front
+    of the servers when `native`: `cli/native_replicas.py`), started, watched and restarted
+    here until SIGTERM / Ctrl-C."""
+    from embedserve.cli.native_replicas import NATIVE_FRONT_ENV
+
     cli = [sys.executable, "-m", "embedserve.cli.main"]
     stop_requested = threading.Event()
 
@@ -238,7 +244,10 @@ def _serve_python(configs: list[ServerConfig], gateway: GatewayConfig) -> int:
         devices = [c.engine.device for c in configs]
         gateway = _gateway_in_front(gateway, prefixes, names, readies, devices)
         gateway_proc = Child(
-            [*cli, "gateway", *gateway.to_argv()], name="gateway", relay=sys.stderr
+            [*cli, "gateway", *gateway.to_argv()],
+            name="gateway",
+            relay=sys.stderr,
+            env={NATIVE_FRONT_ENV: "1"} if native else None,
         )
         ready = gateway_proc.wait_ready(120, cancel=stop_requested)
         gateway_proc.forget_output()

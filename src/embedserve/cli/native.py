@@ -37,6 +37,7 @@ from embedserve.gateway.connections import fit_to_fd_limit
 from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.metrics import LATENCY_BUCKETS
 from embedserve.gateway.pipeline import PARTS_IN_FLIGHT
+from embedserve.gateway.replicas import AVOID_SECONDS, FAILING_AFTER
 from embedserve.gateway.workers import AGAIN_AFTER_S
 from embedserve.processes import say, write_ready
 from embedserve.server.guard import EngineGuard
@@ -50,6 +51,8 @@ from embedserve.server.main import (
 from embedserve.server.scheduler import BULK_EVERY
 from embedserve.server.service import BATCH_WAIT_MAX_REQUESTS
 
+LANE_RULE = (BULK_EVERY, BULK_INPUTS, BULK_TOKENS)
+
 
 def ivy_threads(cores: int | None) -> int:
     """Ivy's worker threads: one per 4 cores, 1 to 4 (the engine and results threads, and the
@@ -57,72 +60,91 @@ def ivy_threads(cores: int | None) -> int:
     return max(1, min(4, (cores or 1) // 4))
 
 
-def why_not_native(
-    servers: list[ServerConfig], gateway: GatewayConfig, replicas: int
-) -> str | None:
-    """Why the flags given are not served natively (each model on one engine, one worker), or
-    None: they are. `replicas`: `--replicas` as given (its default, one engine per visible GPU,
-    is not the user's: --native serves each model from its first)."""
-    if replicas > 1:
-        return f"--native serves from one engine; --replicas {replicas} was given"
-    named = zip(served_names(gateway), servers, strict=True)
-    on_cpu = [name for name, server in named if server.engine.device == "cpu"]
-    if len(set(on_cpu)) < len(on_cpu):  # a models file's `replicas` on the CPU
-        return "--native serves each model from one engine; a model asks several on the CPU"
+def why_not_native(gateway: GatewayConfig) -> str | None:
+    """Why the flags given are not served natively, or None: they are (an engine per model in
+    the native process, `run_native`; several, server processes behind the native front,
+    `cli/native_replicas.py`)."""
     if gateway.workers > 1:  # 0: the default
-        return f"--native runs one process; --workers {gateway.workers} was given"
+        return f"--native runs one front; --workers {gateway.workers} was given"
     return None
 
 
 def run_native(servers: list[ServerConfig], gateway: GatewayConfig) -> int:
     """Serve until SIGTERM / Ctrl-C (0); a folder that cannot be served is an error before
     the engines load (`load_model`'s). Each model its own engine and Tulip, built in turn."""
-    from embedserve.gateway.auth import KeyRing
-    from embedserve.gateway.main import build_app, log_requests_to_stderr
-    from embedserve.gateway.native_front import PythonFront
+    from embedserve.gateway.main import build_app
 
     models = [served_model(gateway, entry) for entry in gateway.entries]
-    if gateway.log_requests:
-        log_requests_to_stderr()
-    # the Python front's spans and Ivy's (taken from `native` at each export), one exporter
-    tracer = tracing.configure(gateway.otlp_endpoint, tracing.GATEWAY_SERVICE)
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, name="python-front", daemon=True).start()
-    keys = KeyRing(gateway.api_keys, gateway.api_key_file)
-    front = PythonFront(loop, gateway.host, gateway.port)
+    side = PythonSide(gateway)
     server = _model_servers(servers, gateway)
     guard = EngineGuard(
         _give_up, max_failures=server[0].max_failed_steps, step_timeout=server[0].step_timeout
     )
-    engines = [Engine(loop, guard, i) for i in range(len(models))]
-    native = _native_gateway(server, gateway, models, front, sorted(keys()), engines)
+    engines = [Engine(side.loop, guard, i) for i in range(len(models))]
+    built: list[Any] = []  # (name, config, ready record) of each engine, built in turn
+    specs = [
+        model_spec(s, e, model, engine, built)
+        for s, e, model, engine in zip(server, gateway.entries, models, engines, strict=True)
+    ]
+    # the lane rule, declared once (`core.lanes`, `server.scheduler`); None: --lanes off
+    lanes = LANE_RULE if server[0].lanes == "on" else None
+    native = native_gateway(gateway, specs, side.front, sorted(side.keys()), lanes)
     guard.start()  # every engine built
     for engine in engines:
         engine.calls.gateway = native
-    if tracer is not None:
-        tracer.native = native
-    app = build_app(_python_front_config(gateway, native, engines), keys)
-    app.metrics.native_counts = native.take_counts
+    app = build_app(_python_front_config(gateway, native, engines), side.keys)
     metrics_port = _engine_metrics(server[0], app, gateway, engines, native)
-    front.app = app
-    lifespan, grpc_address = _started(app, loop, gateway)
-    _on_signals(native, app, loop, keys, gateway.drain_seconds)
+    grpc_address = side.start(native, app, gateway)
     _say_ready(gateway, native, models, grpc_address, metrics_port)
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while draining
         native.serve()
     if guard.fatal is not None:  # the engine's threads are not waited for
         return FATAL_EXIT_CODE
     guard.stop()
-    lifespan.shutdown()
-    loop.call_soon_threadsafe(loop.stop)
-    if tracer is not None:
-        tracer.shutdown()  # the last spans exported
+    side.stop()
     return 0
 
 
+class PythonSide:
+    """The native process's Python front: the gateway's app on an event loop of its own thread,
+    which Ivy hands every request it does not answer (`gateway/native_front.py`), with the API
+    keys both read and one tracer for the spans of both (Ivy's taken at each export)."""
+
+    def __init__(self, gateway: GatewayConfig) -> None:
+        from embedserve.gateway.auth import KeyRing
+        from embedserve.gateway.main import log_requests_to_stderr
+        from embedserve.gateway.native_front import PythonFront
+
+        if gateway.log_requests:
+            log_requests_to_stderr()
+        self.tracer = tracing.configure(gateway.otlp_endpoint, tracing.GATEWAY_SERVICE)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="python-front", daemon=True).start()
+        self.keys = KeyRing(gateway.api_keys, gateway.api_key_file)
+        self.front = PythonFront(self.loop, gateway.host, gateway.port)
+        self.lifespan: Any = None
+
+    def start(self, native: Any, app: Any, gateway: GatewayConfig) -> str | None:
+        """`app` started as the front behind `native` (its services, TEI's gRPC API among them
+        when asked), and the signals handled: the gRPC address, or None."""
+        if self.tracer is not None:
+            self.tracer.native = native
+        app.metrics.native_counts = native.take_counts
+        self.front.app = app
+        self.lifespan, address = started(app, self.loop, gateway)
+        on_signals(native, app, self.loop, self.keys, gateway.drain_seconds)
+        return address
+
+    def stop(self) -> None:
+        """Once `native.serve()` returned: the app's services stopped, the last spans exported."""
+        self.lifespan.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.tracer is not None:
+            self.tracer.shutdown()
+
+
 def _model_servers(servers: list[ServerConfig], gateway: GatewayConfig) -> list[ServerConfig]:
-    """Each model's server config, in the models' order (its first: with --native, --replicas
-    0 on a host of several GPUs serves the first GPU)."""
+    """Each model's server config, in the models' order (here each model has one)."""
     named = served_names(gateway)
     return [servers[named.index(entry.names[0])] for entry in gateway.entries]
 
@@ -176,7 +198,7 @@ def _say_ready(
     write_ready(record)
 
 
-def _started(app: Any, loop: asyncio.AbstractEventLoop, gateway: GatewayConfig) -> Any:
+def started(app: Any, loop: asyncio.AbstractEventLoop, gateway: GatewayConfig) -> Any:
     """The Python front's app started on `loop` (its pipelines and services), TEI's gRPC API
     among them when asked (a port in use fails here, before serving): (its lifespan, the gRPC
     address or None)."""
@@ -233,23 +255,20 @@ def _give_up(reason: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _native_gateway(
-    servers: list[ServerConfig], gateway: GatewayConfig, models: list[tuple[Any, Answered]],
-    front: Any, keys: list[bytes], engines: list[Engine],
-) -> Any:  # fmt: skip
-    """Ivy and each model's Tulip, bound to the port; each Tulip's engine thread builds its
-    engine first (and gives its `calls` the record), each batch under its `watch`."""
+def native_gateway(
+    gateway: GatewayConfig,
+    specs: list[Any],
+    front: Any,
+    keys: list[bytes],
+    lanes: tuple[int, int, int] | None,
+) -> Any:
+    """Ivy and each model's engines (`ServedModel`: a Tulip in this process, each engine
+    thread building its engine first, or its server processes), bound to the port."""
     from embedserve._native import Gateway
 
     connections, warning = fit_to_fd_limit(gateway.max_connections)
     if warning is not None:
         say(f"embedserve: warning: {warning}", err=True)
-    server = servers[0]  # the queue's rules are the same for every model
-    built: list[Any] = []  # (name, config, ready record) of each engine, built in turn
-    specs = [
-        model_spec(s, e, model, engine, built)
-        for s, e, model, engine in zip(servers, gateway.entries, models, engines, strict=True)
-    ]
     return Gateway(
         specs,
         front,
@@ -268,14 +287,15 @@ def _native_gateway(
         host=gateway.host,
         port=gateway.port,
         threads=ivy_threads(os.cpu_count()),
-        # the lane rule, declared once (`core.lanes`, `server.scheduler`); None: --lanes off
-        lanes=(BULK_EVERY, BULK_INPUTS, BULK_TOKENS) if server.lanes == "on" else None,
+        lanes=lanes,
         # spans held for the exporter (`--otlp-endpoint`; 0: tracing off)
         traces=tracing.MAX_QUEUED if tracing.TRACER is not None else 0,
+        # when a server process is passed over (the Python pool's rules)
+        avoid=(FAILING_AFTER, AVOID_SECONDS, gateway.health_interval),
     )
 
 
-def _on_signals(native: Any, app: Any, loop: Any, keys: Any, drain_seconds: float) -> None:
+def on_signals(native: Any, app: Any, loop: Any, keys: Any, drain_seconds: float) -> None:
     """SIGTERM / Ctrl-C: every new request is answered 503 while those in flight finish, for at
     most `drain_seconds`; a second signal over AGAIN_AFTER_S later stops at once (one within it
     is the same ask: Ctrl-C reaches a process group and its launcher may forward a SIGTERM).

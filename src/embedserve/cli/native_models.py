@@ -146,13 +146,27 @@ def builder(server: ServerConfig, engine: Engine, sparse: bool, name: str, built
 def model_spec(
     server: ServerConfig, entry: Any, model: tuple[Any, Answered], engine: Engine, built: Any
 ) -> Any:
+    """One model as the native front serves it with its engine in this process."""
+    build = builder(server, engine, model[1].sparse, entry.names[0], built)
+    return served_spec(entry, model, build, entry.limits["part_tokens"] or 0,
+                       max_queued_tokens=server.max_queued_tokens)  # fmt: skip
+
+
+def served_spec(
+    entry: Any,
+    model: tuple[Any, Answered],
+    build: Any,
+    part_tokens: int,
+    max_queued_tokens: int = 0,
+    replicas: tuple[str, ...] = (),
+) -> Any:
     """One model as the native front serves it (`ServedModel`): its tokenizer, its engine's
-    `build`, what Ivy answers of it and its own bounds."""
+    `build` (or its `replicas`' sockets), what Ivy answers of it and its own bounds
+    (`part_tokens` 0: a batch of its engine's)."""
     from embedserve._native import ServedModel
     from embedserve.core.bounds import max_chars
 
     inputs, answered = model
-    build = builder(server, engine, answered.sparse, entry.names[0], built)
     own = entry.limits
     return ServedModel(
         inputs.tokenizer.json,
@@ -167,7 +181,8 @@ def model_spec(
         # the character bounds of `core/bounds.text_chars` and `pair_chars`
         max_chars=max_chars(own_max_tokens(entry)),
         window_chars=inputs.tokenizer.window_chars,
-        part_tokens=own["part_tokens"] or 0,
-        max_queued_tokens=server.max_queued_tokens,
+        part_tokens=part_tokens,
+        max_queued_tokens=max_queued_tokens,
         reranker=answered.reranker,
+        replicas=list(replicas),
     )

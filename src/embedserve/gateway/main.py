@@ -302,11 +302,16 @@ def make_pipeline(
         resolve_interval=config.resolve_interval,
         on_change=cache.clear,  # a replica back or new: the model may have changed
     )
-    part = own["part_tokens"] or DEFAULT_PART_TOKENS
+    part = part_tokens(entry)
     limits = PipelineLimits(
         own["max_tokens_per_request"], part, calls_in_flight=config.calls_in_flight
     )
     return Pipeline(inputs, pool, limits, pairs, cache)
+
+
+def part_tokens(entry: ModelEntry) -> int:
+    """A model's tokens per part of a request: its own, else the gateway's, else the default."""
+    return int(entry.limits["part_tokens"] or DEFAULT_PART_TOKENS)
 
 
 def log_requests_to_stderr() -> None:

@@ -4,6 +4,8 @@
 #   null: the GPU tests (every `gpu`-marked one), and `serve --native` against the Python path
 #         on the null engine at 1 / 16 / 64 connections (wrk);
 #   real: `serve` and `serve --native` with the real engine on the GPU (studies/native_path.py);
+#   replicas: the same with two server processes (`--replicas 2`), behind the Python gateway and
+#         behind the native front;
 #   tokenizer: the tokenizer's rate at 1 / 4 / 16 threads;
 #   rerank: the scoring suite's ms-marco MiniLM rows, /v1/rerank under serve and serve --native.
 # carry: .carry (native/_native.abi3.so and http-floor (benchmarks/floor), minilm-fp16, wrk/ with its libluajit) and .whl
@@ -35,5 +37,9 @@ case "${1:-null}" in
   real)
     timeout 290 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
       --engine real --device cuda --wrk .carry/wrk/wrk --out "$OUT"
+    ;;
+  replicas)
+    timeout 400 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
+      --engine real --device cuda --replicas 2 --wrk .carry/wrk/wrk --out "$OUT"
     ;;
 esac

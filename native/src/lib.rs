@@ -622,6 +622,15 @@ impl Gateway {
             .collect()
     }
 
+    /// With several models, the one a body naming no model goes to on the routes answered
+    /// here, by what it asks (dense embeddings, sparse vectors, scores): a model's place, or
+    /// None where the Python front's rule picks none (it answers why). Unset, all None.
+    fn set_unnamed(&self, embed: Option<usize>, sparse: Option<usize>, score: Option<usize>) {
+        if let Ok(mut unnamed) = self.front.unnamed.write() {
+            *unnamed = [embed, sparse, score];
+        }
+    }
+
     /// The API keys in force from now on (the key file read again on SIGHUP).
     fn set_api_keys(&self, keys: Vec<Vec<u8>>) {
         if let Ok(mut admission) = self.front.admission.write() {

@@ -67,6 +67,10 @@ def test_inference_client_reaches_the_default_model(url: str, tiny: Path, minilm
                                atol=1e-5)  # fmt: skip
     status, reply = post(url, "/v1/embeddings", {"input": TEXTS})
     assert status == 200 and reply["model"] == "tiny"
+    # TEI's `/embed` names no model: the default's (natively, the Python front's pick)
+    status, rows = post(url, "/embed", {"inputs": TEXTS})
+    assert status == 200
+    np.testing.assert_allclose(rows, want, atol=1e-5)
 
 
 def test_info_states_the_default(url: str) -> None:

@@ -206,6 +206,11 @@ def test_a_default_model_per_task_takes_requests_that_name_none() -> None:
     assert chosen.pick({"model": "a"}, EMBED).name == "a"  # a named model still wins
     by_cosine = ServedModels(plain.models, ["score=a"])
     assert by_cosine.pick({}, SCORE).name == "a"
+    # the same picks as places, for the native front (`Gateway.set_unnamed`); none: the route
+    # answers why
+    assert (chosen.unnamed(EMBED, ("dense",)), chosen.unnamed(SCORE)) == (1, 3)
+    assert (plain.unnamed(EMBED, ("dense",)), plain.unnamed(SCORE)) == (None, None)
+    assert TWO.unnamed(EMBED, ("dense",)) == 0 and TWO.unnamed(EMBED, ("sparse",)) is None
     for bad in ("nope", "rank=a", "embed=r1", "classify=a"):
         with pytest.raises(ValueError, match="--default-model"):
             ServedModels(plain.models, [bad])

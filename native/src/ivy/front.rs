@@ -122,6 +122,17 @@ impl Model {
     }
 }
 
+/// What a route answered here asks of a model: which one a body naming none goes to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Task {
+    /// dense embeddings
+    Embed = 0,
+    /// sparse vectors
+    Sparse = 1,
+    /// a pair's score
+    Score = 2,
+}
+
 /// What every connection shares.
 pub struct Front {
     /// in the order given; a request names one (or, with one alone, none)
@@ -135,6 +146,9 @@ pub struct Front {
     pub in_flight: AtomicUsize,
     /// the spans of requests answered here (`--otlp-endpoint`), else None
     pub traces: Option<Traces>,
+    /// with several models, the one a body naming none goes to, per `Task` (None: the Python
+    /// front answers it)
+    pub unnamed: RwLock<[Option<usize>; 3]>,
     ids: RandomState,
     next_id: AtomicU64,
 }
@@ -155,6 +169,7 @@ impl Front {
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             traces,
+            unnamed: RwLock::new([None; 3]),
             ids: RandomState::new(),
             next_id: AtomicU64::new(0),
         }
@@ -181,16 +196,20 @@ impl Front {
         format!("{a:016x}{b:016x}")
     }
 
-    /// The model a body's `model` names; with one model alone, also a body that names none
-    /// (with several, the Python front's rule picks one: `--default-model`).
-    pub fn model(&self, named: Option<&str>) -> Option<&Model> {
+    /// The model a body's `model` names; with one model alone, also a body that names none;
+    /// with several, the one the Python front's rule picks for `task` (`--default-model`, its
+    /// picks passed in: `Gateway.set_unnamed`), or none (the Python front says why).
+    pub fn model(&self, named: Option<&str>, task: Task) -> Option<&Model> {
         match named {
             Some(name) => self
                 .models
                 .iter()
                 .find(|m| m.names.iter().any(|n| n == name)),
             None if self.models.len() == 1 => self.models.first(),
-            None => None,
+            None => {
+                let picked = self.unnamed.read().ok()?[task as usize];
+                picked.and_then(|i| self.models.get(i))
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ use hyper::Response;
 use tokio::sync::oneshot;
 
 use super::api::{self, Plain, TeiSparseRequest, SPARSE_ROUTE};
-use super::front::{Front, Model};
+use super::front::{Front, Model, Task};
 use super::pairs::Joined;
 use super::scoring::{self, blank, Scoring};
 use super::traces::{wall_ns, TRACE};
@@ -112,7 +112,7 @@ async fn embeddings(
     start: Instant,
 ) -> Answer {
     let parsed = Plain::parse(route, body).map_err(|_| HandOver)?;
-    let model = front.model(parsed.model()).ok_or(HandOver)?;
+    let model = front.model(parsed.model(), Task::Embed).ok_or(HandOver)?;
     if !Here::Embed(route).open(model) {
         return Err(HandOver);
     }
@@ -173,7 +173,9 @@ fn packed_texts(model: &Model, texts: &[String]) -> Option<Packed> {
 /// request run alone through the engine's sparse outputs, in order.
 async fn sparse(front: &Front, parts: &Parts, body: &[u8], start: Instant) -> Answer {
     let parsed: TeiSparseRequest = api::parse(body).map_err(|_| HandOver)?;
-    let model = front.model(parsed.model.as_deref()).ok_or(HandOver)?;
+    let model = front
+        .model(parsed.model.as_deref(), Task::Sparse)
+        .ok_or(HandOver)?;
     if !Here::Sparse.open(model) {
         return Err(HandOver);
     }
@@ -216,7 +218,7 @@ async fn sparse(front: &Front, parts: &Parts, body: &[u8], start: Instant) -> An
 /// refuse, a full queue, a failed batch).
 async fn scores(front: &Front, route: usize, parts: &Parts, body: &[u8], start: Instant) -> Answer {
     let parsed = Scoring::parse(route, body).map_err(|_| HandOver)?;
-    let model = front.model(parsed.model()).ok_or(HandOver)?;
+    let model = front.model(parsed.model(), Task::Score).ok_or(HandOver)?;
     let reranker = model.served.reranker.as_ref().ok_or(HandOver)?;
     let cut = parsed.cut(reranker.rerank_cut).ok_or(HandOver)?;
     let (query, docs) = (parsed.query(), parsed.documents());

@@ -36,6 +36,7 @@ from embedserve.core.lanes import BULK_INPUTS, BULK_TOKENS
 from embedserve.gateway.connections import fit_to_fd_limit
 from embedserve.gateway.main import GatewayConfig
 from embedserve.gateway.metrics import LATENCY_BUCKETS
+from embedserve.gateway.models import EMBED, SCORE
 from embedserve.gateway.pipeline import PARTS_IN_FLIGHT
 from embedserve.gateway.replicas import AVOID_SECONDS, FAILING_AFTER
 from embedserve.gateway.workers import AGAIN_AFTER_S
@@ -130,6 +131,13 @@ class PythonSide:
         if self.tracer is not None:
             self.tracer.native = native
         app.metrics.native_counts = native.take_counts
+        # several models: a body naming none goes where the Python front's rule says, one rule
+        served = app.served
+        native.set_unnamed(
+            served.unnamed(EMBED, ("dense",)),
+            served.unnamed(EMBED, ("sparse",)),
+            served.unnamed(SCORE),
+        )
         self.front.app = app
         self.lifespan, address = started(app, self.loop, gateway)
         on_signals(native, app, self.loop, self.keys, gateway.drain_seconds)

@@ -194,6 +194,15 @@ class ServedModels:
             raise _missing_outputs(found, outputs, others)
         return found
 
+    def unnamed(self, task: str, outputs: Sequence[str] = ()) -> int | None:
+        """The place of the model a body naming none goes to on a route of `task` asking
+        `outputs` (the native front takes these picks: `Gateway.set_unnamed`); None where the
+        rule picks none (the route answers why)."""
+        try:
+            return self.models.index(self._default(task, outputs))
+        except ApiError:
+            return None
+
     def _default(self, task: str, outputs: Sequence[str]) -> ServedModel:
         default = self.defaults.get(task)
         if default is not None and default.has(outputs):

@@ -1,5 +1,6 @@
-"""A gateway worker that dies is started again (with backoff), counted in /metrics; `serve`
-keeps serving meanwhile (issue 40, item 6: one dead worker stopped the whole `serve`)."""
+"""`--workers`: the Python gateway's processes (`serve --no-native`), one that dies started
+again (with backoff), counted in /metrics, `serve` serving meanwhile (issue 40, item 6: one dead
+worker stopped the whole `serve`); natively, the threads of Ivy's runtime."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def workers_of(serve: Proc) -> list[psutil.Process]:
 
 
 def test_a_killed_gateway_worker_is_restarted_and_counted() -> None:
-    proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "2")
+    proc = Proc("serve", "--no-native", "--port", "0", "--device", "cpu", "--workers", "2")
     try:
         url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
         before = workers_of(proc)
@@ -58,3 +59,21 @@ def test_a_killed_gateway_worker_is_restarted_and_counted() -> None:
         assert "embedserve_gateway_worker_restarts 1.0" in text, text[-2000:]
     finally:
         proc.stop()
+
+
+def test_natively_the_workers_are_the_fronts_threads() -> None:
+    proc = Proc("serve", "--port", "0", "--device", "cpu", "--workers", "3")
+    try:
+        url = proc.wait_for(r"embedserve: serving minilm at (\S+)").group(1)
+        assert call(url, "POST", "/v1/embeddings", {"input": "served"})[0] == 200
+        [native] = psutil.Process(proc.proc.pid).children()  # the one native process
+        names = [t.id for t in native.threads()]
+        ivy = [n for n in names if _thread_name(native.pid, n) == "ivy"]
+        assert len(ivy) == 3, [_thread_name(native.pid, n) for n in names]
+    finally:
+        proc.stop()
+
+
+def _thread_name(pid: int, thread: int) -> str:
+    with open(f"/proc/{pid}/task/{thread}/comm") as f:
+        return f.read().strip()

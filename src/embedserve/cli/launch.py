@@ -173,37 +173,31 @@ def _with(section: ModelSection, config: Any) -> Any:
         raise ValueError(f"{section.where}: {e}") from None
 
 
-def why_python(
-    serve: ServeConfig, servers: list[ServerConfig], gateway: GatewayConfig
-) -> str | None:
-    """Why `serve` runs the Python path (gateway and server processes), or None: the native
-    front serves these flags (`cli.native`). A ValueError where --native was given and it
-    cannot serve them."""
-    if serve.native is False:
-        return "--no-native was given"
-    from embedserve.cli.native import why_not_native
+# how `serve` runs: `serve_mode`'s answers
+ONE_PROCESS, NATIVE_FRONT, PYTHON = "one process", "native front", "python"
 
-    why = why_not_native(gateway)
-    if why is not None and serve.native:
-        raise ValueError(why)
-    return why
+
+def serve_mode(serve: ServeConfig, servers: list[ServerConfig], gateway: GatewayConfig) -> str:
+    """How `serve` runs these flags: the native front and an engine per model in one process
+    (`cli/native.py`); several engines for a model: server processes behind the native front
+    (`cli/native_replicas.py`); `--no-native`: the Python gateway and server processes."""
+    if serve.native is False:
+        return PYTHON
+    return ONE_PROCESS if len(servers) == len(gateway.entries) else NATIVE_FRONT
 
 
 def run_serve(args: argparse.Namespace) -> int:
     configs, gateway = serve_configs(args)
-    serve = ServeConfig.from_args(args)
-    why = why_python(serve, configs, gateway)
+    mode = serve_mode(ServeConfig.from_args(args), configs, gateway)
     if gateway.port:  # the HTTP port, before any model loads: a taken port fails in a second
         from embedserve.gateway.sockets import bind
 
         bind(gateway.host, gateway.port).close()
-    if why is None and len(configs) == len(gateway.entries):  # an engine per model
+    if mode == ONE_PROCESS:
         from embedserve.cli.native_restarts import serve_native
 
         return serve_native(args.given, configs, gateway)
-    if why is not None and serve.native is None:
-        say(f"embedserve: serving through the Python path, not the native front: {why}")
-    return _serve_processes(configs, gateway, native=why is None)
+    return _serve_processes(configs, gateway, native=mode == NATIVE_FRONT)
 
 
 def _serve_processes(configs: list[ServerConfig], gateway: GatewayConfig, native: bool) -> int:

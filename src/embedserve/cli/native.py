@@ -61,15 +61,6 @@ def ivy_threads(cores: int | None) -> int:
     return max(1, min(4, (cores or 1) // 4))
 
 
-def why_not_native(gateway: GatewayConfig) -> str | None:
-    """Why the flags given are not served natively, or None: they are (an engine per model in
-    the native process, `run_native`; several, server processes behind the native front,
-    `cli/native_replicas.py`)."""
-    if gateway.workers > 1:  # 0: the default
-        return f"--native runs one front; --workers {gateway.workers} was given"
-    return None
-
-
 def run_native(servers: list[ServerConfig], gateway: GatewayConfig) -> int:
     """Serve until SIGTERM / Ctrl-C (0); a folder that cannot be served is an error before
     the engines load (`load_model`'s). Each model its own engine and Tulip, built in turn."""
@@ -294,7 +285,8 @@ def native_gateway(
         batch_wait_requests=BATCH_WAIT_MAX_REQUESTS,
         host=gateway.host,
         port=gateway.port,
-        threads=ivy_threads(os.cpu_count()),
+        # --workers: Ivy's threads taking HTTP requests (0: by the cores)
+        threads=gateway.workers or ivy_threads(os.cpu_count()),
         lanes=lanes,
         # spans held for the exporter (`--otlp-endpoint`; 0: tracing off)
         traces=tracing.MAX_QUEUED if tracing.TRACER is not None else 0,

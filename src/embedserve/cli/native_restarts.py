@@ -38,7 +38,7 @@ NATIVE_CHILD_ENV = "EMBEDSERVE_NATIVE_CHILD"
 
 
 def serve_native(given: list[str], servers: list[ServerConfig], gateway: GatewayConfig) -> int:
-    """`serve` served natively (`cli.native.why_not_native`), the words `given`: served here
+    """`serve` in one process (`cli.launch.serve_mode`), the words `given`: served here
     when this is the child, else by a child this process starts and watches."""
     if os.environ.get(NATIVE_CHILD_ENV):
         exit_with_parent(gateway.drain_seconds + ORPHAN_GRACE_SECONDS)  # a launcher killed

@@ -32,9 +32,9 @@ class ServeConfig(Options):
     native: bool | None = option(
         None,
         "the native front (Rust: HTTP, JSON, tokenization, the FCFS queue) and the engine in one "
-        "process (several engines for a model: server processes behind the native front); "
-        "--no-native: the Python gateway and server processes; default: native where it serves "
-        'the flags given (docs/native.md, "serve --native")',
+        "process (several engines for a model: server processes behind the native front), the "
+        'default (docs/native.md, "serve --native"); --no-native: the Python gateway and '
+        "server processes",
     )
 
     def __post_init__(self) -> None:

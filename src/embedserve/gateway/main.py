@@ -84,7 +84,9 @@ class GatewayConfig(Options):
     port: int = option(8000, "HTTP port (0: any free port)")
     workers: int = option(
         0,
-        "gateway processes accepting on the one port (0: one per 4 cores, 1 to 8)",
+        "the front's workers taking HTTP requests on the one port: the native front's threads "
+        "(0: one per 4 cores, 1 to 4), the Python gateway's processes (0: one per 4 cores, 1 "
+        "to 8)",
     )
     max_body_bytes: int = option(16 << 20, "larger request bodies get HTTP 413")
     max_header_bytes: int = option(

@@ -120,7 +120,8 @@ def http_floor_us(count: int) -> list[float]:
 
 def gateway_noop_us(model: str, noop_address: str, texts: list[str], count: int) -> list[float]:
     """HTTP through a real gateway to the no-op server: everything but the model."""
-    gateway = Child([*CLI, "gateway", "--model", model, "--replica", noop_address, "--port", "0"])
+    gateway = Child([*CLI, "gateway", "--no-native", "--model", model, "--replica", noop_address,
+                     "--port", "0"])  # fmt: skip
     try:
         url = gateway.wait_for(r"embedserve gateway: listening on (\S+)", 120).group(1)
         return sequential_us(int(url.rsplit(":", 1)[1]), texts, count)

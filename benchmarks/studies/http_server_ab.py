@@ -67,7 +67,7 @@ def main() -> None:
         "--part-tokens",
         str(ready["max_batch_tokens"]),
     ]  # serve's, on the CPU
-    uvicorn = Child([*CLI, "gateway", "--port", "0", *gateway_argv], name="gateway")
+    uvicorn = Child([*CLI, "gateway", "--no-native", "--port", "0", *gateway_argv], name="gateway")
     url = str(uvicorn.wait_ready(120)["url"])
     children = {"uvicorn + httptools": (uvicorn, int(url.rsplit(":", 1)[1]))}
     for name, flags in GRANIAN.items():

@@ -57,8 +57,8 @@ def start_pair(
         server, ready = start(harness_call("null_engine:serve_null", model, "0"), READY_SERVER)
         server_port = int(ready.group(1))
         gateway, ready = start(
-            [*CLI, "gateway", "--replica", f"127.0.0.1:{server_port}", "--model", f"{NAME}={model}",
-             "--port", "0", "--workers", str(workers), *gateway_args],
+            [*CLI, "gateway", "--no-native", "--replica", f"127.0.0.1:{server_port}", "--model",
+             f"{NAME}={model}", "--port", "0", "--workers", str(workers), *gateway_args],
             READY_GATEWAY,
         )  # fmt: skip
     port = int(ready.group(1))

@@ -170,7 +170,7 @@ def gateway_overhead(texts: list[str], count: int, records: list[dict[str, Any]]
     asgi = asgi_overhead_us(texts, count)[200:]
     noop, noop_ready = start(harness_call("gateway:noop_server"), r"ready on (\S+)")
     gateway, gateway_ready = start(
-        [*CLI, "gateway", "--replica", noop_ready.group(1), "--port", "0"],
+        [*CLI, "gateway", "--no-native", "--replica", noop_ready.group(1), "--port", "0"],
         r"listening on http://127.0.0.1:(\d+)",
     )
     try:

@@ -32,8 +32,7 @@ use ivy::scoring::Activation;
 use ivy::stats::{Stats, Taken};
 use ivy::tokenize::{TextTokenizer, TokenizeError};
 use ivy::traces::Traces;
-use link::{Avoid, Links};
-use std::path::PathBuf;
+use link::{Avoid, Linking, Links};
 use tulip::{Delivery, Lanes, Packed, Reply, Tulip};
 
 /// A model's `tokenizer.json` through the `tokenizers` crate: the Python package's ids.
@@ -314,7 +313,7 @@ impl ServedModel {
         wait_requests: usize,
         delivery: Delivery,
         latency_buckets: &[f64],
-        avoid: Avoid,
+        linking: &Linking,
     ) -> PyResult<Model> {
         let tokenizer = TextTokenizer::from_json(&self.tokenizer_json, self.max_length)
             .map_err(PyValueError::new_err)?;
@@ -340,10 +339,9 @@ impl ServedModel {
                 wait_requests,
                 delivery,
             )?),
-            None => {
-                let paths = self.replicas.iter().map(PathBuf::from).collect();
-                Engines::Linked(Arc::new(Links::new(paths, avoid)))
-            }
+            None => Engines::Linked(Arc::new(
+                Links::new(&self.replicas, linking).map_err(PyValueError::new_err)?,
+            )),
         };
         let limits = Limits {
             max_inputs: self.max_inputs,
@@ -399,7 +397,7 @@ impl Gateway {
         models, front, *, max_body_bytes, parts_in_flight, request_timeout, body_timeout,
         header_timeout, max_header_bytes, max_headers, max_connections, hosts, keys,
         latency_buckets, batch_wait_requests, host = "127.0.0.1", port = 0, threads = 1,
-        lanes = None, traces = 0, avoid = (3, 10.0, 1.0),
+        lanes = None, traces = 0, avoid = (3, 10.0, 1.0), link_secret = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -424,6 +422,7 @@ impl Gateway {
         lanes: Option<(usize, usize, usize)>,
         traces: usize,
         avoid: (usize, f64, f64),
+        link_secret: Option<String>,
     ) -> PyResult<Self> {
         if threads == 0 || models.is_empty() {
             return Err(PyValueError::new_err(
@@ -456,10 +455,13 @@ impl Gateway {
         let delivery = Delivery(Some(runtime.handle().clone()));
         // (failing_after, seconds avoided then, seconds avoided when unreachable): the Python
         // pool's rules (`gateway/replicas.py`) for a model served by replicas
-        let avoid = Avoid {
-            failing_after: avoid.0.max(1),
-            engine_failing: seconds(avoid.1),
-            unreachable: seconds(avoid.2),
+        let linking = Linking {
+            avoid: Avoid {
+                failing_after: avoid.0.max(1),
+                engine_failing: seconds(avoid.1),
+                unreachable: seconds(avoid.2),
+            },
+            secret: link_secret,
         };
         let models = models
             .iter()
@@ -470,7 +472,7 @@ impl Gateway {
                     batch_wait_requests,
                     delivery.clone(),
                     &latency_buckets,
-                    avoid,
+                    &linking,
                 )
             })
             .collect::<PyResult<Vec<Model>>>()?;
@@ -628,6 +630,17 @@ impl Gateway {
     fn set_unnamed(&self, embed: Option<usize>, sparse: Option<usize>, score: Option<usize>) {
         if let Ok(mut unnamed) = self.front.unnamed.write() {
             *unnamed = [embed, sparse, score];
+        }
+    }
+
+    /// Tokens of Ivy's calls to each of model `model`'s replicas not yet answered, in order
+    /// (a model served by replicas; one in this process has none).
+    #[pyo3(signature = (model = 0))]
+    fn replica_tokens(&self, model: usize) -> PyResult<Vec<usize>> {
+        match self.front.models.get(model).map(|m| &m.engines) {
+            Some(Engines::Linked(links)) => Ok(links.sent_tokens()),
+            Some(Engines::Here(_)) => Ok(Vec::new()),
+            None => Err(PyValueError::new_err(format!("no model {model}"))),
         }
     }
 

@@ -12,6 +12,7 @@ from embedserve.cli import launch
 from embedserve.cli.launch import ServeConfig, serve_configs
 from embedserve.cli.main import build_parser
 from embedserve.cli.native_models import batch_budget
+from embedserve.gateway.main import GatewayConfig
 from embedserve.server.main import batch_wait_seconds
 
 
@@ -70,8 +71,10 @@ def test_the_batch_budget_is_the_flags_when_given() -> None:
 
 
 def test_the_choice_of_three_round_trips() -> None:
-    """`--native` / `--no-native` / neither survive `to_argv` (a launcher's child gets them)."""
+    """`--native` / `--no-native` / neither survive `to_argv` (`serve`'s gateway process gets
+    them)."""
     for flags, value in (([], None), (["--native"], True), (["--no-native"], False)):
-        serve = ServeConfig.from_args(build_parser().parse_args(["serve", *flags]))
-        assert serve.native is value
-        assert serve.to_argv() == flags
+        gateway = serve_configs(build_parser().parse_args(["serve", *flags]))[1]
+        assert gateway.native is value
+        again = build_parser().parse_args(["gateway", "--replica", "h:1", *gateway.to_argv()])
+        assert GatewayConfig.from_args(again).native is value

@@ -18,11 +18,9 @@ from embedserve.processes import Child
 class Proc(Child):
     """A started `embedserve` command; `wait_for(pattern)` reads its output until a line matches."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str) -> None:
         super().__init__(
-            [sys.executable, "-m", "embedserve.cli.main", *args],
-            name=f"embedserve {args[0]}",
-            env=env,
+            [sys.executable, "-m", "embedserve.cli.main", *args], name=f"embedserve {args[0]}"
         )
 
 

@@ -27,7 +27,6 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 
-from embedserve.cli.native_replicas import NATIVE_FRONT_ENV
 from tests.data.texts import QUERIES
 from tests.e2e.conftest import Proc, free_port
 
@@ -124,14 +123,14 @@ class Load:
 
 @pytest.mark.parametrize("front", ["python", "native"])
 def test_a_server_killed_and_restarted_under_load_loses_nothing(minilm: Any, front: str) -> None:
-    """Behind the Python gateway, and behind the native front `serve` puts in front of several
-    servers (`cli/native_replicas.py`: Ivy's calls over the servers' sockets, its retry)."""
+    """Behind the Python gateway (`--no-native`), and behind the native front, `gateway`'s
+    default (`cli/native_replicas.py`: Ivy's calls over the servers' sockets, its retry)."""
     minimum = int(os.environ.get("EMBEDSERVE_FAILOVER_REQUESTS", "1500"))
     ports = [free_port() for _ in range(4)]
     servers = [start_server(ports[0], ports[2]), start_server(ports[1], ports[3])]
     replicas = [arg for p in ports[:2] for arg in ("--replica", f"127.0.0.1:{p}")]
-    env = {NATIVE_FRONT_ENV: "1"} if front == "native" else None
-    gateway = Proc("gateway", *replicas, "--port", "0", "--request-timeout", "10", env=env)
+    python = ("--no-native",) if front == "python" else ()
+    gateway = Proc("gateway", *replicas, *python, "--port", "0", "--request-timeout", "10")
     timeline: dict[str, float] = {}
     try:
         url = gateway.wait_for(r"embedserve gateway: listening on (\S+)").group(1)

@@ -36,7 +36,8 @@ def test_each_worker_gets_its_share_of_the_cores_for_tokenizing(
         monkeypatch.delenv(TOKENIZER_POOL, raising=False)
     else:
         monkeypatch.setenv(TOKENIZER_POOL, user)
-    proc = Proc("gateway", "--replica", "127.0.0.1:9", "--workers", "2", "--port", "0")
+    proc = Proc("gateway", "--no-native", "--replica", "127.0.0.1:9", "--workers", "2",
+                "--port", "0")  # fmt: skip
     try:
         proc.wait_for(r"embedserve gateway: listening on")
         pools = _worker_pools(proc)

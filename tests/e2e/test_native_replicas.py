@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import SERVE, Proc, free_port
+from tests.e2e.conftest import SERVE, Proc
 
 pytestmark = pytest.mark.slow
 
@@ -24,12 +24,12 @@ TEXTS = [f"passage {i}: " + "rain falls on the quiet harbour " * (1 + i % 9) for
 
 
 @pytest.fixture(scope="module")
-def two_servers() -> Iterator[tuple[str, Proc, int]]:
-    metrics = free_port()
-    proc = Proc(*SERVE, "--replicas", "2", "--metrics-port", str(metrics))
+def two_servers() -> Iterator[tuple[str, Proc, list[int]]]:
+    proc = Proc(*SERVE, "--replicas", "2", "--metrics-port", "0")  # each server a free port
     try:
         url = proc.wait_for(r"embedserve: serving minilm at (\S+)", timeout=300).group(1)
-        yield url, proc, metrics
+        found = [re.search(r"server: metrics on http://[^:]+:(\d+)/", line) for line in proc.lines]
+        yield url, proc, [int(m.group(1)) for m in found if m]
     finally:
         proc.stop()
 
@@ -53,12 +53,13 @@ def _cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
 
 
 def test_plain_requests_are_answered_natively_by_both_servers(
-    two_servers: tuple[str, Proc, int], minilm: Any
+    two_servers: tuple[str, Proc, list[int]], minilm: Any
 ) -> None:
     url, proc, metrics = two_servers
+    assert len(metrics) == 2
     said = "\n".join(proc.lines)
     assert "native front: minilm: plain embeddings answered natively over 2 servers" in said
-    before = [_batches(metrics), _batches(metrics + 1)]
+    before = [_batches(port) for port in metrics]
 
     def embed(i: int) -> list[list[float]]:
         texts = TEXTS[i : i + 3]
@@ -69,12 +70,12 @@ def test_plain_requests_are_answered_natively_by_both_servers(
         rows = [row for rows in pool.map(embed, range(0, len(TEXTS), 3)) for row in rows]
     got = np.asarray(rows, dtype=np.float32)
     assert _cosines(got, minilm.encode(TEXTS)).min() >= 0.99999
-    after = [_batches(metrics), _batches(metrics + 1)]
+    after = [_batches(port) for port in metrics]
     assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
 
 
 def test_other_requests_go_through_the_python_front_to_the_same_servers(
-    two_servers: tuple[str, Proc, int], minilm: Any
+    two_servers: tuple[str, Proc, list[int]], minilm: Any
 ) -> None:
     url, _, _ = two_servers
     answer = _post(url, "/v1/embeddings", {"input": TEXTS[:4], "dimensions": 32})

@@ -1,11 +1,12 @@
 //! Link: the contract's client side in Rust, for a model whose engines are server processes of
-//! their own (`serve` with several engines per model): each part of a request answered here
-//! goes to the replica with the fewest tokens outstanding, over its unix socket
-//! (`contract/local.py`), one retry elsewhere; a replica that cannot be reached, or whose
+//! their own (`serve` with several engines per model, `embedserve gateway`): each part of a
+//! request answered here goes to the replica with the fewest tokens outstanding, over its unix
+//! socket on this host (`contract/local.py`), else over gRPC (`grpc.rs`), one retry elsewhere; a replica that cannot be reached, or whose
 //! engine keeps failing, is passed over for a while (the Python pool's rules,
 //! `gateway/replicas.py`, their numbers passed in). A part that still fails is the Python
 //! front's, whose pool answers it or says why not.
 
+mod grpc;
 mod socket;
 pub mod wire;
 
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::tulip::{Answer, Packed, SparseAnswer};
+use grpc::Remote;
 use socket::{Failure, Socket, UNAVAILABLE};
 use wire::Asked;
 
@@ -34,9 +36,33 @@ pub struct Avoid {
     pub unreachable: Duration,
 }
 
-/// One replica: its socket, its outstanding tokens, and until when it is passed over.
+/// How a replica is reached.
+enum Transport {
+    /// a server on this host, by its unix socket
+    Socket(Socket),
+    /// a server at `HOST:PORT`, by gRPC
+    Remote(Remote),
+}
+
+impl Transport {
+    async fn call(&self, request: &[u8]) -> Result<Vec<u8>, Failure> {
+        match self {
+            Transport::Socket(socket) => socket.call(request).await,
+            Transport::Remote(remote) => remote.call(request).await,
+        }
+    }
+}
+
+/// How a model's replicas are called: when one is passed over, and the link secret sent to
+/// those called by gRPC (None: no secret).
+pub struct Linking {
+    pub avoid: Avoid,
+    pub secret: Option<String>,
+}
+
+/// One replica: how it is reached, its outstanding tokens, and until when it is passed over.
 struct Replica {
-    socket: Socket,
+    transport: Transport,
     sent_tokens: AtomicUsize,
     engine_failures: AtomicUsize,
     avoid_until: Mutex<Option<Instant>>,
@@ -49,25 +75,37 @@ pub struct Links {
 }
 
 impl Links {
-    pub fn new(paths: Vec<PathBuf>, avoid: Avoid) -> Self {
-        let replicas = paths
-            .into_iter()
-            .map(|path| Replica {
-                socket: Socket::new(path),
-                sent_tokens: AtomicUsize::new(0),
-                engine_failures: AtomicUsize::new(0),
-                avoid_until: Mutex::new(None),
+    /// Each replica named: an absolute path is a unix socket, anything else `HOST:PORT`
+    /// (called by gRPC).
+    pub fn new(replicas: &[String], linking: &Linking) -> Result<Self, String> {
+        let replicas = replicas
+            .iter()
+            .map(|named| {
+                let transport = if named.starts_with('/') {
+                    Transport::Socket(Socket::new(PathBuf::from(named)))
+                } else {
+                    Transport::Remote(Remote::new(named, linking.secret.as_deref())?)
+                };
+                Ok(Replica {
+                    transport,
+                    sent_tokens: AtomicUsize::new(0),
+                    engine_failures: AtomicUsize::new(0),
+                    avoid_until: Mutex::new(None),
+                })
             })
-            .collect();
-        Links { replicas, avoid }
+            .collect::<Result<_, String>>()?;
+        Ok(Links {
+            replicas,
+            avoid: linking.avoid,
+        })
     }
 
-    /// Tokens sent to every replica and not yet answered.
-    pub fn outstanding_tokens(&self) -> usize {
+    /// Tokens sent to each replica and not yet answered, in order.
+    pub fn sent_tokens(&self) -> Vec<usize> {
         self.replicas
             .iter()
             .map(|r| r.sent_tokens.load(Ordering::Relaxed))
-            .sum()
+            .collect()
     }
 
     /// The replica to call: not passed over, then the fewest tokens outstanding (the first of
@@ -92,7 +130,7 @@ impl Links {
     async fn call_one(&self, i: usize, request: &[u8], tokens: usize) -> Result<Vec<u8>, Failure> {
         let replica = &self.replicas[i];
         replica.sent_tokens.fetch_add(tokens, Ordering::Relaxed);
-        let answer = replica.socket.call(request).await;
+        let answer = replica.transport.call(request).await;
         replica.sent_tokens.fetch_sub(tokens, Ordering::Relaxed);
         let avoid = match &answer {
             Ok(_) => {

@@ -84,16 +84,18 @@ def run_server(args: argparse.Namespace) -> int:
 
 
 def run_gateway(args: argparse.Namespace) -> int:
-    from embedserve.cli.native_replicas import NATIVE_FRONT_ENV, replica_sockets, run_native_front
+    from embedserve.cli.native_replicas import replica_targets, run_native_front
     from embedserve.gateway.main import run
 
     config = GatewayConfig.from_args(args)
     exit_with_parent(config.drain_seconds + ORPHAN_GRACE_SECONDS)
-    if os.environ.get(NATIVE_FRONT_ENV):  # `serve`'s, in front of its servers
-        why = replica_sockets(config)
-        if not isinstance(why, str):
-            return run_native_front(config)
-        say(f"embedserve: serving through the Python gateway, not the native front: {why}")
+    if config.native is not False:
+        targets = replica_targets(config)
+        if not isinstance(targets, str):
+            return run_native_front(config, targets)
+        if config.native:
+            raise ValueError(f"--native: {targets}")
+        say(f"embedserve gateway: the Python gateway, not the native front: {targets}")
     return run(config)
 
 
@@ -181,7 +183,7 @@ def serve_mode(serve: ServeConfig, servers: list[ServerConfig], gateway: Gateway
     """How `serve` runs these flags: the native front and an engine per model in one process
     (`cli/native.py`); several engines for a model: server processes behind the native front
     (`cli/native_replicas.py`); `--no-native`: the Python gateway and server processes."""
-    if serve.native is False:
+    if gateway.native is False:
         return PYTHON
     return ONE_PROCESS if len(servers) == len(gateway.entries) else NATIVE_FRONT
 
@@ -197,15 +199,13 @@ def run_serve(args: argparse.Namespace) -> int:
         from embedserve.cli.native_restarts import serve_native
 
         return serve_native(args.given, configs, gateway)
-    return _serve_processes(configs, gateway, native=mode == NATIVE_FRONT)
+    return _serve_processes(configs, gateway)
 
 
-def _serve_processes(configs: list[ServerConfig], gateway: GatewayConfig, native: bool) -> int:
+def _serve_processes(configs: list[ServerConfig], gateway: GatewayConfig) -> int:
     """Each server and the gateway a process of its own (the gateway the native front in front
-    of the servers when `native`: `cli/native_replicas.py`), started, watched and restarted
-    here until SIGTERM / Ctrl-C."""
-    from embedserve.cli.native_replicas import NATIVE_FRONT_ENV
-
+    of the servers unless `--no-native`: `cli/native_replicas.py`), started, watched and
+    restarted here until SIGTERM / Ctrl-C."""
     cli = [sys.executable, "-m", "embedserve.cli.main"]
     stop_requested = threading.Event()
 
@@ -241,7 +241,6 @@ def _serve_processes(configs: list[ServerConfig], gateway: GatewayConfig, native
             [*cli, "gateway", *gateway.to_argv()],
             name="gateway",
             relay=sys.stderr,
-            env={NATIVE_FRONT_ENV: "1"} if native else None,
         )
         ready = gateway_proc.wait_ready(120, cancel=stop_requested)
         gateway_proc.forget_output()

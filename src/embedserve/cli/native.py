@@ -260,6 +260,7 @@ def native_gateway(
     front: Any,
     keys: list[bytes],
     lanes: tuple[int, int, int] | None,
+    link_secret: str | None = None,
 ) -> Any:
     """Ivy and each model's engines (`ServedModel`: a Tulip in this process, each engine
     thread building its engine first, or its server processes), bound to the port."""
@@ -292,6 +293,7 @@ def native_gateway(
         traces=tracing.MAX_QUEUED if tracing.TRACER is not None else 0,
         # when a server process is passed over (the Python pool's rules)
         avoid=(FAILING_AFTER, AVOID_SECONDS, gateway.health_interval),
+        link_secret=link_secret,
     )
 
 

@@ -29,13 +29,6 @@ class ServeConfig(Options):
         'and limits (docs/serving.md, "Several models"); instead of --model',
         metavar="PATH",
     )
-    native: bool | None = option(
-        None,
-        "the native front (Rust: HTTP, JSON, tokenization, the FCFS queue) and the engine in one "
-        "process (several engines for a model: server processes behind the native front), the "
-        'default (docs/native.md, "serve --native"); --no-native: the Python gateway and '
-        "server processes",
-    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

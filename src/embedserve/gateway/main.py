@@ -188,6 +188,12 @@ class GatewayConfig(Options):
         flag="default-model",
         metavar="[TASK=]NAME",
     )
+    native: bool | None = option(
+        None,
+        "the native front (Rust: HTTP, JSON, tokenization, the calls to the servers), the "
+        "default; under serve, the engine in its process too, or its server processes behind "
+        'it (docs/native.md, "serve --native"); --no-native: the Python gateway\'s processes',
+    )
     model_limits: tuple[str, ...] = option(
         (),
         f"one model's own limit (KEY: {', '.join(PER_MODEL_LIMITS)}), repeatable; the others "

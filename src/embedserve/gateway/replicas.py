@@ -85,6 +85,9 @@ AVOID_SECONDS = 10.0
 # (`cli/native.py`) before its Python front starts. Such an address is a HOST:PORT no server
 # listens on (`in-process:N`, N the model's place).
 IN_PROCESS: dict[str, tuple[Any, Any, Callable[[], int]]] = {}
+# Server processes the native front calls too (`cli/native_replicas.py`): a replica address ->
+# the tokens of its calls there not yet answered, counted in this pool's view of the replica.
+NATIVE_SENT: dict[str, Callable[[], int]] = {}
 
 
 class Replica:
@@ -96,6 +99,7 @@ class Replica:
         self.sent_tokens = 0  # of this pool's calls not yet answered
         # in process: the engine's own count, every front's calls in it (`IN_PROCESS`)
         self.engine_tokens: Callable[[], int] | None = None
+        self.native_sent = NATIVE_SENT.get(address)  # the native front's calls (`NATIVE_SENT`)
         self.engine_failures = 0  # calls in a row answered INTERNAL / UNKNOWN
         self.avoid_until = 0.0  # time.monotonic() before which it is passed over
         self.channel: Any = None
@@ -105,8 +109,11 @@ class Replica:
     @property
     def outstanding_tokens(self) -> int:
         """Tokens sent to it and not yet answered: in process, every front's (the native
-        front's own requests beside this pool's calls); else this pool's."""
-        return self.engine_tokens() if self.engine_tokens is not None else self.sent_tokens
+        front's own requests beside this pool's calls); else this pool's and the native
+        front's."""
+        if self.engine_tokens is not None:
+            return self.engine_tokens()
+        return self.sent_tokens + (self.native_sent() if self.native_sent is not None else 0)
 
     def open(self) -> None:
         if self.address in IN_PROCESS:

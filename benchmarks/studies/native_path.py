@@ -4,6 +4,9 @@
 - python: the real `embedserve gateway` (1 worker: uvicorn, JSON, tokenization, the hop) and the
   real server process (queue, scheduler, engine and results threads) behind it
   (`harness/null_engine.py`);
+- front (null engine only): the same server process behind the native front, `embedserve
+  gateway`'s default (Ivy's calls over the server's unix socket: what a host of several GPUs
+  runs, a server process per engine);
 - native: `embedserve serve --native` (Rust: hyper, serde, the `tokenizers` crate, Tulip's FCFS
   token-budget queue) calling the same null engine's `step()` through pyo3, one process
   (`harness/null_engine.py`'s `serve_native_null`).
@@ -205,10 +208,12 @@ def floor_side(binary: str, answer_bytes: int, loads: list[tuple[str, int, Path,
         child.stop()
 
 
-def python_side(args: argparse.Namespace) -> tuple[list[Child], int]:
-    """The Python path: the null server and a gateway, or `embedserve serve` with the engine."""
+def python_side(args: argparse.Namespace, front: bool = False) -> tuple[list[Child], int]:
+    """The Python path: the null server and a gateway, or `embedserve serve` with the engine.
+    `front`: the null server behind the native front instead (`embedserve gateway`'s default:
+    Ivy's calls over the server's unix socket)."""
     if args.engine == "null":
-        server, gateway, _, port = start_pair(str(ROOT / "src"), MODEL, 1, [])
+        server, gateway, _, port = start_pair(str(ROOT / "src"), MODEL, 1, [], native=front)
         return [server, gateway], port
     child, ready = start([*CLI, "serve", "--no-native", "--port", "0", "--model",
                           f"{NAME}={MODEL}", "--device", args.device, *_replicas(args)],
@@ -253,15 +258,22 @@ def main() -> None:
              for c in args.connections.split(",")]  # fmt: skip
     loads.append(("passages", 4, scripts["passages"], tokens["passages"]))
     records: list[dict[str, Any]] = in_process(args.device) if args.engine == "real" else []
-    children, port = python_side(args)
-    try:
-        for c in children:
-            pin(c.proc.pid, 0)
-        pids = [c.proc.pid for c in children]
-        records += measure("python", port, pids, loads, args.seconds, args.engine, bulk_seconds)
-    finally:
-        for c in children:
-            c.stop()
+    sides = ["python", "front"] if args.engine == "null" else ["python"]
+    for side in sides:
+        children, port = python_side(args, front=side == "front")
+        try:
+            for c in children:
+                pin(c.proc.pid, 0)
+            pids = [c.proc.pid for c in children]
+            system = (
+                "embedserve front (the native front and the Python server process, null engine)"
+                if side == "front" else None
+            )  # fmt: skip
+            records += measure(side, port, pids, loads, args.seconds, args.engine, bulk_seconds,
+                               system)  # fmt: skip
+        finally:
+            for c in children:
+                c.stop()
     if args.engine == "null":
         argv = harness_call("null_engine:serve_native_null", MODEL, "0", NAME)
     else:

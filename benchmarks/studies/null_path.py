@@ -48,17 +48,19 @@ NAME = "minilm"  # the served name, whatever folder --model names
 
 
 def start_pair(
-    src: str, model: str, workers: int, gateway_args: list[str]
+    src: str, model: str, workers: int, gateway_args: list[str], native: bool = False
 ) -> tuple[Child, Child, int, int]:
     """A null server and a gateway of `workers` (and `gateway_args`) in front of it, both from
-    `src`; the model served as NAME (`bodies`)."""
+    `src`; the model served as NAME (`bodies`). The Python gateway, or the native front when
+    `native`."""
     # the tree's embedserve first; what else the path held (carried wheels) after it
     with environment(PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])):
         server, ready = start(harness_call("null_engine:serve_null", model, "0"), READY_SERVER)
         server_port = int(ready.group(1))
         gateway, ready = start(
-            [*CLI, "gateway", "--no-native", "--replica", f"127.0.0.1:{server_port}", "--model",
-             f"{NAME}={model}", "--port", "0", "--workers", str(workers), *gateway_args],
+            [*CLI, "gateway", *([] if native else ["--no-native"]), "--replica",
+             f"127.0.0.1:{server_port}", "--model", f"{NAME}={model}", "--port", "0",
+             "--workers", str(workers), *gateway_args],
             READY_GATEWAY,
         )  # fmt: skip
     port = int(ready.group(1))

@@ -4,8 +4,8 @@
 #   null: the GPU tests (every `gpu`-marked one), and `serve --native` against the Python path
 #         on the null engine at 1 / 16 / 64 connections (wrk);
 #   real: `serve` and `serve --native` with the real engine on the GPU (studies/native_path.py);
-#   replicas: the same with two server processes (`--replicas 2`), behind the Python gateway and
-#         behind the native front;
+#   replicas: the two-models e2e GPU test, then the real-engine study with two server processes
+#         (`--replicas 2`), behind the Python gateway and behind the native front;
 #   tokenizer: the tokenizer's rate at 1 / 4 / 16 threads;
 #   rerank: the scoring suite's ms-marco MiniLM rows, /v1/rerank under serve and serve --native.
 # carry: .carry (native/_native.abi3.so and http-floor (benchmarks/floor), minilm-fp16, wrk/ with its libluajit) and .whl
@@ -39,6 +39,8 @@ case "${1:-null}" in
       --engine real --device cuda --wrk .carry/wrk/wrk --out "$OUT"
     ;;
   replicas)
+    EMBEDSERVE_MINILM=$M timeout 150 python3 -m pytest -q -m gpu tests/e2e/test_native_gpu.py \
+      -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/gpu-e2e.txt"
     timeout 400 python3 benchmarks/studies/native_path.py --model $M --connections 1,16,64 \
       --engine real --device cuda --replicas 2 --wrk .carry/wrk/wrk --out "$OUT"
     ;;

@@ -8,6 +8,7 @@ Run on the GPU machine: `PYTHONPATH=src python3 -m pytest -q -m gpu tests/e2e/te
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -61,6 +62,10 @@ def test_two_models_on_one_gpu_each_answer_their_own_requests(
     assert "native front: a: plain embeddings answered natively" in "\n".join(proc.lines)
     memory = [line for line in proc.lines if "embedserve server: memory on cuda" in line]
     assert len(memory) == 2, proc.lines  # each engine stated its memory (the second checked)
+    # each its own share of the process's reserved memory: the same model, about the same
+    # workspace (the second once stated both engines' together)
+    spaces = [float(re.search(r"workspace ([\d.]+) GiB", line).group(1)) for line in memory]  # type: ignore[union-attr]
+    assert spaces[1] <= 1.5 * spaces[0] + 0.05, memory
     calls = [(("a", "b")[i % 2], text) for i, text in enumerate(TEXTS * 4)]
     with ThreadPoolExecutor(16) as pool:
         try:

@@ -106,7 +106,7 @@ def builder(server: ServerConfig, engine: Engine, sparse: bool, name: str, built
     process's); its `step`, batch tokens, batch wait (the server's) and, for Ivy's
     `/embed_sparse`, its sparse outputs, each under `engine.watch`."""
     from embedserve.cli.gpu_memory import check_memory, same_gpu
-    from embedserve.engine.memory import stated
+    from embedserve.engine.memory import reserved_on_gpus, stated
     from embedserve.server import main as server_main
     from embedserve.server.output_requests import MultivectorLimit
     from embedserve.server.service import launch
@@ -118,6 +118,7 @@ def builder(server: ServerConfig, engine: Engine, sparse: bool, name: str, built
         check_memory(
             server, name, [(n, r) for n, c, r in built if same_gpu(c.engine.device, server)]
         )
+        before = reserved_on_gpus()  # the engines built before this one, in this process
         model, measured = server_main._build_engine(server)
         calls.seam = model.seam()  # its `retrieval` is the spec (the engine's, the heads)
         calls.launch = watch(launch)
@@ -130,7 +131,8 @@ def builder(server: ServerConfig, engine: Engine, sparse: bool, name: str, built
             f"embedserve server: ready in this process (serving {name}: {calls.seam.serving}, "
             f"batch tokens {budget})"
         )
-        memory, device_now = stated(model, server.engine.model, budget)
+        index = (model.device.index or 0) if model.device.type == "cuda" else -1
+        memory, device_now = stated(model, server.engine.model, budget, before.get(index, 0))
         say(f"embedserve server: memory on {memory.device}: {memory.describe()}")
         built.append((name, server, {"memory": memory.as_dict(), **device_now}))
         return (

@@ -52,10 +52,14 @@ def estimate(spec: ModelSpec, name: str, device: str, dtype: str, tokens: int) -
     return ModelMemory(name, device, weights, 0, spec_batch_bytes(spec, tokens, element))
 
 
-def stated(engine: Any, name: str, tokens: int) -> tuple[ModelMemory, dict[str, int]]:
+def stated(
+    engine: Any, name: str, tokens: int, reserved_before: int = 0
+) -> tuple[ModelMemory, dict[str, int]]:
     """A loaded, warmed-up engine's memory (weights counted from its tensors; workspace: what
     the device holds for this process beyond them, 0 on the CPU), and on CUDA the device's
-    `free_bytes` and this process's `reserved_bytes` now (for the next model's check)."""
+    `free_bytes` and this engine's `reserved_bytes` now (for the next model's check): what this
+    process reserves on the device beyond `reserved_before`, the engines built before it in the
+    same process (`reserved_on_gpus`)."""
     modules = [engine.model, engine.score_head, engine.dense, engine.retrieval]
     weights = sum(
         t.numel() * t.element_size()
@@ -68,7 +72,7 @@ def stated(engine: Any, name: str, tokens: int) -> tuple[ModelMemory, dict[str, 
     device_now: dict[str, int] = {}
     workspace = 0
     if device.type == "cuda":
-        reserved = int(torch.cuda.memory_reserved(device))
+        reserved = int(torch.cuda.memory_reserved(device)) - reserved_before
         workspace = max(0, reserved - weights)
         device_now = {
             "free_bytes": int(torch.cuda.mem_get_info(device)[0]),
@@ -78,3 +82,11 @@ def stated(engine: Any, name: str, tokens: int) -> tuple[ModelMemory, dict[str, 
         name, str(device), weights, workspace, spec_batch_bytes(engine.spec, tokens, element)
     )
     return memory, device_now
+
+
+def reserved_on_gpus() -> dict[int, int]:
+    """What this process reserves on each visible GPU now, by index (none without CUDA): the
+    engines built so far, before the next one's `stated`."""
+    if not torch.cuda.is_available():
+        return {}
+    return {i: int(torch.cuda.memory_reserved(i)) for i in range(torch.cuda.device_count())}

@@ -60,7 +60,9 @@ def run_native_front(gateway: GatewayConfig, targets: list[list[str]]) -> int:
     for i, entry in enumerate(gateway.entries):  # Ivy's calls, in the pool's counts too
         for j, address in enumerate(entry.replicas):
             NATIVE_SENT[address] = functools.partial(_sent, native, i, j)
-    app = build_app(gateway, side.keys)  # its replica pool: the same servers and sockets
+    # its replica pool: the same servers and sockets; one Python front (--workers: Ivy's
+    # threads here), so the result cache holds all of --cache-size
+    app = build_app(dataclasses.replace(gateway, workers=1), side.keys)
     grpc_address = side.start(native, app, gateway)
     _say_ready(gateway, native, models, targets, grpc_address)
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C while draining

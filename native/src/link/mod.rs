@@ -68,6 +68,22 @@ struct Replica {
     avoid_until: Mutex<Option<Instant>>,
 }
 
+/// Tokens counted outstanding on a replica while a call to it is alive.
+struct Sent<'a>(&'a AtomicUsize, usize);
+
+impl<'a> Sent<'a> {
+    fn new(count: &'a AtomicUsize, tokens: usize) -> Self {
+        count.fetch_add(tokens, Ordering::Relaxed);
+        Sent(count, tokens)
+    }
+}
+
+impl Drop for Sent<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
+    }
+}
+
 /// A model's replicas.
 pub struct Links {
     replicas: Vec<Replica>,
@@ -129,9 +145,11 @@ impl Links {
     /// failures kept.
     async fn call_one(&self, i: usize, request: &[u8], tokens: usize) -> Result<Vec<u8>, Failure> {
         let replica = &self.replicas[i];
-        replica.sent_tokens.fetch_add(tokens, Ordering::Relaxed);
+        // given back however the call ends: answered, failed, or dropped by a caller that
+        // stopped waiting (a deadline, a client gone)
+        let sent = Sent::new(&replica.sent_tokens, tokens);
         let answer = replica.transport.call(request).await;
-        replica.sent_tokens.fetch_sub(tokens, Ordering::Relaxed);
+        drop(sent);
         let avoid = match &answer {
             Ok(_) => {
                 replica.engine_failures.store(0, Ordering::Relaxed);
@@ -202,5 +220,40 @@ impl Links {
             }
         });
         answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call dropped before its answer (its caller stopped waiting) gives its tokens back.
+    #[tokio::test]
+    async fn a_dropped_call_gives_its_tokens_back() {
+        let folder = std::env::temp_dir().join(format!("links-test-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&folder);
+        let path = folder.join("silent.sock");
+        let _ = std::fs::remove_file(&path);
+        // a server that takes the connection and never answers
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            drop(stream);
+        });
+        let linking = Linking {
+            avoid: Avoid {
+                failing_after: 3,
+                engine_failing: Duration::from_secs(10),
+                unreachable: Duration::from_secs(1),
+            },
+            secret: None,
+        };
+        let links = Links::new(&[path.to_string_lossy().into_owned()], &linking).unwrap();
+        let waited = tokio::time::timeout(Duration::from_millis(50), links.call(vec![1, 2], 7));
+        assert!(waited.await.is_err());
+        assert_eq!(links.sent_tokens(), [0]);
+        server.abort();
+        let _ = std::fs::remove_file(&path);
     }
 }

@@ -8,10 +8,16 @@
 #         (`--replicas 2`), behind the Python gateway and behind the native front;
 #   tokenizer: the tokenizer's rate at 1 / 4 / 16 threads;
 #   rerank: the scoring suite's ms-marco MiniLM rows, /v1/rerank under serve and serve --native.
-# carry: .carry (native/_native.abi3.so and http-floor (benchmarks/floor), minilm-fp16, wrk/ with its libluajit) and .whl
+# carry: .carry (native/_native.abi3.so, or .so.xz: `strip -o` then `xz -9`; http-floor
+# (benchmarks/floor), minilm-fp16, wrk/ with its libluajit, peerwhl for the Python path) and .whl
 #   EMBEDSERVE_COMMIT=<hash> bash benchmarks/native_gpu.sh null|real|tokenizer|rerank
 set -uo pipefail
-cp .carry/native/_native.abi3.so src/embedserve/_native.abi3.so || exit 1
+# the extension may be carried xz-compressed (tonic makes it 7 MB stripped; the carry is 64 MiB)
+if [ -f .carry/native/_native.abi3.so.xz ]; then
+  xz -dc .carry/native/_native.abi3.so.xz > src/embedserve/_native.abi3.so || exit 1
+else
+  cp .carry/native/_native.abi3.so src/embedserve/_native.abi3.so || exit 1
+fi
 bash benchmarks/gpu_run.sh || exit 1 # the carried wheels into /tmp/site
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export LD_LIBRARY_PATH=$PWD/.carry/wrk${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

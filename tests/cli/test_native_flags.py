@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from embedserve.cli import launch
-from embedserve.cli.launch import ServeConfig, serve_configs
+from embedserve.cli.launch import serve_configs
 from embedserve.cli.main import build_parser
 from embedserve.cli.native_models import batch_budget
 from embedserve.gateway.main import GatewayConfig
@@ -18,7 +18,7 @@ from embedserve.server.main import batch_wait_seconds
 
 def _mode(*flags: str) -> str:
     args = build_parser().parse_args(["serve", *flags])
-    return launch.serve_mode(ServeConfig.from_args(args), *serve_configs(args))
+    return launch.serve_mode(*serve_configs(args))
 
 
 def test_serve_is_native_for_any_flags_and_the_python_path_only_when_asked(

@@ -179,7 +179,7 @@ def _with(section: ModelSection, config: Any) -> Any:
 ONE_PROCESS, NATIVE_FRONT, PYTHON = "one process", "native front", "python"
 
 
-def serve_mode(serve: ServeConfig, servers: list[ServerConfig], gateway: GatewayConfig) -> str:
+def serve_mode(servers: list[ServerConfig], gateway: GatewayConfig) -> str:
     """How `serve` runs these flags: the native front and an engine per model in one process
     (`cli/native.py`); several engines for a model: server processes behind the native front
     (`cli/native_replicas.py`); `--no-native`: the Python gateway and server processes."""
@@ -190,7 +190,7 @@ def serve_mode(serve: ServeConfig, servers: list[ServerConfig], gateway: Gateway
 
 def run_serve(args: argparse.Namespace) -> int:
     configs, gateway = serve_configs(args)
-    mode = serve_mode(ServeConfig.from_args(args), configs, gateway)
+    mode = serve_mode(configs, gateway)
     if gateway.port:  # the HTTP port, before any model loads: a taken port fails in a second
         from embedserve.gateway.sockets import bind
 
@@ -238,9 +238,7 @@ def _serve_processes(configs: list[ServerConfig], gateway: GatewayConfig) -> int
         devices = [c.engine.device for c in configs]
         gateway = _gateway_in_front(gateway, prefixes, names, readies, devices)
         gateway_proc = Child(
-            [*cli, "gateway", *gateway.to_argv()],
-            name="gateway",
-            relay=sys.stderr,
+            [*cli, "gateway", *gateway.to_argv()], name="gateway", relay=sys.stderr
         )
         ready = gateway_proc.wait_ready(120, cancel=stop_requested)
         gateway_proc.forget_output()
